@@ -1,0 +1,28 @@
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo lint bench setup clean
+
+$(PY):
+	python3 -m venv $(VENV)
+
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev,postgres,bench]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest
+
+demo: $(STAMP)
+	$(VENV)/bin/deepserve sim example
+
+bench: $(STAMP)
+	$(VENV)/bin/deepserve bench kernel
+
+clean:
+	rm -rf $(VENV) build *.egg-info
