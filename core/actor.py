@@ -1,0 +1,80 @@
+"""The actor base class and its supervision policy.
+
+An actor handles one message at a time in a *synchronous* `handle`. It reads time,
+randomness and identity only through its `Context`, and changes `self.state` only
+by recording events that `evolve` folds in: `state == fold(evolve, initial, events)`.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+import msgspec
+
+from .messages import Event, Message
+
+if TYPE_CHECKING:
+    from .context import Context
+
+S = TypeVar("S")
+
+
+class Directive(enum.Enum):
+    RESTART = "restart"  # rebuild state from snapshot + committed events, keep going
+    STOP = "stop"  # record the failure and stop the actor
+    ESCALATE = "escalate"  # stop, and tell the parent with `ChildFailed`
+
+
+class Supervision(msgspec.Struct, frozen=True):
+    directive: Directive = Directive.RESTART
+    # A limit on everything: more restarts than this inside the window stops the actor.
+    max_restarts: int = 10
+    window_s: float = 60.0
+
+
+class Actor(Generic[S]):
+    """Subclass, set `initial_state`, implement `handle` and (if you record) `evolve`.
+
+    Constructor arguments must be msgspec-encodable keywords: they are logged in the
+    actor's `Started` input so that replay can rebuild it.
+    """
+
+    supervision: ClassVar[Supervision] = Supervision()
+    # Snapshot the state every this many events (bounds restart and replay time).
+    snapshot_every: ClassVar[int] = 1024
+
+    state: S
+
+    def initial_state(self) -> S:
+        return None  # type: ignore[return-value]
+
+    def evolve(self, state: S, event: Event) -> S:
+        raise NotImplementedError(
+            f"{type(self).__name__} recorded {type(event).__name__} but defines no evolve()"
+        )
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        raise NotImplementedError(f"{type(self).__name__}.handle")
+
+
+def class_path(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+class UnknownActorClass(LookupError):
+    pass
+
+
+def load_class(path: str) -> type:
+    """Inverse of `class_path`."""
+    import importlib
+
+    module_name, _, qualname = path.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise UnknownActorClass(f"cannot load actor class {path!r}: {exc}") from None
+    return obj

@@ -1,0 +1,207 @@
+"""A live actor's kernel bookkeeping, and the one function that executes a delivery.
+
+`execute` is shared by `SimDriver`, `AsyncDriver` and replay: the exact same code
+turns (actor, envelope, time) into (events, outputs), which is what makes a log
+re-executable.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Any
+
+from .actor import Actor, Directive, class_path, load_class
+from .address import hlc_merge
+from .codec import decode_as, encode
+from .context import Context, Out
+from .envelope import Envelope
+from .messages import ChildFailed, Event, HandlerFailed, Restarted, Started, Stop, Stopped
+from .records import DELIVERED, EventRec, InputRec, OutputRec, SnapshotRec, Step
+
+
+class ActorStats:
+    """Per-actor counters, readable while the driver runs."""
+
+    __slots__ = ("handled", "failed", "handler_time_s", "mailbox_depth", "mailbox_full", "dead")
+
+    def __init__(self) -> None:
+        self.handled = 0
+        self.failed = 0
+        self.handler_time_s = 0.0
+        self.mailbox_depth = 0
+        self.mailbox_full = 0
+        self.dead = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class Cell:
+    """Kernel-side state of one actor incarnation."""
+
+    __slots__ = (
+        "addr", "actor", "seq", "hlc", "out_seq", "parent", "alive", "ctx", "stats",
+        "snap", "events_since_snap", "restart_times", "mailbox", "task",
+    )
+
+    def __init__(self, addr: str, seed: int, seq: int = 0) -> None:
+        self.addr = addr
+        self.actor: Actor[Any] | None = None
+        self.seq = seq
+        self.hlc = 0
+        self.out_seq = 0
+        self.parent: str | None = None
+        self.alive = True
+        self.ctx = Context(self, seed)
+        self.stats = ActorStats()
+        self.snap: tuple[type, bytes] | None = None
+        self.events_since_snap: list[Event] = []
+        self.restart_times: list[float] = []
+        self.mailbox: Any = None  # driver-specific
+        self.task: Any = None
+
+
+def build_actor(started: Started) -> Actor[Any]:
+    cls = load_class(started.cls)
+    return cls(**started.args)
+
+
+def _start(cell: Cell, started: Started) -> None:
+    actor = cell.actor = build_actor(started)
+    actor.state = actor.initial_state()
+    cell.parent = started.parent
+    cell.out_seq = 0
+    _take_snapshot(cell)
+    on_start = getattr(actor, "on_start", None)
+    if on_start is not None:
+        on_start(cell.ctx)
+
+
+def _take_snapshot(cell: Cell) -> None:
+    state = cell.actor.state  # type: ignore[union-attr]
+    cell.snap = (type(state), encode(state))
+    cell.events_since_snap = []
+
+
+def restore_state(cell: Cell) -> Any:
+    """State from the last snapshot plus the events committed since."""
+    actor = cell.actor
+    assert actor is not None and cell.snap is not None
+    state_type, blob = cell.snap
+    state = decode_as(state_type, blob) if state_type is not type(None) else None
+    for event in cell.events_since_snap:
+        state = actor.evolve(state, event)
+    return state
+
+
+def execute(cell: Cell, env: Envelope, now: float) -> bool:
+    """Run one delivery. Leaves events/outputs in `cell.ctx`; returns True if a
+    snapshot was taken (the driver logs it)."""
+    ctx = cell.ctx
+    cell.seq += 1
+    cell.hlc = hlc_merge(cell.hlc, env.hlc, now)
+    ctx._begin(env, now)
+    if env.reply_to is not None:
+        ctx.cancel(f"ask:{env.reply_to}")  # the answer arrived: drop its timeout
+    msg = env.msg
+    t0 = time.perf_counter()
+    try:
+        if type(msg) is Started:
+            _start(cell, msg)
+        elif type(msg) is Stop:
+            ctx.stopping = True
+        else:
+            cell.actor.handle(ctx, msg)  # type: ignore[union-attr]
+    except Exception as exc:  # noqa: BLE001 — any handler failure is supervised
+        _fail(cell, exc, now)
+        cell.stats.failed += 1
+    cell.stats.handled += 1
+    cell.stats.handler_time_s += time.perf_counter() - t0
+    if ctx.stopping and cell.alive:
+        reason = f"stopped by {env.src}" if type(msg) is Stop else "stopped itself"
+        ctx.events.append(Stopped(reason=reason))
+        cell.alive = False
+    if ctx.events and cell.alive:
+        cell.events_since_snap.extend(e for e in ctx.events if not e.system)
+        if len(cell.events_since_snap) >= cell.actor.snapshot_every:  # type: ignore[union-attr]
+            _take_snapshot(cell)
+            return True
+    return False
+
+
+def _fail(cell: Cell, exc: Exception, now: float) -> None:
+    ctx = cell.ctx
+    error = f"{type(exc).__name__}: {exc}"
+    ctx.events = [HandlerFailed(error=error, traceback=traceback.format_exc())]
+    ctx.outputs = []
+    ctx.stopping = False
+    actor = cell.actor
+    if actor is None:  # failed while being built: nothing to restart
+        ctx.events.append(Stopped(reason=f"failed to start: {error}"))
+        cell.alive = False
+        return
+    actor.state = restore_state(cell)
+    policy = actor.supervision
+    directive = policy.directive
+    if directive is Directive.RESTART:
+        recent = [t for t in cell.restart_times if now - t < policy.window_s]
+        if len(recent) >= policy.max_restarts:
+            directive = Directive.STOP
+        else:
+            cell.restart_times = [*recent, now]
+            ctx.events.append(Restarted(restarts=len(cell.restart_times)))
+            return
+    ctx.events.append(Stopped(reason=f"{directive.value}: {error}"))
+    cell.alive = False
+    if directive is Directive.ESCALATE and cell.parent is not None:
+        ctx.send(cell.parent, ChildFailed(child=cell.addr, error=error))
+
+
+# ---- turning a delivery into log records --------------------------------
+
+
+def input_record(cell: Cell, env: Envelope, now: float, kind: int = DELIVERED) -> InputRec:
+    payload = env.payload
+    if payload is None:
+        payload = env.payload = encode(env.msg)
+    return InputRec(
+        cell.addr, cell.seq, now, cell.hlc, kind, env.src, env.msg_id, env.corr,
+        env.reply_to, env.external, type(env.msg).__name__, payload,
+    )
+
+
+def event_records(cell: Cell, events: list[Event]) -> list[EventRec]:
+    addr, seq = cell.addr, cell.seq
+    return [EventRec(addr, seq, i, type(e).__name__, encode(e)) for i, e in enumerate(events)]
+
+
+def output_records(cell: Cell, outputs: list[Out]) -> list[OutputRec]:
+    addr, seq = cell.addr, cell.seq
+    recs = []
+    for i, o in enumerate(outputs):
+        msg = o.msg
+        name, payload = ("", b"") if msg is None else (type(msg).__name__, encode(msg))
+        recs.append(
+            OutputRec(
+                addr, seq, i, o.kind, o.dst, o.msg_id, o.delay, o.key, o.corr, o.reply_to,
+                o.ask, name, payload,
+            )
+        )
+    return recs
+
+
+def snapshot_record(cell: Cell) -> SnapshotRec:
+    assert cell.snap is not None
+    state_type, blob = cell.snap
+    return SnapshotRec(cell.addr, cell.seq, class_path(state_type), blob)
+
+
+def make_step(cell: Cell, env: Envelope, now: float, snapshot: bool) -> Step:
+    ctx = cell.ctx
+    return Step(
+        input_record(cell, env, now),
+        event_records(cell, ctx.events),
+        output_records(cell, ctx.outputs),
+        snapshot_record(cell) if snapshot else None,
+    )

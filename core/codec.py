@@ -1,0 +1,56 @@
+"""msgpack codec for messages, events and states, decoding by registered type name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from .messages import Raw, registered
+
+_encoder = msgspec.msgpack.Encoder()
+_raw_decoder = msgspec.msgpack.Decoder()
+_decoders: dict[type, msgspec.msgpack.Decoder] = {}
+
+encode = _encoder.encode
+
+
+class DecodeError(ValueError):
+    """A payload that is not valid msgpack for its declared type."""
+
+
+def type_name(obj: Any) -> str:
+    return type(obj).__name__
+
+
+def _decoder_for(cls: type) -> msgspec.msgpack.Decoder:
+    dec = _decoders.get(cls)
+    if dec is None:
+        dec = _decoders[cls] = msgspec.msgpack.Decoder(cls)
+    return dec
+
+
+def decode(name: str, payload: bytes) -> Any:
+    """Decode a logged payload by type name; an unknown name gives a `Raw` record."""
+    cls = registered(name)
+    try:
+        if cls is None:
+            return Raw(type=name, data=_raw_decoder.decode(payload))
+        return _decoder_for(cls).decode(payload)
+    except msgspec.DecodeError as exc:
+        raise DecodeError(f"payload of type {name!r} does not decode: {exc}") from None
+
+
+def decode_as(cls: type, payload: bytes) -> Any:
+    """Decode a payload whose Python type is known (actor state snapshots)."""
+    try:
+        return _decoder_for(cls).decode(payload)
+    except msgspec.DecodeError as exc:
+        raise DecodeError(f"payload of type {cls.__name__!r} does not decode: {exc}") from None
+
+
+def to_builtins(obj: Any) -> Any:
+    """Plain dicts/lists for printing and JSON output."""
+    if isinstance(obj, Raw):
+        return {"type": obj.type, **(obj.data if isinstance(obj.data, dict) else {"data": obj.data})}
+    return msgspec.to_builtins(obj)

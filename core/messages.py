@@ -1,0 +1,126 @@
+"""Messages and events: immutable msgspec Structs, registered by type name.
+
+Every message an actor receives and every event it records is a frozen, tagged
+Struct. Subclassing `Message` or `Event` registers the class under its name, so a
+log written by one process decodes in another by type name alone (see `codec`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import msgspec
+
+_REGISTRY: dict[str, type[msgspec.Struct]] = {}
+
+
+class DuplicateTypeName(TypeError):
+    """Two different classes claim the same type name in one process."""
+
+
+def _register(cls: type[msgspec.Struct]) -> None:
+    name = cls.__name__
+    known = _REGISTRY.get(name)
+    if known is not None and known is not cls:
+        same_origin = (known.__module__, known.__qualname__) == (cls.__module__, cls.__qualname__)
+        if not same_origin:
+            raise DuplicateTypeName(
+                f"type name {name!r} is used by {known.__module__}.{known.__qualname__} "
+                f"and {cls.__module__}.{cls.__qualname__}; log records decode by name, "
+                f"so names must be unique"
+            )
+    _REGISTRY[name] = cls
+
+
+def registered(name: str) -> type[msgspec.Struct] | None:
+    """The class registered under `name`, or None."""
+    return _REGISTRY.get(name)
+
+
+def registry_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+class Message(msgspec.Struct, frozen=True, tag=True):
+    """Base of every message an actor can receive."""
+
+    # Messages the kernel itself defines are marked so tools can hide them.
+    system: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _register(cls)
+
+
+class Event(msgspec.Struct, frozen=True, tag=True):
+    """Base of every domain event: one recorded state change of one actor."""
+
+    system: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _register(cls)
+
+
+class Raw(msgspec.Struct, frozen=True):
+    """A record whose type is not known to this process: kept, never dropped."""
+
+    type: str
+    data: Any
+
+
+# ---- kernel messages -------------------------------------------------------
+
+
+class Started(Message, frozen=True):
+    """First input of every actor: carries what is needed to rebuild it on replay."""
+
+    system: ClassVar[bool] = True
+    cls: str  # "module:QualName"
+    args: dict[str, Any] = {}
+    parent: str | None = None
+
+
+class AskFailed(Message, frozen=True):
+    """Reply to an `ask` that cannot be answered: target dead, mailbox full, timed out."""
+
+    system: ClassVar[bool] = True
+    request_id: int
+    target: str
+    reason: str
+
+
+class ChildFailed(Message, frozen=True):
+    """Sent to a parent whose child escalated a handler failure."""
+
+    system: ClassVar[bool] = True
+    child: str
+    error: str
+
+
+# ---- kernel events ---------------------------------------------------------
+
+
+class HandlerFailed(Event, frozen=True):
+    """A handler raised; its events and outputs for that input were discarded."""
+
+    system: ClassVar[bool] = True
+    error: str  # "ExcType: message" — compared on replay
+    traceback: str = ""  # file paths differ between machines: excluded from digests
+
+
+class Restarted(Event, frozen=True):
+    system: ClassVar[bool] = True
+    restarts: int
+
+
+class Stopped(Event, frozen=True):
+    system: ClassVar[bool] = True
+    reason: str
+
+
+class Stop(Message, frozen=True):
+    """Asks the kernel to stop the receiving actor (sent by `ctx.stop(addr)`)."""
+
+    system: ClassVar[bool] = True
+    by: str

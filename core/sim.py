@@ -1,0 +1,169 @@
+"""`SimDriver`: a discrete-event loop on a virtual clock.
+
+One heap of (time, seq, envelope, timer key) pending deliveries; one delivery at a
+time; time jumps to the next one. Same seed and same external inputs give the same
+log, byte for byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from heapq import heappop, heappush
+from typing import Any
+
+from .address import EXTERNAL_PREFIX, hlc_tick
+from .cell import Cell, execute, make_step
+from .driver import DriverBase
+from .envelope import Envelope
+from .messages import Message, Started, Stop
+from .records import DEAD, FULL
+
+Invariant = Callable[["SimDriver"], None]
+
+
+class SimDriver(DriverBase):
+    mode = "sim"
+
+    def __init__(self, seed: int = 0, **kwargs: Any) -> None:
+        super().__init__(seed, **kwargs)
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Envelope, str | None]] = []
+        self._seq = 0
+        self._timers: dict[tuple[str, str], int] = {}
+        self.deliveries = 0
+        self.invariants: list[Invariant] = []
+
+    # ---- the outside world -------------------------------------------------
+    def spawn(self, addr: str, cls: type, *, src: str = "ext/operator", **kwargs: Any) -> str:
+        """Start a root actor now (an external, logged input)."""
+        env = self._spawn_env(addr, cls, kwargs, src)
+        self._push(self.now, env)
+        return addr
+
+    def inject(
+        self,
+        dst: str,
+        msg: Message,
+        *,
+        at: float | None = None,
+        corr: str | None = None,
+        src: str = "ext/input",
+        ask: bool = False,
+    ) -> int:
+        """Schedule an external input at virtual time `at` (default: now)."""
+        at = self.now if at is None else at
+        if at < self.now:
+            raise ValueError(f"at={at} is in the past (now={self.now})")
+        env = self._external_env(dst, msg, corr, src, ask)
+        self._push(at, env)
+        return env.msg_id
+
+    def pending(self) -> int:
+        return len(self._heap)
+
+    # ---- the loop ----------------------------------------------------------
+    def run(self, until: float | None = None, max_deliveries: int | None = None) -> int:
+        """Deliver until the heap is empty, virtual time passes `until`, or the
+        delivery budget is spent. Returns the number of deliveries made."""
+        heap, cells, timers, sink = self._heap, self.cells, self._timers, self.sink
+        invariants = self.invariants
+        budget = -1 if max_deliveries is None else max_deliveries
+        n = 0
+        while heap and n != budget:
+            if until is not None and heap[0][0] > until:
+                break
+            t, seq, env, key = heappop(heap)
+            if key is not None:
+                tkey = (env.dst, key)
+                if timers.get(tkey) != seq:
+                    continue  # cancelled or replaced
+                del timers[tkey]
+            self.now = t
+            cell = cells.get(env.dst)
+            if cell is None or not cell.alive or (cell.actor is None and type(env.msg) is not Started):
+                self._bounce(env, t, DEAD)
+                continue
+            if key is None:
+                cell.stats.mailbox_depth -= 1
+            snapshot = execute(cell, env, t)
+            if sink is not None:
+                sink.append(make_step(cell, env, t, snapshot))
+            if cell.ctx.outputs:
+                self._route(cell, t)
+            if not cell.alive:
+                self._retire(cell)
+                self._on_stopped(cell)
+            n += 1
+            for check in invariants:
+                check(self)
+        if until is not None and (not heap or heap[0][0] > until):
+            self.now = max(self.now, until)
+        self.deliveries += n
+        return n
+
+    # ---- routing -------------------------------------------------------------
+    def _push(self, t: float, env: Envelope, key: str | None = None) -> int:
+        self._seq += 1
+        heappush(self._heap, (t, self._seq, env, key))
+        return self._seq
+
+    def _send(self, env: Envelope, t: float) -> None:
+        dst = env.dst
+        if dst.startswith(EXTERNAL_PREFIX):
+            self._to_outside(t, env)
+            return
+        cell = self.cells.get(dst)
+        if cell is not None:
+            if cell.stats.mailbox_depth >= self.mailbox_capacity:
+                cell.stats.mailbox_full += 1
+                self._bounce(env, t, FULL)
+                return
+            cell.stats.mailbox_depth += 1
+        self._push(t, env)
+
+    def _bounce(self, env: Envelope, t: float, kind: int) -> None:
+        fail = self._undeliverable(env, t, kind)
+        if fail is not None:
+            self._send(fail, t)
+
+    def _route(self, cell: Cell, t: float) -> None:
+        addr = cell.addr
+        hlc = cell.hlc
+        for o in cell.ctx.outputs:
+            hlc = hlc_tick(hlc, t)
+            kind = o.kind
+            if kind == 0:  # send
+                self._send(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg, o.reply_to, o.ask), t)
+            elif kind == 1:  # timer
+                env = Envelope(addr, addr, o.msg_id, hlc, o.corr, o.msg)
+                self._timers[(addr, o.key)] = self._push(t + o.delay, env, o.key)
+            elif kind == 2:  # cancel
+                self._timers.pop((addr, o.key), None)
+            elif kind == 3:  # spawn
+                self._spawn_child(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg), t)
+            else:  # stop another actor
+                self._send(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, Stop(by=addr)), t)
+        cell.hlc = hlc
+
+    def _spawn_child(self, env: Envelope, t: float) -> None:
+        existing = self.cells.get(env.dst)
+        if existing is not None and existing.alive:
+            self._bounce(env, t, DEAD)  # address taken: the spawn is a dead letter
+            return
+        self._new_cell(env.dst).stats.mailbox_depth += 1
+        self._push(t, env)
+
+    def _on_stopped(self, cell: Cell) -> None:
+        for event in cell.ctx.events:
+            if type(event).__name__ == "Stopped" and event.reason.startswith("escalate"):  # type: ignore[attr-defined]
+                if cell.parent is None:
+                    self.escalations.append((cell.addr, event.reason))  # type: ignore[attr-defined]
+
+    def _external_env(self, dst: str, msg: Message, corr: str | None, src: str, ask: bool = False) -> Envelope:
+        env = super()._external_env(dst, msg, corr, src, ask)
+        if type(msg) is Started and dst not in self.cells:
+            self._new_cell(dst)
+        cell = self.cells.get(dst)
+        if cell is not None:
+            cell.stats.mailbox_depth += 1
+        return env
