@@ -5,7 +5,17 @@ from .address import address, deterministic_id
 from .codec import decode, encode
 from .context import Context
 from .envelope import Envelope
-from .messages import AskFailed, ChildFailed, Event, HandlerFailed, Message, Raw, Restarted, Started, Stopped
+from .messages import (
+    AskFailed,
+    ChildFailed,
+    Event,
+    HandlerFailed,
+    Message,
+    Raw,
+    Restarted,
+    Started,
+    Stopped,
+)
 from .records import LogSink, MemorySink, Step
 from .sim import SimDriver
 

@@ -1,0 +1,114 @@
+"""Actor classes shared by the kernel tests (importable by module path for replay)."""
+
+from __future__ import annotations
+
+import msgspec
+from deepserve.core import Actor, Context, Directive, Event, Message, Supervision
+from deepserve.core.messages import AskFailed, ChildFailed
+
+
+class Add(Message, frozen=True):
+    n: int
+
+
+class Boom(Message, frozen=True):
+    after_record: bool = True
+
+
+class Forward(Message, frozen=True):
+    dst: str
+    n: int
+
+
+class AskIt(Message, frozen=True):
+    dst: str
+    timeout_s: float = 1.0
+
+
+class SetTimer(Message, frozen=True):
+    key: str
+    delay_s: float
+    n: int
+
+
+class CancelTimer(Message, frozen=True):
+    key: str
+
+
+class SpawnChild(Message, frozen=True):
+    addr: str
+
+
+class StopOther(Message, frozen=True):
+    addr: str
+
+
+class StopSelf(Message, frozen=True):
+    pass
+
+
+class Added(Event, frozen=True):
+    n: int
+
+
+class Noted(Event, frozen=True):
+    what: str
+
+
+class Tally(msgspec.Struct, frozen=True):
+    total: int = 0
+    notes: tuple[str, ...] = ()
+
+
+class Counter(Actor[Tally]):
+    """Adds numbers; can fail, forward, ask, set timers, spawn and stop."""
+
+    def initial_state(self) -> Tally:
+        return Tally()
+
+    def evolve(self, state: Tally, event: Event) -> Tally:
+        if isinstance(event, Added):
+            return Tally(state.total + event.n, state.notes)
+        assert isinstance(event, Noted)
+        return Tally(state.total, (*state.notes, event.what))
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, Add):
+            ctx.record(Added(msg.n))
+            if ctx.env is not None and ctx.env.src != ctx.self and ctx.env.ask:
+                ctx.reply(Add(self.state.total))
+        elif isinstance(msg, Boom):
+            if msg.after_record:
+                ctx.record(Added(1000))
+                ctx.send("nowhere/0", Add(1))
+            raise RuntimeError("boom")
+        elif isinstance(msg, Forward):
+            ctx.send(msg.dst, Add(msg.n))
+        elif isinstance(msg, AskIt):
+            ctx.ask(msg.dst, Add(1), msg.timeout_s)
+        elif isinstance(msg, AskFailed):
+            ctx.record(Noted(f"askfailed:{msg.reason}"))
+        elif isinstance(msg, SetTimer):
+            ctx.after(msg.delay_s, Add(msg.n), key=msg.key)
+        elif isinstance(msg, CancelTimer):
+            ctx.cancel(msg.key)
+        elif isinstance(msg, SpawnChild):
+            ctx.spawn(msg.addr, Child)
+        elif isinstance(msg, StopOther):
+            ctx.stop(msg.addr)
+        elif isinstance(msg, StopSelf):
+            ctx.stop()
+        elif isinstance(msg, ChildFailed):
+            ctx.record(Noted(f"child:{msg.child}:{msg.error}"))
+
+
+class StopOnFailure(Counter):
+    supervision = Supervision(directive=Directive.STOP)
+
+
+class Child(Counter):
+    supervision = Supervision(directive=Directive.ESCALATE)
+
+
+class Fragile(Counter):
+    supervision = Supervision(max_restarts=2, window_s=10.0)
