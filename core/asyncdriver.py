@@ -22,6 +22,7 @@ from .cell import Cell, execute, make_step
 from .context import Out
 from .driver import DriverBase
 from .envelope import Envelope
+from .mailbox import Mailbox
 from .messages import AskFailed, Message, Started, Stop
 from .records import DEAD, FULL, LogSink
 from .transport import Transport
@@ -110,7 +111,7 @@ class AsyncDriver(DriverBase):
         env = self._external_env(dst, msg, corr, src)
         cell = self.cells.get(dst)
         if cell is not None and cell.alive:
-            await cell.mailbox[0].send(env)
+            await cell.mailbox.put(env)
             cell.stats.mailbox_depth += 1
             return env.msg_id
         return env.msg_id if self._send(env) else 0
@@ -145,22 +146,21 @@ class AsyncDriver(DriverBase):
             self._undeliverable(env, self.clock(), DEAD)
             return
         cell = self._new_cell(env.dst)
-        cell.mailbox = anyio.create_memory_object_stream[Envelope](self.mailbox_capacity)
-        cell.mailbox[0].send_nowait(env)
+        cell.mailbox = Mailbox(self.mailbox_capacity)
+        cell.mailbox.put_nowait(env)
         cell.stats.mailbox_depth += 1
         assert self._tg is not None, "use the driver inside 'async with'"
         self._tg.start_soon(self._actor_loop, cell, name=f"actor {cell.addr}")
 
     async def _actor_loop(self, cell: Cell) -> None:
-        recv = cell.mailbox[1]
+        mailbox = cell.mailbox
         sink = self.sink
         stats = cell.stats
         burst = 0
         while cell.alive:
-            try:
-                env = recv.receive_nowait()
-            except anyio.WouldBlock:
-                env = await recv.receive()
+            env = mailbox.get_nowait()
+            if env is None:
+                env = await mailbox.get()
                 burst = 0
             stats.mailbox_depth -= 1
             self._busy += 1
@@ -194,14 +194,9 @@ class AsyncDriver(DriverBase):
             await anyio.lowlevel.checkpoint()
 
     def _drain_dead(self, cell: Cell) -> None:
-        recv = cell.mailbox[1]
-        while True:
-            try:
-                env = recv.receive_nowait()
-            except anyio.WouldBlock:
-                break
+        while (env := cell.mailbox.get_nowait()) is not None:
+            cell.stats.mailbox_depth -= 1
             self._bounce(env, DEAD)
-        cell.mailbox[0].close()
 
     # ---- outbox ------------------------------------------------------------------
     def _committed_threadsafe(self, upto: int) -> None:
@@ -243,9 +238,7 @@ class AsyncDriver(DriverBase):
             return True
         cell = self.cells.get(dst)
         if cell is not None and cell.alive:
-            try:
-                cell.mailbox[0].send_nowait(env)
-            except anyio.WouldBlock:
+            if not cell.mailbox.put_nowait(env):
                 cell.stats.mailbox_full += 1
                 self._bounce(env, FULL)
                 return False

@@ -1,0 +1,111 @@
+"""AsyncDriver runs the same actors as SimDriver: same per-actor events for inputs
+in a fixed order; asks, dead letters, full mailboxes, timers and the outbox."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import pytest
+from kernel_actors import Add, AskIt, Boom, Counter, Forward, SetTimer, SpawnChild, StopOther
+
+from deepserve.core import MemorySink, SimDriver
+from deepserve.core.asyncdriver import AskError, AsyncDriver
+from deepserve.core.records import DEAD, FULL
+
+SCRIPT = [
+    ("c/0", Add(1)), ("c/0", Forward("c/1", 2)), ("c/1", Boom()), ("c/1", Add(3)),
+    ("c/0", SpawnChild("c/0/k")), ("c/0/k", Add(4)), ("c/0", StopOther("c/0/k")),
+    ("c/0", AskIt("c/1", 5.0)), ("c/0", AskIt("none/1", 5.0)),
+]
+
+
+def _per_actor_events(sink: MemorySink) -> dict[str, list[tuple[str, bytes]]]:
+    out: dict[str, list[tuple[str, bytes]]] = {}
+    for s in sink.steps:
+        for e in s.events:
+            payload = b"" if e.type == "HandlerFailed" else e.payload  # traceback text
+            out.setdefault(s.input.actor, []).append((e.type, payload))
+    return out
+
+
+def _sim_events() -> dict[str, list[tuple[str, bytes]]]:
+    sink = MemorySink()
+    d = SimDriver(seed=3, sink=sink)
+    d.spawn("c/0", Counter)
+    d.spawn("c/1", Counter)
+    for i, (dst, msg) in enumerate(SCRIPT):
+        d.inject(dst, msg, at=float(i))  # one at a time: the order is fixed
+        d.run()
+    return _per_actor_events(sink)
+
+
+async def test_same_events_as_sim_for_fixed_order_inputs():
+    sink = MemorySink()
+    async with AsyncDriver(seed=3, sink=sink) as d:
+        d.spawn("c/0", Counter)
+        d.spawn("c/1", Counter)
+        await d.idle()
+        for dst, msg in SCRIPT:
+            await d.inject(dst, msg)
+            await d.idle()
+    assert _per_actor_events(sink) == _sim_events()
+    assert d.actor("c/0").state.notes == ("askfailed:target is dead",)
+
+
+async def test_external_ask_reply_dead_target_and_timeout():
+    async with AsyncDriver() as d:
+        d.spawn("c/0", Counter)
+        reply = await d.ask("c/0", Add(5), timeout_s=1.0)
+        assert reply == Add(5)
+        with pytest.raises(AskError, match="target is dead"):
+            await d.ask("nobody/0", Add(1), timeout_s=1.0)
+        d.spawn("c/1", Counter)
+        await d.inject("c/1", SetTimer("t", 0.05, 1))
+        with pytest.raises(AskError, match="timed out"):
+            await d.ask("c/1", Forward("c/0", 1), timeout_s=0.02)  # Forward never replies
+        await anyio.sleep(0.1)
+        assert d.actor("c/1").state.total == 1  # the wall-clock timer fired
+
+
+async def test_full_mailbox_and_dead_letters_are_recorded():
+    sink = MemorySink()
+    async with AsyncDriver(sink=sink, mailbox_capacity=4) as d:
+        d.spawn("c/0", Counter)
+        await d.idle()
+        accepted = [d.inject_nowait("c/0", Add(1)) for _ in range(6)]  # no await: no drain
+        d.inject_nowait("ghost/0", Add(1))
+        await d.idle()
+    assert accepted.count(0) == 2 and d.mailbox_full == 2 and d.dead_letters == 1
+    kinds = [s.input.kind for s in sink.steps if s.input.seq < 0]
+    assert sorted(kinds) == [DEAD, FULL, FULL]
+    assert d.actor("c/0").state.total == 4
+
+
+class CommitLater(MemorySink):
+    """A sink whose 'commits' happen on another thread only when told to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.on_commit = None
+        self.lock = threading.Lock()
+
+    def commit_all(self) -> None:
+        threading.Thread(target=self.on_commit, args=(len(self.steps),)).start()
+
+
+async def test_outbox_holds_outputs_until_commit():
+    sink = CommitLater()
+    async with AsyncDriver(sink=sink, outbox=True) as d:
+        d.spawn("c/0", Counter)
+        d.spawn("c/1", Counter)
+        await anyio.sleep(0.01)
+        assert "c/0" in d.cells and d.cells["c/0"].actor is not None
+        await d.inject("c/0", Forward("c/1", 9))
+        await anyio.sleep(0.02)
+        assert d.actor("c/1").state.total == 0  # the forward is held: not committed yet
+        sink.commit_all()
+        await anyio.sleep(0.02)
+        sink.commit_all()  # c/1's step is appended after the first release
+        await d.idle()
+        assert d.actor("c/1").state.total == 9
