@@ -6,10 +6,9 @@ refusal is the driver's to record."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from typing import Any
-
-import asyncio
 
 import msgspec
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from functools import reduce
 
-from deepserve.core import MemorySink, SimDriver, decode
-from deepserve.core.records import DEAD, DELIVERED, FULL
 from kernel_actors import (
     Add,
     AskIt,
@@ -22,6 +20,9 @@ from kernel_actors import (
     StopSelf,
     Tally,
 )
+
+from deepserve.core import MemorySink, SimDriver, decode
+from deepserve.core.records import DEAD, DELIVERED, FULL
 
 
 def _run(*inputs, seed=0, **kw):
