@@ -1,0 +1,220 @@
+"""The kernel benchmark's workloads and the bare baselines they are compared with.
+
+Each function returns a rate measured on this machine, now; nothing is cached or
+assumed. Sizes are chosen so each measurement takes about a second."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from heapq import heappop, heappush
+
+from deepserve.core import Actor, Context, Message, SimDriver
+from deepserve.core.asyncdriver import AsyncDriver
+from deepserve.core.records import LogSink
+
+
+class BPing(Message, frozen=True):
+    n: int
+
+
+class BTick(Message, frozen=True):
+    left: int
+
+
+class Bouncer(Actor[None]):
+    """Sends the counter back to its peer until it reaches zero."""
+
+    def __init__(self, peer: str) -> None:
+        self.peer = peer
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if type(msg) is BPing and msg.n > 0:  # type: ignore[attr-defined]
+            ctx.send(self.peer, BPing(msg.n - 1))  # type: ignore[attr-defined]
+
+
+class Streamer(Actor[None]):
+    """Each tick sends a batch one way, then ticks itself again."""
+
+    batch = 64
+
+    def __init__(self, peer: str) -> None:
+        self.peer = peer
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if type(msg) is BTick and msg.left > 0:  # type: ignore[attr-defined]
+            for _ in range(self.batch):
+                ctx.send(self.peer, BPing(0))
+            ctx.send(ctx.self, BTick(msg.left - 1))  # type: ignore[attr-defined]
+
+
+class Drain(Actor[None]):
+    def handle(self, ctx: Context, msg: Message) -> None:
+        return None
+
+
+class Echo(Actor[None]):
+    def handle(self, ctx: Context, msg: Message) -> None:
+        ctx.reply(msg)
+
+
+class Asker(Actor[None]):
+    """Asks its peer, and on each reply asks again until the count runs out."""
+
+    def __init__(self, peer: str) -> None:
+        self.peer = peer
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if type(msg) is BPing and msg.n > 0:  # type: ignore[attr-defined]
+            ctx.ask(self.peer, BPing(msg.n - 1), timeout_s=30.0)  # type: ignore[attr-defined]
+
+
+# ---- SimDriver ---------------------------------------------------------------
+
+
+def sim_pingpong(n: int, sink: LogSink | None = None) -> float:
+    d = SimDriver(seed=1, sink=sink)
+    d.spawn("b/0", Bouncer, peer="b/1")
+    d.spawn("b/1", Bouncer, peer="b/0")
+    d.run()
+    d.inject("b/0", BPing(n))
+    t0 = time.perf_counter()
+    delivered = d.run()
+    if sink is not None:
+        sink.flush()
+    return delivered / (time.perf_counter() - t0)
+
+
+def heapq_loop(n: int) -> float:
+    """The floor under any discrete-event loop: push and pop the same tuples."""
+    heap: list[tuple[float, int, object]] = []
+    payload = object()
+    t0 = time.perf_counter()
+    heappush(heap, (0.0, 0, payload))
+    for seq in range(1, n + 1):
+        t, _, p = heappop(heap)
+        heappush(heap, (t, seq, p))
+    return n / (time.perf_counter() - t0)
+
+
+# ---- AsyncDriver -----------------------------------------------------------------
+
+
+async def _async_stream(ticks: int) -> float:
+    async with AsyncDriver(seed=1) as d:
+        d.spawn("s/0", Streamer, peer="s/1")
+        d.spawn("s/1", Drain)
+        await d.idle()
+        t0 = time.perf_counter()
+        d.inject_nowait("s/0", BTick(ticks))
+        await d.idle()
+        elapsed = time.perf_counter() - t0
+        assert d.mailbox_full == 0, "the stream benchmark must not drop"
+        return d.cells["s/1"].stats.handled / elapsed
+
+
+async def _async_asks(n: int) -> float:
+    async with AsyncDriver(seed=1) as d:
+        d.spawn("e/0", Echo)
+        d.spawn("a/0", Asker, peer="e/0")
+        await d.idle()
+        t0 = time.perf_counter()
+        d.inject_nowait("a/0", BPing(n))
+        await d.idle()
+        return n / (time.perf_counter() - t0)
+
+
+def async_stream(msgs: int) -> float:
+    return asyncio.run(_async_stream(msgs // Streamer.batch))
+
+
+def async_roundtrips(n: int) -> float:
+    return asyncio.run(_async_asks(n))
+
+
+async def _queue_stream(n: int) -> float:
+    q: asyncio.Queue[int] = asyncio.Queue(1024)
+
+    async def consume() -> None:
+        for _ in range(n):
+            await q.get()
+
+    t0 = time.perf_counter()
+    task = asyncio.create_task(consume())
+    for i in range(n):
+        await q.put(i)
+    await task
+    return n / (time.perf_counter() - t0)
+
+
+async def _future_roundtrips(n: int) -> float:
+    """A request/reply floor: one Future per request answered by another task."""
+    requests: asyncio.Queue[asyncio.Future[int]] = asyncio.Queue()
+
+    async def server() -> None:
+        while True:
+            fut = await requests.get()
+            fut.set_result(1)
+
+    task = asyncio.create_task(server())
+    loop = asyncio.get_running_loop()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fut = loop.create_future()
+        requests.put_nowait(fut)
+        await fut
+    elapsed = time.perf_counter() - t0
+    task.cancel()
+    return n / elapsed
+
+
+def queue_stream(n: int) -> float:
+    return asyncio.run(_queue_stream(n))
+
+
+def future_roundtrips(n: int) -> float:
+    return asyncio.run(_future_roundtrips(n))
+
+
+def pykka_tell(n: int) -> float | None:
+    try:
+        import pykka
+    except ImportError:
+        return None
+
+    class Sink(pykka.ThreadingActor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.count = 0
+
+        def on_receive(self, message: object) -> int:
+            self.count += 1
+            return self.count
+
+    ref = Sink.start()
+    t0 = time.perf_counter()
+    for i in range(n):
+        ref.tell(i)
+    ref.ask("last")  # queued behind every tell: returns when all were handled
+    elapsed = time.perf_counter() - t0
+    ref.stop()
+    return n / elapsed
+
+
+def pykka_ask(n: int) -> float | None:
+    try:
+        import pykka
+    except ImportError:
+        return None
+
+    class Echoer(pykka.ThreadingActor):
+        def on_receive(self, message: object) -> object:
+            return message
+
+    ref = Echoer.start()
+    t0 = time.perf_counter()
+    for i in range(n):
+        ref.ask(i)
+    elapsed = time.perf_counter() - t0
+    ref.stop()
+    return n / elapsed
