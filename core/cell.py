@@ -172,11 +172,15 @@ def input_record(cell: Cell, env: Envelope, now: float, kind: int = DELIVERED) -
 
 
 def event_records(cell: Cell, events: list[Event]) -> list[EventRec]:
+    if not events:
+        return []
     addr, seq = cell.addr, cell.seq
     return [EventRec(addr, seq, i, type(e).__name__, encode(e)) for i, e in enumerate(events)]
 
 
 def output_records(cell: Cell, outputs: list[Out]) -> list[OutputRec]:
+    if not outputs:
+        return []
     addr, seq = cell.addr, cell.seq
     recs = []
     for i, o in enumerate(outputs):

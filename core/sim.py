@@ -16,7 +16,7 @@ from .cell import Cell, execute, make_step
 from .driver import DriverBase
 from .envelope import Envelope
 from .messages import Message, Started, Stop
-from .records import DEAD, FULL
+from .records import DEAD, FULL, OutputRec
 
 Invariant = Callable[["SimDriver"], None]
 
@@ -87,9 +87,12 @@ class SimDriver(DriverBase):
                 cell.stats.mailbox_depth -= 1
             snapshot = execute(cell, env, t)
             if sink is not None:
-                sink.append(make_step(cell, env, t, snapshot))
-            if cell.ctx.outputs:
-                self._route(cell, t)
+                step = make_step(cell, env, t, snapshot)
+                sink.append(step)
+                if step.outputs:
+                    self._route(cell, t, step.outputs)
+            elif cell.ctx.outputs:
+                self._route(cell, t, None)
             if not cell.alive:
                 self._retire(cell)
                 self._on_stopped(cell)
@@ -126,14 +129,16 @@ class SimDriver(DriverBase):
         if fail is not None:
             self._send(fail, t)
 
-    def _route(self, cell: Cell, t: float) -> None:
+    def _route(self, cell: Cell, t: float, recs: list[OutputRec] | None) -> None:
         addr = cell.addr
         hlc = cell.hlc
-        for o in cell.ctx.outputs:
+        for i, o in enumerate(cell.ctx.outputs):
             hlc = hlc_tick(hlc, t)
             kind = o.kind
-            if kind == 0:  # send
-                self._send(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg, o.reply_to, o.ask), t)
+            if kind == 0:  # send; reuse the logged encoding for the receiver's input record
+                payload = recs[i].payload if recs is not None else None
+                env = Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg, o.reply_to, o.ask, False, payload)
+                self._send(env, t)
             elif kind == 1:  # timer
                 env = Envelope(addr, addr, o.msg_id, hlc, o.corr, o.msg)
                 self._timers[(addr, o.key)] = self._push(t + o.delay, env, o.key)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import msgspec
+
 from deepserve.core import Actor, Context, Directive, Event, Message, Supervision
 from deepserve.core.messages import AskFailed, ChildFailed
 
