@@ -1,0 +1,76 @@
+"""`deepserve hw ...`: the emulated hardware's predictions, from the command line.
+
+    deepserve hw predict --model llama3-70b --npu 910b --tp 8 [--json]
+
+prints predicted prefill and decode latency over a grid of batch sizes and context lengths, the
+KV capacity in tokens, and the load time by path (SSD, DRAM hit, NPU-fork over the scale-up and
+scale-out links). The numbers are predict.py's; this module only parses and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import msgspec
+
+from deepserve.adapters.hardware.models import known_models
+from deepserve.adapters.hardware.predict import (
+    DEFAULT_BATCH_SIZES,
+    DEFAULT_CONTEXT_TOKENS,
+    predict,
+    render,
+)
+from deepserve.adapters.hardware.specs import NPUS
+
+EXIT_BAD_INPUT = 2
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    """argparse type for "1,8,32"."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def register_hw(subparsers: Any) -> None:
+    """Add the `hw` command group to the `deepserve` command's subparsers."""
+    hw = subparsers.add_parser("hw", help="the emulated hardware's performance model")
+    sub = hw.add_subparsers(dest="hw_command", required=True, metavar="HW_COMMAND")
+    p = sub.add_parser(
+        "predict",
+        help="predicted latency, KV capacity and load times for a model and layout",
+        description="Predicted prefill/decode latency over batch sizes and context lengths, KV "
+        "capacity in tokens, and load times by path, from the documented performance model.",
+    )
+    p.add_argument("--model", required=True, help=f"model profile: {', '.join(known_models())}")
+    p.add_argument("--npu", required=True, choices=sorted(NPUS), help="NPU kind")
+    p.add_argument("--tp", required=True, type=int, help="tensor-parallel degree (NPUs per TE)")
+    p.add_argument(
+        "--batch-sizes", type=_int_list, default=DEFAULT_BATCH_SIZES, metavar="N,N,...",
+        help=f"batch sizes of the grid (default: {','.join(map(str, DEFAULT_BATCH_SIZES))})",
+    )  # fmt: skip
+    p.add_argument(
+        "--contexts", type=_int_list, default=DEFAULT_CONTEXT_TOKENS, metavar="N,N,...",
+        help=f"context lengths of the grid (default: {','.join(map(str, DEFAULT_CONTEXT_TOKENS))})",
+    )  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print the prediction as JSON")
+    p.set_defaults(func=run_predict)
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    try:
+        prediction = predict(
+            args.model, args.npu, args.tp, batch_sizes=args.batch_sizes, context_tokens=args.contexts
+        )
+    except (ValueError, KeyError) as exc:
+        message = " ".join(str(exc.args[0] if exc.args else exc).split())
+        print(f"deepserve: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT) from None
+    if args.json:
+        sys.stdout.write(msgspec.json.encode(prediction).decode() + "\n")
+    else:
+        sys.stdout.write(render(prediction))
+    return 0

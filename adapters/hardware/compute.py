@@ -1,0 +1,174 @@
+"""Forward-pass time of a batch on a parallel group: the sum of per-layer roofline op groups,
+MoE dispatch/combine, TP/PP communication and launch overhead.
+
+Ops in a layer run one after another (decode graphs serialize them; xDeepServe Fig. 10), so a
+layer costs the sum of its op groups, each the roofline max of its compute and memory time.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from msgspec import Struct
+
+from deepserve.adapters.hardware.batch import (
+    Batch,
+    Parallel,
+    is_graph_batch,
+    logits_tokens,
+    validate,
+)
+from deepserve.adapters.hardware.models import ModelProfile
+from deepserve.adapters.hardware.moe import moe_layer_cost
+from deepserve.adapters.hardware.roofline import (
+    ACT_BYTES,
+    attention_core_time_s,
+    elementwise_time_s,
+    linear_time_s,
+    op_time_s,
+)
+from deepserve.adapters.hardware.sizes import (
+    attention_params,
+    dense_layers,
+    dense_mlp_params,
+    gate_params,
+    head_params,
+    moe_layers,
+)
+from deepserve.adapters.hardware.specs import LinkSpec, NpuSpec, link_spec
+from deepserve.adapters.hardware.transfer import allreduce_time_s, transfer_time_s
+
+# Kernels per decoder layer, counting fused kernels (norm, QKV/MLA prolog, RoPE, attention,
+# output projection, residual, norm, MLP or gate + top-k + dispatch + experts + combine).
+# Assumption, from the shape of Ascend decoder graphs; they only set the launch overhead.
+OPS_DENSE_LAYER = 14
+OPS_MOE_LAYER = 24
+OPS_MLA_EXTRA = 6  # the MLA prolog is split into several kernels (xDeepServe Fig. 10)
+OPS_HEAD = 3
+SAMPLING_OPS = 4
+SAMPLING_PASSES = 3  # FP32 logits read by softmax/top-k/argmax kernels. Assumption.
+
+
+class ForwardCost(Struct, frozen=True, kw_only=True):
+    mode: Literal["graph", "single_op"]
+    attention_s: float  # attention kernels (scores and values), all layers
+    linear_s: float  # projections, dense MLPs, gate, elementwise ops
+    moe_s: float  # this rank's expert compute
+    dispatch_s: float
+    combine_s: float
+    collective_s: float  # TP all-reduce and PP stage-to-stage sends
+    head_s: float  # final norm + LM head
+    launch_s: float  # host and kernel launch overhead not hidden behind execution
+    total_s: float
+
+
+class _Layer(Struct, frozen=True):
+    attention_s: float
+    linear_s: float
+    moe_s: float
+    dispatch_s: float
+    combine_s: float
+    collective_s: float
+
+
+def _layer(
+    m: ModelProfile, npu: NpuSpec, batch: Batch, par: Parallel, link: LinkSpec, moe: bool
+) -> _Layer:
+    tokens = batch.tokens
+    attn = attention_core_time_s(m, batch.seqs, par.tp, npu)
+    proj = linear_time_s(
+        attention_params(m) / par.tp, tokens, m.weight_dtype, npu,
+        act_elems_per_token=4 * m.hidden_size,
+    )  # fmt: skip
+    ffn_local = 0.0 if moe else m.intermediate_size / par.tp
+    linear = proj + elementwise_time_s(m, tokens, ffn_local, npu)
+    allreduce = allreduce_time_s(tokens * m.hidden_size * ACT_BYTES, par.tp, link)
+    collective = 2 * allreduce
+    if not moe:
+        linear += linear_time_s(
+            dense_mlp_params(m) / par.tp, tokens, m.weight_dtype, npu,
+            act_elems_per_token=m.hidden_size + 3 * ffn_local,
+        )  # fmt: skip
+        return _Layer(attn, linear, 0.0, 0.0, 0.0, collective)
+    linear += linear_time_s(gate_params(m), tokens, "bf16", npu, act_elems_per_token=m.hidden_size)
+    cost = moe_layer_cost(m, npu, par, tokens, attn + linear + allreduce, link)
+    return _Layer(attn, linear, cost.expert_s, cost.dispatch_s, cost.combine_s, collective)
+
+
+def _head_time_s(m: ModelProfile, npu: NpuSpec, batch: Batch, par: Parallel) -> float:
+    """LM head (BF16, vocab-parallel over TP) on the positions that need logits."""
+    return linear_time_s(
+        head_params(m) / par.tp, logits_tokens(batch), "bf16", npu,
+        act_elems_per_token=m.hidden_size + m.vocab_size / par.tp,
+    )  # fmt: skip
+
+
+def _layer_plan(m: ModelProfile, part: str) -> tuple[tuple[bool, int], ...]:
+    """(is_moe, count) per layer kind for the main model or its MTP module."""
+    if part == "main":
+        return ((False, dense_layers(m)), (True, moe_layers(m)))
+    if part == "mtp":
+        if m.mtp_layers == 0:
+            raise ValueError(f"model: {m.name} has no MTP module")
+        return ((m.moe is not None, m.mtp_layers),)
+    raise ValueError(f"part: must be 'main' or 'mtp', got {part!r}")
+
+
+def forward_time(
+    m: ModelProfile,
+    npu: NpuSpec,
+    batch: Batch,
+    par: Parallel = Parallel(),  # noqa: B008 - frozen struct, safe as a default
+    *,
+    link: LinkSpec | None = None,
+    part: Literal["main", "mtp"] = "main",
+) -> ForwardCost:
+    """Time of one forward pass of `batch` (one DP group's batch) on the layout `par`.
+
+    Decode-only batches run as a graph; a batch with any prefill chunk runs in single-op mode
+    (xDeepServe §2.3). `link` carries TP collectives, EP all-to-all and PP sends; it defaults to
+    the NPU's scale-up link (HCCS for 910B, UB for 910C)."""
+    validate(m, batch, par)
+    link = link or link_spec(npu.scale_up_link)
+    totals = dict.fromkeys(_Layer.__struct_fields__, 0.0)
+    ops = 0
+    for is_moe, count in _layer_plan(m, part):
+        if count == 0:
+            continue
+        layer = _layer(m, npu, batch, par, link, is_moe)
+        for field in _Layer.__struct_fields__:
+            totals[field] += count * getattr(layer, field)
+        per_layer = OPS_MOE_LAYER if is_moe else OPS_DENSE_LAYER
+        ops += count * (per_layer + (OPS_MLA_EXTRA if m.mla else 0))
+    head = _head_time_s(m, npu, batch, par)
+    if part == "mtp":  # the MTP module's projection joining hidden state and embedding
+        head += linear_time_s(
+            2 * m.hidden_size * m.hidden_size * m.mtp_layers, batch.tokens, "bf16", npu,
+            act_elems_per_token=3 * m.hidden_size,
+        )  # fmt: skip
+    stage_send = transfer_time_s(batch.tokens * m.hidden_size * ACT_BYTES, link)
+    totals["collective_s"] += (par.pp - 1) * stage_send
+    ops += OPS_HEAD
+    executed = sum(totals.values()) + head
+    graph = is_graph_batch(batch)
+    fixed = npu.eff.forward_fixed_s + ops * npu.eff.kernel_overhead_s
+    busy = executed
+    if not graph:  # the host dispatches op by op; the NPU idles when ops are shorter than that
+        busy = max(executed, ops * npu.eff.single_op_launch_s)
+    total = fixed + busy
+    return ForwardCost(
+        mode="graph" if graph else "single_op",
+        head_s=head,
+        launch_s=total - executed,
+        total_s=total,
+        **totals,
+    )
+
+
+def sampling_time_s(m: ModelProfile, npu: NpuSpec, positions: int) -> float:
+    """Sampling over FP32 logits on the NPU plus the host sync that returns the tokens."""
+    if positions < 1:
+        raise ValueError(f"positions: must be >= 1, got {positions}")
+    logits_bytes = positions * m.vocab_size * 4 * SAMPLING_PASSES
+    kernels = op_time_s(0.0, logits_bytes, npu) + SAMPLING_OPS * npu.eff.kernel_overhead_s
+    return kernels + npu.eff.sampling_fixed_s
