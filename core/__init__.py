@@ -4,7 +4,7 @@ from .actor import Actor, Directive, Supervision
 from .address import address, deterministic_id
 from .codec import decode, encode
 from .context import Context
-from .envelope import Envelope
+from .envelope import Envelope, ReplyHandle
 from .messages import (
     AskFailed,
     ChildFailed,
@@ -21,6 +21,6 @@ from .sim import SimDriver
 
 __all__ = [
     "Actor", "AskFailed", "ChildFailed", "Context", "Directive", "Envelope", "Event",
-    "HandlerFailed", "LogSink", "MemorySink", "Message", "Raw", "Restarted", "SimDriver",
+    "HandlerFailed", "LogSink", "MemorySink", "Message", "Raw", "ReplyHandle", "Restarted", "SimDriver",
     "Started", "Step", "Stopped", "Supervision", "address", "decode", "deterministic_id", "encode",
 ]

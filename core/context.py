@@ -10,7 +10,8 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Any
 
-from .address import EXTERNAL_PREFIX, deterministic_id, rng_seed
+from .address import deterministic_id, rng_seed
+from .envelope import ReplyHandle
 from .messages import AskFailed, Event, Message, Started
 
 if TYPE_CHECKING:
@@ -124,15 +125,23 @@ class Context:
         self.outputs.append(Out(_SEND, dst, msg, 0.0, cell.out_seq, corr))
         return cell.out_seq
 
-    def reply(self, msg: Message) -> int:
-        """Answer the message being handled (its sender receives `reply_to` set)."""
+    def reply_handle(self) -> ReplyHandle:
+        """The return address of the message being handled, to answer it later
+        (a device replies from the timer that ends its work, not from the request)."""
         env = self.env
-        assert env is not None
-        if env.src.startswith(EXTERNAL_PREFIX) and not env.ask:
-            return 0  # nobody to answer: an external tell
+        assert env is not None, "reply_handle() outside a delivery"
+        return ReplyHandle(env.src, env.msg_id, env.corr)
+
+    def reply(self, msg: Message, to: ReplyHandle | None = None) -> int:
+        """Answer the message being handled, or the one `to` names. The receiver
+        sees `reply_to` set, which also cancels an `ask`'s timeout."""
+        if to is None:
+            env = self.env
+            assert env is not None
+            to = ReplyHandle(env.src, env.msg_id, env.corr)
         cell = self._cell
         cell.out_seq += 1
-        self.outputs.append(Out(_SEND, env.src, msg, 0.0, cell.out_seq, env.corr, env.msg_id))
+        self.outputs.append(Out(_SEND, to.addr, msg, 0.0, cell.out_seq, to.corr, to.msg_id))
         return cell.out_seq
 
     def ask(self, dst: str, msg: Message, timeout_s: float, corr: str | None = None) -> int:

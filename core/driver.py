@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -41,7 +42,9 @@ class DriverBase:
         self.dead_letters = 0
         self.mailbox_full = 0
         self.escalations: list[tuple[str, str]] = []
-        self.external_out: list[tuple[float, Envelope]] = []
+        # What actors sent to the outside world, newest last; bounded (a daemon runs
+        # for days): a frontend takes its messages through `on_external` instead.
+        self.external_out: deque[tuple[float, Envelope]] = deque(maxlen=100_000)
         self.on_external: Callable[[float, Envelope], None] | None = None
         self.run_id = run_id or f"{self.mode}-{seed}"
         if sink is not None:

@@ -26,3 +26,11 @@ class Envelope(msgspec.Struct, gc=False):
     ask: bool = False
     external: bool = False
     payload: bytes | None = None
+
+
+class ReplyHandle(msgspec.Struct, frozen=True, array_like=True):
+    """Where, and to which message, a later answer goes (storable in actor state)."""
+
+    addr: str
+    msg_id: int
+    corr: str | None = None

@@ -32,7 +32,9 @@ def _int_list(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
 
 
 def register_hw(subparsers: Any) -> None:
@@ -63,7 +65,11 @@ def register_hw(subparsers: Any) -> None:
 def run_predict(args: argparse.Namespace) -> int:
     try:
         prediction = predict(
-            args.model, args.npu, args.tp, batch_sizes=args.batch_sizes, context_tokens=args.contexts
+            args.model,
+            args.npu,
+            args.tp,
+            batch_sizes=args.batch_sizes,
+            context_tokens=args.contexts,
         )
     except (ValueError, KeyError) as exc:
         message = " ".join(str(exc.args[0] if exc.args else exc).split())

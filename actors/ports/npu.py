@@ -1,0 +1,131 @@
+"""The NPU port: what an accelerator understands, whether emulated or real.
+
+Every request carries a `req_id` chosen by the caller; every answer echoes it (and is sent as a
+reply to the request's envelope, so `ctx.ask` works too). A healthy NPU answers every request; a
+crashed one answers `NpuError(kind="crashed")`; a hung one answers nothing.
+
+HBM is divided into named regions ("weights", "kv", ...). A region is bookkeeping, not an
+address range: the allocator checks the device's total capacity, and a faulted region makes the
+allocations and graphs that touch it fail with an error naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from deepserve.core.messages import Message
+
+# NpuError.kind values
+CRASHED = "crashed"  # the device crashed: every request fails until a reset
+HBM_FAULT = "hbm_fault"  # the request touches a faulted HBM region
+RESET = "reset"  # the device was reset while the request was pending
+QUEUE_FULL = "queue_full"  # the graph queue is at its bound
+BAD_REQUEST = "bad_request"  # the request cannot run (unknown model, bad layout, ...)
+
+DEFAULT_REGIONS: tuple[str, ...] = ("weights", "kv")
+
+
+class SeqShape(msgspec.Struct, frozen=True, array_like=True):
+    """One sequence of a batch: tokens computed now, on top of tokens already in the KV cache."""
+
+    new_tokens: int
+    context_tokens: int = 0
+
+
+class NpuForward(Message, frozen=True, kw_only=True):
+    """Run one forward pass (one graph) of a DP group's batch.
+
+    A batch of only short sequences (decode, or decode + MTP drafts) runs as a compiled graph; a
+    batch with any prefill chunk runs op by op — the phase (prefill, decode, mixed) is implied by
+    `seqs`. The layout fields mirror the performance model's parallel layout."""
+
+    req_id: str
+    model: str
+    seqs: tuple[SeqShape, ...]
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    shared_expert_ranks: int = 0
+    redundant_experts: int = 0
+    part: Literal["main", "mtp"] = "main"
+    sample: bool = False  # add on-device sampling of the logits and the host sync
+    regions: tuple[str, ...] = DEFAULT_REGIONS  # HBM regions the graph reads or writes
+
+
+class NpuForwardDone(Message, frozen=True, kw_only=True):
+    req_id: str
+    duration_s: float  # execution time of the graph (the performance model's, plus variance)
+    queued_s: float  # time spent waiting behind earlier graphs
+    mode: str  # "graph" or "single_op"
+    tokens: int
+
+
+class NpuAlloc(Message, frozen=True, kw_only=True):
+    req_id: str
+    region: str
+    nbytes: int
+
+
+class NpuAllocOk(Message, frozen=True, kw_only=True):
+    req_id: str
+    region: str
+    nbytes: int
+    region_bytes: int  # the region's size after the allocation
+    hbm_bytes_free: int
+
+
+class NpuAllocFailed(Message, frozen=True, kw_only=True):
+    req_id: str
+    region: str
+    nbytes: int
+    reason: str
+    hbm_bytes_free: int
+
+
+class NpuFree(Message, frozen=True, kw_only=True):
+    """Release `nbytes` of a region, or the whole region when `nbytes` is None."""
+
+    req_id: str
+    region: str
+    nbytes: int | None = None
+
+
+class NpuFreeOk(Message, frozen=True, kw_only=True):
+    req_id: str
+    region: str
+    nbytes: int
+    hbm_bytes_free: int
+
+
+class NpuProbe(Message, frozen=True, kw_only=True):
+    """A health probe: answered with the device's status, or not at all when hung."""
+
+    req_id: str
+
+
+class NpuStatus(Message, frozen=True, kw_only=True):
+    req_id: str
+    device: str
+    status: str  # "healthy" (a crashed device answers NpuError, a hung one nothing)
+    hbm_bytes: int
+    hbm_bytes_free: int
+    regions: dict[str, int]
+    faulted_regions: tuple[str, ...]
+    queue_depth: int  # graphs waiting, not counting the running one
+    busy: bool
+
+
+class NpuError(Message, frozen=True, kw_only=True):
+    """A request that failed on the device; `kind` is one of the constants above."""
+
+    req_id: str
+    device: str
+    kind: str
+    reason: str
+    region: str | None = None
+
+
+NPU_REQUESTS = (NpuForward, NpuAlloc, NpuFree, NpuProbe)

@@ -1,0 +1,300 @@
+"""The fabric actor: every link of a topology, the transfers crossing them, and link faults.
+
+One actor per topology domain, so max-min sharing over multi-hop paths is computed in one place
+(flows.py, with fairshare.py). One timer ("tick") is pending at a time: the next completion; it
+is replaced whenever a transfer starts or ends or a link changes. Link faults arrive as external
+inputs: down (in-flight and new transfers fail), degraded (capacity x factor), flapping (down/up
+toggles on timers), up (repaired).
+"""
+
+from __future__ import annotations
+
+from deepserve.actors.ports.faults import LinkDegrade, LinkDown, LinkFlap, LinkUp
+from deepserve.actors.ports.link import (
+    LinkBroadcast,
+    LinkBroadcastDone,
+    LinkProbe,
+    LinkStatus,
+    LinkTransfer,
+    LinkTransferDone,
+    LinkTransferFailed,
+)
+from deepserve.adapters.hardware.devices.common import ReplyTo, answer, reply_to, respond
+from deepserve.adapters.hardware.devices.flows import (
+    FabricFaultRejected,
+    FabricFlapSet,
+    FabricLinkSet,
+    FabricState,
+    FabricXferAccepted,
+    FabricXferDelivered,
+    FabricXferFailed,
+    FabricXferFlowing,
+    Flap,
+    LinkCond,
+    Xfer,
+    capacity,
+    check_conservation,
+    evolve_fabric,
+    finished,
+    next_completion_s,
+)
+from deepserve.adapters.hardware.devices.topology import build, resource_link, route
+from deepserve.adapters.hardware.specs import LINKS, link_spec
+from deepserve.adapters.hardware.transfer import (
+    broadcast_time_s,
+    effective_bw_bytes_per_s,
+    transfer_time_s,
+)
+from deepserve.core import Actor, Context, Event, Message
+
+
+class FabricSetupDone(Message, frozen=True):
+    key: str
+
+
+class FabricTick(Message, frozen=True):
+    pass
+
+
+class FabricFlapToggle(Message, frozen=True):
+    link: str
+
+
+def fixed_cost_s(link_kind: str, messages: int) -> float:
+    """Setup latency + per-message control cost of one transfer (transfer.py); the host side
+    and the SSD have no link spec and cost only their bandwidth."""
+    if link_kind not in LINKS:
+        return 0.0
+    return transfer_time_s(0, link_spec(link_kind), messages=messages)
+
+
+def broadcast_fixed_s(link_kind: str, nbytes: int, targets: int) -> float:
+    """A pipelined chain broadcast's cost beyond streaming the bytes once (transfer.py)."""
+    spec = link_spec(link_kind)
+    return broadcast_time_s(nbytes, spec, targets) - nbytes / effective_bw_bytes_per_s(spec)
+
+
+def _bad_fault(msg: Message, known_link: bool) -> str | None:
+    """Why a link fault input cannot apply, or None. Rejected faults are recorded, not raised:
+    a typo in a fault plan must not restart the fabric."""
+    if not known_link:
+        return f"unknown link {msg.link!r}"  # type: ignore[attr-defined]
+    if isinstance(msg, LinkDegrade) and not 0 < msg.bw_factor <= 1:
+        return f"bw_factor must be in (0, 1], got {msg.bw_factor}"
+    if isinstance(msg, LinkFlap) and not (msg.down_s > 0 and msg.up_s > 0 and msg.count >= 1):
+        return f"need down_s > 0, up_s > 0, count >= 1; got {msg}"
+    return None
+
+
+class Fabric(Actor[FabricState]):
+    """Owns the links of `build(cluster, servers)`; answers transfers, broadcasts and probes."""
+
+    def __init__(self, cluster: str = "gen1", servers: int = 1) -> None:
+        self.topo = build(cluster, servers)
+        self.links = {link.name: link for link in self.topo.links}
+        self.nominal = {
+            f"{link.name}:{d}": link.capacity_bytes_per_s
+            for link in self.topo.links
+            for d in link.directions
+        }
+
+    def initial_state(self) -> FabricState:
+        return FabricState()
+
+    def evolve(self, state: FabricState, event: Event) -> FabricState:
+        return evolve_fabric(state, event, self.nominal)
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, FabricTick):
+            self._tick(ctx)
+        elif isinstance(msg, FabricSetupDone):
+            self._setup_done(ctx, msg.key)
+        elif isinstance(msg, LinkTransfer | LinkBroadcast):
+            self._accept(ctx, msg)
+        elif isinstance(msg, LinkProbe):
+            self._probe(ctx, msg)
+        elif isinstance(msg, LinkDown | LinkUp | LinkDegrade | LinkFlap | FabricFlapToggle):
+            self._fault(ctx, msg)
+        else:
+            return
+        if ctx.events:
+            self._reschedule(ctx)
+            check_conservation(self.state, self.nominal)
+
+    # ---- transfers ---------------------------------------------------------
+    def _accept(self, ctx: Context, msg: LinkTransfer | LinkBroadcast) -> None:
+        to = reply_to(ctx)
+        key = f"{ctx.sender}|{msg.req_id}"
+        try:
+            xfer = self._xfer(ctx, msg, key, to)
+        except ValueError as exc:
+            answer(ctx, to, LinkTransferFailed(req_id=msg.req_id, reason=str(exc)))
+            return
+        down = next(
+            (r for r in xfer.resources if capacity(self.nominal, self.state.conds, r) <= 0), None
+        )
+        if down is not None:
+            link = resource_link(down)
+            reason = f"link {link} is down"
+            answer(ctx, to, LinkTransferFailed(req_id=msg.req_id, reason=reason, link=link))
+            return
+        ctx.record(FabricXferAccepted(xfer))
+        ctx.after(xfer.fixed_s, FabricSetupDone(key), key=f"setup:{key}")
+
+    def _xfer(self, ctx: Context, msg: LinkTransfer | LinkBroadcast, key: str, to: ReplyTo) -> Xfer:
+        if key in self.state.xfers:
+            raise ValueError(f"req_id: {msg.req_id!r} is already in flight from {ctx.sender}")
+        if msg.nbytes < 0:
+            raise ValueError(f"nbytes: must be >= 0, got {msg.nbytes}")
+        if isinstance(msg, LinkBroadcast):
+            resources, kind = self._chain(msg)
+            targets, fixed = msg.targets, broadcast_fixed_s(kind, msg.nbytes, len(msg.targets))
+        else:
+            if msg.messages < 1:
+                raise ValueError(f"messages: must be >= 1, got {msg.messages}")
+            resources, kind = self._path(msg)
+            targets, fixed = (msg.dst,), fixed_cost_s(kind, msg.messages)
+        return Xfer(
+            key=key, req_id=msg.req_id, to=to, src=msg.src, targets=targets,
+            broadcast=isinstance(msg, LinkBroadcast), resources=resources, link_kind=kind,
+            nbytes=msg.nbytes, fingerprint=msg.fingerprint, accepted_at_s=ctx.now(), fixed_s=fixed,
+        )  # fmt: skip
+
+    def _path(self, msg: LinkTransfer) -> tuple[tuple[str, ...], str]:
+        if not msg.path:
+            r = route(self.topo, msg.src, msg.dst, msg.via)
+            return r.resources, r.link_kind
+        for r in msg.path:
+            if r not in self.nominal:
+                raise ValueError(f"path: unknown link direction {r!r} (expected 'link:dir')")
+        if len(set(msg.path)) != len(msg.path):
+            raise ValueError(f"path: crosses a link direction twice: {list(msg.path)}")
+        return msg.path, self.links[resource_link(msg.path[0])].kind
+
+    def _chain(self, msg: LinkBroadcast) -> tuple[tuple[str, ...], str]:
+        """Each target forwards to the next: the chain's hops all carry the stream at once."""
+        if not msg.targets:
+            raise ValueError("targets: a broadcast needs at least one target")
+        hops = [
+            route(self.topo, a, b, msg.via)
+            for a, b in zip((msg.src, *msg.targets), msg.targets, strict=False)
+        ]
+        resources = tuple(r for hop in hops for r in hop.resources)
+        if len(set(resources)) != len(resources):
+            raise ValueError(f"targets: the chain {msg.src} -> {list(msg.targets)} reuses a link")
+        kind = hops[0].link_kind
+        if kind not in LINKS:
+            raise ValueError(f"src: a broadcast runs between NPUs, not over {kind!r}")
+        return resources, kind
+
+    def _setup_done(self, ctx: Context, key: str) -> None:
+        x = self.state.xfers.get(key)
+        if x is None or x.flowing:
+            return  # failed during setup
+        ctx.record(FabricXferFlowing(key, ctx.now()))
+        if x.nbytes == 0:
+            self._deliver(ctx, x)
+
+    def _tick(self, ctx: Context) -> None:
+        st, now = self.state, ctx.now()
+        for x in [x for x in st.xfers.values() if x.flowing and finished(x, now, st.now_s)]:
+            self._deliver(ctx, x)
+
+    def _deliver(self, ctx: Context, x: Xfer) -> None:
+        now = ctx.now()
+        ctx.record(FabricXferDelivered(x.key, now))
+        duration = now - x.accepted_at_s
+        if x.broadcast:
+            done: Message = LinkBroadcastDone(
+                req_id=x.req_id, src=x.src, targets=x.targets, nbytes=x.nbytes,
+                duration_s=duration, link_kind=x.link_kind, fingerprint=x.fingerprint,
+            )  # fmt: skip
+        else:
+            done = LinkTransferDone(
+                req_id=x.req_id, src=x.src, dst=x.targets[0], nbytes=x.nbytes,
+                duration_s=duration, link_kind=x.link_kind, fingerprint=x.fingerprint,
+            )  # fmt: skip
+        answer(ctx, x.to, done)
+
+    def _fail(self, ctx: Context, x: Xfer, reason: str, link: str | None) -> None:
+        ctx.record(FabricXferFailed(x.key, ctx.now(), reason))
+        if not x.flowing:
+            ctx.cancel(f"setup:{x.key}")
+        answer(ctx, x.to, LinkTransferFailed(req_id=x.req_id, reason=reason, link=link))
+
+    def _reschedule(self, ctx: Context) -> None:
+        st = self.state
+        delay = next_completion_s(st)
+        if delay is None:
+            ctx.cancel("tick")
+        else:
+            ctx.after(max(0.0, st.now_s + delay - ctx.now()), FabricTick(), key="tick")
+
+    # ---- links -------------------------------------------------------------
+    def _probe(self, ctx: Context, msg: LinkProbe) -> None:
+        desc = self.links.get(msg.link)
+        if desc is None:
+            respond(
+                ctx,
+                LinkTransferFailed(req_id=msg.req_id, reason=f"link: unknown link {msg.link!r}"),
+            )
+            return
+        cond = self.state.conds.get(msg.link, LinkCond())
+        active = sum(
+            1
+            for x in self.state.xfers.values()
+            if any(resource_link(r) == msg.link for r in x.resources)
+        )
+        status = LinkStatus(
+            req_id=msg.req_id, link=msg.link, kind=desc.kind, up=cond.up,
+            bw_factor=cond.bw_factor, active_transfers=active,
+            capacity_bytes_per_s=desc.capacity_bytes_per_s * cond.bw_factor if cond.up else 0.0,
+        )  # fmt: skip
+        respond(ctx, status)
+
+    def _fault(self, ctx: Context, msg: Message) -> None:
+        link: str = msg.link  # type: ignore[attr-defined]
+        bad = _bad_fault(msg, link in self.links)
+        if bad is not None:
+            ctx.record(FabricFaultRejected(f"{type(msg).__name__}: {bad}"))
+            return
+        cond = self.state.conds.get(link, LinkCond())
+        if isinstance(msg, FabricFlapToggle):
+            self._toggle(ctx, link, cond)
+            return
+        if link in self.state.flaps:  # an explicit fault ends flapping
+            ctx.record(FabricFlapSet(link, None))
+            ctx.cancel(f"flap:{link}")
+        if isinstance(msg, LinkDown):
+            self._set_link(ctx, link, False, cond.bw_factor)
+        elif isinstance(msg, LinkUp):
+            self._set_link(ctx, link, True, 1.0)
+        elif isinstance(msg, LinkDegrade):
+            self._set_link(ctx, link, cond.up, msg.bw_factor)
+        elif isinstance(msg, LinkFlap):
+            ctx.record(FabricFlapSet(link, Flap(msg.down_s, msg.up_s, msg.count - 1)))
+            self._set_link(ctx, link, False, cond.bw_factor)
+            ctx.after(msg.down_s, FabricFlapToggle(link), key=f"flap:{link}")
+
+    def _toggle(self, ctx: Context, link: str, cond: LinkCond) -> None:
+        flap = self.state.flaps.get(link)
+        if flap is None:
+            return
+        if not cond.up:  # end of a down period
+            self._set_link(ctx, link, True, cond.bw_factor)
+            if flap.downs_left == 0:
+                ctx.record(FabricFlapSet(link, None))
+            else:
+                ctx.after(flap.up_s, FabricFlapToggle(link), key=f"flap:{link}")
+            return
+        ctx.record(FabricFlapSet(link, Flap(flap.down_s, flap.up_s, flap.downs_left - 1)))
+        self._set_link(ctx, link, False, cond.bw_factor)
+        ctx.after(flap.down_s, FabricFlapToggle(link), key=f"flap:{link}")
+
+    def _set_link(self, ctx: Context, link: str, up: bool, bw_factor: float) -> None:
+        ctx.record(FabricLinkSet(link, up, bw_factor, ctx.now()))
+        if up:
+            return
+        for x in list(self.state.xfers.values()):
+            if any(resource_link(r) == link for r in x.resources):
+                self._fail(ctx, x, f"link {link} went down", link)

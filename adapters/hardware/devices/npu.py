@@ -1,0 +1,286 @@
+"""The NPU actor: an HBM allocator with named regions and a graph engine that runs one forward
+pass at a time from a FIFO queue, with durations from the performance model (compute.py).
+
+States: healthy; crashed (every request, pending or new, fails with kind "crashed"); hung
+(accepts requests up to the queue bound and answers none — the running graph never finishes);
+and, orthogonally, faulted HBM regions (requests touching them fail naming the region). A reset
+returns to healthy with empty HBM; what was pending fails with kind "reset".
+"""
+
+from __future__ import annotations
+
+import math
+
+from deepserve.actors.ports.faults import HbmRegionFault, NpuCrash, NpuHang, NpuReset
+from deepserve.actors.ports.npu import (
+    BAD_REQUEST,
+    CRASHED,
+    HBM_FAULT,
+    QUEUE_FULL,
+    RESET,
+    NpuAlloc,
+    NpuAllocFailed,
+    NpuAllocOk,
+    NpuError,
+    NpuForward,
+    NpuForwardDone,
+    NpuFree,
+    NpuFreeOk,
+    NpuProbe,
+    NpuStatus,
+)
+from deepserve.adapters.hardware.batch import Batch, Parallel, Seq, logits_tokens
+from deepserve.adapters.hardware.calibration import DP_COMPUTE_CV
+from deepserve.adapters.hardware.compute import forward_time, sampling_time_s
+from deepserve.adapters.hardware.devices.common import ReplyTo, answer, reply_to, respond
+from deepserve.adapters.hardware.devices.npu_state import (
+    HEALTHY,
+    HUNG,
+    NpuCrashed,
+    NpuForwardEnded,
+    NpuForwardQueued,
+    NpuForwardStarted,
+    NpuHbmFaulted,
+    NpuHbmGrown,
+    NpuHbmShrunk,
+    NpuHung,
+    NpuOverflowed,
+    NpuReqIgnored,
+    NpuState,
+    NpuWasReset,
+    Pending,
+    evolve_npu,
+)
+from deepserve.adapters.hardware.models import model_profile
+from deepserve.adapters.hardware.specs import npu_spec
+from deepserve.core import Actor, Context, Event, Message
+
+GRAPH_KEY = "graph"  # the one completion timer: at most one graph runs
+
+
+class NpuGraphDone(Message, frozen=True):
+    req_id: str
+
+
+def forward_cost_s(npu: str, msg: NpuForward) -> tuple[float, str, int]:
+    """(expected duration, mode, tokens) of a forward from the performance model."""
+    m, spec = model_profile(msg.model), npu_spec(npu)
+    batch = Batch(seqs=tuple(Seq(s.new_tokens, s.context_tokens) for s in msg.seqs))
+    par = Parallel(
+        tp=msg.tp, pp=msg.pp, dp=msg.dp, ep=msg.ep,
+        shared_expert_ranks=msg.shared_expert_ranks, redundant_experts=msg.redundant_experts,
+    )  # fmt: skip
+    cost = forward_time(m, spec, batch, par, part=msg.part)
+    total = cost.total_s
+    if msg.sample:
+        total += sampling_time_s(m, spec, logits_tokens(batch))
+    return total, cost.mode, batch.tokens
+
+
+def variance_factor(rng_draw: float) -> float:
+    """A forward's duration factor: lognormal with mean 1 and coefficient of variation
+    DP_COMPUTE_CV (calibration.py: a DP group's compute variation between two barriers).
+    Takes a standard normal draw so the caller's seeded rng is the only source of chance."""
+    sigma = math.sqrt(math.log1p(DP_COMPUTE_CV**2))
+    return math.exp(sigma * rng_draw - sigma * sigma / 2)
+
+
+class Npu(Actor[NpuState]):
+    """One NPU unit (a 910B chip or a 910C die). `queue_limit` bounds waiting requests."""
+
+    def __init__(
+        self, npu: str = "910b", hbm_bytes: int | None = None, queue_limit: int = 1024,
+        variance: bool = True,
+    ) -> None:  # fmt: skip
+        self.npu = npu
+        self.hbm_bytes = npu_spec(npu).hbm_bytes if hbm_bytes is None else hbm_bytes
+        self.queue_limit = queue_limit
+        self.variance = variance
+
+    def initial_state(self) -> NpuState:
+        return NpuState()
+
+    def evolve(self, state: NpuState, event: Event) -> NpuState:
+        return evolve_npu(state, event)
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        st = self.state
+        if isinstance(msg, NpuGraphDone):
+            self._graph_done(ctx, msg)
+        elif isinstance(msg, NpuCrash | NpuHang | HbmRegionFault | NpuReset):
+            self._fault(ctx, msg)
+        elif not isinstance(msg, NpuForward | NpuAlloc | NpuFree | NpuProbe):
+            return
+        elif st.status == HUNG:
+            self._swallow(ctx, msg)
+        elif st.status != HEALTHY:
+            reason = f"{ctx.self} crashed: {st.reason}"
+            respond(ctx, NpuError(req_id=msg.req_id, device=ctx.self, kind=CRASHED, reason=reason))
+        elif isinstance(msg, NpuForward):
+            self._enqueue(ctx, msg)
+        elif isinstance(msg, NpuAlloc):
+            self._alloc(ctx, msg)
+        elif isinstance(msg, NpuFree):
+            self._free(ctx, msg)
+        else:
+            respond(ctx, self._status(ctx, msg.req_id))
+
+    # ---- memory ------------------------------------------------------------
+    def _free_bytes(self) -> int:
+        return self.hbm_bytes - sum(self.state.regions.values())
+
+    def _alloc(self, ctx: Context, msg: NpuAlloc) -> None:
+        free = self._free_bytes()
+        if msg.nbytes <= 0:
+            reason = f"nbytes: must be > 0, got {msg.nbytes}"
+        elif msg.region in self.state.faulted:
+            reason = f"HBM region {msg.region!r} is faulted"
+        elif msg.nbytes > free:
+            reason = (
+                f"out of HBM: region {msg.region!r} asked {msg.nbytes} bytes, "
+                f"{free} of {self.hbm_bytes} free"
+            )
+        else:
+            ctx.record(NpuHbmGrown(msg.region, msg.nbytes))
+            region_bytes = self.state.regions[msg.region]
+            respond(ctx,
+                NpuAllocOk(
+                    req_id=msg.req_id, region=msg.region, nbytes=msg.nbytes,
+                    region_bytes=region_bytes, hbm_bytes_free=self._free_bytes(),
+                )
+            )  # fmt: skip
+            return
+        respond(ctx,
+            NpuAllocFailed(
+                req_id=msg.req_id, region=msg.region, nbytes=msg.nbytes, reason=reason,
+                hbm_bytes_free=free,
+            )
+        )  # fmt: skip
+
+    def _free(self, ctx: Context, msg: NpuFree) -> None:
+        held = self.state.regions.get(msg.region, 0)
+        nbytes = held if msg.nbytes is None else msg.nbytes
+        if not 0 <= nbytes <= held:
+            reason = f"nbytes: region {msg.region!r} holds {held} bytes, cannot free {nbytes}"
+            respond(
+                ctx, NpuError(req_id=msg.req_id, device=ctx.self, kind=BAD_REQUEST, reason=reason)
+            )
+            return
+        if nbytes:
+            ctx.record(NpuHbmShrunk(msg.region, nbytes))
+        respond(
+            ctx,
+            NpuFreeOk(
+                req_id=msg.req_id,
+                region=msg.region,
+                nbytes=nbytes,
+                hbm_bytes_free=self._free_bytes(),
+            ),
+        )
+
+    def _status(self, ctx: Context, req_id: str) -> NpuStatus:
+        st = self.state
+        return NpuStatus(
+            req_id=req_id, device=ctx.self, status=st.status, hbm_bytes=self.hbm_bytes,
+            hbm_bytes_free=self._free_bytes(), regions=dict(st.regions),
+            faulted_regions=st.faulted, queue_depth=len(st.queue), busy=st.running is not None,
+        )  # fmt: skip
+
+    # ---- graphs ------------------------------------------------------------
+    def _enqueue(self, ctx: Context, msg: NpuForward) -> None:
+        to = reply_to(ctx)
+        bad = next((r for r in msg.regions if r in self.state.faulted), None)
+        if bad is not None:
+            self._error(ctx, to, msg.req_id, HBM_FAULT, f"HBM region {bad!r} is faulted", bad)
+            return
+        try:  # reject what can never run now, not when it reaches the head of the queue
+            forward_cost_s(self.npu, msg)
+        except (ValueError, KeyError) as exc:
+            self._error(ctx, to, msg.req_id, BAD_REQUEST, str(exc))
+            return
+        if len(self.state.queue) >= self.queue_limit:
+            reason = f"graph queue is full ({self.queue_limit} waiting)"
+            self._error(ctx, to, msg.req_id, QUEUE_FULL, reason)
+            return
+        ctx.record(NpuForwardQueued(Pending(msg, to, ctx.now())))
+        self._start_next(ctx)
+
+    def _start_next(self, ctx: Context) -> None:
+        st = self.state
+        if st.running is not None or not st.queue or st.status != HEALTHY:
+            return
+        head = st.queue[0]
+        expected_s, mode, tokens = forward_cost_s(self.npu, head.req)
+        factor = variance_factor(ctx.rng.gauss(0.0, 1.0)) if self.variance else 1.0
+        duration = expected_s * factor
+        ctx.record(NpuForwardStarted(ctx.now(), duration, mode, tokens))
+        ctx.after(duration, NpuGraphDone(head.req.req_id), key=GRAPH_KEY)
+
+    def _graph_done(self, ctx: Context, msg: NpuGraphDone) -> None:
+        run = self.state.running
+        if run is None or run.pending.req.req_id != msg.req_id or self.state.status != HEALTHY:
+            return  # a stale timer: the graph was aborted
+        ctx.record(NpuForwardEnded(ctx.now(), None))
+        queued = run.started_at_s - run.pending.accepted_at_s
+        done = NpuForwardDone(
+            req_id=msg.req_id, duration_s=run.duration_s, queued_s=queued, mode=run.mode,
+            tokens=run.tokens,
+        )  # fmt: skip
+        answer(ctx, run.pending.to, done)
+        self._start_next(ctx)
+
+    def _error(self, ctx: Context, to: ReplyTo, req_id: str, kind: str, reason: str,
+               region: str | None = None) -> None:  # fmt: skip
+        error = NpuError(req_id=req_id, device=ctx.self, kind=kind, reason=reason, region=region)
+        answer(ctx, to, error)
+
+    # ---- faults ------------------------------------------------------------
+    def _swallow(self, ctx: Context, msg: NpuForward | NpuAlloc | NpuFree | NpuProbe) -> None:
+        """Hung: keep the request (a reset answers it), never reply; bounded."""
+        st = self.state
+        if len(st.queue) + len(st.ignored) >= self.queue_limit:
+            ctx.record(NpuOverflowed(msg.req_id))
+        elif isinstance(msg, NpuForward):
+            ctx.record(NpuForwardQueued(Pending(msg, reply_to(ctx), ctx.now())))
+        else:
+            ctx.record(NpuReqIgnored(msg.req_id, reply_to(ctx)))
+
+    def _fault(self, ctx: Context, msg: Message) -> None:
+        st = self.state
+        if isinstance(msg, NpuCrash | NpuHang) and st.status != HEALTHY:
+            return  # already down: a second crash or hang changes nothing
+        if isinstance(msg, NpuCrash):
+            ctx.record(NpuCrashed(msg.reason))
+            self._fail_pending(ctx, st, CRASHED, f"{ctx.self} crashed: {msg.reason}")
+        elif isinstance(msg, NpuHang):
+            ctx.record(NpuHung(msg.reason))
+            ctx.cancel(GRAPH_KEY)
+        elif isinstance(msg, HbmRegionFault):
+            self._region_fault(ctx, msg.region)
+        elif isinstance(msg, NpuReset):
+            ctx.record(NpuWasReset(sum(st.regions.values()), msg.clear_faults))
+            ctx.cancel(GRAPH_KEY)
+            self._fail_pending(ctx, st, RESET, f"{ctx.self} was reset")
+
+    def _fail_pending(self, ctx: Context, before: NpuState, kind: str, reason: str) -> None:
+        """Answer everything that was pending in `before` with an error (crash, reset)."""
+        pending = ([before.running.pending] if before.running else []) + list(before.queue)
+        for p in pending:
+            self._error(ctx, p.to, p.req.req_id, kind, reason)
+        for req_id, to in before.ignored:
+            self._error(ctx, to, req_id, kind, reason)
+
+    def _region_fault(self, ctx: Context, region: str) -> None:
+        st = self.state
+        ctx.record(NpuHbmFaulted(region))
+        reason = f"HBM region {region!r} is faulted"
+        run = st.running.pending if st.running else None
+        if st.status == HEALTHY and run is not None and region in run.req.regions:
+            ctx.record(NpuForwardEnded(ctx.now(), region))
+            ctx.cancel(GRAPH_KEY)
+            self._error(ctx, run.to, run.req.req_id, HBM_FAULT, reason, region)
+        if st.status == HEALTHY:
+            for p in st.queue:
+                if region in p.req.regions:
+                    self._error(ctx, p.to, p.req.req_id, HBM_FAULT, reason, region)
+            self._start_next(ctx)

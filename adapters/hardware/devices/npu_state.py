@@ -1,0 +1,144 @@
+"""The NPU's state, its events, and the pure `evolve_npu` that folds them."""
+
+from __future__ import annotations
+
+import msgspec
+
+from deepserve.actors.ports.npu import NpuForward
+from deepserve.adapters.hardware.devices.common import ReplyTo
+from deepserve.core import Event
+
+HEALTHY = "healthy"
+CRASHED_STATUS = "crashed"
+HUNG = "hung"
+
+
+class Pending(msgspec.Struct, frozen=True, array_like=True):
+    req: NpuForward
+    to: ReplyTo
+    accepted_at_s: float
+
+
+class Running(msgspec.Struct, frozen=True):
+    pending: Pending
+    started_at_s: float
+    duration_s: float
+    mode: str
+    tokens: int
+
+
+class NpuState(msgspec.Struct, frozen=True):
+    status: str = HEALTHY
+    reason: str = ""  # why it crashed or hung
+    regions: dict[str, int] = {}  # bytes allocated per HBM region
+    faulted: tuple[str, ...] = ()
+    running: Running | None = None
+    queue: tuple[Pending, ...] = ()
+    ignored: tuple[tuple[str, ReplyTo], ...] = ()  # non-graph requests swallowed while hung
+    completed: int = 0
+    overflowed: int = 0  # requests dropped while hung because the bound was reached
+    hbm_bytes_lost: int = 0  # HBM contents discarded by resets, cumulative
+
+
+class NpuForwardQueued(Event, frozen=True):
+    pending: Pending
+
+
+class NpuForwardStarted(Event, frozen=True):
+    """The queue's head starts; its duration is drawn once, here, so replay re-reads it."""
+
+    at_s: float
+    duration_s: float
+    mode: str
+    tokens: int
+
+
+class NpuForwardEnded(Event, frozen=True):
+    at_s: float
+    aborted_region: str | None  # set when an HBM fault killed the running graph
+
+
+class NpuHbmGrown(Event, frozen=True):
+    region: str
+    nbytes: int
+
+
+class NpuHbmShrunk(Event, frozen=True):
+    region: str
+    nbytes: int
+
+
+class NpuHbmFaulted(Event, frozen=True):
+    region: str
+
+
+class NpuCrashed(Event, frozen=True):
+    reason: str
+
+
+class NpuHung(Event, frozen=True):
+    reason: str
+
+
+class NpuOverflowed(Event, frozen=True):
+    req_id: str
+
+
+class NpuReqIgnored(Event, frozen=True):
+    req_id: str
+    to: ReplyTo
+
+
+class NpuWasReset(Event, frozen=True):
+    hbm_bytes_lost: int
+    clear_faults: bool
+
+
+def _resize(regions: dict[str, int], region: str, delta: int) -> dict[str, int]:
+    out = dict(regions)
+    size = out.get(region, 0) + delta
+    assert size >= 0, f"region {region!r} would hold {size} bytes"
+    if size:
+        out[region] = size
+    else:
+        out.pop(region, None)
+    return out
+
+
+def evolve_npu(st: NpuState, e: Event) -> NpuState:
+    replace = msgspec.structs.replace
+    if isinstance(e, NpuForwardQueued):
+        return replace(st, queue=(*st.queue, e.pending))
+    if isinstance(e, NpuForwardStarted):
+        assert st.running is None and st.queue, "a graph started while another runs"
+        run = Running(st.queue[0], e.at_s, e.duration_s, e.mode, e.tokens)
+        return replace(st, running=run, queue=st.queue[1:])
+    if isinstance(e, NpuForwardEnded):
+        assert st.running is not None, "no graph to end"
+        return replace(st, running=None, completed=st.completed + (e.aborted_region is None))
+    if isinstance(e, NpuHbmGrown):
+        return replace(st, regions=_resize(st.regions, e.region, e.nbytes))
+    if isinstance(e, NpuHbmShrunk):
+        return replace(st, regions=_resize(st.regions, e.region, -e.nbytes))
+    if isinstance(e, NpuHbmFaulted):
+        faulted = st.faulted if e.region in st.faulted else (*st.faulted, e.region)
+        if st.status != HEALTHY:  # a hung device keeps its queue; a crashed one has none
+            return replace(st, faulted=faulted)
+        queue = tuple(p for p in st.queue if e.region not in p.req.regions)
+        return replace(st, faulted=faulted, queue=queue)
+    if isinstance(e, NpuCrashed):
+        return replace(
+            st, status=CRASHED_STATUS, reason=e.reason, running=None, queue=(), ignored=()
+        )
+    if isinstance(e, NpuHung):
+        return replace(st, status=HUNG, reason=e.reason)
+    if isinstance(e, NpuOverflowed):
+        return replace(st, overflowed=st.overflowed + 1)
+    if isinstance(e, NpuReqIgnored):
+        return replace(st, ignored=(*st.ignored, (e.req_id, e.to)))
+    if isinstance(e, NpuWasReset):
+        return NpuState(
+            faulted=() if e.clear_faults else st.faulted, completed=st.completed,
+            overflowed=st.overflowed, hbm_bytes_lost=st.hbm_bytes_lost + e.hbm_bytes_lost,
+        )  # fmt: skip
+    raise AssertionError(f"npu: unknown event {type(e).__name__}")

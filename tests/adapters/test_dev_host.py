@@ -1,0 +1,187 @@
+"""The host actor: DRAM page cache (LRU, hit vs miss), loads through the fabric with PCIe shared
+among concurrent loaders, tensor initialisation, and NPU-fork (broadcast) — against loading.py."""
+
+from __future__ import annotations
+
+import pytest
+from dev_harness import answer_for, assert_state_is_fold, events, make_driver, send
+
+from deepserve.actors.ports.faults import LinkDown
+from deepserve.actors.ports.host import (
+    HostEvict,
+    HostEvicted,
+    HostFork,
+    HostLoad,
+    HostLoadDone,
+    HostLoadFailed,
+    HostPreload,
+    HostPreloaded,
+    HostProbe,
+    HostStatus,
+)
+from deepserve.adapters.hardware.devices.fabric import Fabric
+from deepserve.adapters.hardware.devices.host import Host
+from deepserve.adapters.hardware.devices.topology import FABRIC, gen1_cluster, npu_addr
+from deepserve.adapters.hardware.loading import TENSOR_INIT_S, local_load, npu_fork
+from deepserve.adapters.hardware.models import model_profile
+from deepserve.adapters.hardware.sizes import weight_bytes
+from deepserve.adapters.hardware.specs import link_spec, server_spec
+
+HOST = "hw/s0/host"
+SERVER = server_spec("gen1-910b")
+# The fabric charges each transfer one message's control cost (transfer.py) on top of the link
+# latency; loading.local_load counts the latency only. The difference is 5 us in seconds.
+LOAD_RTOL = 1e-5
+
+
+def _driver(servers: int = 1, dram_bytes: int | None = None):
+    d = make_driver()
+    d.spawn(FABRIC, Fabric, cluster="gen1", servers=servers)
+    for s in range(servers):
+        d.spawn(f"hw/s{s}/host", Host, server=s, dram_bytes=dram_bytes)
+    return d
+
+
+def _npus(n: int, server: int = 0, first: int = 0) -> tuple[str, ...]:
+    return tuple(npu_addr(server, first + i) for i in range(n))
+
+
+def _wbytes(model: str) -> int:
+    return weight_bytes(model_profile(model))
+
+
+def test_miss_reads_ssd_and_fills_the_cache_then_a_hit_reads_dram():
+    d = _driver()
+    m = model_profile("llama3-70b")
+    send(d, HOST, HostLoad(req_id="cold", model="llama3-70b", targets=_npus(8)))
+    send(d, HOST, HostLoad(req_id="warm", model="llama3-70b", targets=_npus(8)), at=100.0)
+    send(d, HOST, HostProbe(req_id="p"), at=200.0)
+    d.run()
+    cold, warm = answer_for(d, "cold")[1], answer_for(d, "warm")[1]
+    assert isinstance(cold, HostLoadDone) and cold.path == "ssd" and warm.path == "dram-hit"
+    miss, hit = local_load(m, SERVER, 8, dram_hit=False), local_load(m, SERVER, 8, dram_hit=True)
+    assert cold.duration_s == pytest.approx(miss.seconds, rel=LOAD_RTOL)
+    assert warm.duration_s == pytest.approx(hit.seconds, rel=LOAD_RTOL)
+    assert cold.bytes_per_npu == miss.bytes_per_npu and cold.targets == _npus(8)
+    status = answer_for(d, "p")[1]
+    assert isinstance(status, HostStatus) and status.cached == ("llama3-70b",)
+    assert d.actor(HOST).state.hits == 1 and d.actor(HOST).state.misses == 1
+    assert_state_is_fold(d, HOST)
+
+
+def test_concurrent_loads_share_the_host_side():
+    d = _driver()
+    send(d, HOST, HostPreload(req_id="pre", model="llama2-13b"))
+    send(d, HOST, HostLoad(req_id="a", model="llama2-13b", targets=_npus(4)), at=50.0)
+    send(d, HOST, HostLoad(req_id="b", model="llama2-13b", targets=_npus(4, first=4)), at=50.0)
+    d.run()
+    shared = local_load(model_profile("llama2-13b"), SERVER, 4, dram_hit=True, loaders=8)
+    alone = local_load(model_profile("llama2-13b"), SERVER, 4, dram_hit=True)
+    for req in ("a", "b"):
+        assert answer_for(d, req)[1].duration_s == pytest.approx(shared.seconds, rel=LOAD_RTOL)
+    assert shared.seconds > alone.seconds
+
+
+def test_preload_lru_eviction_and_explicit_evict():
+    small = _wbytes("llama2-7b")
+    d = _driver(dram_bytes=small * 2 + _wbytes("llama2-13b") // 2)  # room for two 7B-sized files
+    send(d, HOST, HostPreload(req_id="p7", model="llama2-7b"))
+    send(d, HOST, HostPreload(req_id="p8", model="llama3-8b"), at=20.0)
+    send(d, HOST, HostLoad(req_id="use7", model="llama2-7b", targets=_npus(1)), at=40.0)  # touch
+    send(d, HOST, HostPreload(req_id="p7again", model="llama2-7b"), at=60.0)
+    send(d, HOST, HostPreload(req_id="p13", model="llama2-13b"), at=80.0)  # evicts LRU: 8b
+    send(d, HOST, HostProbe(req_id="probe"), at=120.0)
+    send(d, HOST, HostEvict(req_id="ev", model="llama2-13b"), at=121.0)
+    send(d, HOST, HostEvict(req_id="ev-none", model="llama3-8b"), at=121.0)
+    d.run()
+    p7 = answer_for(d, "p7")[1]
+    assert isinstance(p7, HostPreloaded) and not p7.hit
+    assert p7.duration_s == pytest.approx(small / SERVER.ssd_read_bw_bytes_per_s, rel=1e-12)
+    assert answer_for(d, "use7")[1].path == "dram-hit"
+    assert answer_for(d, "p7again")[1] == HostPreloaded(
+        req_id="p7again", model="llama2-7b", hit=True, duration_s=0.0, evicted=()
+    )
+    assert answer_for(d, "p13")[1].evicted == ("llama3-8b",)
+    assert answer_for(d, "probe")[1].cached == ("llama2-7b", "llama2-13b")
+    assert answer_for(d, "ev")[1] == HostEvicted(
+        req_id="ev", model="llama2-13b", nbytes=_wbytes("llama2-13b")
+    )
+    assert answer_for(d, "ev-none")[1].nbytes == 0
+    assert d.actor(HOST).state.dram_bytes_used() == small
+    assert_state_is_fold(d, HOST)
+
+
+def test_npu_fork_over_hccs_and_roce_broadcasts_to_every_new_te():
+    d = _driver(servers=3)
+    m = model_profile("llama3-70b")
+    src = _npus(4)
+    send(
+        d, HOST, HostFork(req_id="hccs", model="llama3-70b", sources=src, targets=_npus(4, first=4))
+    )
+    two_tes = _npus(4, server=1) + _npus(4, server=2)
+    send(
+        d,
+        "hw/s1/host",
+        HostFork(req_id="roce", model="llama3-70b", sources=src, targets=two_tes, via="roce"),
+        at=10.0,
+    )
+    d.run()
+    hccs, roce = answer_for(d, "hccs")[1], answer_for(d, "roce")[1]
+    assert hccs.path == "npu-fork-hccs" and roce.path == "npu-fork-roce"
+    assert hccs.duration_s == pytest.approx(npu_fork(m, link_spec("hccs"), 4).seconds, rel=1e-12)
+    assert roce.duration_s == pytest.approx(
+        npu_fork(m, link_spec("roce"), 4, targets=2).seconds, rel=1e-12
+    )
+    assert roce.targets == two_tes and roce.bytes_per_npu == _wbytes("llama3-70b") // 4
+
+
+def test_a_link_going_down_fails_the_load():
+    d = _driver()
+    send(d, HOST, HostLoad(req_id="l", model="llama3-70b", targets=_npus(8)))
+    send(d, FABRIC, LinkDown(link="s0/npu3/pcie"), at=1.0)
+    d.run()
+    t, msg = answer_for(d, "l")
+    assert isinstance(msg, HostLoadFailed) and t == 1.0
+    assert "s0/npu3/pcie went down" in msg.reason
+    st = d.actor(HOST).state
+    assert st.jobs == {} and st.loads_failed == 1 and st.cache == ()  # a failed read fills nothing
+    assert [type(e).__name__ for e in events(d, HOST)][-1] == "HostJobEnded"
+
+
+def test_bad_load_requests_are_precise():
+    d = _driver(dram_bytes=100 * 10**9)
+    send(d, HOST, HostLoad(req_id="m", model="gpt-9", targets=_npus(1)))
+    send(d, HOST, HostLoad(req_id="none", model="llama2-7b", targets=()))
+    send(
+        d,
+        HOST,
+        HostFork(req_id="k", model="llama2-7b", sources=_npus(2), targets=_npus(3, first=2)),
+    )
+    send(d, HOST, HostPreload(req_id="huge", model="llama3-70b"))
+    d.run()
+    assert "unknown model 'gpt-9'" in answer_for(d, "m")[1].reason
+    assert answer_for(d, "none")[1].reason.startswith("targets:")
+    assert answer_for(d, "k")[1].reason == "targets: need k x 2 target NPUs, got 3"
+    assert "exceeds DRAM" in answer_for(d, "huge")[1].reason
+
+
+def test_tensor_init_is_part_of_every_load():
+    d = _driver(servers=1)
+    send(
+        d,
+        HOST,
+        HostFork(req_id="f", model="llama2-7b", sources=_npus(1), targets=_npus(1, first=1)),
+    )
+    d.run()
+    got = answer_for(d, "f")[1].duration_s
+    transfer = npu_fork(model_profile("llama2-7b"), link_spec("hccs"), 1).transfer_s
+    assert got - transfer == pytest.approx(TENSOR_INIT_S, rel=1e-9)
+    assert gen1_cluster(1).npus()[1] == "hw/s0/npu1"
+
+
+def test_a_file_larger_than_dram_is_read_through_without_caching():
+    d = _driver(dram_bytes=10 * 10**9)
+    send(d, HOST, HostLoad(req_id="l", model="llama3-70b", targets=_npus(8)))
+    d.run()
+    assert answer_for(d, "l")[1].path == "ssd"
+    assert d.actor(HOST).state.cache == () and d.actor(HOST).state.misses == 1
