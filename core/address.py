@@ -34,11 +34,6 @@ def deterministic_id(seed: int, actor: str, seq: int, n: int = 0) -> str:
     return h.hexdigest()
 
 
-def rng_seed(seed: int, actor: str, seq: int) -> str:
-    """Seed for the per-delivery rng: replaying one input alone reproduces its draws."""
-    return f"{seed}/{actor}/{seq}"
-
-
 # A hybrid logical clock packed into one int: physical microseconds in the high
 # bits, a logical counter in the low 16. Packing keeps comparisons and storage cheap.
 HLC_LOGICAL_BITS = 16

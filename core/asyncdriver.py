@@ -265,6 +265,11 @@ class AsyncDriver(DriverBase):
                 return
         self._to_outside(self.clock(), env)
 
+    def _retire(self, cell: Cell) -> None:
+        super()._retire(cell)
+        for tkey in [k for k in self._timers if k[0] == cell.addr]:
+            del self._timers[tkey]
+
     def _deliver_remote(self, env: Envelope) -> None:
         self._send(env)
 

@@ -7,13 +7,16 @@ re-executable.
 
 from __future__ import annotations
 
+import copy
 import time
 import traceback
 from typing import Any
 
+import msgspec
+
 from .actor import Actor, Directive, class_path, load_class
 from .address import hlc_merge
-from .codec import decode_as, encode
+from .codec import encode
 from .context import Context, Out
 from .envelope import Envelope
 from .messages import ChildFailed, Event, HandlerFailed, Restarted, Started, Stop, Stopped
@@ -55,7 +58,7 @@ class Cell:
         self.alive = True
         self.ctx = Context(self, seed)
         self.stats = ActorStats()
-        self.snap: tuple[type, bytes] | None = None
+        self.snap: tuple[Any, type, bytes] | None = None  # (state copy, type, encoding)
         self.events_since_snap: list[Event] = []
         self.restart_times: list[float] = []
         self.mailbox: Any = None  # driver-specific
@@ -80,7 +83,15 @@ def _start(cell: Cell, started: Started) -> None:
 
 def _take_snapshot(cell: Cell) -> None:
     state = cell.actor.state  # type: ignore[union-attr]
-    cell.snap = (type(state), encode(state))
+    try:
+        blob = encode(state)
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise TypeError(
+            f"state of {type(cell.actor).__name__} at {cell.addr} is not msgpack-encodable: {exc}"
+        ) from None
+    # Keep a deep copy for restarts: decoding the bytes would turn tuples into lists
+    # (msgpack has one array type), and the live state must equal the fold of its events.
+    cell.snap = (copy.deepcopy(state), type(state), blob)
     cell.events_since_snap = []
 
 
@@ -88,8 +99,7 @@ def restore_state(cell: Cell) -> Any:
     """State from the last snapshot plus the events committed since."""
     actor = cell.actor
     assert actor is not None and cell.snap is not None
-    state_type, blob = cell.snap
-    state = decode_as(state_type, blob) if state_type is not type(None) else None
+    state = copy.deepcopy(cell.snap[0])
     for event in cell.events_since_snap:
         state = actor.evolve(state, event)
     return state
@@ -137,7 +147,7 @@ def _fail(cell: Cell, exc: Exception, now: float) -> None:
     ctx.outputs = []
     ctx.stopping = False
     actor = cell.actor
-    if actor is None:  # failed while being built: nothing to restart
+    if actor is None or cell.snap is None:  # failed while being built: nothing to restart
         ctx.events.append(Stopped(reason=f"failed to start: {error}"))
         cell.alive = False
         return
@@ -197,7 +207,7 @@ def output_records(cell: Cell, outputs: list[Out]) -> list[OutputRec]:
 
 def snapshot_record(cell: Cell) -> SnapshotRec:
     assert cell.snap is not None
-    state_type, blob = cell.snap
+    _, state_type, blob = cell.snap
     return SnapshotRec(cell.addr, cell.seq, class_path(state_type), blob)
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Any
 
-from .address import deterministic_id, rng_seed
+from .address import deterministic_id
 from .envelope import ReplyHandle
 from .messages import AskFailed, Event, Message, Started
+from .rng import DeliveryRng, address_hash, delivery_seed
 
 if TYPE_CHECKING:
     from .cell import Cell
@@ -53,11 +54,14 @@ class Out:
 class Context:
     """The handler's only window on time, randomness, identity and other actors."""
 
-    __slots__ = ("_cell", "_seed", "env", "_now", "events", "outputs", "_rng", "_ids", "stopping")
+    __slots__ = (
+        "_cell", "_seed", "_addr_hash", "env", "_now", "events", "outputs", "_rng", "_ids", "stopping",
+    )
 
     def __init__(self, cell: Cell, seed: int) -> None:
         self._cell = cell
         self._seed = seed
+        self._addr_hash = address_hash(cell.addr)
         self.env: Envelope | None = None
         self._now = 0.0
         self.events: list[Event] = []
@@ -102,7 +106,7 @@ class Context:
     def rng(self) -> random.Random:
         """Seeded from run seed + address + delivery number: replay redraws the same."""
         if self._rng is None:
-            self._rng = random.Random(rng_seed(self._seed, self._cell.addr, self._cell.seq))
+            self._rng = DeliveryRng(delivery_seed(self._seed, self._addr_hash, self._cell.seq))
         return self._rng
 
     def new_id(self) -> str:

@@ -18,7 +18,19 @@ class DuplicateTypeName(TypeError):
     """Two different classes claim the same type name in one process."""
 
 
+def _check_fields(cls: type[msgspec.Struct]) -> None:
+    """A field typed as the abstract base cannot be decoded from a log (msgpack
+    needs the concrete type): refuse it when the class is defined, not at replay."""
+    for name, hint in getattr(cls, "__annotations__", {}).items():
+        if hint in ("Message", "Event", "Message | None", "Event | None") or hint in (Message, Event):
+            raise TypeError(
+                f"{cls.__name__}.{name}: a field typed as the base {hint!r} cannot be decoded; "
+                f"use a concrete message type or a union of them"
+            )
+
+
 def _register(cls: type[msgspec.Struct]) -> None:
+    _check_fields(cls)
     name = cls.__name__
     known = _REGISTRY.get(name)
     if known is not None and known is not cls:

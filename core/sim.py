@@ -32,6 +32,7 @@ class SimDriver(DriverBase):
         self._timers: dict[tuple[str, str], int] = {}
         self.deliveries = 0
         self.invariants: list[Invariant] = []
+        self._depth: dict[str, int] = {}  # pending non-timer deliveries per address
 
     # ---- the outside world -------------------------------------------------
     def spawn(self, addr: str, cls: type, *, src: str = "ext/operator", **kwargs: Any) -> str:
@@ -65,7 +66,7 @@ class SimDriver(DriverBase):
     def run(self, until: float | None = None, max_deliveries: int | None = None) -> int:
         """Deliver until the heap is empty, virtual time passes `until`, or the
         delivery budget is spent. Returns the number of deliveries made."""
-        heap, cells, timers, sink = self._heap, self.cells, self._timers, self.sink
+        heap, cells, timers, sink, depth = self._heap, self.cells, self._timers, self.sink, self._depth
         invariants = self.invariants
         budget = -1 if max_deliveries is None else max_deliveries
         n = 0
@@ -79,12 +80,18 @@ class SimDriver(DriverBase):
                     continue  # cancelled or replaced
                 del timers[tkey]
             self.now = t
-            cell = cells.get(env.dst)
-            if cell is None or not cell.alive or (cell.actor is None and type(env.msg) is not Started):
-                self._bounce(env, t, DEAD)
-                continue
+            dst = env.dst
             if key is None:
-                cell.stats.mailbox_depth -= 1
+                depth[dst] -= 1
+            cell = cells.get(dst)
+            if cell is None or not cell.alive:
+                if type(env.msg) is not Started:
+                    self._bounce(env, t, DEAD)
+                    continue
+                cell = self._new_cell(dst)  # a spawn, decided when it arrives
+            elif type(env.msg) is Started:
+                self._bounce(env, t, DEAD)  # the address is taken by a live actor
+                continue
             snapshot = execute(cell, env, t)
             if sink is not None:
                 step = make_step(cell, env, t, snapshot)
@@ -106,6 +113,8 @@ class SimDriver(DriverBase):
 
     # ---- routing -------------------------------------------------------------
     def _push(self, t: float, env: Envelope, key: str | None = None) -> int:
+        if key is None:
+            self._depth[env.dst] = self._depth.get(env.dst, 0) + 1
         self._seq += 1
         heappush(self._heap, (t, self._seq, env, key))
         return self._seq
@@ -115,13 +124,12 @@ class SimDriver(DriverBase):
         if dst.startswith(EXTERNAL_PREFIX):
             self._to_outside(t, env)
             return
-        cell = self.cells.get(dst)
-        if cell is not None:
-            if cell.stats.mailbox_depth >= self.mailbox_capacity:
+        if self._depth.get(dst, 0) >= self.mailbox_capacity:
+            cell = self.cells.get(dst)
+            if cell is not None:
                 cell.stats.mailbox_full += 1
-                self._bounce(env, t, FULL)
-                return
-            cell.stats.mailbox_depth += 1
+            self._bounce(env, t, FULL)
+            return
         self._push(t, env)
 
     def _bounce(self, env: Envelope, t: float, kind: int) -> None:
@@ -144,19 +152,11 @@ class SimDriver(DriverBase):
                 self._timers[(addr, o.key)] = self._push(t + o.delay, env, o.key)
             elif kind == 2:  # cancel
                 self._timers.pop((addr, o.key), None)
-            elif kind == 3:  # spawn
-                self._spawn_child(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg), t)
+            elif kind == 3:  # spawn: the child's cell is made when `Started` arrives
+                self._push(t, Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg))
             else:  # stop another actor
                 self._send(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, Stop(by=addr)), t)
         cell.hlc = hlc
-
-    def _spawn_child(self, env: Envelope, t: float) -> None:
-        existing = self.cells.get(env.dst)
-        if existing is not None and existing.alive:
-            self._bounce(env, t, DEAD)  # address taken: the spawn is a dead letter
-            return
-        self._new_cell(env.dst).stats.mailbox_depth += 1
-        self._push(t, env)
 
     def _on_stopped(self, cell: Cell) -> None:
         for event in cell.ctx.events:
@@ -164,11 +164,13 @@ class SimDriver(DriverBase):
                 if cell.parent is None:
                     self.escalations.append((cell.addr, event.reason))  # type: ignore[attr-defined]
 
-    def _external_env(self, dst: str, msg: Message, corr: str | None, src: str, ask: bool = False) -> Envelope:
-        env = super()._external_env(dst, msg, corr, src, ask)
-        if type(msg) is Started and dst not in self.cells:
-            self._new_cell(dst)
-        cell = self.cells.get(dst)
-        if cell is not None:
-            cell.stats.mailbox_depth += 1
-        return env
+    def _retire(self, cell: Cell) -> None:
+        super()._retire(cell)
+        # Timers die with their actor: a re-spawned incarnation must not inherit them.
+        for tkey in [k for k in self._timers if k[0] == cell.addr]:
+            del self._timers[tkey]
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        for addr, cell in self.cells.items():
+            cell.stats.mailbox_depth = self._depth.get(addr, 0)
+        return super().stats()

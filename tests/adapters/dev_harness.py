@@ -6,6 +6,7 @@ from __future__ import annotations
 from functools import reduce
 from typing import Any
 
+from deepserve.actors.ports.npu import NpuForward, NpuProbe
 from deepserve.adapters.hardware.devices.topology import Topology, spawn_topology
 from deepserve.core import (
     Actor,
@@ -26,7 +27,7 @@ class DevAsk(Message, frozen=True):
     """Tell the client to ask `dst` with `msg`, giving up after `timeout_s`."""
 
     dst: str
-    msg: Message
+    msg: NpuForward | NpuProbe  # concrete types: a logged message must decode on replay
     timeout_s: float
 
 
