@@ -267,8 +267,14 @@ class AsyncDriver(DriverBase):
 
     def _retire(self, cell: Cell) -> None:
         super()._retire(cell)
-        for tkey in [k for k in self._timers if k[0] == cell.addr]:
-            del self._timers[tkey]
+        # Pending timers become dead letters now, never a later incarnation's input.
+        addr, timers = cell.addr, self._timers
+        pending = [(seq, env) for _, seq, env, key in self._timer_heap
+                   if env.dst == addr and timers.get((addr, key)) == seq]
+        for _seq, env in sorted(pending, key=lambda p: p[0]):
+            self._bounce(env, DEAD)
+        for tkey in [k for k in timers if k[0] == addr]:
+            del timers[tkey]
 
     def _deliver_remote(self, env: Envelope) -> None:
         self._send(env)

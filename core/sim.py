@@ -166,9 +166,15 @@ class SimDriver(DriverBase):
 
     def _retire(self, cell: Cell) -> None:
         super()._retire(cell)
-        # Timers die with their actor: a re-spawned incarnation must not inherit them.
-        for tkey in [k for k in self._timers if k[0] == cell.addr]:
-            del self._timers[tkey]
+        # A stopped actor's pending timers become dead letters now (recorded, and never
+        # delivered to a later incarnation at the same address).
+        addr, timers = cell.addr, self._timers
+        pending = [(seq, env) for _, seq, env, key in self._heap
+                   if key is not None and env.dst == addr and timers.get((addr, key)) == seq]
+        for _seq, env in sorted(pending, key=lambda p: p[0]):
+            self._bounce(env, self.now, DEAD)
+        for tkey in [k for k in timers if k[0] == addr]:
+            del timers[tkey]
 
     def stats(self) -> dict[str, dict[str, Any]]:
         for addr, cell in self.cells.items():

@@ -1,0 +1,129 @@
+"""Opening logs by target: `open_sink` (the process's writer), `open_log` (a reader),
+`migrate` (the explicit schema upgrade). The imperative shell around the backends."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from typing import Any
+
+from .api import Durability, LogError, LogReader
+from .merge import MergedLog
+from .reader import SqlLog
+from .sqlite_store import SqliteDb, prepare_sqlite
+from .sqlite_writer import SqliteBatchStore
+from .target import Target, parse_target
+from .writer import GroupCommitSink
+
+
+def open_sink(
+    target: str,
+    durability: Durability = "async",
+    *,
+    process: str | None = None,
+    synchronous: str | None = None,
+    max_pending: int | None = None,
+    max_batch: int | None = None,
+) -> GroupCommitSink:
+    """The process's log writer (a `LogSink`), creating or migrating the log.
+
+    `target`: a file path, an existing directory (then the file is `<process>.db` in
+    it: one file per process of a daemon run), `sqlite:///PATH` or a PostgreSQL URL.
+    `synchronous`: SQLite override (off/normal/full); full fsyncs every commit.
+    `max_pending` / `max_batch`: queue bound (backpressure) and steps per transaction.
+    """
+    if durability not in ("async", "outbox"):
+        raise ValueError(f"durability must be 'async' or 'outbox', not {durability!r}")
+    if synchronous is not None and synchronous.lower() not in ("off", "normal", "full"):
+        raise ValueError(f"synchronous must be off, normal or full, not {synchronous!r}")
+    tgt = parse_target(target)
+    limits: dict[str, Any] = {
+        k: v for k, v in (("max_pending", max_pending), ("max_batch", max_batch)) if v is not None
+    }
+    if tgt.kind == "postgresql":
+        from .pg_store import PgBatchStore
+
+        return GroupCommitSink(
+            lambda: PgBatchStore(tgt.url, tgt.label, durability),
+            label=tgt.label,
+            durability=durability,
+            **limits,
+        )
+    path = tgt.path
+    if os.path.isdir(path):
+        # one file per process; a process name like "te/3" must not make a subdirectory
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", process or "main")
+        path = os.path.join(path, f"{name}.db")
+    prepare_sqlite(path, create=True, upgrade=True)
+    return GroupCommitSink(
+        lambda: SqliteBatchStore(path, durability, synchronous),
+        label=path,
+        durability=durability,
+        **limits,
+    )
+
+
+def open_log(target: str, *, upgrade: bool = True) -> LogReader:
+    """A streaming reader. A directory merges its `*.db` files by HLC. A log of an
+    older schema version is migrated first (`upgrade=False`: refuse with a LogError
+    that asks for `migrate`). Anything unreadable is a one-line `LogError`."""
+    tgt = parse_target(target)
+    if tgt.kind == "postgresql":
+        return _open_pg(tgt, upgrade)
+    path = tgt.path
+    if os.path.isdir(path):
+        files = log_files(path)
+        logs: list[SqlLog] = []
+        try:
+            for f in files:
+                logs.append(_open_sqlite(f, upgrade))
+        except BaseException:
+            for log in logs:
+                log.close()
+            raise
+        return MergedLog(path, logs)
+    return _open_sqlite(path, upgrade)
+
+
+def log_files(directory: str) -> list[str]:
+    files = sorted(glob.glob(os.path.join(glob.escape(directory), "*.db")))
+    if not files:
+        raise LogError(f"{directory}: no *.db log files in this directory")
+    return files
+
+
+def _open_sqlite(path: str, upgrade: bool) -> SqlLog:
+    prepare_sqlite(path, create=False, upgrade=upgrade)
+    return SqlLog(SqliteDb(path))
+
+
+def _open_pg(tgt: Target, upgrade: bool) -> SqlLog:
+    from .pg_store import PgDb
+
+    db = PgDb(tgt.url, tgt.label)
+    try:
+        db.prepare(upgrade=upgrade)
+    except BaseException:
+        db.close()
+        raise
+    return SqlLog(db)
+
+
+def migrate(target: str) -> dict[str, tuple[int, int]]:
+    """Upgrade a log (every `*.db` of a directory) to the current schema version, in
+    one transaction per database. Returns {file or URL: (version before, after)}."""
+    tgt = parse_target(target)
+    if tgt.kind == "postgresql":
+        from .pg_store import PgDb
+
+        db = PgDb(tgt.url, tgt.label)
+        try:
+            return {tgt.label: db.prepare(upgrade=True)}
+        finally:
+            db.close()
+    paths = log_files(tgt.path) if os.path.isdir(tgt.path) else [tgt.path]
+    return {p: prepare_sqlite(p, create=False, upgrade=True) for p in paths}
+
+
+__all__ = ["log_files", "migrate", "open_log", "open_sink"]

@@ -1,0 +1,172 @@
+"""The event store's schema (SQLAlchemy Core): one definition for SQLite and PostgreSQL.
+
+Columns are named exactly like the fields of the kernel's record structs, so a row is
+`(prefix..., *astuple(record))` and a record is `Rec(*row[len(prefix):])`. The columns
+are spelled out (not derived from the structs) on purpose: a new record field must
+come with a schema version and a migration, and `check_columns` fails loudly until it
+does.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Double,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Table,
+    Text,
+)
+
+from deepserve.core.records import EventRec, InputRec, OutputRec, RunRec, SnapshotRec
+
+# v1: the first release. v2: `runs.process` (one run spans several processes in daemon
+# mode; v1 logs were single-process and read back as process "main").
+SCHEMA_VERSION = 2
+
+# SQLite only makes INTEGER PRIMARY KEY an alias of the rowid (no extra b-tree);
+# PostgreSQL needs 64 bits for long-lived cluster databases.
+_ID = BigInteger().with_variant(Integer, "sqlite")
+
+metadata = MetaData()
+
+
+def _id() -> Column:
+    # Insertion order: log order is append order within a process.
+    return Column("id", _ID, primary_key=True, autoincrement=True)
+
+
+def _text(name: str, nullable: bool = False) -> Column:
+    return Column(name, Text, nullable=nullable)
+
+
+def _int(name: str, nullable: bool = False) -> Column:
+    return Column(name, BigInteger, nullable=nullable)
+
+
+schema_version = Table(
+    "schema_version",
+    metadata,
+    Column("version", Integer, primary_key=True, autoincrement=False),
+    Column("applied_at", Double, nullable=False),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    _id(),
+    _text("run_id"),
+    _text("mode"),
+    _int("seed"),
+    _text("config"),
+    _text("code_version"),
+    _text("host"),
+    Column("started_at", Double, nullable=False),
+    Column("process", Text, nullable=False, server_default="main"),
+)
+
+inputs = Table(
+    "inputs",
+    metadata,
+    _id(),  # doubles as the step id that events/outputs/snapshots point to
+    _text("run_id"),
+    _text("actor"),
+    _int("seq"),
+    Column("t", Double, nullable=False),
+    _int("hlc"),
+    Column("kind", Integer, nullable=False),
+    _text("src"),
+    _int("msg_id"),
+    _text("corr", nullable=True),
+    _int("reply_to", nullable=True),
+    Column("external", Boolean, nullable=False),
+    _text("type"),
+    Column("payload", LargeBinary, nullable=False),
+)
+# Every reader query is scoped to one run; leading with run_id lets the SQLite planner
+# pick these without ANALYZE statistics.
+Index("ix_inputs_actor", inputs.c.run_id, inputs.c.actor, inputs.c.seq)
+Index("ix_inputs_corr", inputs.c.run_id, inputs.c.corr)
+Index("ix_inputs_t", inputs.c.run_id, inputs.c.t)
+
+events = Table(
+    "events",
+    metadata,
+    _id(),
+    _int("step_id"),
+    _text("run_id"),
+    _text("actor"),
+    _int("seq"),
+    Column("idx", Integer, nullable=False),
+    _text("type"),
+    Column("payload", LargeBinary, nullable=False),
+)
+Index("ix_events_step", events.c.step_id)
+
+outputs = Table(
+    "outputs",
+    metadata,
+    _id(),
+    _int("step_id"),
+    _text("run_id"),
+    _text("actor"),
+    _int("seq"),
+    Column("idx", Integer, nullable=False),
+    Column("kind", Integer, nullable=False),
+    _text("dst"),
+    _int("msg_id"),
+    Column("delay", Double, nullable=False),
+    _text("key", nullable=True),
+    _text("corr", nullable=True),
+    _int("reply_to", nullable=True),
+    Column("ask", Boolean, nullable=False),
+    _text("type"),
+    Column("payload", LargeBinary, nullable=False),
+)
+Index("ix_outputs_step", outputs.c.step_id)
+
+snapshots = Table(
+    "snapshots",
+    metadata,
+    _id(),
+    _int("step_id"),
+    _text("run_id"),
+    _text("actor"),
+    _int("seq"),
+    _text("type"),
+    Column("payload", LargeBinary, nullable=False),
+)
+Index("ix_snapshots_step", snapshots.c.step_id)
+Index("ix_snapshots_actor", snapshots.c.run_id, snapshots.c.actor, snapshots.c.seq)
+
+TABLES = ("schema_version", "runs", "inputs", "events", "outputs", "snapshots")
+
+# Field lists: the record part of each row, in struct order.
+RUN_FIELDS: tuple[str, ...] = RunRec.__struct_fields__
+INPUT_FIELDS: tuple[str, ...] = InputRec.__struct_fields__
+EVENT_FIELDS: tuple[str, ...] = EventRec.__struct_fields__
+OUTPUT_FIELDS: tuple[str, ...] = OutputRec.__struct_fields__
+SNAPSHOT_FIELDS: tuple[str, ...] = SnapshotRec.__struct_fields__
+
+# Columns written by the hot path, in row-tuple order.
+INSERT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "runs": RUN_FIELDS,
+    "inputs": ("id", "run_id", *INPUT_FIELDS),
+    "events": ("step_id", "run_id", *EVENT_FIELDS),
+    "outputs": ("step_id", "run_id", *OUTPUT_FIELDS),
+    "snapshots": ("step_id", "run_id", *SNAPSHOT_FIELDS),
+}
+
+
+def check_columns() -> list[str]:
+    """Record fields with no column: non-empty means the kernel's records changed
+    and the schema needs a new version and a migration."""
+    missing = []
+    for name, cols in INSERT_COLUMNS.items():
+        table = metadata.tables[name]
+        missing += [f"{name}.{c}" for c in cols if c not in table.c]
+    return missing

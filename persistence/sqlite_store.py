@@ -1,0 +1,144 @@
+"""SQLite backend: opening and checking files, schema preparation, the reader's database.
+
+(The writer's hot path is in `sqlite_writer`.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Engine, Row, create_engine, event
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.pool import NullPool
+from sqlalchemy.sql import Executable
+
+from .api import LogError
+from .migrate import ensure_schema, stored_version
+from .schema import SCHEMA_VERSION
+from .target import EMPTY_FILE, NO_FILE, one_line, sqlite_file_problem
+
+T = TypeVar("T")
+
+BUSY_MS = 10_000  # wait this long for another connection's write lock
+
+
+def sqlite_error(label: str, exc: BaseException) -> LogError:
+    """One line naming the file and what SQLite said, with the likely cause."""
+    orig = getattr(exc, "orig", None) or exc
+    msg = one_line(orig)
+    if "file is not a database" in msg:
+        return LogError(f"{label}: not an SQLite database ({msg}), not a deepserve log")
+    if "malformed" in msg:
+        return LogError(f"{label}: corrupt or truncated SQLite file ({msg})")
+    return LogError(f"{label}: SQLite error: {msg}")
+
+
+def sqlite_engine(path: str, *, write: bool) -> Engine:
+    """An engine on an existing or new file. Writers take the write lock up front
+    (BEGIN IMMEDIATE) so that check-then-create never races another process."""
+    # A reader may be handed to another thread (used by one thread at a time).
+    engine = create_engine(
+        "sqlite://",
+        creator=lambda: sqlite3.connect(
+            path, isolation_level=None, timeout=BUSY_MS / 1000, check_same_thread=write
+        ),
+        poolclass=NullPool,
+    )
+    if write:
+
+        @event.listens_for(engine, "begin")
+        def _begin(conn: Any) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def prepare_sqlite(path: str, *, create: bool, upgrade: bool) -> tuple[int, int]:
+    """Check the file, create or migrate its schema; returns (version found, now).
+    A current log is only read here: readers never take the write lock."""
+    exists = _exists(path, create)
+    if exists:
+        version = _run(path, False, lambda conn: stored_version(conn, path))
+        if version == SCHEMA_VERSION:
+            return version, version
+
+    def _setup(conn: Connection) -> tuple[int, int]:
+        if not exists:  # WAL is persistent, and cannot be switched on inside a transaction
+            conn.connection.driver_connection.execute("PRAGMA journal_mode=WAL")
+        with conn.begin():
+            return ensure_schema(conn, path, create=create, upgrade=upgrade)
+
+    return _run(path, True, _setup)
+
+
+def _run(path: str, write: bool, fn: Callable[[Connection], T]) -> T:
+    engine = sqlite_engine(path, write=write)
+    try:
+        with engine.connect() as conn:
+            return fn(conn)
+    except DBAPIError as exc:
+        raise sqlite_error(path, exc) from None
+    finally:
+        engine.dispose()
+
+
+def _exists(path: str, create: bool) -> bool:
+    """Whether `path` holds a database already; raises for anything unusable."""
+    problem = sqlite_file_problem(path)
+    if problem is None:
+        return True
+    if create and problem in (NO_FILE, EMPTY_FILE):  # `touch run.db` is a fine start
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise LogError(f"{path}: cannot create the log: no such directory {parent}")
+        return False
+    raise LogError(f"{path}: {problem}")
+
+
+class SqliteDb:
+    """The reader's view of one file: SQLAlchemy Core queries, streamed in chunks."""
+
+    def __init__(self, path: str) -> None:
+        self.label = path
+        self._engine = sqlite_engine(path, write=False)
+        try:
+            self._conn = self._engine.connect()
+        except DBAPIError as exc:
+            self._engine.dispose()
+            raise sqlite_error(path, exc) from None
+
+    def all(self, stmt: Executable) -> Sequence[Row]:
+        try:
+            return self._conn.execute(stmt).all()
+        except DBAPIError as exc:
+            raise sqlite_error(self.label, exc) from None
+
+    def chunks(self, stmt: Executable, size: int) -> Iterator[Sequence[Row]]:
+        """Rows `size` at a time from one open cursor: SQLite steps it lazily, so a
+        log of any length streams in bounded memory."""
+        with self._errors():
+            result = self._conn.execute(stmt.execution_options(yield_per=size))
+        try:
+            while True:
+                with self._errors():
+                    rows = result.fetchmany(size)
+                if not rows:
+                    return
+                yield rows
+        finally:
+            result.close()
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except DBAPIError as exc:
+            raise sqlite_error(self.label, exc) from None
+
+    def close(self) -> None:
+        self._conn.close()
+        self._engine.dispose()

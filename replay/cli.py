@@ -1,0 +1,117 @@
+"""`deepserve replay verify|state|log|digest LOG ...`"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import msgspec
+
+from deepserve.cliutil import CliParser, print_json, print_pretty_json, seconds
+from deepserve.persistence import open_log
+
+from .common import compact
+from .digest import digest
+from .listing import listing, listing_records
+from .state import state_at
+from .verify import Divergence, verify
+
+EXIT_DIVERGED = 1
+
+
+def register(subparsers: Any) -> None:
+    parser: CliParser = subparsers.add_parser(
+        "replay",
+        help="verify, inspect and compare a recorded log",
+        description="Re-execute a recorded run, inspect actors' state and the log.",
+    )
+    sub = parser.add_subparsers(dest="replay_command", required=True, metavar="COMMAND")
+
+    p = _command(sub, "verify", _verify, "re-execute every actor from its logged inputs")
+    p.epilog = "exit status: 0 identical, 1 diverged, 2 the log cannot be read or replayed"
+
+    p = _command(sub, "state", _state, "an actor's state at a clock time, folded from its events")
+    p.add_argument("--actor", required=True, metavar="A", help="actor address, e.g. worker/1")
+    p.add_argument("--at", type=seconds, metavar="T", help="clock time in seconds (default: end)")
+
+    p = _command(sub, "log", _log, "list inputs with their events and outputs")
+    p.add_argument("--actor", metavar="A", help="only inputs delivered to this actor")
+    p.add_argument("--corr", metavar="ID", help="only inputs with this correlation id")
+    p.add_argument("--since", type=seconds, metavar="T", help="only inputs at or after T")
+    p.add_argument("--until", type=seconds, metavar="T", help="only inputs at or before T")
+
+    _command(sub, "digest", _digest, "content digest, comparable between runs")
+
+
+def _command(sub: Any, name: str, func: Any, help_text: str) -> CliParser:
+    p: CliParser = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
+    p.add_argument("log", metavar="LOG", help="path of the run's log")
+    p.add_argument("--run", metavar="RUN_ID", help="which run of the log (default: the last)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=func)
+    return p
+
+
+def _verify(args: argparse.Namespace) -> int:
+    result = verify(open_log(args.log), args.run)
+    if args.json:
+        print_json(result)
+    else:
+        print(result.summary())
+        if result.divergence is not None:
+            _print_divergence(result.divergence)
+    return 0 if result.identical else EXIT_DIVERGED
+
+
+def _print_divergence(d: Divergence) -> None:
+    inp = d.input
+    corr = f" corr={inp['corr']}" if inp.get("corr") is not None else ""
+    print(f"  actor:    {d.actor}")
+    print(f"  seq:      {d.seq}")
+    print(f"  input:    {inp['type']} {compact(inp['payload'], 400)} from {inp['src']}{corr}")
+    print(f"  expected: {_describe(d.expected)}")
+    print(f"  actual:   {_describe(d.actual)}")
+
+
+def _describe(view: Any) -> str:
+    if view is None:
+        return "(nothing)"
+    return compact(view, 600)
+
+
+def _state(args: argparse.Namespace) -> int:
+    st = state_at(open_log(args.log), args.actor, args.at, args.run)
+    data = st.state_data()
+    if args.json:
+        fields = msgspec.structs.asdict(st)
+        fields["state"] = data
+        print_json(fields)
+        return 0
+    status = "alive" if st.alive else "stopped"
+    when = "end of log" if st.at is None else f"t={st.at:g}"
+    print(f"{st.actor} at {when}: after #{st.seq} (t={st.t:.6f}), {status}, {st.events} events folded")
+    print_pretty_json(data)
+    return 0
+
+
+def _log(args: argparse.Namespace) -> int:
+    reader = open_log(args.log)
+    filters = dict(actor=args.actor, corr=args.corr, since=args.since, until=args.until, run_id=args.run)
+    if args.json:
+        for record in listing_records(reader, **filters):
+            print_json(record)
+    else:
+        out = sys.stdout
+        for line in listing(reader, **filters):
+            out.write(line + "\n")
+    return 0
+
+
+def _digest(args: argparse.Namespace) -> int:
+    value = digest(open_log(args.log), args.run)
+    if args.json:
+        print_json({"digest": value})
+    else:
+        print(value)
+    return 0
