@@ -42,12 +42,16 @@ class AsyncDriver(DriverBase):
         mailbox_capacity: int = 1024,
         transport: Transport | None = None,
         outbox: bool = False,
+        epoch: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(seed, sink=sink, mailbox_capacity=mailbox_capacity, **kwargs)
         assert not outbox or sink is not None, "outbox durability needs a sink"
         self.transport = transport
         self.outbox = outbox
+        # Wall-clock instant that is t=0 for ctx.now(). Processes of one run share it,
+        # so their clocks (and HLCs) are comparable when their logs are merged.
+        self.epoch = epoch
         self._tg: TaskGroup | None = None
         self._t0 = 0.0
         self._timers: dict[tuple[str, str], int] = {}
@@ -67,7 +71,11 @@ class AsyncDriver(DriverBase):
 
     # ---- lifecycle ---------------------------------------------------------
     async def __aenter__(self) -> AsyncDriver:
-        self._t0 = time.monotonic()
+        wall, mono = time.time(), time.monotonic()
+        if self.epoch is None:
+            self.epoch = wall
+        # Monotonic from here on, offset so that t counts from the shared epoch.
+        self._t0 = mono - (wall - self.epoch)
         self._loop = asyncio.get_running_loop()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
@@ -90,6 +98,9 @@ class AsyncDriver(DriverBase):
 
     def clock(self) -> float:
         return time.monotonic() - self._t0
+
+    def _input_time(self) -> float:
+        return self.clock()
 
     # ---- the outside world ---------------------------------------------------
     def spawn(self, addr: str, cls: type, *, src: str = "ext/operator", **kwargs: Any) -> str:

@@ -177,7 +177,7 @@ def input_record(cell: Cell, env: Envelope, now: float, kind: int = DELIVERED) -
         payload = env.payload = encode(env.msg)
     return InputRec(
         cell.addr, cell.seq, now, cell.hlc, kind, env.src, env.msg_id, env.corr,
-        env.reply_to, env.external, type(env.msg).__name__, payload,
+        env.reply_to, env.external, type(env.msg).__name__, payload, env.ask, env.hlc,
     )
 
 

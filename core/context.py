@@ -162,7 +162,8 @@ class Context:
 
     def after(self, delay_s: float, msg: Message, key: str | None = None) -> str:
         """A timer to self. Setting a key again replaces the pending timer."""
-        assert delay_s >= 0, "timers cannot fire in the past"
+        assert delay_s >= 0, f"timers cannot fire in the past (or at NaN): {delay_s}"
+        delay_s += 0.0  # -0.0 -> 0.0: the log stores what the handler meant
         cell = self._cell
         cell.out_seq += 1
         key = key if key is not None else f"t{cell.out_seq}"

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .actor import class_path
-from .address import EXTERNAL_PREFIX, check_address
+from .address import EXTERNAL_PREFIX, check_address, hlc_physical
 from .cell import Cell, input_record
 from .envelope import Envelope
 from .messages import AskFailed, Message, Started
@@ -89,7 +89,13 @@ class DriverBase:
         if not src.startswith(EXTERNAL_PREFIX):
             raise ValueError(f"external source must start with {EXTERNAL_PREFIX!r}: {src!r}")
         self._ext_seq += 1
-        return Envelope(src, dst, self._ext_seq, 0, corr, msg, None, ask, True)
+        # The outside world has no clock of ours: stamp the input with the driver's time.
+        hlc = hlc_physical(self._input_time())
+        return Envelope(src, dst, self._ext_seq, hlc, corr, msg, None, ask, True)
+
+    def _input_time(self) -> float:
+        """Clock time at which an external input being made now is delivered."""
+        raise NotImplementedError
 
     def _spawn_env(self, addr: str, cls: type, kwargs: dict[str, Any], src: str) -> Envelope:
         started = Started(cls=class_path(cls), args=kwargs, parent=None)
@@ -108,8 +114,8 @@ class DriverBase:
         else:
             self.mailbox_full += 1
         if self.sink is not None:
-            ghost = Cell(env.dst, self.seed, -2)  # seq -1 marks "not delivered"
-            ghost.seq = -1
+            ghost = Cell(env.dst, self.seed, -1)  # seq -1 marks "not delivered"
+            ghost.hlc = env.hlc  # so merged logs still order it by time
             self.sink.append(Step(input_record(ghost, env, t, kind), [], []))
         if not env.ask:
             return None

@@ -39,6 +39,10 @@ class InputRec(msgspec.Struct, array_like=True, gc=False):
     external: bool
     type: str
     payload: bytes
+    # Envelope facts a handler can read (`ctx.env.ask`, `ctx.env.hlc`): logged so that
+    # replay hands it the very same envelope. Last, with defaults: schema v3 added them.
+    ask: bool = False
+    src_hlc: int = 0  # the sender's clock; `hlc` above is the receiver's after merging
 
 
 class EventRec(msgspec.Struct, array_like=True, gc=False):

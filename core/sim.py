@@ -33,6 +33,7 @@ class SimDriver(DriverBase):
         self.deliveries = 0
         self.invariants: list[Invariant] = []
         self._depth: dict[str, int] = {}  # pending non-timer deliveries per address
+        self._at: float | None = None  # delivery time of the external input being made
 
     # ---- the outside world -------------------------------------------------
     def spawn(self, addr: str, cls: type, *, src: str = "ext/operator", **kwargs: Any) -> str:
@@ -55,9 +56,14 @@ class SimDriver(DriverBase):
         at = self.now if at is None else at
         if at < self.now:
             raise ValueError(f"at={at} is in the past (now={self.now})")
+        self._at = at
         env = self._external_env(dst, msg, corr, src, ask)
         self._push(at, env)
         return env.msg_id
+
+    def _input_time(self) -> float:
+        at, self._at = self._at, None
+        return self.now if at is None else at
 
     def pending(self) -> int:
         return len(self._heap)

@@ -10,7 +10,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from sqlalchemy import Column, Connection, Text, func, insert, inspect, select, text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Connection,
+    Text,
+    false,
+    func,
+    insert,
+    inspect,
+    select,
+    text,
+)
 from sqlalchemy.schema import CreateColumn
 
 from .api import LogError
@@ -28,8 +40,19 @@ def _v1_to_v2(conn: Connection) -> None:
     )
 
 
+def _v2_to_v3(conn: Connection) -> None:
+    """v3 logs the envelope's `ask` flag and the sender's HLC on every input. A v2
+    log replays as before for handlers that never read them (ask=false, src_hlc=0)."""
+    for col in (
+        Column("ask", Boolean, nullable=False, server_default=false()),
+        Column("src_hlc", BigInteger, nullable=False, server_default="0"),
+    ):
+        ddl = CreateColumn(col).compile(dialect=conn.dialect)
+        conn.execute(text(f"ALTER TABLE inputs ADD COLUMN {ddl}"))
+
+
 # version v -> the step that upgrades a v database to v+1
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
 
 
 def stored_version(conn: Connection, label: str) -> int | None:
@@ -68,7 +91,7 @@ def ensure_schema(conn: Connection, label: str, *, create: bool, upgrade: bool) 
     if version < SCHEMA_VERSION and not upgrade:
         raise LogError(
             f"{label}: log schema version {version} is older than {SCHEMA_VERSION}; "
-            "migrate it first (deepserve.persistence.migrate)"
+            "migrate it first (deepserve replay migrate LOG)"
         )
     for v in range(version, SCHEMA_VERSION):
         step = MIGRATIONS.get(v)

@@ -20,13 +20,14 @@ from sqlalchemy import (
     MetaData,
     Table,
     Text,
+    false,
 )
 
 from deepserve.core.records import EventRec, InputRec, OutputRec, RunRec, SnapshotRec
 
 # v1: the first release. v2: `runs.process` (one run spans several processes in daemon
 # mode; v1 logs were single-process and read back as process "main").
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # SQLite only makes INTEGER PRIMARY KEY an alias of the rowid (no extra b-tree);
 # PostgreSQL needs 64 bits for long-lived cluster databases.
@@ -86,6 +87,8 @@ inputs = Table(
     Column("external", Boolean, nullable=False),
     _text("type"),
     Column("payload", LargeBinary, nullable=False),
+    Column("ask", Boolean, nullable=False, server_default=false()),  # v3
+    Column("src_hlc", BigInteger, nullable=False, server_default="0"),  # v3
 )
 # Every reader query is scoped to one run; leading with run_id lets the SQLite planner
 # pick these without ANALYZE statistics.

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from deepserve.cliutil import CliParser, print_json, print_pretty_json, seconds
-from deepserve.persistence import open_log
+from deepserve.persistence import migrate, open_log
 
 from .common import compact
 from .digest import digest
@@ -43,6 +43,9 @@ def register(subparsers: Any) -> None:
 
     _command(sub, "digest", _digest, "content digest, comparable between runs")
 
+    p = _command(sub, "migrate", _migrate, "upgrade a log written by an older schema, in place")
+    p.epilog = "every *.db file of a run directory is migrated; running it again changes nothing"
+
 
 def _command(sub: Any, name: str, func: Any, help_text: str) -> CliParser:
     p: CliParser = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
@@ -51,6 +54,17 @@ def _command(sub: Any, name: str, func: Any, help_text: str) -> CliParser:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=func)
     return p
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    done = migrate(args.log)
+    if args.json:
+        print_json({target: {"from": a, "to": b} for target, (a, b) in done.items()})
+    else:
+        for target, (before, after) in done.items():
+            change = f"schema {before} -> {after}" if before != after else f"already schema {after}"
+            print(f"{target}: {change}")
+    return 0
 
 
 def _verify(args: argparse.Namespace) -> int:

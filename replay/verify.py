@@ -18,7 +18,7 @@ from deepserve.core.cell import Cell, event_records, execute, output_records, sn
 from deepserve.core.codec import DecodeError, decode
 from deepserve.core.envelope import Envelope
 from deepserve.core.messages import HandlerFailed, Started, registered
-from deepserve.core.records import SEND, EventRec, Step
+from deepserve.core.records import EventRec, Step
 from deepserve.persistence.api import LogReader
 
 from .common import ReplayError, event_view, input_view, output_view, pick_run, snapshot_view
@@ -57,7 +57,6 @@ def verify(reader: LogReader, run_id: str | None = None) -> VerifyResult:
     seed = run.seed
     cells: dict[str, Cell] = {}
     decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
-    asks: set[tuple[str, int]] = set()  # (sender, msg_id) of logged asks not yet delivered
     inputs = 0
     # The loop is the hot path (>= 100k inputs/s): the common case — a known
     # actor's next input of an already seen type — touches no helper function.
@@ -65,7 +64,6 @@ def verify(reader: LogReader, run_id: str | None = None) -> VerifyResult:
         rec = step.input
         seq = rec.seq
         if seq < 0:
-            asks.discard((rec.src, rec.msg_id))
             continue  # a dead letter or a drop: nothing was executed
         cell = cells.get(rec.actor)
         if cell is None or seq != cell.seq + 1 or not cell.alive or rec.type == "Started":
@@ -77,10 +75,9 @@ def verify(reader: LogReader, run_id: str | None = None) -> VerifyResult:
             msg = dec.decode(rec.payload)
         except msgspec.DecodeError as exc:
             raise ReplayError(f"{rec.actor}#{seq}: payload of type {rec.type!r} does not decode: {exc}") from None
-        ask = (rec.external or bool(asks)) and _ask_flag(step, asks)
         env = Envelope(
-            rec.src, rec.actor, rec.msg_id, 0, rec.corr, msg, rec.reply_to,
-            ask, rec.external, rec.payload,
+            rec.src, rec.actor, rec.msg_id, rec.src_hlc, rec.corr, msg, rec.reply_to,
+            rec.ask, rec.external, rec.payload,
         )
         snapped = execute(cell, env, rec.t)
         inputs += 1
@@ -93,9 +90,6 @@ def verify(reader: LogReader, run_id: str | None = None) -> VerifyResult:
             divergence = _first_difference(cell, step, snapped)
             if divergence is not None:
                 return VerifyResult(run.run_id, False, len(cells), inputs, divergence)
-        for o in step.outputs:
-            if o.ask:
-                asks.add((rec.actor, o.msg_id))
     return VerifyResult(run.run_id, True, len(cells), inputs)
 
 
@@ -154,29 +148,6 @@ def _check_loadable(step: Step) -> None:
         raise ReplayError(
             f"{rec.actor}#{rec.seq}: {exc} (is the module on PYTHONPATH?)"
         ) from None
-
-
-def _ask_flag(step: Step, asks: set[tuple[str, int]]) -> bool:
-    """The envelope's `ask` flag, which handlers can read (`ctx.env.ask`) but
-    the input record does not carry.
-
-    An actor's ask is known exactly, from its sender's logged output
-    (`OutputRec.ask`). An external ask is inferred from an immediate reply to the
-    sender in this step: exact for a handler that reads the flag to decide whether
-    to answer, the one reason to read it. (Kernel gap: `InputRec` should log it.)
-    """
-    rec = step.input
-    if rec.external:
-        return any(
-            o.kind == SEND and o.dst == rec.src and o.reply_to == rec.msg_id for o in step.outputs
-        )
-    if not asks:
-        return False
-    key = (rec.src, rec.msg_id)
-    if key in asks:
-        asks.remove(key)
-        return True
-    return False
 
 
 def _first_difference(cell: Cell, step: Step, snapped: bool) -> Divergence | None:

@@ -14,11 +14,20 @@ import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
 
 import pytest
+
+# Test helper modules (actor classes that replay loads by "module:QualName", the CLI
+# runner) live beside the tests that use them; make them importable from any test.
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+for _sub in ("core", "replay", "cli", "adapters"):
+    _path = os.path.join(_TESTS, _sub)
+    if _path not in sys.path:
+        sys.path.append(_path)
 
 PG_BINARIES = ("initdb", "pg_ctl", "postgres")
 
