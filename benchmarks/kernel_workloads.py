@@ -86,15 +86,27 @@ def sim_pingpong(n: int, sink: LogSink | None = None) -> float:
 
 
 def heapq_loop(n: int) -> float:
-    """The floor under any discrete-event loop: push and pop the same tuples."""
-    heap: list[tuple[float, int, object]] = []
-    payload = object()
+    """The floor under any discrete-event loop: the same ping-pong as bare tuples on
+    a heap, each pop dispatched to a handler function that schedules the next."""
+    heap: list[tuple[float, int, str, int]] = []
+    peers = {"b/0": "b/1", "b/1": "b/0"}
+    seq = 0
+
+    def bounce(t: float, dst: str, count: int) -> None:
+        nonlocal seq
+        if count > 0:
+            seq += 1
+            heappush(heap, (t, seq, peers[dst], count - 1))
+
+    handlers = {"b/0": bounce, "b/1": bounce}
+    heappush(heap, (0.0, 0, "b/0", n))
+    delivered = 0
     t0 = time.perf_counter()
-    heappush(heap, (0.0, 0, payload))
-    for seq in range(1, n + 1):
-        t, _, p = heappop(heap)
-        heappush(heap, (t, seq, p))
-    return n / (time.perf_counter() - t0)
+    while heap:
+        t, _, dst, count = heappop(heap)
+        handlers[dst](t, dst, count)
+        delivered += 1
+    return delivered / (time.perf_counter() - t0)
 
 
 # ---- AsyncDriver -----------------------------------------------------------------
