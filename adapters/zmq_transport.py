@@ -25,6 +25,14 @@ class ZmqTransport:
         self.bind = bind
         self._push: dict[str, zmq.Socket] = {}
         self._pull: zmq.Socket | None = None
+        self.endpoint: str | None = None
+        if bind is not None:
+            # Bound now, so a "tcp://127.0.0.1:*" endpoint's port is known before any
+            # peer's routes are written.
+            self._pull = self.ctx.socket(zmq.PULL)
+            self._pull.setsockopt(zmq.LINGER, 0)
+            self._pull.bind(bind)
+            self.endpoint = self._pull.getsockopt(zmq.LAST_ENDPOINT).decode()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.sent = 0
@@ -56,12 +64,9 @@ class ZmqTransport:
         return True
 
     def attach(self, deliver: Deliver) -> None:
-        if self.bind is None:
+        if self._pull is None:
             return
         loop = asyncio.get_running_loop()
-        self._pull = self.ctx.socket(zmq.PULL)
-        self._pull.setsockopt(zmq.LINGER, 0)
-        self._pull.bind(self.bind)
         self._thread = threading.Thread(
             target=self._recv_loop, args=(loop, deliver), name="zmq-recv", daemon=True
         )
