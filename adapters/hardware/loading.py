@@ -59,7 +59,8 @@ def local_load(
         path = ("host", f"npu{i}") if dram_hit else ("ssd", "host", f"npu{i}")
         flows[f"npu{i}"] = Flow(path=path, nbytes=per_npu)
     done = completion_times_s(capacities, flows)
-    transfer = host.latency_s + max(done.values())
+    # One setup and one message, as `transfer_time_s` charges any single transfer.
+    transfer = host.latency_s + host.per_message_s + max(done.values())
     return LoadEstimate(
         path="dram-hit" if dram_hit else "ssd",
         seconds=transfer + TENSOR_INIT_S,

@@ -31,7 +31,7 @@ HOST = "hw/s0/host"
 SERVER = server_spec("gen1-910b")
 # The fabric charges each transfer one message's control cost (transfer.py) on top of the link
 # latency; loading.local_load counts the latency only. The difference is 5 us in seconds.
-LOAD_RTOL = 1e-5
+LOAD_RTOL = 1e-9
 
 
 def _driver(servers: int = 1, dram_bytes: int | None = None):
