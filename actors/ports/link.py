@@ -62,6 +62,14 @@ class LinkBroadcastDone(Message, frozen=True, kw_only=True):
     fingerprint: str | None = None
 
 
+class LinkCancel(Message, frozen=True, kw_only=True):
+    """Withdraw a transfer or broadcast this sender started: its bandwidth is freed at once
+    and it is answered `LinkTransferFailed` (reason "cancelled"). Unknown ids are ignored:
+    the transfer may have completed while the cancel was on its way."""
+
+    req_id: str
+
+
 class LinkProbe(Message, frozen=True, kw_only=True):
     """Ask for a link's condition (DistFlow link probing)."""
 

@@ -20,6 +20,7 @@ from deepserve.actors.ports.faults import LinkDegrade, LinkDown, LinkFlap, LinkU
 from deepserve.actors.ports.link import (
     LinkBroadcast,
     LinkBroadcastDone,
+    LinkCancel,
     LinkProbe,
     LinkStatus,
     LinkTransfer,
@@ -87,6 +88,24 @@ def test_flows_sharing_a_link_split_it_fairly_and_speed_up_when_one_ends():
     assert answer_for(d, "small")[1].duration_s == pytest.approx(fixed + 1 * GB / (cap / 2))
     # big: 1 GB at half rate while small runs, then 3 GB alone
     assert answer_for(d, "big")[1].duration_s == pytest.approx(fixed + 2 * GB / cap + 3 * GB / cap)
+
+
+def test_cancel_frees_the_bandwidth_at_once_and_answers_the_requester():
+    d = _driver()
+    send(d, FABRIC, _xfer("big", A, B, nbytes=4 * GB))
+    send(d, FABRIC, _xfer("gone", A, C, nbytes=4 * GB))  # shares s0/npu0/roce:tx
+    send(d, FABRIC, LinkCancel(req_id="gone"), at=0.1)
+    send(d, FABRIC, LinkCancel(req_id="never-sent"), at=0.1)  # ignored: nothing to cancel
+    d.run()
+    cap = effective_bw_bytes_per_s(link_spec("roce"))
+    fixed = fixed_cost_s("roce", 1)
+    t, failed = answer_for(d, "gone")
+    assert isinstance(failed, LinkTransferFailed) and t == 0.1 and "cancelled" in failed.reason
+    # big ran at half rate until 0.1 s, then alone at full rate
+    half_rate_bytes = (0.1 - fixed) * cap / 2
+    expected = 0.1 + (4 * GB - half_rate_bytes) / cap
+    assert answer_for(d, "big")[1].duration_s == pytest.approx(expected, rel=1e-9)
+    assert d.actor(FABRIC).state.xfers == {}
 
 
 # Link directions of a 2-server gen1 fabric used to build random multi-hop paths.

@@ -146,6 +146,13 @@ def test_a_link_going_down_fails_the_load():
     st = d.actor(HOST).state
     assert st.jobs == {} and st.loads_failed == 1 and st.cache == ()  # a failed read fills nothing
     assert [type(e).__name__ for e in events(d, HOST)][-1] == "HostJobEnded"
+    # The other seven ranks' transfers were cancelled at once: nothing holds bandwidth on.
+    fabric = d.actor(FABRIC).state
+    assert fabric.xfers == {}
+    failed = [e for e in events(d, FABRIC) if type(e).__name__ == "FabricXferFailed"]
+    assert len(failed) == 8 and all(e.at_s == 1.0 for e in failed)
+    assert sum(e.reason == "cancelled by the requester" for e in failed) == 7
+    assert d.now == 1.0  # no transfer ran on to its end
 
 
 def test_bad_load_requests_are_precise():

@@ -13,6 +13,7 @@ from deepserve.actors.ports.faults import LinkDegrade, LinkDown, LinkFlap, LinkU
 from deepserve.actors.ports.link import (
     LinkBroadcast,
     LinkBroadcastDone,
+    LinkCancel,
     LinkProbe,
     LinkStatus,
     LinkTransfer,
@@ -111,6 +112,10 @@ class Fabric(Actor[FabricState]):
             self._setup_done(ctx, msg.key)
         elif isinstance(msg, LinkTransfer | LinkBroadcast):
             self._accept(ctx, msg)
+        elif isinstance(msg, LinkCancel):
+            x = self.state.xfers.get(f"{ctx.sender}|{msg.req_id}")
+            if x is not None:
+                self._fail(ctx, x, "cancelled by the requester", None)
         elif isinstance(msg, LinkProbe):
             self._probe(ctx, msg)
         elif isinstance(msg, LinkDown | LinkUp | LinkDegrade | LinkFlap | FabricFlapToggle):

@@ -23,6 +23,7 @@ from deepserve.actors.ports.host import (
 from deepserve.actors.ports.link import (
     LinkBroadcast,
     LinkBroadcastDone,
+    LinkCancel,
     LinkTransfer,
     LinkTransferDone,
     LinkTransferFailed,
@@ -236,5 +237,8 @@ class Host(Actor[HostState]):
         if job is None:
             return
         ctx.record(HostJobEnded(key, False))
+        for part in job.waiting:  # the rest of this load would only hold bandwidth now
+            if part != msg.req_id:
+                ctx.send(self.fabric, LinkCancel(req_id=part))
         reason = f"transfer {msg.req_id.rpartition('#')[2]} failed: {msg.reason}"
         answer(ctx, job.to, HostLoadFailed(req_id=job.req_id, model=job.model, reason=reason))
