@@ -50,6 +50,13 @@ def register_hw(subparsers: Any) -> None:
     p.add_argument("--model", required=True, help=f"model profile: {', '.join(known_models())}")
     p.add_argument("--npu", required=True, choices=sorted(NPUS), help="NPU kind")
     p.add_argument("--tp", required=True, type=int, help="tensor-parallel degree (NPUs per TE)")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel groups (default 1)")
+    p.add_argument("--ep", type=int, default=1,
+                   help="expert-parallel ranks for MoE models: 1 or dp x tp (default 1)")
+    p.add_argument("--shared-expert-ranks", type=int, default=0, metavar="N",
+                   help="EP ranks serving only the shared expert (xDeepServe §7.1: 32)")
+    p.add_argument("--redundant-experts", type=int, default=0, metavar="N",
+                   help="extra routed-expert replicas for load balance (EPLB; §7.1: 256)")
     p.add_argument(
         "--batch-sizes", type=_int_list, default=DEFAULT_BATCH_SIZES, metavar="N,N,...",
         help=f"batch sizes of the grid (default: {','.join(map(str, DEFAULT_BATCH_SIZES))})",
@@ -68,6 +75,10 @@ def run_predict(args: argparse.Namespace) -> int:
             args.model,
             args.npu,
             args.tp,
+            dp=args.dp,
+            ep=args.ep,
+            shared_expert_ranks=args.shared_expert_ranks,
+            redundant_experts=args.redundant_experts,
             batch_sizes=args.batch_sizes,
             context_tokens=args.contexts,
         )

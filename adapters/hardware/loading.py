@@ -39,8 +39,9 @@ def _check_tp(tp: int, server: ServerSpec) -> None:
 
 
 def local_load(
-    m: ModelProfile, server: ServerSpec, tp: int, *, dram_hit: bool, loaders: int | None = None
-) -> LoadEstimate:
+    m: ModelProfile, server: ServerSpec, tp: int, *, dram_hit: bool, loaders: int | None = None,
+    bytes_per_npu: int | None = None,
+) -> LoadEstimate:  # fmt: skip
     """Load a TP-`tp` TE from this server's DRAM page cache (hit) or SSD (miss).
 
     `loaders` NPUs of the server load at once (default: the TE's tp ranks); the SSD and the
@@ -48,7 +49,8 @@ def local_load(
     _check_tp(tp, server)
     loaders = tp if loaders is None else loaders
     _check_tp(loaders, server)
-    per_npu = weight_bytes(m) // tp
+    # An EP layout's shards are not weights / tp: the caller passes the real shard size.
+    per_npu = weight_bytes(m) // tp if bytes_per_npu is None else bytes_per_npu
     host = link_spec(server.host_link)
     capacities = {"host": server.host_aggregate_bw_bytes_per_s}
     if not dram_hit:
@@ -71,7 +73,7 @@ def local_load(
 
 def npu_fork(
     m: ModelProfile, link: LinkSpec, tp: int, *, targets: int = 1,
-    chunk_bytes: int = BROADCAST_CHUNK_BYTES,
+    chunk_bytes: int = BROADCAST_CHUNK_BYTES, bytes_per_npu: int | None = None,
 ) -> LoadEstimate:  # fmt: skip
     """Copy a running TE's weights to `targets` new TEs of the same layout (DeepServe §6.2).
 
@@ -79,7 +81,7 @@ def npu_fork(
     physical links, §6.2), chunked and pipelined through the targets as an HCCL broadcast."""
     if tp < 1:
         raise ValueError(f"tp: must be >= 1, got {tp}")
-    per_npu = weight_bytes(m) // tp
+    per_npu = weight_bytes(m) // tp if bytes_per_npu is None else bytes_per_npu
     transfer = broadcast_time_s(per_npu, link, targets, chunk_bytes=chunk_bytes)
     return LoadEstimate(
         path=f"npu-fork-{link.kind}",

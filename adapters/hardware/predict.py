@@ -46,6 +46,8 @@ class Prediction(Struct, frozen=True, kw_only=True):
     npu: str
     server: str
     tp: int
+    dp: int
+    ep: int
     weight_bytes_per_npu: float
     usable_hbm_bytes: float
     kv_bytes_per_token_per_npu: float
@@ -68,11 +70,17 @@ def predict(
     npu: str,
     tp: int,
     *,
+    dp: int = 1,
+    ep: int = 1,
+    shared_expert_ranks: int = 0,
+    redundant_experts: int = 0,
     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     context_tokens: Sequence[int] = DEFAULT_CONTEXT_TOKENS,
     reserve_fraction: float = RESERVE_FRACTION,
 ) -> Prediction:
-    """Predicted latencies, KV capacity and load times of `model` on `tp` NPUs of kind `npu`."""
+    """Predicted latencies, KV capacity and load times of `model` on `tp` NPUs of kind `npu`
+    (times `dp` data-parallel groups with experts spread over `ep` ranks, for MoE models:
+    ep = 1, or ep = dp x tp as in xDeepServe §7.1's DP288/EP288). Batch sizes are per DP group."""
     m = model_profile(model)
     spec = npu_spec(npu)
     server = server_spec(spec.default_server)
@@ -82,7 +90,8 @@ def predict(
         raise ValueError(f"tp: {tp} exceeds the {server.npus} NPUs of one {server.kind} server")
     sizes = _positive_ints("batch_sizes", batch_sizes)
     contexts = _positive_ints("context_tokens", context_tokens)
-    par = Parallel(tp=tp)
+    par = _layout(m.moe is not None, tp, dp, ep)
+    par = _experts(par, shared_expert_ranks, redundant_experts)
     validate(m, decode_batch(1, 1), par)
     usable = usable_hbm_bytes(spec, reserve_fraction)
     weights = weights_per_npu_bytes(m, par)
@@ -90,6 +99,7 @@ def predict(
         raise ValueError(
             f"tp: {model} needs {weights / 1e9:.1f} GB of weights per NPU at tp={tp}, more than "
             f"the {usable / 1e9:.1f} GB usable on a {npu}; use a larger tp"
+            + (" or ep" if m.moe is not None else "")
         )
     capacity = kv_capacity_tokens(m, spec, par, reserve_fraction)
     rows = []
@@ -101,17 +111,21 @@ def predict(
                 batch_size=b, context_tokens=c, prefill_s=prefill, decode_step_s=decode,
                 decode_tokens_per_s=b / decode, fits_kv=b * c <= capacity,
             ))  # fmt: skip
+    # Every NPU of a server loads its own shard at once: they share the server's PCIe side.
+    shard, loaders = int(weights), min(server.npus, tp * dp)
     loads = (
-        local_load(m, server, tp, dram_hit=False),
-        local_load(m, server, tp, dram_hit=True),
-        npu_fork(m, link_spec(spec.scale_up_link), tp),
-        npu_fork(m, link_spec(spec.scale_out_link), tp),
+        local_load(m, server, tp, dram_hit=False, loaders=loaders, bytes_per_npu=shard),
+        local_load(m, server, tp, dram_hit=True, loaders=loaders, bytes_per_npu=shard),
+        npu_fork(m, link_spec(spec.scale_up_link), tp, bytes_per_npu=shard),
+        npu_fork(m, link_spec(spec.scale_out_link), tp, bytes_per_npu=shard),
     )
     return Prediction(
         model=model,
         npu=npu,
         server=server.kind,
         tp=tp,
+        dp=dp,
+        ep=ep,
         weight_bytes_per_npu=weights,
         usable_hbm_bytes=usable,
         kv_bytes_per_token_per_npu=kv_bytes_per_token_per_npu(m, par),
@@ -121,10 +135,36 @@ def predict(
     )
 
 
+def _layout(moe: bool, tp: int, dp: int, ep: int) -> Parallel:
+    for field, v in (("dp", dp), ("ep", ep)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{field}: must be a positive integer, got {v!r}")
+    if ep > 1 and not moe:
+        raise ValueError(f"ep: {ep} > 1 needs a mixture-of-experts model")
+    if ep not in (1, tp * dp):
+        raise ValueError(f"ep: must be 1 or dp x tp = {tp * dp} (experts on the attention ranks)")
+    return Parallel(tp=tp, dp=dp, ep=ep)
+
+
+def _experts(par: Parallel, shared_ranks: int, redundant: int) -> Parallel:
+    """xDeepServe §7.1 serves shared experts on dedicated ranks and adds redundant expert
+    replicas (EPLB, §4.5): both change the hottest rank's load, hence decode time."""
+    for field, v in (("shared_expert_ranks", shared_ranks), ("redundant_experts", redundant)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"{field}: must be a non-negative integer, got {v!r}")
+    if (shared_ranks or redundant) and par.ep == 1:
+        raise ValueError("ep: shared_expert_ranks and redundant_experts need ep > 1")
+    if shared_ranks >= par.ep:
+        raise ValueError(f"shared_expert_ranks: {shared_ranks} leaves no routed-expert rank of {par.ep}")
+    return Parallel(tp=par.tp, dp=par.dp, ep=par.ep, shared_expert_ranks=shared_ranks,
+                    redundant_experts=redundant)
+
+
 def render(p: Prediction) -> str:
     """Plain-text table of a Prediction."""
+    layout = f"TP{p.tp}" + (f" DP{p.dp}" if p.dp > 1 else "") + (f" EP{p.ep}" if p.ep > 1 else "")
     lines = [
-        f"{p.model} on {p.npu}, TP{p.tp} ({p.server} server)",
+        f"{p.model} on {p.npu}, {layout} ({p.server} server)",
         f"weights per NPU      {p.weight_bytes_per_npu / 1e9:10.2f} GB",
         f"usable HBM per NPU   {p.usable_hbm_bytes / 1e9:10.2f} GB",
         f"KV per token per NPU {p.kv_bytes_per_token_per_npu / 1024:10.2f} KiB",

@@ -67,6 +67,12 @@ def test_render_is_a_plain_text_table(llama70):
         (dict(model="llama3-8b", npu="910b", tp=1, batch_sizes=()), "batch_sizes: must list"),
         (dict(model="llama3-8b", npu="910b", tp=1, context_tokens=(0,)), "context_tokens: every"),
         (dict(model="llama3-8b", npu="910b", tp=1, reserve_fraction=1.0), "reserve_fraction: "),
+        (dict(model="llama3-8b", npu="910b", tp=1, dp=2, ep=2), "ep: 2 > 1 needs a mixture"),
+        (dict(model="deepseek-r1", npu="910c", tp=1, dp=288, ep=16), "ep: must be 1 or dp x tp"),
+        (dict(model="deepseek-r1", npu="910c", tp=1, dp=0), "dp: must be a positive"),
+        (dict(model="deepseek-r1", npu="910c", tp=8, redundant_experts=8), "ep: shared_expert"),
+        (dict(model="deepseek-r1", npu="910c", tp=1, dp=4, ep=4, shared_expert_ranks=4),
+         "shared_expert_ranks: 4 leaves no routed-expert rank"),
     ],
 )
 def test_bad_input_raises_value_error_naming_the_field(kwargs, message):
@@ -78,3 +84,20 @@ def test_bad_input_raises_value_error_naming_the_field(kwargs, message):
 def test_unknown_names_are_also_key_errors():
     with pytest.raises(UnknownNameError):
         predict("llama3-70b", "h100", 8)
+
+
+def test_expert_parallel_layout_of_xdeepserve_7_1():
+    """DP288/EP288 with 32 shared-expert ranks and 256 redundant experts: each die holds a
+    shard of the experts, so it fits where TP1 without EP does not; EPLB's redundant
+    replicas and dedicated shared-expert ranks make decode faster than plain EP288."""
+    kw = dict(batch_sizes=(60,), context_tokens=(3072,))
+    with pytest.raises(ValueError, match="use a larger tp or ep"):
+        predict("deepseek-r1", "910c", 1, **kw)
+    plain = predict("deepseek-r1", "910c", 1, dp=288, ep=288, **kw)
+    tuned = predict("deepseek-r1", "910c", 1, dp=288, ep=288, shared_expert_ranks=32,
+                    redundant_experts=256, **kw)
+    assert plain.weight_bytes_per_npu < plain.usable_hbm_bytes
+    assert tuned.latency[0].decode_step_s < plain.latency[0].decode_step_s
+    loads = {row.path: row for row in tuned.loads}
+    assert set(loads) == {"ssd", "dram-hit", "npu-fork-ub", "npu-fork-roce"}
+    assert render(tuned).startswith("deepseek-r1 on 910c, TP1 DP288 EP288 (cm384-910c server)")
