@@ -19,7 +19,8 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 demo: $(STAMP)
-	$(VENV)/bin/deepserve sim example
+	$(VENV)/bin/deepserve sim example --seed 0 --log runs/example-0.db
+	$(VENV)/bin/deepserve replay verify runs/example-0.db
 
 bench: $(STAMP)
 	$(VENV)/bin/deepserve bench kernel
