@@ -54,7 +54,8 @@ def _sim(args: argparse.Namespace) -> int:
     target = args.log or f"runs/{args.scenario}-{args.seed}.db"
     if "://" not in target:  # a database URL is the store's business, not a file to replace
         _prepare(Path(target))
-    sink = open_sink(target, "async")
+    # The writer process: the run ends with close(), and logging stays off the driver's core.
+    sink = open_sink(target, "async", writer="process")
     t0 = time.perf_counter()
     try:
         summary = run(args.seed, sink, args.requests)

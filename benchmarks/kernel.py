@@ -29,7 +29,7 @@ def sim_rows(scale: float, tmp: str) -> list[Row]:
     n = int(300_000 * scale)
     floor = w.heapq_loop(n)
     nolog = w.sim_pingpong(n)
-    sink = open_sink(os.path.join(tmp, "sim.db"), durability="async")
+    sink = open_sink(os.path.join(tmp, "sim.db"), durability="async", writer="process")
     logged = w.sim_pingpong(n, sink)
     sink.close()
     return [

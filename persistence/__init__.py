@@ -7,6 +7,7 @@ an old log's schema explicitly.
 
 from .api import Durability, DurableSink, LogError, LogReader, MemoryLog, MemoryStore
 from .factory import migrate, open_log, open_sink
+from .procsink import ProcessSink
 from .schema import SCHEMA_VERSION
 from .writer import GroupCommitSink
 
@@ -19,6 +20,7 @@ __all__ = [
     "LogReader",
     "MemoryLog",
     "MemoryStore",
+    "ProcessSink",
     "migrate",
     "open_log",
     "open_sink",

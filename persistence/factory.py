@@ -6,15 +6,18 @@ from __future__ import annotations
 import glob
 import os
 import re
-from typing import Any
+from typing import Any, Literal
 
 from .api import Durability, LogError, LogReader
 from .merge import MergedLog
+from .procsink import ProcessSink
 from .reader import SqlLog
 from .sqlite_store import SqliteDb, prepare_sqlite
 from .sqlite_writer import SqliteBatchStore
 from .target import Target, parse_target
 from .writer import GroupCommitSink
+
+Writer = Literal["thread", "process"]
 
 
 def open_sink(
@@ -25,16 +28,25 @@ def open_sink(
     synchronous: str | None = None,
     max_pending: int | None = None,
     max_batch: int | None = None,
-) -> GroupCommitSink:
+    writer: Writer = "thread",
+) -> GroupCommitSink | ProcessSink:
     """The process's log writer (a `LogSink`), creating or migrating the log.
 
     `target`: a file path, an existing directory (then the file is `<process>.db` in
     it: one file per process of a daemon run), `sqlite:///PATH` or a PostgreSQL URL.
     `synchronous`: SQLite override (off/normal/full); full fsyncs every commit.
     `max_pending` / `max_batch`: queue bound (backpressure) and steps per transaction.
+    `writer="process"`: an `async` SQLite log is written by a child process (see
+    `procsink`: for runs that end with close(), such as sim runs); a PostgreSQL target
+    or a non-POSIX system keeps the thread writer.
     """
     if durability not in ("async", "outbox"):
         raise ValueError(f"durability must be 'async' or 'outbox', not {durability!r}")
+    if writer not in ("thread", "process"):
+        raise ValueError(f"writer must be 'thread' or 'process', not {writer!r}")
+    if writer == "process" and durability != "async":
+        # outbox releases outputs on commit: it needs the thread writer's eager batches
+        raise ValueError("writer='process' is for durability='async' only")
     if synchronous is not None and synchronous.lower() not in ("off", "normal", "full"):
         raise ValueError(f"synchronous must be off, normal or full, not {synchronous!r}")
     tgt = parse_target(target)
@@ -56,6 +68,8 @@ def open_sink(
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", process or "main")
         path = os.path.join(path, f"{name}.db")
     prepare_sqlite(path, create=True, upgrade=True)
+    if writer == "process" and os.name == "posix":  # pipes passed by fd number
+        return ProcessSink(path, synchronous=synchronous, **limits)
     return GroupCommitSink(
         lambda: SqliteBatchStore(path, durability, synchronous),
         label=path,

@@ -10,24 +10,25 @@ so a busy driver thread slows the writer down much less.
 from __future__ import annotations
 
 import itertools
+import os
 import sqlite3
 from collections.abc import Sequence
+from typing import Any
 
 from sqlalchemy import func, insert, select
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from deepserve.core.records import RunRec, Step
 
+from .logproc import MultiInsert, chunk_sizes  # noqa: F401 — chunk_sizes: re-exported
 from .rows import batch_rows
-from .schema import INSERT_COLUMNS, inputs, metadata
+from .schema import INSERT_COLUMNS, RUN_FIELDS, inputs, metadata
 from .sqlite_store import BUSY_MS
 
 # async: nothing crashes for real in sim, and a WAL commit without fsync still survives
 # a process kill (the pages are in the OS cache). outbox: NORMAL keeps the file
 # consistent across power loss too; pass synchronous="full" to also fsync every commit.
 SYNCHRONOUS = {"async": "OFF", "outbox": "NORMAL"}
-
-_chain = itertools.chain.from_iterable
 
 
 def insert_sql() -> dict[str, str]:
@@ -41,42 +42,42 @@ def insert_sql() -> dict[str, str]:
     return sql
 
 
-def chunk_sizes(n: int, top: int) -> list[int]:
-    """Split n rows into chunks of `top` rows, then powers of two: few distinct
-    statement shapes, so sqlite3's statement cache prepares each only once."""
-    sizes = [top] * (n // top)
-    rest = n % top
-    bit = top
-    while rest:
-        bit >>= 1
-        if rest >= bit:
-            sizes.append(bit)
-            rest -= bit
-    return sizes
+def writer_pragmas(durability: str, synchronous: str | None = None) -> list[str]:
+    """The writer connection's settings (thread and process writers alike)."""
+    sync = (synchronous or SYNCHRONOUS[durability]).upper()
+    return [
+        f"synchronous={sync}",
+        f"busy_timeout={BUSY_MS}",
+        "cache_size=-65536",  # 64 MiB: index pages stay hot across batches
+    ]
 
 
-class MultiInsert:
-    """INSERTs of many rows per statement for one table."""
+def max_id_sql() -> str:
+    return str(select(func.max(inputs.c.id)).compile(dialect=sqlite_dialect.dialect()))
 
-    def __init__(self, one_row_sql: str, ncols: int, max_vars: int) -> None:
-        self._head, self._values = one_row_sql.split(" VALUES ", 1)
-        top = 1
-        while top * 2 * ncols <= max_vars:
-            top *= 2
-        self.top = top  # rows per full statement, a power of two
-        self._sql: dict[int, str] = {}
 
-    def sql(self, rows: int) -> str:
-        text = self._sql.get(rows)
-        if text is None:
-            text = self._sql[rows] = f"{self._head} VALUES {','.join([self._values] * rows)}"
-        return text
+_chain = itertools.chain.from_iterable
 
-    def run(self, conn: sqlite3.Connection, rows: list[tuple]) -> None:
-        pos = 0
-        for size in chunk_sizes(len(rows), self.top):
-            conn.execute(self.sql(size), tuple(_chain(rows[pos : pos + size])))
-            pos += size
+# The writer process (`logproc.flat_rows`) unpacks each decoded step as
+# [input, events, outputs, snapshot] and fills these tables in this order.
+STEP_TABLES = ("inputs", "events", "outputs", "snapshots")
+assert Step.__struct_fields__ == ("input", "events", "outputs", "snapshot"), Step.__struct_fields__
+
+
+def process_writer_config(path: str, synchronous: str | None) -> dict[str, Any]:
+    """What the writer process needs, compiled here: it does not import SQLAlchemy."""
+    sql = insert_sql()
+    return {
+        "path": os.path.abspath(path),
+        "label": path,
+        "timeout": BUSY_MS / 1000,
+        "pragmas": writer_pragmas("async", synchronous),
+        "runs_sql": sql["runs"],
+        "runs_cols": len(INSERT_COLUMNS["runs"]),
+        "step_tables": [[sql[t], len(INSERT_COLUMNS[t])] for t in STEP_TABLES],
+        "max_id_sql": max_id_sql(),
+        "run_id_index": RUN_FIELDS.index("run_id"),
+    }
 
 
 class SqliteBatchStore:
@@ -85,19 +86,14 @@ class SqliteBatchStore:
     def __init__(self, path: str, durability: str, synchronous: str | None = None) -> None:
         self.label = path
         self.conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_MS / 1000)
-        sync = (synchronous or SYNCHRONOUS[durability]).upper()
-        for pragma in (
-            f"synchronous={sync}",
-            f"busy_timeout={BUSY_MS}",
-            "cache_size=-65536",  # 64 MiB: index pages stay hot across batches
-        ):
+        for pragma in writer_pragmas(durability, synchronous):
             self.conn.execute(f"PRAGMA {pragma}")
         max_vars = self.conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         self.inserts = {
             name: MultiInsert(sql, len(INSERT_COLUMNS[name]), max_vars)
             for name, sql in insert_sql().items()
         }
-        self.max_id = str(select(func.max(inputs.c.id)).compile(dialect=sqlite_dialect.dialect()))
+        self.max_id = max_id_sql()
         self.run_id: str | None = None
 
     def write(self, items: Sequence[Step | RunRec]) -> int:
@@ -111,7 +107,7 @@ class SqliteBatchStore:
             rows = batch_rows(items, self.run_id, itertools.count(base + 1))
             for name, data in zip(INSERT_COLUMNS, rows[:5], strict=True):
                 if data:
-                    self.inserts[name].run(c, data)
+                    self.inserts[name].run_flat(c, list(_chain(data)))
             c.execute("COMMIT")
         except BaseException:
             if c.in_transaction:

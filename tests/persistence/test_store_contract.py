@@ -27,7 +27,9 @@ class Backend:
     def sink(self, durability: str = "async") -> Any:
         if self.kind == "memory":
             return self.memory
-        sink = open_sink(self.target, durability)  # type: ignore[arg-type]
+        # the writer process is async-only: outbox stays on the thread writer
+        writer = "process" if self.kind == "sqlite-process" and durability == "async" else "thread"
+        sink = open_sink(self.target, durability, writer=writer)  # type: ignore[arg-type]
         self._open.append(sink)
         return sink
 
@@ -50,10 +52,10 @@ class Backend:
             thing.close()
 
 
-@pytest.fixture(params=["memory", "sqlite", "postgresql"])
+@pytest.fixture(params=["memory", "sqlite", "sqlite-process", "postgresql"])
 def backend(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Backend]:
     target = None
-    if request.param == "sqlite":
+    if request.param in ("sqlite", "sqlite-process"):
         target = str(tmp_path / "run.db")
     elif request.param == "postgresql":
         target = request.getfixturevalue("postgres_url")
@@ -222,7 +224,7 @@ def test_outbox_on_commit_tickets(backend: Backend) -> None:
 
 
 def test_sqlite_file_is_wal(backend: Backend) -> None:
-    if backend.kind != "sqlite":
+    if not backend.kind.startswith("sqlite"):
         pytest.skip("SQLite only")
     backend.write(run_rec("w"), edge_steps())
     import sqlite3

@@ -1,0 +1,244 @@
+"""The writer process (`open_sink(..., writer="process")`): round trip, flush
+durability, backpressure, failures on either side of the pipe, no orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from store_testdata import edge_steps, encoded, expected, run_rec
+
+from deepserve.core.records import InputRec, Step
+from deepserve.persistence import LogError, open_log, open_sink
+from deepserve.persistence.procsink import ProcessSink
+
+
+def _step(i: int, hlc: int | None = None) -> Step:
+    inp = InputRec(
+        "a/1", i, float(i), i if hlc is None else hlc, 0, "ext/x", i, None, None, True, "T", b"p"
+    )
+    return Step(inp, [], [])
+
+
+def _gone(pid: int, timeout: float = 10.0) -> bool:
+    """Whether `pid` has exited (a zombie nobody reaps counts as exited)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                state = next(line for line in f if line.startswith("State:"))
+        except (FileNotFoundError, ProcessLookupError, StopIteration):
+            return True
+        if state.split()[1] in ("Z", "X"):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+
+
+def test_round_trip_in_many_small_batches(tmp_path: Path) -> None:
+    run, steps = expected(requests=300)
+    p = str(tmp_path / "x.db")
+    with open_sink(p, writer="process", max_batch=7, max_pending=21) as sink:
+        assert isinstance(sink, ProcessSink)
+        sink.begin_run(run)
+        tickets = [sink.append(s) for s in steps]
+        sink.begin_run(run_rec("edge"))
+        for s in edge_steps():
+            sink.append(s)
+    assert tickets == list(range(1, len(steps) + 1))
+    assert sink.committed_ticket == len(steps) + len(edge_steps())
+    log = open_log(p)
+    assert [r.run_id for r in log.runs()] == [run.run_id, "edge"]
+    assert encoded(list(log.steps(run.run_id))) == encoded(steps)
+    assert encoded(list(log.steps("edge"))) == encoded(edge_steps())
+    assert _gone(sink.pid, timeout=0)  # close() waited for the process
+
+
+def test_flush_makes_everything_readable(tmp_path: Path) -> None:
+    p = str(tmp_path / "x.db")
+    sink = open_sink(p, writer="process")
+    commits: list[int] = []
+    sink.on_commit = commits.append
+    sink.begin_run(run_rec("r"))
+    for i in range(10):  # far less than a batch: flush must send the buffer
+        sink.append(_step(i))
+    sink.flush()
+    assert sink.committed_ticket == 10 and commits[-1] == 10
+    assert [s.input.seq for s in open_log(p).steps()] == list(range(10))  # sink still open
+    sink.close()
+    sink.close()  # idempotent
+    with pytest.raises(LogError, match="closed"):
+        sink.append(_step(11))
+
+
+def test_append_before_begin_run(tmp_path: Path) -> None:
+    with open_sink(str(tmp_path / "x.db"), writer="process") as sink:
+        with pytest.raises(LogError, match="append\\(\\) before begin_run\\(\\)"):
+            sink.append(_step(1))
+
+
+def test_backpressure_blocks_append(tmp_path: Path) -> None:
+    """At most max_pending steps unacknowledged: a stopped writer stops the driver."""
+    sink = open_sink(str(tmp_path / "x.db"), writer="process", max_batch=2, max_pending=4)
+    sink.begin_run(run_rec("r"))
+    sink.flush()  # the process is up and configured
+    os.kill(sink.pid, signal.SIGSTOP)
+    done: list[int] = []
+    t = threading.Thread(target=lambda: [done.append(sink.append(_step(i))) for i in range(50)])
+    t.start()
+    time.sleep(0.3)
+    # two frames in flight, one full buffer, then the appender waits for room
+    assert len(done) <= 4 + 2 + 1 and t.is_alive()
+    os.kill(sink.pid, signal.SIGCONT)
+    t.join(10)
+    sink.close()
+    assert done == list(range(1, 51))
+    assert sum(1 for _ in open_log(str(tmp_path / "x.db")).steps()) == 50
+
+
+def test_writer_failure_surfaces_as_one_line(tmp_path: Path) -> None:
+    p = str(tmp_path / "x.db")
+    sink = open_sink(p, writer="process")
+    sink.begin_run(run_rec("r"))
+    sink.append(_step(1, hlc=2**63))  # does not fit a 64-bit column
+    with pytest.raises(LogError) as info:
+        sink.flush()
+    msg = str(info.value)
+    assert msg.startswith(f"{p}: log writer failed: OverflowError") and "\n" not in msg
+    with pytest.raises(LogError, match="log writer failed"):
+        sink.append(_step(2))
+    with pytest.raises(LogError, match="log writer failed"):
+        sink.close()
+    assert _gone(sink.pid)
+    assert list(open_log(p).steps()) == []  # the failed transaction left nothing behind
+
+
+def test_failure_surfaces_on_a_later_append(tmp_path: Path) -> None:
+    """No flush: appends go on until the failed batch's error reaches the driver."""
+    p = str(tmp_path / "x.db")
+    sink = open_sink(p, writer="process", max_batch=4, max_pending=8)
+    sink.begin_run(run_rec("r"))
+    sink.append(_step(0, hlc=2**63))
+    with pytest.raises(LogError, match="^.*: log writer failed: OverflowError"):
+        for i in range(1, 100_000):
+            sink.append(_step(i))
+    with pytest.raises(LogError):
+        sink.close()
+
+
+def test_writer_that_cannot_open(tmp_path: Path) -> None:
+    """The file is checked before the process starts; what only the process finds
+    (here: a directory where the file should be) arrives on the next call."""
+    sink = ProcessSink(str(tmp_path))
+    with pytest.raises(LogError, match=f"^{tmp_path}: cannot open the log: OperationalError"):
+        sink.begin_run(run_rec("r"))
+        sink.flush()
+    with pytest.raises(LogError, match="cannot open the log"):
+        sink.close()
+
+
+def test_killed_writer_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    sink = open_sink(str(tmp_path / "x.db"), writer="process", max_batch=8)
+    sink.begin_run(run_rec("r"))
+    sink.flush()
+    os.kill(sink.pid, signal.SIGKILL)
+    with pytest.raises(
+        LogError, match="writer process exited unexpectedly \\(killed by signal 9\\)"
+    ):
+        for i in range(100_000):
+            sink.append(_step(i))
+        sink.flush()
+    with pytest.raises(LogError, match="killed by signal 9"):
+        sink.close()
+
+
+DRIVER = r"""
+import os, sys, time
+from deepserve.core.records import InputRec, RunRec, Step
+from deepserve.persistence import open_sink
+
+def step(i):
+    return Step(InputRec("a/1", i, float(i), i, 0, "ext/x", i, None, None, True, "T", b"x"), [], [])
+
+sink = open_sink(sys.argv[1], "async", writer="process", max_batch=100)
+sink.begin_run(RunRec("crash", "sim", 0, "{}", "0", "h", 0.0))
+for i in range(1, 5001):
+    sink.append(step(i))
+sink.flush()
+print(sink.pid, flush=True)
+for i in range(5001, 5351):  # three more batches sent, fifty steps still buffered
+    sink.append(step(i))
+print("sent", flush=True)
+time.sleep(60)
+"""
+
+
+def test_killed_driver_leaves_no_orphan_and_loses_no_flushed_step(tmp_path: Path) -> None:
+    path = tmp_path / "crash.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, proc.stderr.read().decode() if proc.stderr else ""
+    writer_pid = int(line)
+    assert proc.stdout.readline() == b"sent\n"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=10)
+    assert _gone(writer_pid), "the writer process outlived its driver"
+    seqs = [s.input.seq for s in open_log(str(path)).steps()]
+    assert seqs == list(range(1, len(seqs) + 1))  # a prefix: no holes
+    # everything flushed, and the three batches sent since; the buffer died with the driver
+    assert len(seqs) == 5300
+
+
+def test_exit_without_close_still_writes_everything(tmp_path: Path) -> None:
+    path = tmp_path / "exit.db"
+    code = DRIVER.replace("sink.flush()", "sys.exit(0)")
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert sum(1 for _ in open_log(str(path)).steps()) == 5000
+
+
+def test_forked_child_leaves_the_sink_to_its_parent(tmp_path: Path) -> None:
+    """A bare fork copies the sink: the copy must not write, nor keep the pipe open."""
+    p = str(tmp_path / "x.db")
+    sink = open_sink(p, writer="process")
+    sink.begin_run(run_rec("r"))
+    for i in range(10):
+        sink.append(_step(i))
+    hold_r, hold_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: try to close its copy, then outlive the parent's close
+        code = 1
+        try:
+            sink.close()
+        except LogError as exc:
+            code = 0 if "belongs to process" in str(exc) else 2
+        finally:
+            os.read(hold_r, 1)
+            os._exit(code)
+    closer = threading.Thread(target=sink.close)
+    closer.start()
+    closer.join(10)
+    alive = closer.is_alive()
+    os.write(hold_w, b"x")
+    _, status = os.waitpid(pid, 0)
+    assert not alive, "close() waited for the forked child"
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert [s.input.seq for s in open_log(p).steps()] == list(range(10))
+
+
+def test_options(tmp_path: Path) -> None:
+    p = str(tmp_path / "x.db")
+    with pytest.raises(ValueError, match="async"):
+        open_sink(p, "outbox", writer="process")
+    with pytest.raises(ValueError, match="writer"):
+        open_sink(p, writer="fiber")  # type: ignore[arg-type]
