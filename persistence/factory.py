@@ -12,6 +12,7 @@ from .api import Durability, LogError, LogReader
 from .merge import MergedLog
 from .procsink import ProcessSink
 from .reader import SqlLog
+from .sqlite_reader import SqliteLog
 from .sqlite_store import SqliteDb, prepare_sqlite
 from .sqlite_writer import SqliteBatchStore
 from .target import Target, parse_target
@@ -107,9 +108,9 @@ def log_files(directory: str) -> list[str]:
     return files
 
 
-def _open_sqlite(path: str, upgrade: bool) -> SqlLog:
+def _open_sqlite(path: str, upgrade: bool) -> SqliteLog:
     prepare_sqlite(path, create=False, upgrade=upgrade)
-    return SqlLog(SqliteDb(path))
+    return SqliteLog(SqliteDb(path))
 
 
 def _open_pg(tgt: Target, upgrade: bool) -> SqlLog:

@@ -3,7 +3,8 @@
 Steps stream: input rows come from one cursor `CHUNK` at a time, and for each chunk
 the events, outputs and snapshots of exactly those steps are fetched by step id and
 joined in Python (`rows.join_steps`). Memory stays bounded by the chunk size
-whatever the log's length.
+whatever the log's length. An SQLite file's steps take a faster path
+(`sqlite_reader.SqliteLog`); this one serves PostgreSQL.
 """
 
 from __future__ import annotations

@@ -8,7 +8,14 @@ from typing import Any
 
 import msgspec
 import pytest
-from store_testdata import edge_steps, encoded, expected, run_rec, sim_run
+from store_testdata import (
+    edge_steps,
+    encoded,
+    expected,
+    force_reader_process,
+    run_rec,
+    sim_run,
+)
 
 from deepserve.core.records import RunRec, Step
 from deepserve.persistence import LogError, MemoryLog, MemoryStore, open_log, open_sink
@@ -52,13 +59,19 @@ class Backend:
             thing.close()
 
 
-@pytest.fixture(params=["memory", "sqlite", "sqlite-process", "postgresql"])
-def backend(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Backend]:
+@pytest.fixture(params=["memory", "sqlite", "sqlite-process", "sqlite-readproc", "postgresql"])
+def backend(
+    request: pytest.FixtureRequest, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Backend]:
+    """`sqlite-process`: written by the writer process; `sqlite-readproc`: read (past
+    its first two steps) by a reader process."""
     target = None
-    if request.param in ("sqlite", "sqlite-process"):
+    if request.param.startswith("sqlite"):
         target = str(tmp_path / "run.db")
     elif request.param == "postgresql":
         target = request.getfixturevalue("postgres_url")
+    if request.param == "sqlite-readproc":
+        force_reader_process(monkeypatch)
     b = Backend(request.param, target)
     yield b
     b.close()

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from store_testdata import run_rec
+from store_testdata import force_reader_process, run_rec
 
 from deepserve.core.records import EventRec, InputRec, OutputRec, Step
-from deepserve.persistence import open_log, open_sink
+from deepserve.persistence import open_log, open_sink, sqlite_reader
 
 PAYLOAD = bytes(range(256)) * 8  # 2 KiB per record
 
@@ -66,13 +66,19 @@ def _peak_while(fn: Any) -> tuple[Any, int]:
         tracemalloc.stop()
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+@pytest.mark.parametrize("kind", ["sqlite", "sqlite-readproc", "postgresql"])
 def test_reading_a_large_log_keeps_memory_bounded(
-    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     n = 12_000  # 3 records x 2 KiB each: ~72 MiB of payload
+    if kind == "sqlite-readproc":  # all but the first 1000 steps through the reader process
+        force_reader_process(monkeypatch, lead=1000)
+    elif kind == "sqlite":  # all in-process
+        monkeypatch.setattr(sqlite_reader, "MAX_READERS", 0)
     target = (
-        str(tmp_path / "big.db") if kind == "sqlite" else request.getfixturevalue("postgres_url")
+        str(tmp_path / "big.db")
+        if kind.startswith("sqlite")
+        else request.getfixturevalue("postgres_url")
     )
     _big_log(target, n)
     log = open_log(target)
