@@ -110,7 +110,7 @@ def replay_rows(scale: float, tmp: str) -> list[Row]:
     assert result.identical, result.summary()
     return [
         Row("replay_inputs_per_s", in_memory, "inputs/s",
-            "sim_logged_deliveries_per_s (same workload)", forward),
+            "sim_deliveries_per_s_memory_log (same workload)", forward),
         Row("replay_inputs_per_s_sqlite", from_sqlite, "inputs/s",
             "store_read_steps_per_s (same file)", read),
     ]

@@ -113,3 +113,30 @@ class Child(Counter):
 
 class Fragile(Counter):
     supervision = Supervision(max_restarts=2, window_s=10.0)
+
+
+class Opaque(Actor[object]):
+    """Its state cannot be encoded: starting it must fail precisely, not crash the driver."""
+
+    def initial_state(self) -> object:
+        return object()
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        return None
+
+
+class DictState(Actor[dict]):
+    """A plain dict state holding tuples: a restart must give back tuples, not lists."""
+
+    def initial_state(self) -> dict:
+        return {"pairs": ()}
+
+    def evolve(self, state: dict, event: Event) -> dict:
+        assert isinstance(event, Added)
+        return {"pairs": (*state["pairs"], (event.n, event.n))}
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, Add):
+            ctx.record(Added(msg.n))
+        elif isinstance(msg, Boom):
+            raise RuntimeError("boom")

@@ -183,3 +183,32 @@ def test_same_seed_same_log_different_seed_different_rng():
         return [msg for s in sink.steps for msg in (s.input.payload, *(e.payload for e in s.events))]
 
     assert run(1) == run(1)
+
+
+def test_unencodable_state_stops_the_actor_with_a_precise_reason():
+    from kernel_actors import Opaque
+
+    sink = MemorySink()
+    d = SimDriver(sink=sink)
+    d.spawn("o/0", Opaque)
+    d.inject("o/0", Add(1), at=1.0)
+    d.run()
+    started = sink.steps[0]
+    failed = decode("HandlerFailed", started.events[0].payload)
+    assert failed.error.startswith("TypeError: state of Opaque at o/0 is not msgpack-encodable")
+    assert decode("Stopped", started.events[1].payload).reason.startswith("failed to start")
+    assert not d.alive("o/0") and d.dead_letters == 1
+
+
+def test_restart_restores_state_with_its_exact_types():
+    from kernel_actors import DictState
+
+    d = SimDriver()
+    d.spawn("s/0", DictState)
+    d.inject("s/0", Add(1))
+    d.inject("s/0", Boom(), at=1.0)
+    d.inject("s/0", Add(2), at=2.0)
+    d.run()
+    actor = d.actor("s/0")
+    assert actor.state == {"pairs": ((1, 1), (2, 2))}
+    assert type(actor.state["pairs"][0]) is tuple
