@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from deepserve.cliutil import CliParser, print_json, print_pretty_json, seconds
-from deepserve.persistence import migrate, open_log
+from deepserve.persistence import LogReader, migrate, open_log
 
 from .common import compact
 from .digest import digest
@@ -56,6 +56,12 @@ def _command(sub: Any, name: str, func: Any, help_text: str) -> CliParser:
     return p
 
 
+def _read(path: str) -> LogReader:
+    """Open for reading without changing the file: an incident log is evidence. An older
+    schema gets a one-line error that names `deepserve replay migrate`."""
+    return open_log(path, upgrade=False)
+
+
 def _migrate(args: argparse.Namespace) -> int:
     done = migrate(args.log)
     if args.json:
@@ -68,7 +74,7 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    result = verify(open_log(args.log), args.run)
+    result = verify(_read(args.log), args.run)
     if args.json:
         print_json(result)
     else:
@@ -95,7 +101,7 @@ def _describe(view: Any) -> str:
 
 
 def _state(args: argparse.Namespace) -> int:
-    st = state_at(open_log(args.log), args.actor, args.at, args.run)
+    st = state_at(_read(args.log), args.actor, args.at, args.run)
     data = st.state_data()
     if args.json:
         fields = msgspec.structs.asdict(st)
@@ -110,7 +116,7 @@ def _state(args: argparse.Namespace) -> int:
 
 
 def _log(args: argparse.Namespace) -> int:
-    reader = open_log(args.log)
+    reader = _read(args.log)
     filters = dict(actor=args.actor, corr=args.corr, since=args.since, until=args.until, run_id=args.run)
     if args.json:
         for record in listing_records(reader, **filters):
@@ -123,7 +129,7 @@ def _log(args: argparse.Namespace) -> int:
 
 
 def _digest(args: argparse.Namespace) -> int:
-    value = digest(open_log(args.log), args.run)
+    value = digest(_read(args.log), args.run)
     if args.json:
         print_json({"digest": value})
     else:

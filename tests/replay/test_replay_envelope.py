@@ -41,6 +41,11 @@ def test_replay_migrate_upgrades_an_old_log(tmp_path: Path) -> None:
     con.execute("UPDATE schema_version SET version = 2 WHERE version = 3")
     con.commit()
     con.close()
+    refused = deepserve("replay", "verify", str(path), cwd=tmp_path)  # reading never migrates
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        f"deepserve: error: {path}: log schema version 2 is older than 3; "
+        "migrate it first (deepserve replay migrate LOG)"
+    )
     res = deepserve("replay", "migrate", str(path), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == f"{path}: schema 2 -> 3"
