@@ -15,6 +15,7 @@ from heapq import heappop, heappush
 from typing import Any
 
 import anyio
+import structlog
 from anyio.abc import TaskGroup
 
 from .address import EXTERNAL_PREFIX, hlc_tick
@@ -23,9 +24,11 @@ from .context import Out
 from .driver import DriverBase
 from .envelope import Envelope
 from .mailbox import Mailbox
-from .messages import AskFailed, Message, Stop
+from .messages import AskFailed, HandlerFailed, Message, Stop, Stopped
 from .records import DEAD, FULL, LogSink
 from .transport import Transport
+
+log = structlog.get_logger("deepserve.kernel")
 
 
 class AskError(Exception):
@@ -167,7 +170,7 @@ class AsyncDriver(DriverBase):
         mailbox = cell.mailbox
         sink = self.sink
         stats = cell.stats
-        burst = 0
+        burst = failed = 0
         while cell.alive:
             env = mailbox.get_nowait()
             if env is None:
@@ -178,16 +181,17 @@ class AsyncDriver(DriverBase):
             now = self.clock()
             snapshot = execute(cell, env, now)
             self._pressure = None
-            if sink is not None:
-                ticket = sink.append(make_step(cell, env, now, snapshot))
-                if self.outbox:
-                    self._held.append((ticket, cell, cell.ctx.outputs, now))
-                    self._busy -= 1
-                    continue
-            self._route(cell, cell.ctx.outputs, now)
+            ticket = sink.append(make_step(cell, env, now, snapshot)) if sink is not None else 0
+            if self.outbox:  # released by `_release` once the store reports the commit
+                self._held.append((ticket, cell, cell.ctx.outputs, now))
+            else:
+                self._route(cell, cell.ctx.outputs, now)
+                if not cell.alive:
+                    self._retire(cell)
             self._busy -= 1
-            if not cell.alive:
-                self._retire(cell)
+            if stats.failed != failed:
+                failed = stats.failed
+                self._report_failure(cell)
             burst += 1
             if self._pressure is not None or burst >= self.burst:
                 # Fairness and backpressure: let other actors (and the receiver we
@@ -275,6 +279,15 @@ class AsyncDriver(DriverBase):
                 slot[0].set()
                 return
         self._to_outside(self.clock(), env)
+
+    def _report_failure(self, cell: Cell) -> None:
+        """The log has the failure already; an operator watching a daemon sees it too."""
+        self._note_stop(cell)
+        for event in cell.ctx.events:
+            if isinstance(event, HandlerFailed):
+                log.warning("handler failed", actor=cell.addr, seq=cell.seq, error=event.error)
+            elif isinstance(event, Stopped):
+                log.warning("actor stopped", actor=cell.addr, seq=cell.seq, reason=event.reason)
 
     def _retire(self, cell: Cell) -> None:
         super()._retire(cell)

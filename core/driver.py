@@ -13,7 +13,7 @@ from .actor import class_path
 from .address import EXTERNAL_PREFIX, check_address, hlc_physical
 from .cell import Cell, input_record
 from .envelope import Envelope
-from .messages import AskFailed, Message, Started
+from .messages import AskFailed, Message, Started, Stopped
 from .records import DEAD, FULL, LogSink, RunRec, Step
 
 CODE_VERSION = "0.1.0"
@@ -105,6 +105,14 @@ class DriverBase:
         self.external_out.append((t, env))
         if self.on_external is not None:
             self.on_external(t, env)
+
+    def _note_stop(self, cell: Cell) -> None:
+        """A root actor that escalates has no parent to tell: the driver keeps it."""
+        if cell.parent is not None:
+            return
+        for event in cell.ctx.events:
+            if isinstance(event, Stopped) and event.reason.startswith("escalate"):
+                self.escalations.append((cell.addr, event.reason))
 
     # ---- undeliverable ---------------------------------------------------
     def _undeliverable(self, env: Envelope, t: float, kind: int) -> Envelope | None:

@@ -108,7 +108,7 @@ class SimDriver(DriverBase):
                 self._route(cell, t, None)
             if not cell.alive:
                 self._retire(cell)
-                self._on_stopped(cell)
+                self._note_stop(cell)
             n += 1
             for check in invariants:
                 check(self)
@@ -163,12 +163,6 @@ class SimDriver(DriverBase):
             else:  # stop another actor
                 self._send(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, Stop(by=addr)), t)
         cell.hlc = hlc
-
-    def _on_stopped(self, cell: Cell) -> None:
-        for event in cell.ctx.events:
-            if type(event).__name__ == "Stopped" and event.reason.startswith("escalate"):  # type: ignore[attr-defined]
-                if cell.parent is None:
-                    self.escalations.append((cell.addr, event.reason))  # type: ignore[attr-defined]
 
     def _retire(self, cell: Cell) -> None:
         super()._retire(cell)

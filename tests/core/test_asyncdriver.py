@@ -109,3 +109,14 @@ async def test_outbox_holds_outputs_until_commit():
         sink.commit_all()  # c/1's step is appended after the first release
         await d.idle()
         assert d.actor("c/1").state.total == 9
+
+
+async def test_root_escalation_is_kept_by_the_driver():
+    from kernel_actors import Child
+
+    async with AsyncDriver() as d:
+        d.spawn("root/0", Child)  # escalates, and has no parent to tell
+        await d.inject("root/0", Boom())
+        await d.idle()
+    assert d.escalations == [("root/0", "escalate: RuntimeError: boom")]
+    assert not d.alive("root/0")
