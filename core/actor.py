@@ -7,6 +7,7 @@ by recording events that `evolve` folds in: `state == fold(evolve, initial, even
 
 from __future__ import annotations
 
+import abc
 import enum
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -33,7 +34,11 @@ class Supervision(msgspec.Struct, frozen=True):
     window_s: float = 60.0
 
 
-class Actor(Generic[S]):
+class MissingEvolve(TypeError):
+    """An actor recorded an event but has no `evolve` to apply it."""
+
+
+class Actor(abc.ABC, Generic[S]):
     """Subclass, set `initial_state`, implement `handle` and (if you record) `evolve`.
 
     Constructor arguments must be msgspec-encodable keywords: they are logged in the
@@ -50,12 +55,15 @@ class Actor(Generic[S]):
         return None  # type: ignore[return-value]
 
     def evolve(self, state: S, event: Event) -> S:
-        raise NotImplementedError(
+        # Actors that never record need no evolve; one that records without it fails
+        # that delivery (supervised like any handler error), naming what is missing.
+        raise MissingEvolve(
             f"{type(self).__name__} recorded {type(event).__name__} but defines no evolve()"
         )
 
+    @abc.abstractmethod
     def handle(self, ctx: Context, msg: Message) -> None:
-        raise NotImplementedError(f"{type(self).__name__}.handle")
+        """React to one message: read `self.state`, record events, send, set timers."""
 
 
 def class_path(cls: type) -> str:

@@ -102,12 +102,9 @@ class AsyncDriver(DriverBase):
     def clock(self) -> float:
         return time.monotonic() - self._t0
 
-    def _input_time(self) -> float:
-        return self.clock()
-
     # ---- the outside world ---------------------------------------------------
     def spawn(self, addr: str, cls: type, *, src: str = "ext/operator", **kwargs: Any) -> str:
-        env = self._spawn_env(addr, cls, kwargs, src)
+        env = self._spawn_env(addr, cls, kwargs, src, self.clock())
         self._start_cell(env)
         return addr
 
@@ -115,14 +112,14 @@ class AsyncDriver(DriverBase):
         self, dst: str, msg: Message, *, corr: str | None = None, src: str = "ext/input"
     ) -> int:
         """External input; a full mailbox is recorded and reported as 0."""
-        env = self._external_env(dst, msg, corr, src)
+        env = self._external_env(dst, msg, corr, src, self.clock())
         return env.msg_id if self._send(env) else 0
 
     async def inject(
         self, dst: str, msg: Message, *, corr: str | None = None, src: str = "ext/input"
     ) -> int:
         """External input with backpressure: waits for mailbox space."""
-        env = self._external_env(dst, msg, corr, src)
+        env = self._external_env(dst, msg, corr, src, self.clock())
         cell = self.cells.get(dst)
         if cell is not None and cell.alive:
             await cell.mailbox.put(env)
@@ -132,7 +129,7 @@ class AsyncDriver(DriverBase):
 
     async def ask(self, dst: str, msg: Message, timeout_s: float, corr: str | None = None) -> Any:
         """Request/reply from outside the actor system."""
-        env = self._external_env(dst, msg, corr, "ext/ask", ask=True)
+        env = self._external_env(dst, msg, corr, "ext/ask", self.clock(), ask=True)
         slot: list[Any] = [anyio.Event(), None]
         self._waiters[env.msg_id] = slot
         try:
@@ -291,14 +288,8 @@ class AsyncDriver(DriverBase):
 
     def _retire(self, cell: Cell) -> None:
         super()._retire(cell)
-        # Pending timers become dead letters now, never a later incarnation's input.
-        addr, timers = cell.addr, self._timers
-        pending = [(seq, env) for _, seq, env, key in self._timer_heap
-                   if env.dst == addr and timers.get((addr, key)) == seq]
-        for _seq, env in sorted(pending, key=lambda p: p[0]):
+        for env in self._pending_timers(cell.addr, self._timer_heap, self._timers):  # type: ignore[arg-type]
             self._bounce(env, DEAD)
-        for tkey in [k for k in timers if k[0] == addr]:
-            del timers[tkey]
 
     def _deliver_remote(self, env: Envelope) -> None:
         self._send(env)

@@ -83,23 +83,36 @@ class DriverBase:
 
     # ---- external inputs -------------------------------------------------
     def _external_env(
-        self, dst: str, msg: Message, corr: str | None, src: str, ask: bool = False
+        self, dst: str, msg: Message, corr: str | None, src: str, t: float, ask: bool = False
     ) -> Envelope:
+        """An envelope for an input from outside, delivered at clock time `t`."""
         check_address(dst)
         if not src.startswith(EXTERNAL_PREFIX):
             raise ValueError(f"external source must start with {EXTERNAL_PREFIX!r}: {src!r}")
         self._ext_seq += 1
         # The outside world has no clock of ours: stamp the input with the driver's time.
-        hlc = hlc_physical(self._input_time())
-        return Envelope(src, dst, self._ext_seq, hlc, corr, msg, None, ask, True)
+        return Envelope(src, dst, self._ext_seq, hlc_physical(t), corr, msg, None, ask, True)
 
-    def _input_time(self) -> float:
-        """Clock time at which an external input being made now is delivered."""
-        raise NotImplementedError
-
-    def _spawn_env(self, addr: str, cls: type, kwargs: dict[str, Any], src: str) -> Envelope:
+    def _spawn_env(
+        self, addr: str, cls: type, kwargs: dict[str, Any], src: str, t: float
+    ) -> Envelope:
         started = Started(cls=class_path(cls), args=kwargs, parent=None)
-        return self._external_env(addr, started, None, src)
+        return self._external_env(addr, started, None, src, t)
+
+    def _pending_timers(
+        self, addr: str, entries: list[tuple[float, int, Envelope, str | None]],
+        timers: dict[tuple[str, str], int],
+    ) -> list[Envelope]:  # fmt: skip
+        """Take `addr`'s live timers out of `timers`, in the order they were set.
+        Both drivers turn them into dead letters when the actor stops: recorded, and
+        never delivered to a later incarnation at the same address."""
+        live = sorted(
+            (seq, env) for _, seq, env, key in entries
+            if key is not None and env.dst == addr and timers.get((addr, key)) == seq
+        )  # fmt: skip
+        for tkey in [k for k in timers if k[0] == addr]:
+            del timers[tkey]
+        return [env for _, env in live]
 
     def _to_outside(self, t: float, env: Envelope) -> None:
         self.external_out.append((t, env))

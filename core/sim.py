@@ -33,12 +33,11 @@ class SimDriver(DriverBase):
         self.deliveries = 0
         self.invariants: list[Invariant] = []
         self._depth: dict[str, int] = {}  # pending non-timer deliveries per address
-        self._at: float | None = None  # delivery time of the external input being made
 
     # ---- the outside world -------------------------------------------------
     def spawn(self, addr: str, cls: type, *, src: str = "ext/operator", **kwargs: Any) -> str:
         """Start a root actor now (an external, logged input)."""
-        env = self._spawn_env(addr, cls, kwargs, src)
+        env = self._spawn_env(addr, cls, kwargs, src, self.now)
         self._push(self.now, env)
         return addr
 
@@ -56,14 +55,9 @@ class SimDriver(DriverBase):
         at = self.now if at is None else at
         if at < self.now:
             raise ValueError(f"at={at} is in the past (now={self.now})")
-        self._at = at
-        env = self._external_env(dst, msg, corr, src, ask)
+        env = self._external_env(dst, msg, corr, src, at, ask)
         self._push(at, env)
         return env.msg_id
-
-    def _input_time(self) -> float:
-        at, self._at = self._at, None
-        return self.now if at is None else at
 
     def pending(self) -> int:
         return len(self._heap)
@@ -166,15 +160,8 @@ class SimDriver(DriverBase):
 
     def _retire(self, cell: Cell) -> None:
         super()._retire(cell)
-        # A stopped actor's pending timers become dead letters now (recorded, and never
-        # delivered to a later incarnation at the same address).
-        addr, timers = cell.addr, self._timers
-        pending = [(seq, env) for _, seq, env, key in self._heap
-                   if key is not None and env.dst == addr and timers.get((addr, key)) == seq]
-        for _seq, env in sorted(pending, key=lambda p: p[0]):
+        for env in self._pending_timers(cell.addr, self._heap, self._timers):
             self._bounce(env, self.now, DEAD)
-        for tkey in [k for k in timers if k[0] == addr]:
-            del timers[tkey]
 
     def stats(self) -> dict[str, dict[str, Any]]:
         for addr, cell in self.cells.items():
