@@ -8,14 +8,13 @@ from typing import Any
 
 import msgspec
 
-from deepserve.cliutil import CliParser, print_json, print_pretty_json, seconds
+from deepserve.cli.util import CliParser, print_json, print_pretty_json, seconds
 from deepserve.persistence import LogReader, migrate, open_log
-
-from .common import compact
-from .digest import digest
-from .listing import listing, listing_records
-from .state import state_at
-from .verify import Divergence, verify
+from deepserve.replay.common import compact
+from deepserve.replay.digest import digest
+from deepserve.replay.listing import listing, listing_records
+from deepserve.replay.state import state_at
+from deepserve.replay.verify import Divergence, verify
 
 EXIT_DIVERGED = 1
 
