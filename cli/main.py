@@ -29,7 +29,8 @@ def build_parser() -> CliParser:
 
     parser = CliParser(
         prog="deepserve",
-        description="Serverless LLM serving as an event-logged actor system (see DESIGN.md).",
+        description="Serverless LLM serving as an event-logged actor system. Documentation: "
+        "README.md and docs/ in the source tree (docs/kernel.md: actors, the log, replay).",
     )
     parser.add_argument("--version", action="version", version=f"deepserve {CODE_VERSION}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
