@@ -23,8 +23,8 @@ from typing import Protocol
 
 from deepserve.core.records import RunRec, Step
 
-from .api import Durability, LogError
-from .target import one_line
+from .api import Durability
+from .errors import LogError, one_line
 
 DEFAULT_MAX_PENDING = {"async": 32_768, "outbox": 4_096}
 DEFAULT_MAX_BATCH = 2_048
@@ -250,6 +250,27 @@ class GroupCommitSink:
             self._queue = []
             self._done.notify_all()
             self._room.notify_all()
+
+
+def runs_and_steps(items: Sequence[Step | RunRec]) -> list[RunRec | list[Step]]:
+    """A writer's batch cut into its run records and the runs of steps between them."""
+    parts: list[RunRec | list[Step]] = []
+    steps: list[Step] = []
+    for item in items:
+        if type(item) is Step:
+            steps.append(item)
+            continue
+        if steps:
+            parts.append(steps)
+            steps = []
+        parts.append(item)
+    if steps:
+        parts.append(steps)
+    return parts
+
+
+def count_steps(items: Sequence[Step | RunRec]) -> int:
+    return sum(1 for item in items if type(item) is Step)
 
 
 # A sink left open at interpreter exit still gets its queue written: the writer is a
