@@ -26,7 +26,8 @@ How a step goes from a handler to a row and back:
 
 Files: `api` (interfaces, `StepFilter`), `errors` (`LogError`, `one_line`), `memory`
 (the in-memory backend), `target` (parsing a target), `factory` (opening), `schema`
-and `versions` (tables; schema versions, migrations), `rows` (builder and assembly), `group_commit`
+and `versions` (tables; schema versions, migrations), `rows` (builder and assembly),
+`open_sinks` (sinks closed at exit, failures reported), `group_commit`
 (the thread writer), `sql_reader` and `merged_reader` (readers), `postgres`, and the
 SQLite backend in `sqlite/`: `files` (checks, schema setup, the reader's database),
 `sql` (statements), `batch_store`, `log_reader`, `child` (everything that runs in a
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     from .factory import migrate, open_log, open_sink
     from .group_commit import GroupCommitSink
     from .memory import MemoryLog, MemoryStore
+    from .open_sinks import close_failures, close_open_sinks
     from .schema import SCHEMA_VERSION
     from .sqlite.process_writer import ProcessSink
 
@@ -64,6 +66,8 @@ _EXPORTS = {
     "MemoryLog": ".memory",
     "MemoryStore": ".memory",
     "SCHEMA_VERSION": ".schema",
+    "close_failures": ".open_sinks",
+    "close_open_sinks": ".open_sinks",
     "ProcessSink": ".sqlite.process_writer",
 }
 
@@ -88,6 +92,8 @@ __all__ = [
     "MemoryStore",
     "ProcessSink",
     "StepFilter",
+    "close_failures",
+    "close_open_sinks",
     "migrate",
     "open_log",
     "open_sink",

@@ -19,12 +19,10 @@ end of file, having committed everything it received, and exits.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import subprocess
 import threading
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,6 +30,7 @@ import msgspec
 
 from deepserve.core.records import RunRec, Step
 
+from .. import open_sinks
 from ..errors import LogError, one_line
 from . import child
 from .batch_store import process_writer_config
@@ -84,7 +83,7 @@ class ProcessSink:
             target=self._read_acks, name=f"deepserve-log-acks:{path}", daemon=True
         )
         self._reader.start()
-        _open_sinks.add(self)
+        open_sinks.track(self)  # closed at exit if nobody closes it
 
     def _start(self, cfg: dict[str, Any]) -> tuple[subprocess.Popen[bytes], int, int]:
         try:
@@ -155,7 +154,7 @@ class ProcessSink:
         if first:
             os.close(self._out)  # end of file: the writer commits what it has and exits
             self._reader.join()
-            _open_sinks.discard(self)
+            open_sinks.untrack(self)
         if self._error is not None:
             raise LogError(self._error)
 
@@ -259,32 +258,20 @@ class ProcessSink:
                     )
 
 
-# A sink left open at interpreter exit still gets its buffer written (as the thread
-# writer's queue is): close it explicitly.
-_open_sinks: weakref.WeakSet[ProcessSink] = weakref.WeakSet()
-
-
 def _abandon_in_child() -> None:
     """After a bare fork (no exec): the child's copies of our sinks must neither write
     (the parent's buffered steps a second time) nor hold the pipe open (the writer
     would never see end of file, and the parent's close() would wait for the child)."""
-    for sink in list(_open_sinks):
+    for sink in open_sinks.tracked():
+        if not isinstance(sink, ProcessSink):
+            continue
         sink._error = f"{sink.label}: this log sink belongs to process {sink._owner}"
         sink._ok = False
         sink._closing = True
         for fd in (sink._out, sink._ack_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
-    _open_sinks.clear()
+        open_sinks.untrack(sink)
 
 
 os.register_at_fork(after_in_child=_abandon_in_child)
-
-
-@atexit.register
-def _close_open_sinks() -> None:
-    for sink in list(_open_sinks):
-        try:
-            sink.close()
-        except LogError:
-            pass
