@@ -48,7 +48,9 @@ class Actor(abc.ABC, Generic[S]):
     """
 
     supervision: ClassVar[Supervision] = Supervision()
-    # Snapshot the state every this many events (bounds restart and replay time).
+    # Snapshot policy (cost-aware): a snapshot once at least this many events, and
+    # at least as many bytes of events as the last snapshot's size, were recorded
+    # since the last one. A large state is thus copied rarely; see docs/kernel.md.
     snapshot_every: ClassVar[int] = 1024
 
     state: S

@@ -14,11 +14,18 @@ from typing import Any
 import msgspec
 
 from deepserve.core.actor import UnknownActorClass, load_class
-from deepserve.core.cell import Cell, event_records, execute, output_records, snapshot_record
+from deepserve.core.cell import (
+    Cell,
+    event_records,
+    execute,
+    folded_snapshot,
+    output_records,
+    snapshot_record,
+)
 from deepserve.core.codec import DecodeError, decode
 from deepserve.core.envelope import Envelope
 from deepserve.core.messages import HandlerFailed, Started, registered
-from deepserve.core.records import EventRec, Step
+from deepserve.core.records import SNAPSHOT, EventRec, Step
 from deepserve.persistence.api import LogReader
 
 from .common import (
@@ -74,8 +81,12 @@ def verify(reader: LogReader, run_id: str | None = None) -> VerifyResult:
     for step in reader.steps(run.run_id):
         rec = step.input
         seq = rec.seq
-        if seq < 0:
-            continue  # a dead letter or a drop: nothing was executed
+        if seq < 0:  # a dead letter or a drop: nothing was executed
+            if rec.kind == SNAPSHOT and step.snapshot is not None:
+                divergence = _final_state_difference(cells, step)
+                if divergence is not None:
+                    return VerifyResult(run.run_id, False, len(cells), inputs, divergence)
+            continue
         cell = cells.get(rec.actor)
         if cell is None or seq != cell.seq + 1 or not cell.alive or rec.type == "Started":
             cell = _cell_for(cells, step, seed)
@@ -102,6 +113,24 @@ def verify(reader: LogReader, run_id: str | None = None) -> VerifyResult:
             if divergence is not None:
                 return VerifyResult(run.run_id, False, len(cells), inputs, divergence)
     return VerifyResult(run.run_id, True, len(cells), inputs)
+
+
+def _final_state_difference(cells: dict[str, Cell], step: Step) -> Divergence | None:
+    """An actor's logged live state (run end, stop) against the fold of its events
+    as re-executed here: catches a changed `evolve`, and state changed outside
+    `record` (a handler mutating `self.state` in place)."""
+    rec, want = step.input, step.snapshot
+    assert want is not None
+    cell = cells.get(rec.actor)
+    if cell is None or cell.actor is None or cell.snap is None:
+        raise ReplayError(f"{rec.actor}: a final snapshot for an actor that never started")
+    got = folded_snapshot(cell)
+    if got == want:
+        return None
+    return Divergence(
+        rec.actor, want.seq, rec.t, input_view(rec), "final state",
+        snapshot_view(want), snapshot_view(got),
+    )
 
 
 def _decoder(decoders: dict[str, msgspec.msgpack.Decoder[Any]], step: Step) -> msgspec.msgpack.Decoder[Any]:

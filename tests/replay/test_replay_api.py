@@ -5,12 +5,12 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from deepserve.benchmarks.replay_workload import measure_verify
 from deepserve.core import Actor, Context, Event, HandlerFailed, Message, SimDriver
 from deepserve.core.records import EventRec, InputRec, MemorySink, OutputRec, Step
 from deepserve.examples.pipeline import DispatchState, run_scenario
 from deepserve.persistence.api import MemoryLog
 from deepserve.replay import ReplayError, digest, listing, listing_records, state_at, verify
-from deepserve.replay.measure import measure_verify
 
 
 @pytest.fixture(scope="module")
