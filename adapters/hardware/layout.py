@@ -126,16 +126,17 @@ def check_layout(m: ModelProfile, par: Parallel, cluster: Cluster) -> None:
 
 def check_scale_up_domain(link: LinkSpec, npus: int, cluster: Cluster, what: str) -> None:
     """`npus` NPUs exchanging data over `link` must all sit in one domain of that link: HCCS
-    does not leave a Gen1 server (DeepServe §2, P/D-Serve §3.7), UB spans the SuperPod
-    (xDeepServe §2.2); RoCE reaches every NPU of the cluster (DeepServe §2)."""
+    does not leave a Gen1 server (DeepServe §2, P/D-Serve §3.7), RoCE joins the Gen1 servers
+    (DeepServe §2), UB spans the SuperPod (xDeepServe §2.2), whose RoCE plane leads to other
+    SuperPods and 910B servers, not between its own dies."""
     server = cluster.server
-    kinds = sorted({server.intra_link, server.inter_link, "roce"})
+    kinds = sorted({server.intra_link, server.inter_link})
     if link.kind not in kinds:
         raise ValueError(
-            f"{what}: a {cluster.spec.kind} cluster has no {link.kind} link between NPUs (it has "
-            f"{', '.join(kinds)}; DeepServe §2, xDeepServe §2.2)"
+            f"{what}: a {cluster.spec.kind} cluster has no {link.kind} link between its NPUs (it "
+            f"has {', '.join(kinds)}; DeepServe §2, xDeepServe §2.2)"
         )
-    if link.kind == server.inter_link or link.kind == "roce":
+    if link.kind == server.inter_link:
         domain, where = cluster.npus, f"the {cluster.npus} NPUs of the cluster"
     else:
         domain = server.npus * cluster.spec.scale_up_servers

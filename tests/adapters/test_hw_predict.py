@@ -53,7 +53,12 @@ def test_load_paths(llama70):
 
 def test_910c_uses_ub_for_npu_fork():
     p = predict("deepseek-r1", "910c", 16, batch_sizes=(1,), context_tokens=(1024,))
-    assert {row.path for row in p.loads} == {"ssd", "dram-hit", "npu-fork-ub", "npu-fork-roce"}
+    rows = {row.path: row for row in p.loads}
+    assert set(rows) == {"ssd", "dram-hit", "npu-fork-ub", "npu-fork-roce"}
+    assert rows["npu-fork-ub"].seconds is not None
+    # CloudMatrix384's RoCE plane leads to other SuperPods, not between its own dies
+    assert rows["npu-fork-roce"].seconds is None
+    assert rows["npu-fork-roce"].refused.startswith("npu-fork-roce: a cm384 cluster has no roce")
 
 
 def test_render_is_a_plain_text_table(llama70):
@@ -178,6 +183,7 @@ def test_ttft_of_a_pd_pair_is_prefill_plus_kv_transfer_plus_first_decode():
         (dict(npu="910b", tp=8, pd_link="hccs"), "pd_link: 16 NPUs over hccs exceed one hccs domain"),
         (dict(npu="910b", tp=2, pd_link="ub"), "pd_link: a gen1 cluster has no ub link"),
         (dict(npu="910c", tp=2, pd_link="hccs"), "pd_link: a cm384 cluster has no hccs link"),
+        (dict(npu="910c", tp=2, pd_link="roce"), "pd_link: a cm384 cluster has no roce link"),
         (dict(npu="910b", tp=2, pd_link="nvlink"), "pd_link: must be one of roce, hccs, ub"),
         (dict(npu="910b", tp=2, fork_targets=0), "fork_targets: must be a positive integer"),
     ],
