@@ -93,19 +93,22 @@ def _forwards():
     )
 
 
-def _per_layer(op: str) -> float:
+def barrier_mean_s(op: str) -> float:
+    """Expected latency of one §7.1 dispatch or combine (`op`), per main-model MoE layer."""
     return getattr(_forwards()[0], f"{op}_s") / moe_layers(DEEPSEEK)
 
 
-def _base(op: str) -> float:
+def barrier_base_s(op: str) -> float:
+    """The same barrier with nobody late: its data movement alone."""
     cost = moe_layer_cost(DEEPSEEK, DIE, EP288, 2 * BATCH_PER_DIE, 0.0, link_spec("ub"))
     return getattr(cost, f"{op}_base_s")
 
 
-def _samples(op: str, seed: int, iterations: int) -> tuple[float, ...]:
+def barrier_samples_s(op: str, seed: int, iterations: int) -> tuple[float, ...]:
     """Per-occurrence barrier latencies: `iterations` x (main MoE layers + 1 MTP layer)."""
     n = iterations * (moe_layers(DEEPSEEK) + 1)
-    return sample_barrier_latencies_s(_base(op), _per_layer(op) - _base(op), n, seed)
+    base = barrier_base_s(op)
+    return sample_barrier_latencies_s(base, barrier_mean_s(op) - base, n, seed)
 
 
 def _attention_share() -> float:
@@ -206,14 +209,14 @@ FIGURES: tuple[Figure, ...] = (
     _f("attention-share", _X7, "attention kernel 21.8 % of the iteration", 21.8, "%", "fit",
        "approx", 0.20, "DAVINCI_EFFICIENCY.compute", lambda: _attention_share() * 100),
     _f("dispatch-avg", _X7, "average dispatch 234 µs", 234.0, "µs", "fit", "approx", 0.30,
-       "DP_COMPUTE_CV", lambda: _per_layer("dispatch") * 1e6),
+       "DP_COMPUTE_CV", lambda: barrier_mean_s("dispatch") * 1e6),
     _f("combine-avg", _X7, "average combine 312 µs", 312.0, "µs", "fit", "approx", 0.30,
-       "EPLB_HOT_RATIO", lambda: _per_layer("combine") * 1e6),
+       "EPLB_HOT_RATIO", lambda: barrier_mean_s("combine") * 1e6),
     _f("combine-min", _X7, "minimum combine 165 µs", 165.0, "µs", "fit", "approx", 0.30,
-       "UB_PER_PEER_S (combine with nobody late)", lambda: _base("combine") * 1e6),
+       "UB_PER_PEER_S (combine with nobody late)", lambda: barrier_base_s("combine") * 1e6),
     _f("dispatch-spread", _X7, "dispatch max / min = 1231 / 185 µs ≈ 6.7", 1231 / 185, "×",
        "fit", "approx", 0.50, "BARRIER_JITTER_SIGMA (59 dispatches of one iteration, seed 0)",
-       lambda: max(s := _samples("dispatch", 0, 1)) / min(s)),
+       lambda: max(s := barrier_samples_s("dispatch", 0, 1)) / min(s)),
     _f("tpot", "xDeepServe §7.1", "TPOT ≈ 50 ms", 50.0, "ms", "fit", "approx", 0.15,
        "by construction: (iteration + 2 ms) / 1.9", lambda: _iteration().tpot_s * 1e3),
     _f("throughput-per-chip", "xDeepServe §7.1", "2,400 tokens/s per chip", 2400.0, "tok/s",
@@ -240,10 +243,10 @@ FIGURES: tuple[Figure, ...] = (
        "host_aggregate_bw_bytes_per_s (TP8 / TP1 DRAM-hit time)", _local_load_growth),
     # ---- validation set ----------------------------------------------------------------
     _f("dispatch-min", _X7, "minimum dispatch 185 µs", 185.0, "µs", "validation", "approx",
-       0.30, "dispatch with nobody late", lambda: _base("dispatch") * 1e6, known_miss=True),
+       0.30, "dispatch with nobody late", lambda: barrier_base_s("dispatch") * 1e6, known_miss=True),
     _f("combine-max", _X7, "maximum combine 2939 µs", 2939.0, "µs", "validation", "approx",
        0.30, f"max of {SAMPLED_ITERATIONS} sampled iterations (seed 1), capped at 10 × minimum",
-       lambda: max(_samples("combine", 1, SAMPLED_ITERATIONS)) * 1e6, known_miss=True),
+       lambda: max(barrier_samples_s("combine", 1, SAMPLED_ITERATIONS)) * 1e6, known_miss=True),
     _f("eplb-gain", "xDeepServe §4.5, Fig. 11b", "EPLB lowers forward latency by > 40 % "
        "(EP288, 1K)", 40.0, "%", "validation", "at_least", 0.0,
        "decode forward, 60 x 2 tokens per die, 1K context, 256 redundant vs none",

@@ -14,9 +14,9 @@ import pytest
 from deepserve.adapters.hardware.figures import (
     FIGURES,
     SAMPLED_ITERATIONS,
-    _base,
-    _per_layer,
-    _samples,
+    barrier_base_s,
+    barrier_mean_s,
+    barrier_samples_s,
     check,
     render_table,
 )
@@ -59,7 +59,7 @@ def test_docs_table_is_the_measured_one():
 
 @pytest.mark.parametrize(("op", "seed"), [("dispatch", 0), ("combine", 1)])
 def test_sampled_barriers_average_to_the_expected_value_and_stay_capped(op, seed):
-    samples = _samples(op, seed, SAMPLED_ITERATIONS)
-    assert statistics.fmean(samples) == pytest.approx(_per_layer(op), rel=0.10)
-    assert min(samples) >= _base(op)
-    assert max(samples) <= MAX_OVER_MIN * _base(op) * (1 + 1e-12)
+    samples = barrier_samples_s(op, seed, SAMPLED_ITERATIONS)
+    assert statistics.fmean(samples) == pytest.approx(barrier_mean_s(op), rel=0.10)
+    assert min(samples) >= barrier_base_s(op)
+    assert max(samples) <= MAX_OVER_MIN * barrier_base_s(op) * (1 + 1e-12)
