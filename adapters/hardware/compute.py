@@ -18,7 +18,13 @@ from deepserve.adapters.hardware.batch import (
     logits_tokens,
     validate,
 )
-from deepserve.adapters.hardware.layout import Span, group_link, span_for
+from deepserve.adapters.hardware.layout import (
+    Span,
+    check_layout,
+    group_link,
+    largest_cluster,
+    span_for,
+)
 from deepserve.adapters.hardware.models import ModelProfile
 from deepserve.adapters.hardware.moe import moe_layer_cost
 from deepserve.adapters.hardware.roofline import (
@@ -134,6 +140,8 @@ def forward_time(
     default the NPU's server (HCCS inside a Gen1 server, RoCE between servers; UB throughout
     a CloudMatrix384). An explicit `link` puts every collective on that one link."""
     validate(m, batch, par)
+    # No cluster of this NPU kind holds more (predict() checks the actual cluster's size).
+    check_layout(m, par, largest_cluster(npu))
     if link is None:
         span = span_for(npu)
     else:

@@ -11,6 +11,7 @@ within a SuperPod). Refusals name the limit and where it comes from.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from msgspec import Struct
@@ -108,6 +109,13 @@ def cluster_for(npu: NpuSpec, cluster: str | None = None, servers: int | None = 
             f"servers: a {spec.kind} cluster has 1 to {spec.max_servers} servers, got {n!r}"
         )
     return Cluster(spec=spec, server=server, servers=n)
+
+
+@functools.lru_cache(maxsize=8)
+def largest_cluster(npu: NpuSpec) -> Cluster:
+    """The largest cluster of the NPU's kind (its default cluster at `max_servers`)."""
+    spec = cluster_spec(DEFAULT_CLUSTER[npu.kind])
+    return cluster_for(npu, spec.kind, spec.max_servers)
 
 
 def check_layout(m: ModelProfile, par: Parallel, cluster: Cluster) -> None:

@@ -148,3 +148,12 @@ def test_prefill_is_not_charged_decode_imbalance():
     assert prefill.hot_ratio < decode.hot_ratio
     assert prefill.hot_ratio == pytest.approx(EPLB_HOT_RATIO, abs=0.05)
     assert decode.hot_ratio > EPLB_HOT_RATIO + 0.5
+
+
+def test_forward_time_refuses_more_npus_than_any_cluster_of_the_kind_holds():
+    m = model_profile("llama3-8b")
+    with pytest.raises(ValueError, match="^dp: DP2000 x TP1 x PP1 = 2000 NPUs exceeds the 768"):
+        forward_time(m, DIE, decode_batch(1, 1), Parallel(dp=2000))
+    with pytest.raises(ValueError, match="^dp: .* 8192 910b NPUs of the gen1 cluster"):
+        forward_time(m, B910, decode_batch(1, 1), Parallel(dp=8193))
+    forward_time(m, DIE, decode_batch(1, 1), Parallel(dp=768))
