@@ -131,7 +131,7 @@ def predict(
     par = _experts(par, shared_expert_ranks, redundant_experts)
     check_layout(m, par, where)
     validate(m, decode_batch(1, 1), par)
-    _check_extras(m, spec, par, where, mtp_acceptance, pd_link, fork_targets)
+    _check_extras(m, par, where, mtp_acceptance, pd_link, fork_targets)
     usable = usable_hbm_bytes(spec, reserve_fraction)
     weights = weights_per_npu_bytes(m, par)
     if weights >= usable:
@@ -175,13 +175,14 @@ def predict(
 
 
 def _check_extras(
-    m: ModelProfile, spec: NpuSpec, par: Parallel, where: Cluster,
+    m: ModelProfile, par: Parallel, where: Cluster,
     mtp_acceptance: float | None, pd_link: str | None, fork_targets: int,
 ) -> None:  # fmt: skip
     if mtp_acceptance is not None:
         if m.mtp_layers == 0:
             raise ValueError(f"mtp: {m.name} ships no MTP module (num_nextn_predict_layers 0)")
-        if not isinstance(mtp_acceptance, int | float) or not 0.0 <= mtp_acceptance <= 1.0:
+        number = isinstance(mtp_acceptance, int | float) and not isinstance(mtp_acceptance, bool)
+        if not number or not 0.0 <= mtp_acceptance <= 1.0:
             raise ValueError(f"mtp: acceptance must be in [0, 1], got {mtp_acceptance!r}")
     if pd_link is not None:
         if pd_link not in PD_LINKS:
@@ -189,11 +190,6 @@ def _check_extras(
         # The prefill TE and the decode TE (the same layout) must share the link's domain.
         pair = 2 * par.dp * par.tp * par.pp
         check_scale_up_domain(link_spec(pd_link), pair, where, "pd_link")
-        if pair > where.npus:
-            raise ValueError(
-                f"pd_link: a PD pair of this layout needs {pair} NPUs, more than the "
-                f"{where.npus} of the cluster"
-            )
     if not isinstance(fork_targets, int) or isinstance(fork_targets, bool) or fork_targets < 1:
         raise ValueError(f"fork_targets: must be a positive integer, got {fork_targets!r}")
 
