@@ -15,6 +15,7 @@ the smaller default for `outbox` (a few thousand steps: ~100 ms at saturation).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -100,15 +101,29 @@ class GroupCommitSink:
 
     # ---- the driver's side ---------------------------------------------------
     def begin_run(self, run: RunRec) -> None:
-        with self._lock:
-            self._put(run)
-            self._has_run = True
+        """Start a run: its record is committed before this returns, so that a run
+        already in the log (same run id and process) is refused here, with a
+        `LogError`; the sink is then closed, having written nothing of the run."""
+        if self._in_writer():
+            raise RuntimeError("begin_run() from on_commit would wait for itself")
+        try:
+            with self._lock:
+                # the previous run's steps commit on their own, not with a refused run
+                self._wait_done(self._items_in)
+                self._put(run)
+                self._wait_done(self._items_in)
+                self._has_run = True
+        except LogError:
+            with contextlib.suppress(LogError):
+                self.close()
+            raise
 
     def append(self, step: Step) -> int:
         """Queue a step (no I/O); returns its ticket. Blocks only while the queue is
         full (backpressure). Safe from several threads: tickets follow queue order."""
         with self._lock:
             if not self._has_run:
+                self._check_open()  # a refused run closed the sink: say that first
                 raise LogError(f"{self.label}: append() before begin_run()")
             self._put(step)
             self._ticket += 1
@@ -158,10 +173,13 @@ class GroupCommitSink:
         if self._in_writer():
             raise RuntimeError("flush() from on_commit would wait for itself")
         with self._lock:
-            target = self._items_in
-            self._done.wait_for(lambda: self._items_done >= target or self._error is not None)
-            if self._error is not None:
-                raise LogError(self._error)
+            self._wait_done(self._items_in)
+
+    def _wait_done(self, items: int) -> None:
+        """Under the lock: until `items` queued items are committed."""
+        self._done.wait_for(lambda: self._items_done >= items or self._error is not None)
+        if self._error is not None:
+            raise LogError(self._error)
 
     def close(self) -> None:
         """Flush, stop the writer, release the database. Idempotent."""

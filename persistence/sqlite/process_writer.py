@@ -96,13 +96,25 @@ class ProcessSink:
 
     # ---- the driver's side ---------------------------------------------------
     def begin_run(self, run: RunRec) -> None:
-        with self._sending(), self._lock:
-            if self._error is not None or self._closing:
-                self._raise_state()
-            if self._buf:
-                self._send_steps()
-            self._send_frame(RUN, run)
-            self._ok = True
+        """Start a run: its record is committed before this returns, so that a run
+        already in the log (same run id and process) is refused here, with a
+        `LogError`; the sink is then closed, having written nothing of the run."""
+        try:
+            with self._sending(), self._lock:
+                if self._error is not None or self._closing:
+                    self._raise_state()
+                if self._buf:
+                    self._send_steps()
+                self._send_frame(RUN, run)
+                target = self._sent
+                self._cond.wait_for(lambda: self._acked >= target or self._error is not None)
+                if self._error is not None:
+                    raise LogError(self._error)
+                self._ok = True
+        except LogError:
+            with contextlib.suppress(LogError):
+                self.close()
+            raise
 
     def append(self, step: Step) -> int:
         """Buffer a step (no I/O); returns its ticket. Every `max_batch` steps the
