@@ -6,17 +6,20 @@ to `max_batch`), commits it as one transaction, then advances `committed_ticket`
 calls `on_commit(ticket)`. While a transaction is in flight new steps pile up and go
 into the next one: batches grow with load, commits stay few.
 
-Backpressure: at most `max_pending` items wait in the queue (plus one batch in
-flight). When the queue is full, `append` blocks until the writer takes a batch, so
-a driver that outruns the disk slows down instead of growing memory without bound.
-The bound also caps outbox release latency at about max_pending / write rate, hence
-the smaller default for `outbox` (a few thousand steps: ~100 ms at saturation).
+Backpressure (`pressure.py`, docs/kernel.md): at `high_water` pending steps the sink
+is under pressure and `await wait_for_room()` holds a producer at the driver's edge;
+at most `max_pending` items wait in the queue (plus one batch in flight), where
+`append` blocks until the writer takes a batch — the last resort, counted in
+`statistics()`. The bound also caps outbox release latency at about max_pending /
+write rate, hence the smaller default for `outbox` (a few thousand steps: ~100 ms at
+saturation).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -25,6 +28,7 @@ from deepserve.core.records import RunRec, Step
 from . import open_sinks
 from .api import Durability
 from .errors import LogError, one_line
+from .pressure import Pressure
 
 DEFAULT_MAX_PENDING = {"async": 32_768, "outbox": 4_096}
 DEFAULT_MAX_BATCH = 2_048
@@ -40,7 +44,7 @@ class BatchStore(Protocol):
     def close(self) -> None: ...
 
 
-class GroupCommitSink:
+class GroupCommitSink(Pressure):
     """A `LogSink` writing through one background thread, one batch per transaction.
 
     `on_commit`: optional callable set by the driver, called *from the writer thread*
@@ -58,6 +62,7 @@ class GroupCommitSink:
         durability: Durability = "async",
         max_pending: int | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
+        high_water: int | None = None,
     ) -> None:
         if durability not in ("async", "outbox"):
             raise ValueError(f"durability must be 'async' or 'outbox', not {durability!r}")
@@ -74,6 +79,8 @@ class GroupCommitSink:
         self._work = threading.Condition(self._lock)  # writer waits for items
         self._room = threading.Condition(self._lock)  # appenders wait for queue space
         self._done = threading.Condition(self._lock)  # flushers wait for commits
+        self._commit_cond = self._done
+        self._init_pressure(max_pending, high_water)
         self._queue: list[Step | RunRec] = []
         self._idle = False
         self._room_waiters = 0
@@ -127,6 +134,7 @@ class GroupCommitSink:
                 raise LogError(f"{self.label}: append() before begin_run()")
             self._put(step)
             self._ticket += 1
+            self._note_pending()
             return self._ticket
 
     def _put(self, item: Step | RunRec) -> None:
@@ -135,12 +143,14 @@ class GroupCommitSink:
         # An on_commit callback that appends runs in the writer thread, which must not
         # wait for itself: it may overshoot the bound by what one callback appends.
         if len(self._queue) >= self._max_pending and not self._in_writer():
+            since = time.perf_counter()
             self._room_waiters += 1
             while (
                 len(self._queue) >= self._max_pending and self._error is None and not self._closing
             ):
                 self._room.wait()
             self._room_waiters -= 1
+            self._note_blocked(since)
             self._check_open()
         self._queue.append(item)
         self._items_in += 1
@@ -188,6 +198,7 @@ class GroupCommitSink:
             self._closing = True
             self._work.notify()
             self._room.notify_all()  # blocked appenders give up: nothing after close
+            self._done.notify_all()  # and so do producers waiting for room
         if not already:
             self._thread.join()
             open_sinks.untrack(self)
@@ -199,6 +210,9 @@ class GroupCommitSink:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _transactions(self) -> int:
+        return self.transactions
 
     # ---- the writer thread -----------------------------------------------------
     def _run(self, store_factory: Callable[[], BatchStore]) -> None:

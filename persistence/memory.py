@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 from deepserve.core.records import MemorySink, RunRec, SnapshotRec, Step
 
-from .api import LogReader, StepFilter
+from .api import LogReader, SinkStatistics, StepFilter
 from .errors import LogError, RunExists
 
 
@@ -38,6 +38,16 @@ class MemoryStore(MemorySink):
     @property
     def committed_ticket(self) -> int:
         return len(self.steps)
+
+    # the `PressureSink` protocol: memory is never behind
+    under_pressure = False
+
+    async def wait_for_room(self) -> None:
+        return None
+
+    def statistics(self) -> SinkStatistics:
+        n = len(self.steps)
+        return SinkStatistics(n, n, 0, 0, 1, 0, 1, n, 0, 0.0)
 
 
 class MemoryLog(LogReader):
