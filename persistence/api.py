@@ -74,6 +74,13 @@ class LogReader(abc.ABC):
     @abc.abstractmethod
     def snapshots(self, run_id: str | None = None, actor: str | None = None) -> Iterator[SnapshotRec]: ...
 
+    def check_integrity(self) -> None:
+        """Raise a one-line `LogError` if the log's storage is damaged (see
+        `sqlite.files.integrity_problems`); a no-op where the backend keeps its own
+        integrity (memory, PostgreSQL). Reads the whole file: call it once, before
+        answering from an incident log."""
+        return None
+
     def close(self) -> None:
         return None
 
