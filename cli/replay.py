@@ -82,7 +82,7 @@ def _read(args: argparse.Namespace) -> LogReader:
     require_driver(args.log)
     reader = open_log(args.log, upgrade=False)
     try:
-        check_integrity(args.log)
+        reader.check_integrity()
         _check_run_choice(args, reader)
     except BaseException:
         reader.close()
