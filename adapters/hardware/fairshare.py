@@ -129,6 +129,13 @@ class MaxMinShare(Struct, kw_only=True):
     rates: dict[str, float] = {}
     users: dict[str, dict[str, None]] = {}  # link -> flows crossing it (an ordered set)
 
+    def __deepcopy__(self, memo: dict) -> MaxMinShare:
+        """Paths are tuples of str and rates floats: copying the containers is deep."""
+        return MaxMinShare(
+            caps=dict(self.caps), paths=dict(self.paths), rates=dict(self.rates),
+            users={link: dict(flows) for link, flows in self.users.items()},
+        )  # fmt: skip
+
     def add(
         self, flow: str, path: Sequence[str], capacity: Callable[[str], float]
     ) -> dict[str, float]:

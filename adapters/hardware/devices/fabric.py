@@ -2,7 +2,8 @@
 
 One actor per topology domain, so max-min sharing over multi-hop paths is computed in one place
 (flows.py, with fairshare.py). One timer ("tick") is pending at a time: the next completion; it
-is replaced whenever a transfer starts or ends or a link changes. Link faults arrive as external
+is re-armed after every handler that changed something and after every tick, so a completion
+can never be left without a timer. Link faults arrive as external
 inputs: down (in-flight and new transfers fail), degraded (capacity x factor), flapping (down/up
 toggles on timers), up (repaired).
 """
@@ -34,10 +35,8 @@ from deepserve.adapters.hardware.devices.flows import (
     LinkCond,
     Xfer,
     capacity,
-    check_conservation,
+    done_slack_s,
     evolve_fabric,
-    finished,
-    next_completion_s,
 )
 from deepserve.adapters.hardware.devices.topology import build, resource_link, route
 from deepserve.adapters.hardware.specs import LINKS, link_spec
@@ -98,17 +97,22 @@ class Fabric(Actor[FabricState]):
             for link in self.topo.links
             for d in link.directions
         }
+        self.directions = {
+            link.name: tuple(f"{link.name}:{d}" for d in link.directions) for link in self.topo.links
+        }
 
     def initial_state(self) -> FabricState:
         return FabricState()
 
     def evolve(self, state: FabricState, event: Event) -> FabricState:
-        return evolve_fabric(state, event, self.nominal)
+        return evolve_fabric(state, event, self.nominal, self.directions)
 
     def handle(self, ctx: Context, msg: Message) -> None:
         if isinstance(msg, FabricTick):
             self._tick(ctx)
-        elif isinstance(msg, FabricSetupDone):
+            self._reschedule(ctx)  # always: a tick that delivered nothing must not end the clock
+            return
+        if isinstance(msg, FabricSetupDone):
             self._setup_done(ctx, msg.key)
         elif isinstance(msg, LinkTransfer | LinkBroadcast):
             self._accept(ctx, msg)
@@ -124,7 +128,6 @@ class Fabric(Actor[FabricState]):
             return
         if ctx.events:
             self._reschedule(ctx)
-            check_conservation(self.state, self.nominal)
 
     # ---- transfers ---------------------------------------------------------
     def _accept(self, ctx: Context, msg: LinkTransfer | LinkBroadcast) -> None:
@@ -201,9 +204,12 @@ class Fabric(Actor[FabricState]):
             self._deliver(ctx, x)
 
     def _tick(self, ctx: Context) -> None:
-        st, now = self.state, ctx.now()
-        for x in [x for x in st.xfers.values() if x.flowing and finished(x, now, st.now_s)]:
-            self._deliver(ctx, x)
+        """Deliver every transfer due now. Each delivery re-rates the flows it shared links
+        with (they may become due too), so take the heap's top again each time."""
+        st = self.state
+        horizon = ctx.now() + done_slack_s(ctx.now())
+        while (top := st.next_due()) is not None and top[0] <= horizon:
+            self._deliver(ctx, st.xfers[top[1]])
 
     def _deliver(self, ctx: Context, x: Xfer) -> None:
         now = ctx.now()
@@ -228,12 +234,11 @@ class Fabric(Actor[FabricState]):
         answer(ctx, x.to, LinkTransferFailed(req_id=x.req_id, reason=reason, link=link))
 
     def _reschedule(self, ctx: Context) -> None:
-        st = self.state
-        delay = next_completion_s(st)
-        if delay is None:
+        top = self.state.next_due()
+        if top is None:
             ctx.cancel("tick")
         else:
-            ctx.after(max(0.0, st.now_s + delay - ctx.now()), FabricTick(), key="tick")
+            ctx.after(max(0.0, top[0] - ctx.now()), FabricTick(), key="tick")
 
     # ---- links -------------------------------------------------------------
     def _probe(self, ctx: Context, msg: LinkProbe) -> None:
@@ -245,11 +250,7 @@ class Fabric(Actor[FabricState]):
             )
             return
         cond = self.state.conds.get(msg.link, LinkCond())
-        active = sum(
-            1
-            for x in self.state.xfers.values()
-            if any(resource_link(r) == msg.link for r in x.resources)
-        )
+        active = len(self._crossing(msg.link))
         status = LinkStatus(
             req_id=msg.req_id, link=msg.link, kind=desc.kind, up=cond.up,
             bw_factor=cond.bw_factor, active_transfers=active,
@@ -300,6 +301,12 @@ class Fabric(Actor[FabricState]):
         ctx.record(FabricLinkSet(link, up, bw_factor, ctx.now()))
         if up:
             return
-        for x in list(self.state.xfers.values()):
-            if any(resource_link(r) == link for r in x.resources):
-                self._fail(ctx, x, f"link {link} went down", link)
+        for key in self._crossing(link):
+            self._fail(ctx, self.state.xfers[key], f"link {link} went down", link)
+
+    def _crossing(self, link: str) -> list[str]:
+        """Transfers (in setup or flowing) that cross either direction of `link`."""
+        keys: dict[str, None] = {}
+        for r in self.directions[link]:
+            keys.update(self.state.on.get(r, {}))
+        return list(keys)
