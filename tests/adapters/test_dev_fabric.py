@@ -3,6 +3,8 @@ once delivery with the fingerprint, and the link faults (down, degraded, flappin
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from dev_harness import (
     answer_for,
@@ -15,6 +17,7 @@ from dev_harness import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from maxmin_reference import Q, simulate
 
 from deepserve.actors.ports.faults import LinkDegrade, LinkDown, LinkFlap, LinkUp
 from deepserve.actors.ports.link import (
@@ -148,6 +151,10 @@ def test_fair_sharing_matches_the_pure_model_and_delivers_exactly_once(flows):
             path=tuple(path), nbytes=nbytes, start_s=at + fixed_cost_s(kind, 1)
         )
     expected = completion_times_s(fabric_caps, expected_flows)
+    exact = _reference(fabric_caps, expected_flows)
+    assert exact.keys() == expected.keys()
+    for k, t in exact.items():  # the independent exact simulator agrees with both
+        assert float(t) == pytest.approx(expected[k], rel=1e-6, abs=1e-9)
     got = answers(d)
     assert len(got) == len(flows)  # exactly once each
     assert sorted(m.req_id for _, m in got) == sorted(expected)
@@ -304,3 +311,73 @@ def test_topologies_route_over_the_documented_links():
     assert len(cm.npus()) == 768 and cm.npu_kind == "910c"
     with pytest.raises(ValueError, match="servers: cm384 takes 1 to 48"):
         cloudmatrix384(49)
+
+
+def _reference(caps, flows, changes=()):
+    """Completion times from the independent exact simulator (tests/adapters/maxmin_reference)."""
+    used = {r for f in flows.values() for r in f.path}
+    return simulate(
+        {r: Q(caps[r]) for r in used},
+        {k: (f.path, Q(f.nbytes), Q(f.start_s)) for k, f in flows.items()},
+        [(Q(t), r, Q(c)) for t, r, c in changes if r in used],
+    )
+
+
+@pytest.mark.parametrize("at", [1e8, 3e7, 1e11])
+def test_a_lone_transfer_completes_and_answers_at_any_virtual_time(at):
+    """At t = 1e8 s one ulp of the clock is 15 ns: a completion tick lands a rounding step
+    before the finish, and a fixed 1 ns tolerance said "not yet" with no timer left."""
+    d = _driver()
+    send(d, FABRIC, _xfer("x", A, B, nbytes=GB), at=at)
+    d.run()
+    t, done = answer_for(d, "x")
+    assert isinstance(done, LinkTransferDone)
+    expected = transfer_time_s(GB, link_spec("roce"))
+    assert done.duration_s == pytest.approx(expected, abs=16 * math.ulp(at))
+    assert t == at + done.duration_s and d.actor(FABRIC).state.xfers == {}
+    assert_state_is_fold(d, FABRIC)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    base=st.floats(1e6, 1e10),
+    flows=st.lists(
+        st.tuples(
+            st.lists(st.sampled_from(_RESOURCES), min_size=1, max_size=3, unique=True),
+            st.integers(0, 5 * GB),
+            st.floats(0.0, 0.5),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    degrade=st.tuples(st.sampled_from(_RESOURCES), st.floats(0.05, 1.0), st.floats(0.0, 1.0)),
+)
+def test_every_transfer_is_answered_once_at_large_times_as_the_exact_simulator_says(
+    base, flows, degrade
+):
+    d = _driver()
+    for i, (path, nbytes, at) in enumerate(flows):
+        send(d, FABRIC, _xfer(f"x{i}", nbytes=nbytes, path=tuple(path)), at=base + at)
+    link, factor, when = degrade[0].rpartition(":")[0], degrade[1], degrade[2]
+    send(d, FABRIC, LinkDegrade(link=link, bw_factor=factor), at=base + when)
+    d.run()
+    got = answers(d)
+    assert sorted(m.req_id for _, m in got) == sorted(f"x{i}" for i in range(len(flows)))
+    assert all(isinstance(m, LinkTransferDone) for _, m in got)
+    fabric = d.actor(FABRIC)
+    ref_flows = {}
+    for i, (path, nbytes, at) in enumerate(flows):
+        kind = fabric.links[path[0].rpartition(":")[0]].kind
+        start = (base + at) + fixed_cost_s(kind, 1) - base  # the fabric's float start, rebased
+        ref_flows[f"x{i}"] = Flow(path=tuple(path), nbytes=nbytes, start_s=start)
+    changes = [
+        ((base + when) - base, r, fabric.nominal[r] * factor)
+        for r in fabric.directions[link]
+    ]
+    exact = _reference(fabric.nominal, ref_flows, changes)
+    # the clock's resolution at `base` bounds how closely times can agree
+    slack = 64 * math.ulp(base + 10)
+    for t, m in got:
+        assert t - base == pytest.approx(float(exact[m.req_id]), rel=1e-6, abs=slack)
+    assert fabric.state.xfers == {} and fabric.state.due == []
+    assert handler_failures(d) == []
