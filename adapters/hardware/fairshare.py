@@ -182,91 +182,97 @@ class MaxMinShare(Struct, kw_only=True):
     # ---- the repair ------------------------------------------------------------------
     def _rerate(self, seeds: Sequence[str]) -> dict[str, float]:
         users, rates, paths = self.users, self.rates, self.paths
-        region: dict[str, None] = {}
+        region: dict[str, float] = {}  # flow -> its rate before this change
         for link in seeds:
-            region.update(users[link])
-        old = {f: rates[f] for f in region}
+            for f in users[link]:
+                region[f] = rates[f]
         while True:
+            moved: dict[str, None] = dict.fromkeys(seeds)
             for f, rate in self._fill(region).items():
                 cur = rates[f]
-                if abs(rate - cur) > _SAME_RTOL * max(rate, cur):
+                if rate != cur and abs(rate - cur) > _SAME_RTOL * (rate if rate > cur else cur):
                     rates[f] = rate
-            moved: dict[str, None] = dict.fromkeys(seeds)
-            for f in region:
-                if rates[f] != old[f]:
-                    moved.update(dict.fromkeys(paths[f]))
+                if rates[f] != region[f]:
+                    for link in paths[f]:
+                        moved[link] = None
             grew = False
             for v in self._violators(moved):
                 for link in paths[v]:
                     for g in users[link]:
                         if g not in region:
-                            region[g] = None
-                            old[g] = rates[g]
+                            region[g] = rates[g]
                             grew = True
             if not grew:  # the max-min condition holds, or the region is the whole component
                 break
-        return {f: rates[f] for f in region if rates[f] != old[f]}
+        return {f: rates[f] for f, old in region.items() if rates[f] != old}
 
-    def _fill(self, region: Mapping[str, None]) -> dict[str, float]:
+    def _fill(self, region: Mapping[str, float]) -> dict[str, float]:
         """Water-fill the flows of `region`, the others' rates fixed: repeatedly take the link
         with the smallest fair share of what is left and freeze its flows at that share."""
         users, rates, paths, caps = self.users, self.rates, self.paths, self.caps
-        members: dict[str, dict[str, None]] = {}
+        members: dict[str, list[str]] = {}
         for f in region:
             for link in paths[f]:
-                members.setdefault(link, {})[f] = None
+                m = members.get(link)
+                if m is None:
+                    members[link] = [f]
+                else:
+                    m.append(f)
         residual: dict[str, float] = {}
+        count: dict[str, int] = {}
         heap: list[tuple[float, str]] = []
-        current: dict[str, float] = {}
         for link, m in members.items():
-            fixed = sum(rates[g] for g in users[link] if g not in region)
-            residual[link] = caps[link] - fixed
-            share = max(0.0, residual[link]) / len(m)
-            current[link] = share
-            heap.append((share, link))
+            us = users[link]
+            left = caps[link]
+            if len(us) != len(m):
+                left -= sum([rates[g] for g in us if g not in region])
+            n = len(m)
+            residual[link], count[link] = left, n
+            heap.append((left / n if left > 0 else 0.0, link))
         heapq.heapify(heap)
         out: dict[str, float] = {}
+        pop, push = heapq.heappop, heapq.heappush
         while heap:
-            share, link = heapq.heappop(heap)
-            m = members[link]
-            if not m or current[link] != share:
-                continue  # stale entry
-            for f in list(m):
+            share, link = pop(heap)
+            n = count[link]
+            if not n:
+                continue
+            left = residual[link]
+            if share != (left / n if left > 0 else 0.0):
+                continue  # superseded by a later entry for this link
+            for f in members[link]:
+                if f in out:
+                    continue
                 out[f] = share
                 for other in paths[f]:
-                    om = members[other]
-                    del om[f]
-                    residual[other] -= share
-                    if other != link and om:
-                        s = max(0.0, residual[other]) / len(om)
-                        current[other] = s
-                        heapq.heappush(heap, (s, other))
+                    left = residual[other] = residual[other] - share
+                    n = count[other] = count[other] - 1
+                    if n and other != link:
+                        push(heap, (left / n if left > 0 else 0.0, other))
         return out
 
     def _violators(self, links: Mapping[str, None]) -> list[str]:
         """Flows on `links` without a bottleneck; also checks no link is over capacity."""
         users, rates, caps, paths = self.users, self.rates, self.caps, self.paths
-        stats: dict[str, tuple[float, float]] = {}
-
-        def stat(link: str) -> tuple[float, float]:
-            s = stats.get(link)
-            if s is None:
-                rs = [rates[g] for g in users[link]]
-                s = stats[link] = (sum(rs), max(rs))
-                if s[0] > caps[link] * (1 + _CHECK_RTOL) + 1e-9:
-                    raise AssertionError(f"link {link} carries {s[0]} > capacity {caps[link]}")
-            return s
-
-        bad: dict[str, None] = {}
+        full: dict[str, float] = {}  # saturated link -> its largest rate; -1.0: not saturated
+        bad: list[str] = []
+        seen: set[str] = set()
         for link in links:
             for f in users.get(link, ()):
-                if f in bad:
+                if f in seen:
                     continue
+                seen.add(f)
                 rate = rates[f]
                 for hop in paths[f]:
-                    load, top = stat(hop)
-                    if load >= caps[hop] * (1 - _CHECK_RTOL) and rate >= top * (1 - _CHECK_RTOL):
+                    top = full.get(hop)
+                    if top is None:
+                        rs = [rates[g] for g in users[hop]]
+                        load, cap = sum(rs), caps[hop]
+                        if load > cap * (1 + _CHECK_RTOL) + 1e-9:
+                            raise AssertionError(f"link {hop} carries {load} > capacity {cap}")
+                        top = full[hop] = max(rs) if load >= cap * (1 - _CHECK_RTOL) else -1.0
+                    if top >= 0 and rate >= top * (1 - _CHECK_RTOL):
                         break
                 else:
-                    bad[f] = None
-        return list(bad)
+                    bad.append(f)
+        return bad

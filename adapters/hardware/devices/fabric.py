@@ -10,6 +10,8 @@ toggles on timers), up (repaired).
 
 from __future__ import annotations
 
+import functools
+
 from deepserve.actors.ports.faults import LinkDegrade, LinkDown, LinkFlap, LinkUp
 from deepserve.actors.ports.link import (
     LinkBroadcast,
@@ -47,6 +49,8 @@ from deepserve.adapters.hardware.transfer import (
 )
 from deepserve.core import Actor, Context, Event, Message
 
+ROUTE_CACHE_LIMIT = 1 << 16  # memoised routes (a CloudMatrix384 has 768 x 767 die pairs)
+
 
 class FabricSetupDone(Message, frozen=True):
     key: str
@@ -60,6 +64,7 @@ class FabricFlapToggle(Message, frozen=True):
     link: str
 
 
+@functools.lru_cache(maxsize=1024)
 def fixed_cost_s(link_kind: str, messages: int) -> float:
     """Setup latency + per-message control cost of one transfer (transfer.py); the host side
     and the SSD have no link spec and cost only their bandwidth."""
@@ -97,6 +102,7 @@ class Fabric(Actor[FabricState]):
             for link in self.topo.links
             for d in link.directions
         }
+        self._routes: dict[tuple[str, str, str | None], tuple[tuple[str, ...], str]] = {}
         self.directions = {
             link.name: tuple(f"{link.name}:{d}" for d in link.directions) for link in self.topo.links
         }
@@ -112,6 +118,9 @@ class Fabric(Actor[FabricState]):
             self._tick(ctx)
             self._reschedule(ctx)  # always: a tick that delivered nothing must not end the clock
             return
+        # The armed tick is the state's next completion (both roll back together if a handler
+        # fails), so a handler that leaves the next completion alone leaves the timer alone.
+        armed = self.state.next_due()
         if isinstance(msg, FabricSetupDone):
             self._setup_done(ctx, msg.key)
         elif isinstance(msg, LinkTransfer | LinkBroadcast):
@@ -126,7 +135,7 @@ class Fabric(Actor[FabricState]):
             self._fault(ctx, msg)
         else:
             return
-        if ctx.events:
+        if ctx.events and self.state.next_due() != armed:
             self._reschedule(ctx)
 
     # ---- transfers ---------------------------------------------------------
@@ -138,9 +147,10 @@ class Fabric(Actor[FabricState]):
         except ValueError as exc:
             answer(ctx, to, LinkTransferFailed(req_id=msg.req_id, reason=str(exc)))
             return
-        down = next(
-            (r for r in xfer.resources if capacity(self.nominal, self.state.conds, r) <= 0), None
-        )
+        conds = self.state.conds
+        down = None
+        if conds:  # all links at nominal condition: nothing can be down
+            down = next((r for r in xfer.resources if capacity(self.nominal, conds, r) <= 0), None)
         if down is not None:
             link = resource_link(down)
             reason = f"link {link} is down"
@@ -170,14 +180,24 @@ class Fabric(Actor[FabricState]):
 
     def _path(self, msg: LinkTransfer) -> tuple[tuple[str, ...], str]:
         if not msg.path:
-            r = route(self.topo, msg.src, msg.dst, msg.via)
-            return r.resources, r.link_kind
+            return self._route(msg.src, msg.dst, msg.via)
         for r in msg.path:
             if r not in self.nominal:
                 raise ValueError(f"path: unknown link direction {r!r} (expected 'link:dir')")
         if len(set(msg.path)) != len(msg.path):
             raise ValueError(f"path: crosses a link direction twice: {list(msg.path)}")
         return msg.path, self.links[resource_link(msg.path[0])].kind
+
+    def _route(self, src: str, dst: str, via: str | None) -> tuple[tuple[str, ...], str]:
+        """`topology.route`, memoised: a pure function of the endpoints, parsed per transfer."""
+        key = (src, dst, via)
+        hit = self._routes.get(key)
+        if hit is None:
+            r = route(self.topo, src, dst, via)
+            if len(self._routes) >= ROUTE_CACHE_LIMIT:
+                self._routes.clear()
+            hit = self._routes[key] = (r.resources, r.link_kind)
+        return hit
 
     def _chain(self, msg: LinkBroadcast) -> tuple[tuple[str, ...], str]:
         """Each target forwards to the next: the chain's hops all carry the stream at once."""
