@@ -12,6 +12,7 @@ from msgspec import Struct
 
 from deepserve.adapters.hardware.batch import Parallel, decode_batch, prefill_batch, validate
 from deepserve.adapters.hardware.compute import forward_time
+from deepserve.adapters.hardware.devices.topology import fork_link_kinds
 from deepserve.adapters.hardware.loading import local_load, npu_fork
 from deepserve.adapters.hardware.memory import (
     RESERVE_FRACTION,
@@ -113,11 +114,11 @@ def predict(
             ))  # fmt: skip
     # Every NPU of a server loads its own shard at once: they share the server's PCIe side.
     shard, loaders = int(weights), min(server.npus, tp * dp)
+    # NPU-fork only over links the cluster's topology routes NPU data on (devices/topology.py).
     loads = (
         local_load(m, server, tp, dram_hit=False, loaders=loaders, bytes_per_npu=shard),
         local_load(m, server, tp, dram_hit=True, loaders=loaders, bytes_per_npu=shard),
-        npu_fork(m, link_spec(spec.scale_up_link), tp, bytes_per_npu=shard),
-        npu_fork(m, link_spec(spec.scale_out_link), tp, bytes_per_npu=shard),
+        *(npu_fork(m, link_spec(k), tp, bytes_per_npu=shard) for k in fork_link_kinds(server.kind)),
     )
     return Prediction(
         model=model,

@@ -44,7 +44,7 @@ def test_load_paths(llama70):
 
 def test_910c_uses_ub_for_npu_fork():
     p = predict("deepseek-r1", "910c", 16, batch_sizes=(1,), context_tokens=(1024,))
-    assert {row.path for row in p.loads} == {"ssd", "dram-hit", "npu-fork-ub", "npu-fork-roce"}
+    assert {row.path for row in p.loads} == {"ssd", "dram-hit", "npu-fork-ub"}
 
 
 def test_render_is_a_plain_text_table(llama70):
@@ -99,5 +99,5 @@ def test_expert_parallel_layout_of_xdeepserve_7_1():
     assert plain.weight_bytes_per_npu < plain.usable_hbm_bytes
     assert tuned.latency[0].decode_step_s < plain.latency[0].decode_step_s
     loads = {row.path: row for row in tuned.loads}
-    assert set(loads) == {"ssd", "dram-hit", "npu-fork-ub", "npu-fork-roce"}
+    assert set(loads) == {"ssd", "dram-hit", "npu-fork-ub"}
     assert render(tuned).startswith("deepseek-r1 on 910c, TP1 DP288 EP288 (cm384-910c server)")

@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from deepserve.adapters.hardware.specs import link_spec, server_spec
+from deepserve.adapters.hardware.specs import link_spec, npu_spec, server_spec
 from deepserve.adapters.hardware.transfer import effective_bw_bytes_per_s
 
 FABRIC = "hw/fabric"
@@ -190,6 +190,28 @@ def _npu_route(topo: Topology, s: int, i: int, t: int, j: int, via: str | None) 
     if via == "hccs":
         raise ValueError(f"via: HCCS does not leave a gen1 server (s{s} -> s{t})")
     return Route((f"s{s}/npu{i}/roce:tx", f"s{t}/npu{j}/roce:rx"), "roce")
+
+
+def fork_link_kinds(server_kind: str) -> tuple[str, ...]:
+    """The link kinds an NPU-fork can use between NPUs of this server kind's cluster, scale-up
+    first: those `route` accepts as `via` (a CloudMatrix384 SuperPod moves NPU data over UB
+    only; its RoCE to other SuperPods is not modeled)."""
+    spec = server_spec(server_kind)
+    build_topo = {"gen1-910b": gen1_cluster, "cm384-910c": cloudmatrix384}.get(spec.kind)
+    if build_topo is None:
+        raise ValueError(f"server_kind: no topology is modeled for {spec.kind!r}")
+    topo = build_topo(2)
+    npu = npu_spec(spec.npu)
+    kinds = []
+    for kind in dict.fromkeys((npu.scale_up_link, npu.scale_out_link)):
+        for dst in (npu_addr(0, 1), npu_addr(1, 0)):
+            try:
+                if route(topo, npu_addr(0, 0), dst, via=kind).link_kind == kind:
+                    kinds.append(kind)
+                    break
+            except ValueError:
+                continue
+    return tuple(kinds)
 
 
 def resource_link(resource: str) -> str:
