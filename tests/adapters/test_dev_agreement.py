@@ -15,7 +15,6 @@ from deepserve.adapters.hardware.devices.topology import (
     fork_link_kinds,
     host_addr,
     npu_addr,
-    spawn_topology,
 )
 from deepserve.adapters.hardware.models import model_profile
 from deepserve.adapters.hardware.predict import predict

@@ -31,6 +31,7 @@ from deepserve.actors.ports.link import (
     LinkTransferDone,
     LinkTransferFailed,
 )
+from deepserve.adapters.hardware.batch import Parallel, decode_batch, validate
 from deepserve.adapters.hardware.devices.common import answer, reply_to, respond
 from deepserve.adapters.hardware.devices.host_state import (
     FORK,
@@ -47,7 +48,6 @@ from deepserve.adapters.hardware.devices.host_state import (
     evolve_host,
 )
 from deepserve.adapters.hardware.devices.topology import FABRIC, host_addr, ssd_addr
-from deepserve.adapters.hardware.batch import Parallel, decode_batch, validate
 from deepserve.adapters.hardware.loading import TENSOR_INIT_S
 from deepserve.adapters.hardware.memory import weights_per_npu_bytes
 from deepserve.adapters.hardware.models import ModelProfile, model_profile
