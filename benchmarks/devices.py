@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from deepserve.actors.ports.link import LinkTransfer, LinkTransferDone, LinkTransferFailed
 from deepserve.adapters.hardware.devices.fabric import Fabric
-from deepserve.adapters.hardware.devices.topology import FABRIC, cloudmatrix384
+from deepserve.adapters.hardware.devices.topology import FABRIC
 from deepserve.benchmarks.table import Row
 from deepserve.core import Actor, Context, Event, Message, SimDriver
 
@@ -26,13 +26,15 @@ MIB = 1 << 20
 
 
 def _die(index: int) -> str:
-    npus = cloudmatrix384(SERVERS).npus_per_server
-    return f"hw/s{index // npus}/npu{index % npus}"
+    return f"hw/s{index // 16}/npu{index % 16}"  # a cm384 server has 16 dies
+
+
+DIES = SERVERS * 16
 
 
 def _pair(rng: random.Random) -> tuple[str, str]:
-    dies = SERVERS * cloudmatrix384(SERVERS).npus_per_server
-    a, b = rng.sample(range(dies), 2)
+    a = rng.randrange(DIES)
+    b = (a + 1 + rng.randrange(DIES - 1)) % DIES  # any other die
     return _die(a), _die(b)
 
 

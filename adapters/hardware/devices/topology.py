@@ -134,22 +134,29 @@ def build(cluster: str, servers: int) -> Topology:
     raise ValueError(f"cluster: unknown cluster {cluster!r}; known: cm384, gen1")
 
 
-def _endpoint(topo: Topology, addr: str) -> tuple[int, str, int]:
-    """(server, kind, npu index) of an endpoint address."""
+@functools.lru_cache(maxsize=8192)
+def _parse_endpoint(addr: str) -> tuple[int, str, int] | None:
     m = _ENDPOINT.match(addr)
     if m is None:
+        return None
+    if m.group(2) is None:
+        return int(m.group(1)), "host" if m.group(3) else "ssd", -1
+    return int(m.group(1)), "npu", int(m.group(2))
+
+
+def _endpoint(topo: Topology, addr: str) -> tuple[int, str, int]:
+    """(server, kind, npu index) of an endpoint address."""
+    parsed = _parse_endpoint(addr)
+    if parsed is None:
         raise ValueError(f"endpoint: {addr!r} is not hw/s<i>/npu<j>, hw/s<i>/host or hw/s<i>/ssd")
-    server = int(m.group(1))
+    server, kind, npu = parsed
     if server >= topo.servers:
         raise ValueError(
             f"endpoint: {addr!r}: the {topo.cluster} topology has {topo.servers} servers"
         )
-    if m.group(2) is None:
-        return server, "host" if m.group(3) else "ssd", -1
-    npu = int(m.group(2))
-    if npu >= topo.npus_per_server:
+    if kind == "npu" and npu >= topo.npus_per_server:
         raise ValueError(f"endpoint: {addr!r}: a server has {topo.npus_per_server} NPUs")
-    return server, "npu", npu
+    return parsed
 
 
 def route(topo: Topology, src: str, dst: str, via: str | None = None) -> Route:
