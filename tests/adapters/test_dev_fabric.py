@@ -3,7 +3,12 @@ once delivery with the fingerprint, and the link faults (down, degraded, flappin
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from dev_harness import (
@@ -12,6 +17,7 @@ from dev_harness import (
     assert_state_is_fold,
     events,
     handler_failures,
+    log_encoding,
     make_driver,
     send,
 )
@@ -40,6 +46,10 @@ from deepserve.adapters.hardware.transfer import (
     effective_bw_bytes_per_s,
     transfer_time_s,
 )
+from deepserve.benchmarks.devices import Go, KeepBusy
+from deepserve.core import MemorySink, SimDriver
+from deepserve.persistence import MemoryLog
+from deepserve.replay.verify import verify
 
 GB = 10**9
 A, B, C = "hw/s0/npu0", "hw/s1/npu0", "hw/s1/npu1"
@@ -381,3 +391,45 @@ def test_every_transfer_is_answered_once_at_large_times_as_the_exact_simulator_s
         assert t - base == pytest.approx(float(exact[m.req_id]), rel=1e-6, abs=slack)
     assert fabric.state.xfers == {} and fabric.state.due == []
     assert handler_failures(d) == []
+
+
+def _busy_log(flows: int, deliveries: int) -> SimDriver:
+    """A client keeps `flows` UB transfers in flight on a whole CloudMatrix384: thousands of
+    fabric events, so the kernel snapshots the (in-place updated) fabric state several times."""
+    d = SimDriver(seed=3, sink=MemorySink())
+    d.spawn(FABRIC, Fabric, cluster="cm384", servers=48)
+    d.spawn("bench/client", KeepBusy)
+    d.inject("bench/client", Go(flows), src="ext/bench")
+    d.run(max_deliveries=2)
+    while d.actor("bench/client").state < deliveries:
+        d.run(max_deliveries=500)
+    return d
+
+
+def test_a_busy_fabric_log_replays_identically_and_its_state_is_the_fold():
+    d = _busy_log(150, 700)
+    result = verify(MemoryLog(d.sink))
+    assert result.identical, result.summary()
+    assert sum(1 for s in d.sink.steps if s.snapshot and s.input.actor == FABRIC) >= 2
+    assert_state_is_fold(d, FABRIC)
+    check_conservation(d.actor(FABRIC).state, d.actor(FABRIC).nominal)
+
+
+def test_the_fabric_log_does_not_depend_on_the_process_hash_seed():
+    """Rates are float sums: their order must not come from set iteration (str hashes are
+    salted per process)."""
+    code = (
+        "import sys; sys.path.insert(0, 'tests/adapters');"
+        "from test_dev_fabric import _digest; print(_digest())"
+    )
+    root = Path(__file__).resolve().parents[2]
+    seed = "1" if os.environ.get("PYTHONHASHSEED") != "1" else "2"
+    other = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONHASHSEED": seed},
+    ).stdout.strip()  # fmt: skip
+    assert other == _digest() and len(other) == 64
+
+
+def _digest() -> str:
+    return hashlib.sha256(repr(log_encoding(_busy_log(80, 250))).encode()).hexdigest()
