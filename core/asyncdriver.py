@@ -259,12 +259,16 @@ class AsyncDriver(DriverBase):
                 self._pressure = cell
             return True
         if cell is None and self.transport is not None and self.transport.owns(dst):
-            return self.transport.send(env)
+            if self.transport.send(env):
+                return True
+            # The peer is gone or far behind: a dead letter like any other.
+            self._bounce(env, DEAD, "transport refused")
+            return False
         self._bounce(env, DEAD)
         return False
 
-    def _bounce(self, env: Envelope, kind: int) -> None:
-        fail = self._undeliverable(env, self.clock(), kind)
+    def _bounce(self, env: Envelope, kind: int, reason: str | None = None) -> None:
+        fail = self._undeliverable(env, self.clock(), kind, reason)
         if fail is not None:
             self._send(fail)
 

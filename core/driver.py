@@ -128,7 +128,9 @@ class DriverBase:
                 self.escalations.append((cell.addr, event.reason))
 
     # ---- undeliverable ---------------------------------------------------
-    def _undeliverable(self, env: Envelope, t: float, kind: int) -> Envelope | None:
+    def _undeliverable(
+        self, env: Envelope, t: float, kind: int, reason: str | None = None
+    ) -> Envelope | None:
         """Record a dead letter or a drop; return the `AskFailed` owed to an asker."""
         if kind == DEAD:
             self.dead_letters += 1
@@ -140,7 +142,8 @@ class DriverBase:
             self.sink.append(Step(input_record(ghost, env, t, kind), [], []))
         if not env.ask:
             return None
-        reason = "target is dead" if kind == DEAD else "target mailbox is full"
+        if reason is None:
+            reason = "target is dead" if kind == DEAD else "target mailbox is full"
         fail = AskFailed(request_id=env.msg_id, target=env.dst, reason=reason)
         return Envelope(env.dst, env.src, 0, env.hlc, env.corr, fail, env.msg_id)
 

@@ -8,14 +8,14 @@ from typing import Any
 
 import msgspec
 
-from deepserve.cliutil import CliParser, print_json, print_pretty_json, seconds
+from deepserve.cli.util import CliParser, print_json, print_pretty_json, seconds
 from deepserve.persistence import LogReader, migrate, open_log
-
-from .common import compact
-from .digest import digest
-from .listing import listing, listing_records
-from .state import state_at
-from .verify import Divergence, verify
+from deepserve.replay.common import compact
+from deepserve.replay.digest import digest
+from deepserve.replay.integrity import check_integrity
+from deepserve.replay.listing import listing, listing_records
+from deepserve.replay.state import state_at
+from deepserve.replay.verify import Divergence, verify
 
 EXIT_DIVERGED = 1
 
@@ -58,11 +58,19 @@ def _command(sub: Any, name: str, func: Any, help_text: str) -> CliParser:
 
 def _read(path: str) -> LogReader:
     """Open for reading without changing the file: an incident log is evidence. An older
-    schema gets a one-line error that names `deepserve replay migrate`."""
-    return open_log(path, upgrade=False)
+    schema gets a one-line error that names `deepserve replay migrate`; a damaged file
+    is refused before anything is answered from it."""
+    reader = open_log(path, upgrade=False)
+    try:
+        check_integrity(path)
+    except BaseException:
+        reader.close()
+        raise
+    return reader
 
 
 def _migrate(args: argparse.Namespace) -> int:
+    check_integrity(args.log)  # never rewrite a damaged file: it would hide the damage
     done = migrate(args.log)
     if args.json:
         print_json({target: {"from": a, "to": b} for target, (a, b) in done.items()})

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from deepserve.cliutil import CliError, CliParser, positive_int, print_json
+from deepserve.cli.util import CliError, CliParser, positive_int, print_json
 from deepserve.persistence import open_log, open_sink
 from deepserve.persistence.api import LogError
 
