@@ -140,23 +140,34 @@ class MaxMinShare(Struct, kw_only=True):
         self, flow: str, path: Sequence[str], capacity: Callable[[str], float]
     ) -> dict[str, float]:
         """Start `flow` over `path`; `capacity(link)` is asked for links not yet in use."""
-        if flow in self.paths:
-            raise ValueError(f"flow: {flow!r} is already sharing")
-        if not path or len(set(path)) != len(path):
-            raise ValueError(f"path: flow {flow!r} needs distinct links, got {list(path)}")
-        self.paths[flow] = tuple(path)
-        self.rates[flow] = 0.0
-        for link in path:
-            users = self.users.get(link)
-            if users is None:
-                cap = capacity(link)
-                if not cap >= 0:
-                    raise ValueError(f"capacity: link {link!r} must be >= 0, got {cap}")
-                users = self.users[link] = {}
-                self.caps[link] = cap
-            users[flow] = None
-        changed = self._rerate(path)
-        changed.setdefault(flow, self.rates[flow])
+        return self.add_many([(flow, path)], capacity)
+
+    def add_many(
+        self, flows: Sequence[tuple[str, Sequence[str]]], capacity: Callable[[str], float]
+    ) -> dict[str, float]:
+        """Start several flows at once (one repair for all: flows that start at the same
+        instant, e.g. a burst of KV transfers, cost one water-filling, not one each)."""
+        seeds: dict[str, None] = {}
+        for flow, path in flows:
+            if flow in self.paths:
+                raise ValueError(f"flow: {flow!r} is already sharing")
+            if not path or len(set(path)) != len(path):
+                raise ValueError(f"path: flow {flow!r} needs distinct links, got {list(path)}")
+            self.paths[flow] = tuple(path)
+            self.rates[flow] = 0.0
+            for link in path:
+                users = self.users.get(link)
+                if users is None:
+                    cap = capacity(link)
+                    if not cap >= 0:
+                        raise ValueError(f"capacity: link {link!r} must be >= 0, got {cap}")
+                    users = self.users[link] = {}
+                    self.caps[link] = cap
+                users[flow] = None
+                seeds[link] = None
+        changed = self._rerate(list(seeds))
+        for flow, _ in flows:
+            changed.setdefault(flow, self.rates[flow])
         return changed
 
     def remove(self, flow: str) -> dict[str, float]:

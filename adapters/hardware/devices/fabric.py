@@ -32,13 +32,14 @@ from deepserve.adapters.hardware.devices.flows import (
     FabricXferAccepted,
     FabricXferDelivered,
     FabricXferFailed,
-    FabricXferFlowing,
+    FabricXfersFlowing,
     Flap,
     LinkCond,
     Xfer,
     capacity,
     done_slack_s,
     evolve_fabric,
+    setup_end_s,
 )
 from deepserve.adapters.hardware.devices.topology import build, resource_link, route
 from deepserve.adapters.hardware.specs import LINKS, link_spec
@@ -50,10 +51,6 @@ from deepserve.adapters.hardware.transfer import (
 from deepserve.core import Actor, Context, Event, Message
 
 ROUTE_CACHE_LIMIT = 1 << 16  # memoised routes (a CloudMatrix384 has 768 x 767 die pairs)
-
-
-class FabricSetupDone(Message, frozen=True):
-    key: str
 
 
 class FabricTick(Message, frozen=True):
@@ -120,10 +117,8 @@ class Fabric(Actor[FabricState]):
             return
         # The armed tick is the state's next completion (both roll back together if a handler
         # fails), so a handler that leaves the next completion alone leaves the timer alone.
-        armed = self.state.next_due()
-        if isinstance(msg, FabricSetupDone):
-            self._setup_done(ctx, msg.key)
-        elif isinstance(msg, LinkTransfer | LinkBroadcast):
+        armed = self.state.next_event_s()
+        if isinstance(msg, LinkTransfer | LinkBroadcast):
             self._accept(ctx, msg)
         elif isinstance(msg, LinkCancel):
             x = self.state.xfers.get(f"{ctx.sender}|{msg.req_id}")
@@ -135,7 +130,7 @@ class Fabric(Actor[FabricState]):
             self._fault(ctx, msg)
         else:
             return
-        if ctx.events and self.state.next_due() != armed:
+        if ctx.events and self.state.next_event_s() != armed:
             self._reschedule(ctx)
 
     # ---- transfers ---------------------------------------------------------
@@ -156,8 +151,7 @@ class Fabric(Actor[FabricState]):
             reason = f"link {link} is down"
             answer(ctx, to, LinkTransferFailed(req_id=msg.req_id, reason=reason, link=link))
             return
-        ctx.record(FabricXferAccepted(xfer))
-        ctx.after(xfer.fixed_s, FabricSetupDone(key), key=f"setup:{key}")
+        ctx.record(FabricXferAccepted(xfer))  # its setup ends on a tick (flows.starts)
 
     def _xfer(self, ctx: Context, msg: LinkTransfer | LinkBroadcast, key: str, to: ReplyTo) -> Xfer:
         if key in self.state.xfers:
@@ -215,21 +209,40 @@ class Fabric(Actor[FabricState]):
             raise ValueError(f"src: a broadcast runs between NPUs, not over {kind!r}")
         return resources, kind
 
-    def _setup_done(self, ctx: Context, key: str) -> None:
-        x = self.state.xfers.get(key)
-        if x is None or x.flowing:
-            return  # failed during setup
-        ctx.record(FabricXferFlowing(key, ctx.now()))
-        if x.nbytes == 0:
-            self._deliver(ctx, x)
-
     def _tick(self, ctx: Context) -> None:
-        """Deliver every transfer due now. Each delivery re-rates the flows it shared links
-        with (they may become due too), so take the heap's top again each time."""
+        """Deliver every transfer due now, then start every transfer whose setup ends now,
+        together (one repair of the allocation for a burst). Each delivery re-rates the flows
+        it shared links with (they may become due too), so take the heap's top each time."""
         st = self.state
         horizon = ctx.now() + done_slack_s(ctx.now())
-        while (top := st.next_due()) is not None and top[0] <= horizon:
-            self._deliver(ctx, st.xfers[top[1]])
+        progressed = True
+        while progressed:  # a flow started now may already be due (a few bytes, late clock)
+            progressed = False
+            while (top := st.next_due()) is not None and top[0] <= horizon:
+                self._deliver(ctx, st.xfers[top[1]])
+                progressed = True
+            keys = self._starting(horizon)
+            if keys:
+                ctx.record(FabricXfersFlowing(keys, ctx.now()))
+                for key in keys:
+                    if st.xfers[key].nbytes == 0:
+                        self._deliver(ctx, st.xfers[key])
+                progressed = True
+
+    def _starting(self, horizon: float) -> tuple[str, ...]:
+        """Transfers whose setup ends by `horizon`: the heap's entries up to it, found by
+        walking down from the root (no pops: the handler does not change the state)."""
+        heap, xfers, found = self.state.starts, self.state.xfers, []
+        stack = [0]
+        while stack:
+            i = stack.pop()
+            if i < len(heap) and heap[i][0] <= horizon:
+                t, key = heap[i]
+                x = xfers.get(key)
+                if x is not None and not x.flowing and setup_end_s(x) == t:
+                    found.append(heap[i])
+                stack += (2 * i + 1, 2 * i + 2)
+        return tuple(dict.fromkeys(key for _, key in sorted(found)))
 
     def _deliver(self, ctx: Context, x: Xfer) -> None:
         now = ctx.now()
@@ -249,16 +262,14 @@ class Fabric(Actor[FabricState]):
 
     def _fail(self, ctx: Context, x: Xfer, reason: str, link: str | None) -> None:
         ctx.record(FabricXferFailed(x.key, ctx.now(), reason))
-        if not x.flowing:
-            ctx.cancel(f"setup:{x.key}")
         answer(ctx, x.to, LinkTransferFailed(req_id=x.req_id, reason=reason, link=link))
 
     def _reschedule(self, ctx: Context) -> None:
-        top = self.state.next_due()
-        if top is None:
+        at = self.state.next_event_s()
+        if at is None:
             ctx.cancel("tick")
         else:
-            ctx.after(max(0.0, top[0] - ctx.now()), FabricTick(), key="tick")
+            ctx.after(max(0.0, at - ctx.now()), FabricTick(), key="tick")
 
     # ---- links -------------------------------------------------------------
     def _probe(self, ctx: Context, msg: LinkProbe) -> None:

@@ -74,6 +74,7 @@ class FabricState(msgspec.Struct):
     on: dict[str, dict[str, None]] = {}  # link direction -> transfers crossing it (any phase)
     share: MaxMinShare = msgspec.field(default_factory=MaxMinShare)
     due: list[tuple[float, str]] = []  # heap of (finish_s, key); the top is always current
+    starts: list[tuple[float, str]] = []  # heap of (end of setup, key) of transfers in setup
     conds: dict[str, LinkCond] = {}  # links not at nominal condition
     flaps: dict[str, Flap] = {}
     delivered: int = 0
@@ -85,7 +86,8 @@ class FabricState(msgspec.Struct):
         copying the containers is a deep copy (and far cheaper than copy's generic walk)."""
         return FabricState(
             xfers=dict(self.xfers), on={r: dict(keys) for r, keys in self.on.items()},
-            share=self.share.__deepcopy__(memo), due=list(self.due), conds=dict(self.conds),
+            share=self.share.__deepcopy__(memo), due=list(self.due), starts=list(self.starts),
+            conds=dict(self.conds),
             flaps=dict(self.flaps), delivered=self.delivered,
             delivered_bytes=self.delivered_bytes, failed=self.failed,
         )  # fmt: skip
@@ -93,6 +95,15 @@ class FabricState(msgspec.Struct):
     def next_due(self) -> tuple[float, str] | None:
         """(finish time, key) of the transfer that completes first, if any progresses."""
         return self.due[0] if self.due else None
+
+    def next_start(self) -> tuple[float, str] | None:
+        """(time, key) of the transfer whose setup ends first."""
+        return self.starts[0] if self.starts else None
+
+    def next_event_s(self) -> float | None:
+        """When the fabric next has something to do on its own: a setup ends or a flow ends."""
+        times = [h[0][0] for h in (self.due, self.starts) if h]
+        return min(times) if times else None
 
 
 # ---- events ----------------------------------------------------------------
@@ -104,6 +115,13 @@ class FabricXferAccepted(Event, frozen=True):
 
 class FabricXferFlowing(Event, frozen=True):
     key: str
+    at_s: float
+
+
+class FabricXfersFlowing(Event, frozen=True):
+    """Transfers whose setup ended at the same instant start sharing together (one repair)."""
+
+    keys: tuple[str, ...]
     at_s: float
 
 
@@ -164,6 +182,21 @@ def _rerated(st: FabricState, changed: Mapping[str, float], at_s: float) -> None
             heapq.heappush(due, (finish, key))
 
 
+def setup_end_s(x: Xfer) -> float:
+    return x.accepted_at_s + x.fixed_s
+
+
+def _tidy_starts(st: FabricState) -> None:
+    starts, xfers = st.starts, st.xfers
+
+    def live(entry: tuple[float, str]) -> bool:
+        x = xfers.get(entry[1])
+        return x is not None and not x.flowing and setup_end_s(x) == entry[0]
+
+    while starts and not live(starts[0]):
+        heapq.heappop(starts)
+
+
 def _tidy_due(st: FabricState) -> None:
     """Drop superseded heap entries from the top (so `next_due` is current); rebuild the heap
     when stale entries outnumber live ones (amortised O(1) per push, bounded memory)."""
@@ -206,19 +239,24 @@ def evolve_fabric(
         st.xfers[x.key] = x
         for r in x.resources:
             st.on.setdefault(r, {})[x.key] = None
+        heapq.heappush(st.starts, (setup_end_s(x), x.key))
         return st
-    if isinstance(event, FabricXferFlowing):
-        x = st.xfers[event.key]
-        at = event.at_s
-        st.xfers[x.key] = msgspec.structs.replace(
-            x, flowing=True, bytes_left=float(x.nbytes), since_s=at
-        )
-        if x.nbytes > 0:  # a zero-byte transfer is delivered at once, sharing nothing
+    if isinstance(event, FabricXfersFlowing | FabricXferFlowing):
+        keys = event.keys if isinstance(event, FabricXfersFlowing) else (event.key,)
+        at, sharing = event.at_s, []
+        for key in keys:
+            x = st.xfers[key]
+            st.xfers[key] = msgspec.structs.replace(
+                x, flowing=True, bytes_left=float(x.nbytes), since_s=at
+            )
+            if x.nbytes > 0:  # a zero-byte transfer is delivered at once, sharing nothing
+                sharing.append((key, x.resources))
 
-            def cap(r: str) -> float:
-                return capacity(nominal, st.conds, r)
+        def cap(r: str) -> float:
+            return capacity(nominal, st.conds, r)
 
-            _rerated(st, st.share.add(x.key, x.resources, cap), at)
+        if sharing:
+            _rerated(st, st.share.add_many(sharing, cap), at)
     elif isinstance(event, FabricXferDelivered):
         x = _end(st, event.key, event.at_s)
         st.delivered += 1
@@ -245,6 +283,7 @@ def evolve_fabric(
     else:
         raise AssertionError(f"fabric: unknown event {type(event).__name__}")
     _tidy_due(st)
+    _tidy_starts(st)
     return st
 
 
