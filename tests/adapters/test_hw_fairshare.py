@@ -80,6 +80,9 @@ _op = st.one_of(
     st.tuples(st.just("add"), st.lists(st.sampled_from(_LINKS), min_size=1, max_size=3, unique=True)),
     st.tuples(st.just("remove"), st.integers(0, 40)),
     st.tuples(st.just("cap"), st.sampled_from(_LINKS), st.sampled_from([0.0, 0.5, 1.0, 3.0, 10.0])),
+    st.tuples(st.just("burst"), st.lists(
+        st.lists(st.sampled_from(_LINKS), min_size=1, max_size=3, unique=True), min_size=1, max_size=4,
+    )),
 )
 
 
@@ -102,6 +105,10 @@ def test_incremental_share_is_the_max_min_allocation_after_every_change(caps, op
             del live[gone]
             changed = share.remove(gone)
             before.pop(gone)
+        elif op[0] == "burst":  # several flows start at the same instant: one repair
+            batch = [(f"f{n}.{i}", tuple(p)) for i, p in enumerate(op[1])]
+            live.update(batch)
+            changed = share.add_many(batch, lambda link: nominal[link])
         elif op[0] == "cap":
             nominal[op[1]] = op[2]
             changed = share.set_capacity(op[1], op[2])
