@@ -27,6 +27,7 @@ from deepserve.adapters.hardware.models import model_profile
 from deepserve.adapters.hardware.sizes import weight_bytes
 from deepserve.adapters.hardware.specs import link_spec, server_spec
 from deepserve.core import Actor, MemorySink, SimDriver
+from deepserve.core.asyncdriver import AsyncDriver
 
 HOST = "hw/s0/host"
 SERVER = server_spec("gen1-910b")
@@ -247,3 +248,17 @@ def test_the_default_load_timeout_leaves_slow_shared_loads_alone():
     assert all(isinstance(m, HostLoadDone) for m in done)
     alone = local_load(model_profile("llama3-8b"), SERVER, 1, dram_hit=False)
     assert min(m.duration_s for m in done) > 7 * alone.transfer_s
+
+
+async def test_under_asyncdriver_a_load_whose_transfers_are_dropped_still_answers():
+    """The daemon's driver: one fabric, bounded mailboxes, a 16-die load that overflows it."""
+    dies = tuple(npu_addr(0, j) for j in range(16))
+    async with AsyncDriver(seed=1, mailbox_capacity=8) as d:
+        d.spawn(FABRIC, Fabric, cluster="cm384", servers=1)
+        d.spawn(HOST, Host, server=0, server_kind="cm384-910c")
+        await d.idle()
+        reply = await d.ask(HOST, HostLoad(req_id="l", model="llama3-8b", targets=dies), 5.0)
+        await d.idle()
+        assert d.actor(FABRIC).state.xfers == {}  # what got in was cancelled
+    assert isinstance(reply, HostLoadFailed), reply
+    assert "target mailbox is full" in reply.reason
