@@ -215,24 +215,26 @@ class Fabric(Actor[FabricState]):
         it shared links with (they may become due too), so take the heap's top each time."""
         st = self.state
         horizon = ctx.now() + done_slack_s(ctx.now())
-        progressed = True
-        while progressed:  # a flow started now may already be due (a few bytes, late clock)
-            progressed = False
-            while (top := st.next_due()) is not None and top[0] <= horizon:
-                self._deliver(ctx, st.xfers[top[1]])
-                progressed = True
-            keys = self._starting(horizon)
-            if keys:
-                ctx.record(FabricXfersFlowing(keys, ctx.now()))
-                for key in keys:
-                    if st.xfers[key].nbytes == 0:
-                        self._deliver(ctx, st.xfers[key])
-                progressed = True
+        self._deliver_due(ctx, horizon)
+        keys = self._starting(horizon)
+        if keys:
+            ctx.record(FabricXfersFlowing(keys, ctx.now()))
+            for key in keys:
+                if st.xfers[key].nbytes == 0:
+                    self._deliver(ctx, st.xfers[key])
+            self._deliver_due(ctx, horizon)  # a few bytes late in a long run: due already
+
+    def _deliver_due(self, ctx: Context, horizon: float) -> None:
+        st = self.state
+        while (top := st.next_due()) is not None and top[0] <= horizon:
+            self._deliver(ctx, st.xfers[top[1]])
 
     def _starting(self, horizon: float) -> tuple[str, ...]:
         """Transfers whose setup ends by `horizon`: the heap's entries up to it, found by
         walking down from the root (no pops: the handler does not change the state)."""
         heap, xfers, found = self.state.starts, self.state.xfers, []
+        if not heap or heap[0][0] > horizon:
+            return ()
         stack = [0]
         while stack:
             i = stack.pop()
