@@ -13,7 +13,7 @@ import sqlite3
 import sys
 from collections.abc import Sequence
 
-from deepserve.cli.util import CliError, CliParser, one_line
+from deepserve.cli.util import CliError, CliParser, missing_extra, one_line
 from deepserve.core.driver import CODE_VERSION
 from deepserve.persistence.api import LogError
 from deepserve.replay.common import ReplayError
@@ -47,6 +47,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BAD_INPUT as exc:
         print(f"deepserve: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except ModuleNotFoundError as exc:
+        advice = missing_extra(exc.name)
+        if advice is None:
+            return _internal_error(exc)
+        print(f"deepserve: error: {advice}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("deepserve: interrupted", file=sys.stderr)
         return 130
@@ -57,14 +63,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 0
     except Exception as exc:  # noqa: BLE001 — the promise is: never a traceback
-        if os.environ.get("DEEPSERVE_DEBUG"):
-            raise
-        print(
-            f"deepserve: internal error: {type(exc).__name__}: {one_line(str(exc))} "
-            f"(set DEEPSERVE_DEBUG=1 for the traceback)",
-            file=sys.stderr,
-        )
-        return EXIT_INTERNAL
+        return _internal_error(exc)
+
+
+def _internal_error(exc: Exception) -> int:
+    if os.environ.get("DEEPSERVE_DEBUG"):
+        raise exc
+    print(
+        f"deepserve: internal error: {type(exc).__name__}: {one_line(str(exc))} "
+        f"(set DEEPSERVE_DEBUG=1 for the traceback)",
+        file=sys.stderr,
+    )
+    return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

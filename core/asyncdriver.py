@@ -93,6 +93,7 @@ class AsyncDriver(DriverBase):
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
         result = await self._tg.__aexit__(*exc)
+        self._snapshot_live(self.clock())
         if self.transport is not None:
             self.transport.close()
         if self.sink is not None:
@@ -184,7 +185,7 @@ class AsyncDriver(DriverBase):
             else:
                 self._route(cell, cell.ctx.outputs, now)
                 if not cell.alive:
-                    self._retire(cell)
+                    self._retire(cell, now)
             self._busy -= 1
             if stats.failed != failed:
                 failed = stats.failed
@@ -221,7 +222,7 @@ class AsyncDriver(DriverBase):
             _, cell, outputs, now = held.popleft()
             self._route(cell, outputs, now)
             if not cell.alive:
-                self._retire(cell)
+                self._retire(cell, now)
 
     # ---- routing -------------------------------------------------------------------
     def _route(self, cell: Cell, outputs: list[Out], now: float) -> None:
@@ -290,8 +291,8 @@ class AsyncDriver(DriverBase):
             elif isinstance(event, Stopped):
                 log.warning("actor stopped", actor=cell.addr, seq=cell.seq, reason=event.reason)
 
-    def _retire(self, cell: Cell) -> None:
-        super()._retire(cell)
+    def _retire(self, cell: Cell, t: float) -> None:
+        super()._retire(cell, t)
         for env in self._pending_timers(cell.addr, self._timer_heap, self._timers):  # type: ignore[arg-type]
             self._bounce(env, DEAD)
 

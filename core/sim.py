@@ -131,7 +131,7 @@ class SimDriver(DriverBase):
             elif cell.ctx.outputs:
                 self._route(cell, t, None)
             if not cell.alive:
-                self._retire(cell)
+                self._retire(cell, t)
                 self._note_stop(cell)
             n += 1
             for check in invariants:
@@ -139,7 +139,14 @@ class SimDriver(DriverBase):
         if until is not None and self._next_time() > until:
             self.now = max(self.now, until)
         self.deliveries += n
+        if not heap and not sched:
+            self.snapshot_live()  # the run has ended: nothing is pending
         return n
+
+    def snapshot_live(self) -> None:
+        """Log every live actor's final state now (done by `run` when nothing is
+        pending; call it after a run stopped early by `until` or a budget)."""
+        self._snapshot_live(self.now)
 
     # ---- routing -------------------------------------------------------------
     def _push(self, t: float, env: Envelope, key: str | None = None) -> int:
@@ -188,10 +195,10 @@ class SimDriver(DriverBase):
                 self._send(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, Stop(by=addr)), t)
         cell.hlc = hlc
 
-    def _retire(self, cell: Cell) -> None:
-        super()._retire(cell)
+    def _retire(self, cell: Cell, t: float) -> None:
+        super()._retire(cell, t)
         for env in self._pending_timers(cell.addr, self._heap, self._timers):
-            self._bounce(env, self.now, DEAD)
+            self._bounce(env, t, DEAD)
 
     def stats(self) -> dict[str, dict[str, Any]]:
         for addr, cell in self.cells.items():

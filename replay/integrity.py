@@ -21,7 +21,8 @@ import urllib.parse
 
 from deepserve.persistence.api import LogError
 from deepserve.persistence.factory import log_files
-from deepserve.persistence.target import parse_target, sqlite_file_problem
+from deepserve.persistence.sqlite.files import sqlite_file_problem
+from deepserve.persistence.target import parse_target
 
 BUSY_S = 10.0  # wait this long for a live writer's lock
 

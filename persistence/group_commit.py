@@ -15,16 +15,15 @@ the smaller default for `outbox` (a few thousand steps: ~100 ms at saturation).
 
 from __future__ import annotations
 
-import atexit
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from deepserve.core.records import RunRec, Step
 
-from .api import Durability, LogError
-from .target import one_line
+from . import open_sinks
+from .api import Durability
+from .errors import LogError, one_line
 
 DEFAULT_MAX_PENDING = {"async": 32_768, "outbox": 4_096}
 DEFAULT_MAX_BATCH = 2_048
@@ -97,7 +96,7 @@ class GroupCommitSink:
         if self._error is not None:
             self._thread.join()
             raise LogError(self._error)
-        _open_sinks.add(self)
+        open_sinks.track(self)  # closed at exit if nobody closes it
 
     # ---- the driver's side ---------------------------------------------------
     def begin_run(self, run: RunRec) -> None:
@@ -173,7 +172,7 @@ class GroupCommitSink:
             self._room.notify_all()  # blocked appenders give up: nothing after close
         if not already:
             self._thread.join()
-            _open_sinks.discard(self)
+            open_sinks.untrack(self)
         if self._error is not None:
             raise LogError(self._error)
 
@@ -252,15 +251,22 @@ class GroupCommitSink:
             self._room.notify_all()
 
 
-# A sink left open at interpreter exit still gets its queue written: the writer is a
-# daemon thread (it must not keep a crashed program alive), so flush it explicitly.
-_open_sinks: weakref.WeakSet[GroupCommitSink] = weakref.WeakSet()
+def runs_and_steps(items: Sequence[Step | RunRec]) -> list[RunRec | list[Step]]:
+    """A writer's batch cut into its run records and the runs of steps between them."""
+    parts: list[RunRec | list[Step]] = []
+    steps: list[Step] = []
+    for item in items:
+        if type(item) is Step:
+            steps.append(item)
+            continue
+        if steps:
+            parts.append(steps)
+            steps = []
+        parts.append(item)
+    if steps:
+        parts.append(steps)
+    return parts
 
 
-@atexit.register
-def _close_open_sinks() -> None:
-    for sink in list(_open_sinks):
-        try:
-            sink.close()
-        except LogError:
-            pass
+def count_steps(items: Sequence[Step | RunRec]) -> int:
+    return sum(1 for item in items if type(item) is Step)
