@@ -53,6 +53,12 @@ from deepserve.core import Actor, Context, Event, Message
 ROUTE_CACHE_LIMIT = 1 << 16  # memoised routes (a CloudMatrix384 has 768 x 767 die pairs)
 
 
+class FabricSetupDone(Message, frozen=True):
+    """No longer sent (setups end on the tick); kept so older logs still decode."""
+
+    key: str
+
+
 class FabricTick(Message, frozen=True):
     pass
 

@@ -114,6 +114,8 @@ class FabricXferAccepted(Event, frozen=True):
 
 
 class FabricXferFlowing(Event, frozen=True):
+    """One transfer starts sharing (older logs; the fabric now records FabricXfersFlowing)."""
+
     key: str
     at_s: float
 
