@@ -12,12 +12,23 @@ def test_bench_devices_json_rows(tmp_path: Path) -> None:
     res = deepserve("bench", "devices", "--json", "--flows", "40", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     rows = {r["name"]: r for r in map(json.loads, res.stdout.splitlines())}
-    assert rows.keys() == {"fabric_flows_40_s", "fabric_steady_deliveries_per_s"}
+    steady = {
+        f"fabric_steady_{what}_per_{per}"
+        for what in ("deliveries", "transfers")
+        for per in ("s", "cpu_s")
+    }
+    assert rows.keys() == {"fabric_flows_40_s", "fabric_flows_40_cpu_s", *steady}
     assert rows["fabric_flows_40_s"]["unit"] == "s"
     assert rows["fabric_flows_40_s"]["baseline"].startswith("fabric_flows_4_s")
     assert rows["fabric_steady_deliveries_per_s"]["baseline"].endswith("at 4 flows")
     for r in rows.values():
         assert r["value"] > 0 and r["baseline_value"] > 0
+    # a transfer costs several kernel deliveries (request, ticks, answer)
+    for per in ("s", "cpu_s"):
+        ratio = rows[f"fabric_steady_deliveries_per_{per}"]["value"] / rows[
+            f"fabric_steady_transfers_per_{per}"
+        ]["value"]
+        assert 2 <= ratio <= 5
 
 
 def test_bench_devices_bad_flow_count_is_one_line(tmp_path: Path) -> None:
