@@ -99,7 +99,7 @@ def _take_snapshot(cell: Cell) -> None:
     (the live state, for an actor that changes state only through `record`). A
     state mutated in place is not baked into snapshots, so the final snapshot
     (the live state, see `final_snapshot`) shows it to verify."""
-    if cell.snap is None:
+    if cell.snap is None or cell.actor.snapshot_from_live:  # type: ignore[union-attr]
         state = copy.deepcopy(cell.actor.state)  # type: ignore[union-attr]
     else:
         state = restore_state(cell)  # a fresh copy: never shared with the live state

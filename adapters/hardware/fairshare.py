@@ -191,19 +191,25 @@ class MaxMinShare(Struct, kw_only=True):
         return self._rerate([link])
 
     # ---- the repair ------------------------------------------------------------------
+    # Hot path of the fabric (two repairs per transfer, each folded twice: live and into
+    # the kernel's snapshot). Written for CPython: locals over attributes, no helper
+    # calls per flow, and a link with one user skips building a list (its load and its
+    # largest rate are that user's rate: the same floats `sum`/`max` give).
     def _rerate(self, seeds: Sequence[str]) -> dict[str, float]:
         users, rates, paths = self.users, self.rates, self.paths
         region: dict[str, float] = {}  # flow -> its rate before this change
         for link in seeds:
             for f in users[link]:
                 region[f] = rates[f]
+        if not region:
+            return {}
         while True:
             moved: dict[str, None] = dict.fromkeys(seeds)
             for f, rate in self._fill(region).items():
                 cur = rates[f]
                 if rate != cur and abs(rate - cur) > _SAME_RTOL * (rate if rate > cur else cur):
-                    rates[f] = rate
-                if rates[f] != region[f]:
+                    rates[f] = cur = rate
+                if cur != region[f]:
                     for link in paths[f]:
                         moved[link] = None
             grew = False
@@ -215,7 +221,7 @@ class MaxMinShare(Struct, kw_only=True):
                             grew = True
             if not grew:  # the max-min condition holds, or the region is the whole component
                 break
-        return {f: rates[f] for f, old in region.items() if rates[f] != old}
+        return {f: new for f, old in region.items() if (new := rates[f]) != old}
 
     def _fill(self, region: Mapping[str, float]) -> dict[str, float]:
         """Water-fill the flows of `region`, the others' rates fixed: repeatedly take the link
@@ -238,9 +244,11 @@ class MaxMinShare(Struct, kw_only=True):
             if len(us) != len(m):
                 left -= sum([rates[g] for g in us if g not in region])
             n = len(m)
-            residual[link], count[link] = left, n
+            residual[link] = left
+            count[link] = n
             heap.append((left / n if left > 0 else 0.0, link))
-        heapq.heapify(heap)
+        if len(heap) > 1:
+            heapq.heapify(heap)
         out: dict[str, float] = {}
         pop, push = heapq.heappop, heapq.heappush
         while heap:
@@ -269,7 +277,10 @@ class MaxMinShare(Struct, kw_only=True):
         bad: list[str] = []
         seen: set[str] = set()
         for link in links:
-            for f in users.get(link, ()):
+            us = users.get(link)
+            if not us:
+                continue
+            for f in us:
                 if f in seen:
                     continue
                 seen.add(f)
@@ -277,13 +288,22 @@ class MaxMinShare(Struct, kw_only=True):
                 for hop in paths[f]:
                     top = full.get(hop)
                     if top is None:
-                        rs = [rates[g] for g in users[hop]]
-                        load, cap = sum(rs), caps[hop]
-                        if load > cap * (1 + _CHECK_RTOL) + 1e-9:
-                            raise AssertionError(f"link {hop} carries {load} > capacity {cap}")
-                        top = full[hop] = max(rs) if load >= cap * (1 - _CHECK_RTOL) else -1.0
+                        top = full[hop] = _saturation(users[hop], rates, caps[hop], hop)
                     if top >= 0 and rate >= top * (1 - _CHECK_RTOL):
                         break
                 else:
                     bad.append(f)
         return bad
+
+
+def _saturation(flows: Mapping[str, None], rates: Mapping[str, float], cap: float, link: str) -> float:
+    """The largest rate on a saturated link, -1.0 on one that is not; raises if over capacity."""
+    if len(flows) == 1:
+        for g in flows:
+            load = top = rates[g]
+    else:
+        rs = [rates[g] for g in flows]
+        load, top = sum(rs), max(rs)
+    if load > cap * (1 + _CHECK_RTOL) + 1e-9:
+        raise AssertionError(f"link {link} carries {load} > capacity {cap}")
+    return top if load >= cap * (1 - _CHECK_RTOL) else -1.0

@@ -102,8 +102,10 @@ class FabricState(msgspec.Struct):
 
     def next_event_s(self) -> float | None:
         """When the fabric next has something to do on its own: a setup ends or a flow ends."""
-        times = [h[0][0] for h in (self.due, self.starts) if h]
-        return min(times) if times else None
+        due, starts = self.due, self.starts
+        if not due:
+            return starts[0][0] if starts else None
+        return min(due[0][0], starts[0][0]) if starts else due[0][0]
 
 
 # ---- events ----------------------------------------------------------------
@@ -171,17 +173,18 @@ def bytes_left_at(x: Xfer, at_s: float) -> float:
 
 
 def _rerated(st: FabricState, changed: Mapping[str, float], at_s: float) -> None:
-    """Re-anchor the transfers whose rate changed at `at_s` and queue their new finish."""
-    xfers, due = st.xfers, st.due
+    """Re-anchor the transfers whose rate changed at `at_s` and queue their new finish
+    (`bytes_left_at`, inlined: this runs for every flow a repair touches)."""
+    xfers, due, replace, push = st.xfers, st.due, msgspec.structs.replace, heapq.heappush
     for key, rate in changed.items():
         x = xfers[key]
-        left = bytes_left_at(x, at_s)
-        finish = at_s + left / rate if rate > 0 else None
-        xfers[key] = msgspec.structs.replace(
-            x, bytes_left=left, since_s=at_s, rate=rate, finish_s=finish
-        )
-        if finish is not None:
-            heapq.heappush(due, (finish, key))
+        left = max(0.0, x.bytes_left - x.rate * (at_s - x.since_s))
+        if rate > 0:
+            finish = at_s + left / rate
+            xfers[key] = replace(x, bytes_left=left, since_s=at_s, rate=rate, finish_s=finish)
+            push(due, (finish, key))
+        else:
+            xfers[key] = replace(x, bytes_left=left, since_s=at_s, rate=rate, finish_s=None)
 
 
 def setup_end_s(x: Xfer) -> float:
@@ -203,15 +206,14 @@ def _tidy_due(st: FabricState) -> None:
     """Drop superseded heap entries from the top (so `next_due` is current); rebuild the heap
     when stale entries outnumber live ones (amortised O(1) per push, bounded memory)."""
     due, xfers = st.due, st.xfers
-
-    def live(entry: tuple[float, str]) -> bool:
-        x = xfers.get(entry[1])
-        return x is not None and x.finish_s == entry[0]
-
     if len(due) > 2 * len(st.share.rates) + 64:
-        due[:] = [e for e in due if live(e)]
+        due[:] = [e for e in due if (x := xfers.get(e[1])) is not None and x.finish_s == e[0]]
         heapq.heapify(due)
-    while due and not live(due[0]):
+    while due:
+        finish, key = due[0]
+        x = xfers.get(key)
+        if x is not None and x.finish_s == finish:
+            return
         heapq.heappop(due)
 
 
