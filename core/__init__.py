@@ -2,8 +2,10 @@
 
 from .actor import Actor, Directive, Supervision
 from .address import address, deterministic_id
+from .asyncdriver import AsyncDriver
 from .codec import decode, encode
 from .context import Context
+from .driver import AskError
 from .envelope import Envelope, ReplyHandle
 from .messages import (
     AskFailed,
@@ -20,7 +22,7 @@ from .records import LogSink, MemorySink, Step
 from .sim import SimDriver
 
 __all__ = [
-    "Actor", "AskFailed", "ChildFailed", "Context", "Directive", "Envelope", "Event",
+    "Actor", "AskError", "AskFailed", "AsyncDriver", "ChildFailed", "Context", "Directive", "Envelope", "Event",
     "HandlerFailed", "LogSink", "MemorySink", "Message", "Raw", "ReplyHandle", "Restarted", "SimDriver",
     "Started", "Step", "Stopped", "Supervision", "address", "decode", "deterministic_id", "encode",
 ]

@@ -19,20 +19,16 @@ import structlog
 from anyio.abc import TaskGroup
 
 from .address import EXTERNAL_PREFIX, hlc_tick
-from .cell import Cell, execute, make_step
+from .cell import Cell, execute, make_step, settle_ask
 from .context import Out
-from .driver import DriverBase
+from .driver import ASK_SRC, AskError, DriverBase
 from .envelope import Envelope
 from .mailbox import Mailbox
-from .messages import AskFailed, HandlerFailed, Message, Stop, Stopped
-from .records import DEAD, FULL, LogSink
+from .messages import HandlerFailed, Message, Stop, Stopped
+from .records import DEAD, FULL, LATE, LogSink
 from .transport import Transport
 
 log = structlog.get_logger("deepserve.kernel")
-
-
-class AskError(Exception):
-    """An external `ask` failed: the target is dead, its mailbox full, or it timed out."""
 
 
 class AsyncDriver(DriverBase):
@@ -62,7 +58,6 @@ class AsyncDriver(DriverBase):
         self._timer_seq = 0
         self._timer_wake = anyio.Event()
         self._held: deque[tuple[int, Cell, list[Out], float]] = deque()
-        self._waiters: dict[int, list[Any]] = {}  # ext ask id -> [event, reply]
         self._busy = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pressure: Cell | None = None
@@ -129,26 +124,39 @@ class AsyncDriver(DriverBase):
         return env.msg_id if self._send(env) else 0
 
     async def ask(self, dst: str, msg: Message, timeout_s: float, corr: str | None = None) -> Any:
-        """Request/reply from outside the actor system."""
-        env = self._external_env(dst, msg, corr, "ext/ask", self.clock(), ask=True)
+        """Request/reply from outside the actor system. Returns the reply; raises
+        `AskError` (request id, target, reason) if the target is dead, its mailbox
+        full, the transport refused, or no answer came within `timeout_s`. A reply
+        after the timeout is recorded (input kind `late`), not delivered."""
+        if not timeout_s > 0:
+            raise ValueError(f"ask needs a positive timeout_s, got {timeout_s!r}")
+        env = self._external_env(dst, msg, corr, ASK_SRC, self.clock(), ask=True)
+        rid = env.msg_id
         slot: list[Any] = [anyio.Event(), None]
-        self._waiters[env.msg_id] = slot
+        self._waiters[rid] = slot
         try:
             self._send(env)
-            with anyio.fail_after(timeout_s):
+            with anyio.move_on_after(timeout_s):
                 await slot[0].wait()
-        except TimeoutError:
-            raise AskError(f"ask {type(msg).__name__} to {dst} timed out after {timeout_s}s") from None
         finally:
-            self._waiters.pop(env.msg_id, None)
-        reply = slot[1]
-        if isinstance(reply, AskFailed):
-            raise AskError(f"ask {type(msg).__name__} to {dst} failed: {reply.reason}")
-        return reply
+            del self._waiters[rid]
+        if not slot[0].is_set():
+            raise AskError(rid, dst, f"timeout after {timeout_s}s")
+        return self._ask_result(rid, dst, slot[1])
 
-    async def idle(self, poll_s: float = 0.001) -> None:
-        """Wait until no mailbox holds a message and no output is held."""
-        while self._busy or self._held or any(c.stats.mailbox_depth for c in self.cells.values()):
+    def _answer(self, slot: list[Any], msg: Any) -> None:
+        slot[1] = msg
+        slot[0].set()
+
+    async def idle(self, poll_s: float = 0.001, *, timers: bool = False) -> None:
+        """Wait until no mailbox holds a message, no handler runs and no output is
+        held for a commit. Pending timers do not count (a periodic timer would
+        never let it return) unless `timers=True`: then it also waits until no
+        timer is pending. Messages in flight on a transport are not seen."""
+        while (
+            self._busy or self._held or any(c.stats.mailbox_depth for c in self.cells.values())
+            or (timers and self._timers)
+        ):
             await anyio.sleep(poll_s)
 
     # ---- actor tasks -----------------------------------------------------------
@@ -175,6 +183,9 @@ class AsyncDriver(DriverBase):
                 env = await mailbox.get()
                 burst = 0
             stats.mailbox_depth -= 1
+            if env.reply_to is not None and not settle_ask(cell, env):
+                self._bounce(env, LATE)
+                continue
             self._busy += 1
             now = self.clock()
             snapshot = execute(cell, env, now)
@@ -232,9 +243,11 @@ class AsyncDriver(DriverBase):
             hlc = hlc_tick(hlc, now)
             kind = o.kind
             if kind == 0:
+                if o.ask:
+                    cell.open_asks.add(o.msg_id)
                 self._send(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg, o.reply_to, o.ask))
             elif kind == 1:
-                env = Envelope(addr, addr, o.msg_id, hlc, o.corr, o.msg)
+                env = Envelope(addr, addr, o.msg_id, hlc, o.corr, o.msg, o.reply_to)
                 self._set_timer(now + o.delay, env, o.key)  # type: ignore[arg-type]
             elif kind == 2:
                 self._timers.pop((addr, o.key), None)  # type: ignore[arg-type]
@@ -247,7 +260,7 @@ class AsyncDriver(DriverBase):
     def _send(self, env: Envelope) -> bool:
         dst = env.dst
         if dst.startswith(EXTERNAL_PREFIX):
-            self._to_outside_async(env)
+            self._to_outside(self.clock(), env)
             return True
         cell = self.cells.get(dst)
         if cell is not None and cell.alive:
@@ -272,15 +285,6 @@ class AsyncDriver(DriverBase):
         fail = self._undeliverable(env, self.clock(), kind, reason)
         if fail is not None:
             self._send(fail)
-
-    def _to_outside_async(self, env: Envelope) -> None:
-        if env.reply_to is not None:
-            slot = self._waiters.get(env.reply_to)
-            if slot is not None:
-                slot[1] = env.msg
-                slot[0].set()
-                return
-        self._to_outside(self.clock(), env)
 
     def _report_failure(self, cell: Cell) -> None:
         """The log has the failure already; an operator watching a daemon sees it too."""

@@ -19,7 +19,16 @@ from .address import hlc_merge
 from .codec import encode
 from .context import Context, Out
 from .envelope import Envelope
-from .messages import ChildFailed, Event, HandlerFailed, Restarted, Started, Stop, Stopped
+from .messages import (
+    AskFailed,
+    ChildFailed,
+    Event,
+    HandlerFailed,
+    Restarted,
+    Started,
+    Stop,
+    Stopped,
+)
 from .records import DELIVERED, SNAPSHOT, EventRec, InputRec, OutputRec, SnapshotRec, Step
 
 
@@ -46,7 +55,7 @@ class Cell:
     __slots__ = (
         "addr", "actor", "seq", "hlc", "out_seq", "parent", "alive", "ctx", "stats",
         "snap", "events_since_snap", "event_bytes_since_snap", "final_seq", "restart_times",
-        "mailbox", "task",
+        "mailbox", "task", "open_asks", "failed_asks",
     )
 
     def __init__(self, addr: str, seed: int, seq: int = 0) -> None:
@@ -66,6 +75,39 @@ class Cell:
         self.restart_times: list[float] = []
         self.mailbox: Any = None  # driver-specific
         self.task: Any = None
+        # Asks routed and not yet settled, and (bounded, oldest first out) asks that
+        # failed: an answer to either after it is settled is late (see `settle_ask`).
+        self.open_asks: set[int] = set()
+        self.failed_asks: dict[int, None] = {}
+
+
+FAILED_ASKS_KEPT = 4096
+
+
+def settle_ask(cell: Cell, env: Envelope) -> bool:
+    """Settle the ask `env` answers; False if it is late (the ask was settled
+    already: a reply after its failure, or a failure after its reply), which the
+    driver records and does not deliver. Other messages pass (True)."""
+    rid = env.reply_to
+    if rid is None:
+        return True
+    opened = rid in cell.open_asks
+    if type(env.msg) is AskFailed:
+        if not opened:
+            return False
+        cell.open_asks.discard(rid)
+        failed = cell.failed_asks
+        failed[rid] = None
+        if len(failed) > FAILED_ASKS_KEPT:
+            del failed[next(iter(failed))]
+        return True
+    if opened:
+        cell.open_asks.discard(rid)
+        return True
+    if rid in cell.failed_asks:
+        del cell.failed_asks[rid]
+        return False
+    return True  # a reply to a tell, or a further reply to an answered ask
 
 
 def build_actor(started: Started) -> Actor[Any]:
@@ -127,9 +169,9 @@ def execute(cell: Cell, env: Envelope, now: float) -> bool:
     cell.seq += 1
     cell.hlc = hlc_merge(cell.hlc, env.hlc, now)
     ctx._begin(env, now)
-    if env.reply_to is not None:
-        ctx.cancel(f"ask:{env.reply_to}")  # the answer arrived: drop its timeout
     msg = env.msg
+    if env.reply_to is not None and not (type(msg) is AskFailed and env.src == cell.addr):
+        ctx.cancel(f"ask:{env.reply_to}")  # the answer arrived: drop its timeout
     t0 = time.perf_counter()
     try:
         if type(msg) is Started:

@@ -161,6 +161,7 @@ class Context:
         self.outputs[-1].ask = True
         fail = AskFailed(request_id=rid, target=dst, reason=f"timeout after {timeout_s}s")
         self.after(timeout_s, fail, key=f"ask:{rid}")
+        self.outputs[-1].reply_to = rid  # every AskFailed names its request in reply_to
         return rid
 
     def after(self, delay_s: float, msg: Message, key: str | None = None) -> str:

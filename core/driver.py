@@ -14,9 +14,23 @@ from .address import EXTERNAL_PREFIX, check_address, hlc_physical
 from .cell import Cell, final_snapshot, input_record
 from .envelope import Envelope
 from .messages import AskFailed, Message, Started, Stopped
-from .records import DEAD, FULL, LogSink, RunRec, Step
+from .records import DEAD, FULL, LATE, LogSink, RunRec, Step
 
 CODE_VERSION = "0.1.0"
+ASK_SRC = "ext/ask"  # the source address of asks from outside the actor system
+
+
+class AskError(Exception):
+    """An external `ask` (`SimDriver.ask`, `AsyncDriver.ask`) failed. Carries what
+    an actor's `AskFailed` carries: the request id, the target and the reason
+    ("target is dead", "target mailbox is full", "transport refused",
+    "timeout after Ns")."""
+
+    def __init__(self, request_id: int, target: str, reason: str) -> None:
+        super().__init__(f"ask #{request_id} to {target} failed: {reason}")
+        self.request_id = request_id
+        self.target = target
+        self.reason = reason
 
 
 class DriverBase:
@@ -41,6 +55,8 @@ class DriverBase:
         self._ext_seq = 0
         self.dead_letters = 0
         self.mailbox_full = 0
+        self.late_replies = 0  # answers to asks already settled: recorded, not delivered
+        self._waiters: dict[int, list[Any]] = {}  # external ask id -> [signal, reply]
         self.escalations: list[tuple[str, str]] = []
         # What actors sent to the outside world, newest last; bounded (a daemon runs
         # for days): a frontend takes its messages through `on_external` instead.
@@ -130,9 +146,26 @@ class DriverBase:
         return [env for _, env in live]
 
     def _to_outside(self, t: float, env: Envelope) -> None:
+        if env.reply_to is not None and env.dst == ASK_SRC:
+            slot = self._waiters.get(env.reply_to)
+            if slot is None:  # the external ask failed (timed out) already
+                self._undeliverable(env, t, LATE)
+            else:
+                self._answer(slot, env.msg)
+            return
         self.external_out.append((t, env))
         if self.on_external is not None:
             self.on_external(t, env)
+
+    def _answer(self, slot: list[Any], msg: Any) -> None:
+        """Hand an external ask its answer (driver-specific wake-up)."""
+        slot[1] = msg
+
+    @staticmethod
+    def _ask_result(request_id: int, target: str, reply: Any) -> Any:
+        if isinstance(reply, AskFailed):
+            raise AskError(request_id, target, reply.reason)
+        return reply
 
     def _note_stop(self, cell: Cell) -> None:
         """A root actor that escalates has no parent to tell: the driver keeps it."""
@@ -149,13 +182,15 @@ class DriverBase:
         """Record a dead letter or a drop; return the `AskFailed` owed to an asker."""
         if kind == DEAD:
             self.dead_letters += 1
-        else:
+        elif kind == FULL:
             self.mailbox_full += 1
+        else:
+            self.late_replies += 1
         if self.sink is not None:
             ghost = Cell(env.dst, self.seed, -1)  # seq -1 marks "not delivered"
             ghost.hlc = env.hlc  # so merged logs still order it by time
             self.sink.append(Step(input_record(ghost, env, t, kind), [], []))
-        if not env.ask:
+        if not env.ask or kind == LATE:
             return None
         if reason is None:
             reason = "target is dead" if kind == DEAD else "target mailbox is full"
@@ -163,4 +198,4 @@ class DriverBase:
         return Envelope(env.dst, env.src, 0, env.hlc, env.corr, fail, env.msg_id)
 
 
-__all__ = ["DriverBase", "DEAD", "FULL"]
+__all__ = ["ASK_SRC", "AskError", "DriverBase", "DEAD", "FULL", "LATE"]

@@ -15,6 +15,7 @@ DELIVERED = 0  # handed to the actor's handler
 DEAD = 1  # undeliverable: no such actor, or it had stopped
 FULL = 2  # dropped: the target's mailbox was full
 SNAPSHOT = 3  # not a delivery: the actor's live state at run end or at its stop
+LATE = 4  # not delivered: an answer to an ask already settled (failed, or answered)
 
 # OutputRec.kind
 SEND = 0
@@ -23,7 +24,7 @@ CANCEL = 2
 SPAWN = 3
 STOP = 4
 
-INPUT_KIND_NAMES = {DELIVERED: "deliver", DEAD: "dead", FULL: "full", SNAPSHOT: "snapshot"}
+INPUT_KIND_NAMES = {DELIVERED: "deliver", DEAD: "dead", FULL: "full", SNAPSHOT: "snapshot", LATE: "late"}
 OUTPUT_KIND_NAMES = {SEND: "send", TIMER: "timer", CANCEL: "cancel", SPAWN: "spawn", STOP: "stop"}
 
 

@@ -12,11 +12,11 @@ from heapq import heappop, heappush
 from typing import Any
 
 from .address import EXTERNAL_PREFIX, hlc_tick
-from .cell import Cell, execute, make_step
-from .driver import DriverBase
+from .cell import Cell, execute, make_step, settle_ask
+from .driver import ASK_SRC, AskError, DriverBase
 from .envelope import Envelope
 from .messages import Message, Started, Stop
-from .records import DEAD, FULL, OutputRec
+from .records import DEAD, FULL, LATE, OutputRec
 
 Invariant = Callable[["SimDriver"], None]
 
@@ -67,6 +67,30 @@ class SimDriver(DriverBase):
         else:
             self._push(at, env)
         return env.msg_id
+
+    def ask(self, dst: str, msg: Message, timeout_s: float, corr: str | None = None) -> Any:
+        """Request/reply from outside, in virtual time: runs the loop until the
+        answer arrives or `timeout_s` of virtual time passed. Returns the reply;
+        raises `AskError` (request id, target, reason) like `AsyncDriver.ask`. A
+        reply after the timeout is recorded (input kind `late`), not delivered."""
+        if not timeout_s > 0:
+            raise ValueError(f"ask needs a positive timeout_s, got {timeout_s!r}")
+        rid = self.inject(dst, msg, corr=corr, src=ASK_SRC, ask=True)
+        slot: list[Any] = [False, None]
+        self._waiters[rid] = slot
+        deadline = self.now + timeout_s
+        try:
+            while not slot[0] and self.run(until=deadline, max_deliveries=1):
+                pass
+        finally:
+            del self._waiters[rid]
+        if not slot[0]:
+            self.now = max(self.now, deadline)
+            raise AskError(rid, dst, f"timeout after {timeout_s}s")
+        return self._ask_result(rid, dst, slot[1])
+
+    def _answer(self, slot: list[Any], msg: Any) -> None:
+        slot[0], slot[1] = True, msg
 
     def pending(self) -> int:
         """Deliveries not yet made: due messages, timers and scheduled inputs."""
@@ -121,6 +145,9 @@ class SimDriver(DriverBase):
                 cell = self._new_cell(dst)  # a spawn, decided when it arrives
             elif type(env.msg) is Started:
                 self._bounce(env, t, DEAD)  # the address is taken by a live actor
+                continue
+            elif env.reply_to is not None and not settle_ask(cell, env):
+                self._bounce(env, t, LATE)
                 continue
             snapshot = execute(cell, env, t)
             if sink is not None:
@@ -183,9 +210,11 @@ class SimDriver(DriverBase):
             if kind == 0:  # send; reuse the logged encoding for the receiver's input record
                 payload = recs[i].payload if recs is not None else None
                 env = Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg, o.reply_to, o.ask, False, payload)
+                if o.ask:
+                    cell.open_asks.add(o.msg_id)
                 self._send(env, t)
             elif kind == 1:  # timer
-                env = Envelope(addr, addr, o.msg_id, hlc, o.corr, o.msg)
+                env = Envelope(addr, addr, o.msg_id, hlc, o.corr, o.msg, o.reply_to)
                 self._timers[(addr, o.key)] = self._push(t + o.delay, env, o.key)
             elif kind == 2:  # cancel
                 self._timers.pop((addr, o.key), None)
