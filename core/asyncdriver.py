@@ -21,7 +21,7 @@ from anyio.abc import TaskGroup
 from .address import EXTERNAL_PREFIX, hlc_tick
 from .cell import Cell, execute, make_step, settle_ask
 from .context import Out
-from .driver import ASK_SRC, AskError, DriverBase
+from .driver import ASK_SRC, TRANSPORT_REFUSED, AskError, DriverBase
 from .envelope import Envelope
 from .mailbox import Mailbox
 from .messages import HandlerFailed, Message, Stop, Stopped
@@ -61,6 +61,13 @@ class AsyncDriver(DriverBase):
         self._busy = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pressure: Cell | None = None
+        # Overload: external inputs are admitted while the target's mailbox holds
+        # fewer than `edge_limit` messages and the sink is not saturated (a sink
+        # may offer `saturated() -> bool`, see `core.records.LogSink`).
+        self.edge_limit = max(1, mailbox_capacity // 2)
+        self.refused = 0
+        self.saturated_poll_s = 0.001
+        self._saturated = getattr(sink, "saturated", None)
         # Deliveries an actor makes before yielding to the others.
         self.burst = 64
         # A sender that filled a mailbox past half waits this many yields at most:
@@ -107,21 +114,39 @@ class AsyncDriver(DriverBase):
     def inject_nowait(
         self, dst: str, msg: Message, *, corr: str | None = None, src: str = "ext/input"
     ) -> int:
-        """External input; a full mailbox is recorded and reported as 0."""
+        """External input, or 0 if refused: the node sheds load at its edge. Refused
+        while the target's mailbox holds `edge_limit` messages (recorded as a
+        drop, `kind = full`) or while the sink is saturated (counted in `refused`,
+        not logged: the log is what is behind)."""
         env = self._external_env(dst, msg, corr, src, self.clock())
+        if self._sink_saturated():
+            self.refused += 1
+            return 0
+        cell = self.cells.get(dst)
+        if cell is not None and cell.alive and len(cell.mailbox) >= self.edge_limit:
+            cell.stats.mailbox_full += 1
+            self.refused += 1
+            self._bounce(env, FULL)
+            return 0
         return env.msg_id if self._send(env) else 0
 
     async def inject(
         self, dst: str, msg: Message, *, corr: str | None = None, src: str = "ext/input"
     ) -> int:
-        """External input with backpressure: waits for mailbox space."""
-        env = self._external_env(dst, msg, corr, src, self.clock())
+        """External input with backpressure: waits while the target's mailbox holds
+        `edge_limit` messages or the sink is saturated. The rest of the mailbox is
+        kept for messages between actors, which are never made to wait."""
+        while self._sink_saturated():
+            await anyio.sleep(self.saturated_poll_s)
         cell = self.cells.get(dst)
         if cell is not None and cell.alive:
-            await cell.mailbox.put(env)
-            cell.stats.mailbox_depth += 1
-            return env.msg_id
+            await cell.mailbox.wait_below(self.edge_limit)
+        env = self._external_env(dst, msg, corr, src, self.clock())
         return env.msg_id if self._send(env) else 0
+
+    def _sink_saturated(self) -> bool:
+        saturated = self._saturated
+        return saturated is not None and saturated()
 
     async def ask(self, dst: str, msg: Message, timeout_s: float, corr: str | None = None) -> Any:
         """Request/reply from outside the actor system. Returns the reply; raises
@@ -276,15 +301,21 @@ class AsyncDriver(DriverBase):
             if self.transport.send(env):
                 return True
             # The peer is gone or far behind: a dead letter like any other.
-            self._bounce(env, DEAD, "transport refused")
+            self._bounce(env, DEAD, TRANSPORT_REFUSED)
             return False
         self._bounce(env, DEAD)
         return False
 
     def _bounce(self, env: Envelope, kind: int, reason: str | None = None) -> None:
-        fail = self._undeliverable(env, self.clock(), kind, reason)
-        if fail is not None:
-            self._send(fail)
+        told = self._undeliverable(env, self.clock(), kind, reason)
+        if told is None:
+            return
+        cell = self.cells.get(told.dst)
+        if cell is not None and cell.alive:  # past the capacity: one notice per message sent
+            cell.mailbox.put_notice(told)
+            cell.stats.mailbox_depth += 1
+        else:
+            self._send(told)
 
     def _report_failure(self, cell: Cell) -> None:
         """The log has the failure already; an operator watching a daemon sees it too."""

@@ -13,10 +13,11 @@ from .actor import class_path
 from .address import EXTERNAL_PREFIX, check_address, hlc_physical
 from .cell import Cell, final_snapshot, input_record
 from .envelope import Envelope
-from .messages import AskFailed, Message, Started, Stopped
+from .messages import AskFailed, Message, Started, Stopped, Undelivered
 from .records import DEAD, FULL, LATE, LogSink, RunRec, Step
 
 CODE_VERSION = "0.1.0"
+TRANSPORT_REFUSED = "transport refused"
 ASK_SRC = "ext/ask"  # the source address of asks from outside the actor system
 
 
@@ -179,7 +180,10 @@ class DriverBase:
     def _undeliverable(
         self, env: Envelope, t: float, kind: int, reason: str | None = None
     ) -> Envelope | None:
-        """Record a dead letter or a drop; return the `AskFailed` owed to an asker."""
+        """Record a dead letter, a drop or a late answer; return what the sender is
+        owed: `AskFailed` for an ask, `Undelivered` for a dropped tell between actors
+        (full mailbox, refused transport). Dead letters to stopped actors are only
+        recorded: the sender did nothing wrong, and a stopped actor's timers are many."""
         if kind == DEAD:
             self.dead_letters += 1
         elif kind == FULL:
@@ -190,12 +194,17 @@ class DriverBase:
             ghost = Cell(env.dst, self.seed, -1)  # seq -1 marks "not delivered"
             ghost.hlc = env.hlc  # so merged logs still order it by time
             self.sink.append(Step(input_record(ghost, env, t, kind), [], []))
-        if not env.ask or kind == LATE:
+        if kind == LATE:
             return None
         if reason is None:
             reason = "target is dead" if kind == DEAD else "target mailbox is full"
-        fail = AskFailed(request_id=env.msg_id, target=env.dst, reason=reason)
-        return Envelope(env.dst, env.src, 0, env.hlc, env.corr, fail, env.msg_id)
+        if env.ask:
+            fail: Message = AskFailed(request_id=env.msg_id, target=env.dst, reason=reason)
+            return Envelope(env.dst, env.src, 0, env.hlc, env.corr, fail, env.msg_id)
+        if (kind == FULL or reason == TRANSPORT_REFUSED) and not env.external:
+            told = Undelivered(env.msg_id, env.dst, reason, type(env.msg).__name__)
+            return Envelope(env.dst, env.src, 0, env.hlc, env.corr, told)
+        return None
 
 
 __all__ = ["ASK_SRC", "AskError", "DriverBase", "DEAD", "FULL", "LATE"]

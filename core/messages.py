@@ -102,6 +102,18 @@ class AskFailed(Message, frozen=True):
     reason: str
 
 
+class Undelivered(Message, frozen=True):
+    """Told to an actor whose tell was dropped (the target's mailbox was full, or the
+    transport refused it): overload is never silent between actors. An asker gets
+    `AskFailed` instead. Handle it to retry or give up; ignoring it is allowed."""
+
+    system: ClassVar[bool] = True
+    msg_id: int  # the sender's id of the dropped message (what `ctx.send` returned)
+    target: str
+    reason: str
+    msg_type: str  # the dropped message's type name
+
+
 class ChildFailed(Message, frozen=True):
     """Sent to a parent whose child escalated a handler failure."""
 

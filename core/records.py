@@ -111,6 +111,12 @@ class LogSink(Protocol):
 
     def close(self) -> None: ...
 
+    # Optional, for designed backpressure: `saturated() -> bool`, True while the
+    # writer is behind (its queue past a high-water mark). `AsyncDriver` then admits
+    # no external input (`inject` waits, `inject_nowait` refuses) until it is not,
+    # so `append` — which blocks the event loop when the queue is full — is reached
+    # only by work already admitted.
+
 
 class MemorySink:
     """Keeps steps in a list: for tests, embedders and replay of in-memory runs."""

@@ -197,9 +197,13 @@ class SimDriver(DriverBase):
         self._push(t, env)
 
     def _bounce(self, env: Envelope, t: float, kind: int) -> None:
-        fail = self._undeliverable(env, t, kind)
-        if fail is not None:
-            self._send(fail, t)
+        told = self._undeliverable(env, t, kind)
+        if told is None:
+            return
+        if told.dst.startswith(EXTERNAL_PREFIX):
+            self._to_outside(t, told)
+        else:  # past the capacity: one notice per message the sender sent
+            self._push(t, told)
 
     def _route(self, cell: Cell, t: float, recs: list[OutputRec] | None) -> None:
         addr = cell.addr

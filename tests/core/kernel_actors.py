@@ -232,3 +232,19 @@ class Asker(Actor[tuple]):
             ctx.record(Noted(f"failed:{msg.request_id}:{ctx.env.reply_to}:{msg.target}:{msg.reason}"))
         elif isinstance(msg, Add):
             ctx.record(Noted(f"reply:{ctx.env.reply_to}:{msg.n}"))
+
+
+class Spray(Message, frozen=True):
+    dst: str
+    k: int
+
+
+class Sprayer(Counter):
+    """Sends `k` messages in one handler (more than a mailbox holds)."""
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, Spray):
+            for _ in range(msg.k):
+                ctx.send(msg.dst, Add(1))
+        else:
+            super().handle(ctx, msg)
