@@ -55,6 +55,3 @@ def hlc_merge(local: int, remote: int, now_s: float) -> int:
     m = local if local > remote else remote
     return pt if pt > m else m + 1
 
-
-def hlc_seconds(hlc: int) -> float:
-    return (hlc >> HLC_LOGICAL_BITS) / 1_000_000

@@ -14,8 +14,9 @@ from typing import Any
 
 import msgspec
 
-from .actor import Actor, Directive, class_path, load_class
+from .actor import Actor, Directive
 from .address import hlc_merge
+from .classpath import class_path, load_class
 from .codec import encode
 from .context import Context, Out
 from .envelope import Envelope
@@ -122,9 +123,7 @@ def _start(cell: Cell, started: Started) -> None:
     cell.out_seq = 0
     cell.snap = None
     _take_snapshot(cell)
-    on_start = getattr(actor, "on_start", None)
-    if on_start is not None:
-        on_start(cell.ctx)
+    actor.on_start(cell.ctx)
 
 
 def _encode_state(cell: Cell, state: Any) -> bytes:
@@ -154,9 +153,10 @@ def _take_snapshot(cell: Cell) -> None:
 
 def restore_state(cell: Cell) -> Any:
     """State from the last snapshot plus the events committed since."""
-    actor = cell.actor
-    assert actor is not None and cell.snap is not None
-    state = copy.deepcopy(cell.snap[0])
+    actor, snap = cell.actor, cell.snap
+    if actor is None or snap is None:
+        raise RuntimeError(f"{cell.addr}: no state to restore (the actor never started)")
+    state = copy.deepcopy(snap[0])
     for event in cell.events_since_snap:
         state = actor.evolve(state, event)
     return state
@@ -289,7 +289,8 @@ def output_records(cell: Cell, outputs: list[Out]) -> list[OutputRec]:
 
 
 def snapshot_record(cell: Cell) -> SnapshotRec:
-    assert cell.snap is not None
+    if cell.snap is None:
+        raise RuntimeError(f"{cell.addr}: no snapshot taken")
     _, state_type, blob = cell.snap
     return SnapshotRec(cell.addr, cell.seq, class_path(state_type), blob)
 

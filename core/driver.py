@@ -1,4 +1,10 @@
-"""What both drivers share: the actor registry, run record, dead letters, stats."""
+"""What both drivers share: the actor registry, run record, the routing core
+(`_route`, `_send`, `_bounce`, `_retire`), dead letters, asks from outside, stats.
+
+The routing core is written once; a driver supplies five small hooks that say how
+its time and queues work: `_enqueue` (a message to an actor address: queue it or
+bounce it), `_notice` (a kernel notice to a sender, past its capacity),
+`_set_timer`, `_spawn_child` and `_timer_entries`."""
 
 from __future__ import annotations
 
@@ -9,12 +15,25 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .actor import class_path
-from .address import EXTERNAL_PREFIX, check_address, hlc_physical
+from .address import EXTERNAL_PREFIX, check_address, hlc_physical, hlc_tick
 from .cell import Cell, final_snapshot, input_record
+from .classpath import class_path
+from .context import Out
 from .envelope import Envelope
-from .messages import AskFailed, Message, Started, Stopped, Undelivered
-from .records import DEAD, FULL, LATE, LogSink, RunRec, Step
+from .messages import AskFailed, Message, Started, Stop, Stopped, Undelivered
+from .records import (
+    CANCEL,
+    DEAD,
+    FULL,
+    LATE,
+    SEND,
+    SPAWN,
+    TIMER,
+    LogSink,
+    OutputRec,
+    RunRec,
+    Step,
+)
 
 CODE_VERSION = "0.1.0"
 TRANSPORT_REFUSED = "transport refused"
@@ -47,7 +66,8 @@ class DriverBase:
         run_id: str | None = None,
         config: dict[str, Any] | None = None,
     ) -> None:
-        assert mailbox_capacity > 0
+        if mailbox_capacity <= 0:
+            raise ValueError(f"mailbox_capacity must be positive, got {mailbox_capacity}")
         self.seed = seed
         self.sink = sink
         self.mailbox_capacity = mailbox_capacity
@@ -58,6 +78,7 @@ class DriverBase:
         self.mailbox_full = 0
         self.late_replies = 0  # answers to asks already settled: recorded, not delivered
         self._waiters: dict[int, list[Any]] = {}  # external ask id -> [signal, reply]
+        self._timers: dict[tuple[str, str], int] = {}  # (addr, key) -> live timer's seq
         self.escalations: list[tuple[str, str]] = []
         # What actors sent to the outside world, newest last; bounded (a daemon runs
         # for days): a frontend takes its messages through `on_external` instead.
@@ -80,10 +101,14 @@ class DriverBase:
         return cell
 
     def _retire(self, cell: Cell, t: float) -> None:
+        """A stopped actor leaves the registry; its final state is logged and its
+        pending timers become dead letters (never delivered to a later incarnation)."""
         if self.cells.get(cell.addr) is cell:
             del self.cells[cell.addr]
             self._retired_seq[cell.addr] = cell.seq
         self._log_final(cell, t)
+        for env in self._pending_timers(cell.addr, self._timer_entries(), self._timers):
+            self._bounce(env, t, DEAD)
 
     def _log_final(self, cell: Cell, t: float) -> None:
         if self.sink is not None:
@@ -175,6 +200,67 @@ class DriverBase:
         for event in cell.ctx.events:
             if isinstance(event, Stopped) and event.reason.startswith("escalate"):
                 self.escalations.append((cell.addr, event.reason))
+
+    # ---- routing: one core, per-driver hooks --------------------------------
+    def _route(
+        self, cell: Cell, outputs: list[Out], t: float, recs: list[OutputRec] | None = None
+    ) -> None:
+        """Carry out a delivery's outputs. `recs`, the logged records of them, lend
+        their encodings to the receivers' input records (a message is encoded once)."""
+        addr = cell.addr
+        hlc = cell.hlc
+        send = self._send
+        for i, o in enumerate(outputs):
+            hlc = hlc_tick(hlc, t)
+            kind = o.kind
+            if kind is SEND:
+                if o.ask:
+                    cell.open_asks.add(o.msg_id)
+                payload = recs[i].payload if recs is not None else None
+                send(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg, o.reply_to, o.ask, False, payload), t)
+            elif kind is TIMER:
+                env = Envelope(addr, addr, o.msg_id, hlc, o.corr, o.msg, o.reply_to)
+                self._set_timer(t + o.delay, env, o.key)  # type: ignore[arg-type]
+            elif kind is CANCEL:
+                self._timers.pop((addr, o.key), None)  # type: ignore[arg-type]
+            elif kind is SPAWN:
+                self._spawn_child(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg), t)
+            else:  # STOP another actor
+                send(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, Stop(by=addr)), t)
+        cell.hlc = hlc
+
+    def _send(self, env: Envelope, t: float) -> bool:
+        """Route one envelope: to the outside world, or into the driver's queues."""
+        if env.dst.startswith(EXTERNAL_PREFIX):
+            self._to_outside(t, env)
+            return True
+        return self._enqueue(env, t)
+
+    def _bounce(self, env: Envelope, t: float, kind: int, reason: str | None = None) -> None:
+        """Record an undeliverable envelope and tell its sender what it is owed."""
+        told = self._undeliverable(env, t, kind, reason)
+        if told is None:
+            return
+        if told.dst.startswith(EXTERNAL_PREFIX):
+            self._to_outside(t, told)
+        else:
+            self._notice(told, t)
+
+    # Hooks (each driver's): how its queues and timers work.
+    def _enqueue(self, env: Envelope, t: float) -> bool:
+        raise NotImplementedError
+
+    def _notice(self, env: Envelope, t: float) -> None:
+        raise NotImplementedError
+
+    def _set_timer(self, deadline: float, env: Envelope, key: str) -> None:
+        raise NotImplementedError
+
+    def _spawn_child(self, env: Envelope, t: float) -> None:
+        raise NotImplementedError
+
+    def _timer_entries(self) -> list[tuple[float, int, Envelope, str | None]]:
+        raise NotImplementedError
 
     # ---- undeliverable ---------------------------------------------------
     def _undeliverable(

@@ -10,15 +10,6 @@ import asyncio
 from collections import deque
 from typing import Any
 
-import msgspec
-
-
-class MailboxStatistics(msgspec.Struct, frozen=True):
-    depth: int
-    capacity: int
-    puts: int
-    refused: int
-
 
 class Mailbox:
     __slots__ = ("_q", "capacity", "_waiter", "_space", "puts", "refused")
@@ -88,6 +79,3 @@ class Mailbox:
             await self._waiter
             item = self.get_nowait()
         return item
-
-    def statistics(self) -> MailboxStatistics:
-        return MailboxStatistics(len(self._q), self.capacity, self.puts, self.refused)

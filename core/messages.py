@@ -49,10 +49,6 @@ def registered(name: str) -> type[msgspec.Struct] | None:
     return _REGISTRY.get(name)
 
 
-def registry_names() -> list[str]:
-    return sorted(_REGISTRY)
-
-
 class Message(msgspec.Struct, frozen=True, tag=True):
     """Base of every message an actor can receive."""
 

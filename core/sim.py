@@ -11,12 +11,11 @@ from collections.abc import Callable
 from heapq import heappop, heappush
 from typing import Any
 
-from .address import EXTERNAL_PREFIX, hlc_tick
-from .cell import Cell, execute, make_step, settle_ask
+from .cell import execute, make_step, settle_ask
 from .driver import ASK_SRC, AskError, DriverBase
 from .envelope import Envelope
-from .messages import Message, Started, Stop
-from .records import DEAD, FULL, LATE, OutputRec
+from .messages import Message, Started
+from .records import DEAD, FULL, LATE
 
 Invariant = Callable[["SimDriver"], None]
 
@@ -29,7 +28,6 @@ class SimDriver(DriverBase):
         self.now = 0.0
         self._heap: list[tuple[float, int, Envelope, str | None]] = []
         self._seq = 0
-        self._timers: dict[tuple[str, str], int] = {}
         self.deliveries = 0
         self.invariants: list[Invariant] = []
         self._depth: dict[str, int] = {}  # due, undelivered non-timer messages per address
@@ -154,9 +152,9 @@ class SimDriver(DriverBase):
                 step = make_step(cell, env, t, snapshot)
                 sink.append(step)
                 if step.outputs:
-                    self._route(cell, t, step.outputs)
+                    self._route(cell, cell.ctx.outputs, t, step.outputs)
             elif cell.ctx.outputs:
-                self._route(cell, t, None)
+                self._route(cell, cell.ctx.outputs, t)
             if not cell.alive:
                 self._retire(cell, t)
                 self._note_stop(cell)
@@ -175,7 +173,7 @@ class SimDriver(DriverBase):
         pending; call it after a run stopped early by `until` or a budget)."""
         self._snapshot_live(self.now)
 
-    # ---- routing -------------------------------------------------------------
+    # ---- routing hooks (the core is `DriverBase._route`) ---------------------
     def _push(self, t: float, env: Envelope, key: str | None = None) -> int:
         if key is None:
             self._depth[env.dst] = self._depth.get(env.dst, 0) + 1
@@ -183,55 +181,29 @@ class SimDriver(DriverBase):
         heappush(self._heap, (t, self._seq, env, key))
         return self._seq
 
-    def _send(self, env: Envelope, t: float) -> None:
+    def _enqueue(self, env: Envelope, t: float) -> bool:
+        # Whether the target is alive is decided when the message is due (`run`).
         dst = env.dst
-        if dst.startswith(EXTERNAL_PREFIX):
-            self._to_outside(t, env)
-            return
         if self._depth.get(dst, 0) >= self.mailbox_capacity:
             cell = self.cells.get(dst)
             if cell is not None:
                 cell.stats.mailbox_full += 1
             self._bounce(env, t, FULL)
-            return
+            return False
         self._push(t, env)
+        return True
 
-    def _bounce(self, env: Envelope, t: float, kind: int) -> None:
-        told = self._undeliverable(env, t, kind)
-        if told is None:
-            return
-        if told.dst.startswith(EXTERNAL_PREFIX):
-            self._to_outside(t, told)
-        else:  # past the capacity: one notice per message the sender sent
-            self._push(t, told)
+    def _notice(self, env: Envelope, t: float) -> None:
+        self._push(t, env)  # past the capacity: one notice per message the sender sent
 
-    def _route(self, cell: Cell, t: float, recs: list[OutputRec] | None) -> None:
-        addr = cell.addr
-        hlc = cell.hlc
-        for i, o in enumerate(cell.ctx.outputs):
-            hlc = hlc_tick(hlc, t)
-            kind = o.kind
-            if kind == 0:  # send; reuse the logged encoding for the receiver's input record
-                payload = recs[i].payload if recs is not None else None
-                env = Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg, o.reply_to, o.ask, False, payload)
-                if o.ask:
-                    cell.open_asks.add(o.msg_id)
-                self._send(env, t)
-            elif kind == 1:  # timer
-                env = Envelope(addr, addr, o.msg_id, hlc, o.corr, o.msg, o.reply_to)
-                self._timers[(addr, o.key)] = self._push(t + o.delay, env, o.key)
-            elif kind == 2:  # cancel
-                self._timers.pop((addr, o.key), None)
-            elif kind == 3:  # spawn: the child's cell is made when `Started` arrives
-                self._push(t, Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg))
-            else:  # stop another actor
-                self._send(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, Stop(by=addr)), t)
-        cell.hlc = hlc
+    def _set_timer(self, deadline: float, env: Envelope, key: str) -> None:
+        self._timers[(env.dst, key)] = self._push(deadline, env, key)
 
-    def _retire(self, cell: Cell, t: float) -> None:
-        super()._retire(cell, t)
-        for env in self._pending_timers(cell.addr, self._heap, self._timers):
-            self._bounce(env, t, DEAD)
+    def _spawn_child(self, env: Envelope, t: float) -> None:
+        self._push(t, env)  # the child's cell is made when `Started` arrives
+
+    def _timer_entries(self) -> list[tuple[float, int, Envelope, str | None]]:
+        return self._heap
 
     def stats(self) -> dict[str, dict[str, Any]]:
         for addr, cell in self.cells.items():

@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Literal, Protocol
 
-from deepserve.core.records import LogSink, MemorySink, RunRec, SnapshotRec, Step
+from deepserve.core.records import DurableSink, LogSink, MemorySink, RunRec, SnapshotRec, Step
 
 Durability = Literal["async", "outbox"]
+__all__ = ["DurableSink", "Durability", "LogError", "LogReader", "LogSink", "MemoryLog", "MemoryStore"]
 
 
 class LogError(Exception):
@@ -40,20 +41,6 @@ class LogReader(Protocol):
     def snapshots(self, run_id: str | None = None, actor: str | None = None) -> Iterator[SnapshotRec]: ...
 
     def close(self) -> None: ...
-
-
-class DurableSink(LogSink, Protocol):
-    """What the persistence writers add to `LogSink` for `outbox` release.
-
-    `on_commit`, set by the driver, is called with the highest committed ticket after
-    each commit (from the writer thread; synchronously inside `append` for
-    `MemoryStore`). Register a hold for ticket t first, then check
-    `committed_ticket >= t`: the commit may have landed in between."""
-
-    on_commit: Callable[[int], None] | None
-
-    @property
-    def committed_ticket(self) -> int: ...
 
 
 class MemoryStore(MemorySink):
