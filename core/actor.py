@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 import msgspec
 
-from .classpath import UnknownActorClass, class_path, load_class
+from .classpath import UnknownActorClass, class_path, load_class, main_module_name
 from .messages import Event, Message
 
 if TYPE_CHECKING:
@@ -77,5 +77,5 @@ class Actor(abc.ABC, Generic[S]):
 
 __all__ = [
     "Actor", "Directive", "MissingEvolve", "Supervision", "UnknownActorClass", "class_path",
-    "load_class",
+    "load_class", "main_module_name",
 ]

@@ -61,13 +61,13 @@ class AsyncDriver(DriverBase):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pressure: Cell | None = None
         # Overload: external inputs are admitted while the target's mailbox holds
-        # fewer than `edge_limit` messages and the sink is not saturated (a sink
-        # may offer `saturated() -> bool`, see `core.records.LogSink`).
+        # fewer than `edge_limit` messages and the sink is not under pressure (a
+        # sink may offer `under_pressure` and `await wait_for_room()`: the
+        # `PressureSink` of persistence/api.py).
         self.edge_limit = max(1, mailbox_capacity // 2)
         self._high_water = mailbox_capacity // 2
         self.refused = 0
-        self.saturated_poll_s = 0.001
-        self._saturated = getattr(sink, "saturated", None)
+        self._pressure_sink = sink if hasattr(sink, "wait_for_room") else None
         # Deliveries an actor makes before yielding to the others.
         self.burst = 64
         # A sender that filled a mailbox past half waits this many yields at most:
@@ -117,7 +117,7 @@ class AsyncDriver(DriverBase):
     ) -> int:
         """External input, or 0 if refused: the node sheds load at its edge. Refused
         while the target's mailbox holds `edge_limit` messages (recorded as a
-        drop, `kind = full`) or while the sink is saturated (counted in `refused`,
+        drop, `kind = full`) or while the sink is under pressure (counted in `refused`,
         not logged: the log is what is behind)."""
         env_t = self.clock()
         env = self._external_env(dst, msg, corr, src, env_t)
@@ -136,10 +136,11 @@ class AsyncDriver(DriverBase):
         self, dst: str, msg: Message, *, corr: str | None = None, src: str = "ext/input"
     ) -> int:
         """External input with backpressure: waits while the target's mailbox holds
-        `edge_limit` messages or the sink is saturated. The rest of the mailbox is
+        `edge_limit` messages or the sink is under pressure. The rest of the mailbox is
         kept for messages between actors, which are never made to wait."""
-        while self._sink_saturated():
-            await anyio.sleep(self.saturated_poll_s)
+        sink = self._pressure_sink
+        if sink is not None and sink.under_pressure:
+            await sink.wait_for_room()
         cell = self.cells.get(dst)
         if cell is not None and cell.alive:
             await cell.mailbox.wait_below(self.edge_limit)
@@ -148,8 +149,8 @@ class AsyncDriver(DriverBase):
         return env.msg_id if self._send(env, t) else 0
 
     def _sink_saturated(self) -> bool:
-        saturated = self._saturated
-        return saturated is not None and saturated()
+        sink = self._pressure_sink
+        return sink is not None and bool(sink.under_pressure)
 
     async def ask(self, dst: str, msg: Message, timeout_s: float, corr: str | None = None) -> Any:
         """Request/reply from outside the actor system. Returns the reply; raises

@@ -125,11 +125,11 @@ class LogSink(Protocol):
 
     def close(self) -> None: ...
 
-    # Optional, for designed backpressure: `saturated() -> bool`, True while the
-    # writer is behind (its queue past a high-water mark). `AsyncDriver` then admits
-    # no external input (`inject` waits, `inject_nowait` refuses) until it is not,
-    # so `append` — which blocks the event loop when the queue is full — is reached
-    # only by work already admitted.
+    # Optional, for designed backpressure (persistence's `PressureSink`):
+    # `under_pressure` (True while the writer is behind) and `await wait_for_room()`.
+    # `AsyncDriver` then admits no external input (`inject` waits, `inject_nowait`
+    # refuses), so `append` — which blocks the event loop when the queue is full —
+    # is reached only by work already admitted.
 
 
 class DurableSink(LogSink, Protocol):

@@ -8,15 +8,5 @@ from .verify import Divergence, VerifyResult, verify
 
 __all__ = [
     "ActorState", "Divergence", "ReplayError", "VerifyResult", "digest", "listing",
-    "listing_records", "measure_verify", "state_at", "verify",
+    "listing_records", "state_at", "verify",
 ]
-
-
-def __getattr__(name: str) -> object:
-    # Imported on demand: the benchmark module defines message types, which
-    # should not be registered in every process that merely reads a log.
-    if name == "measure_verify":
-        from .measure import measure_verify
-
-        return measure_verify
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

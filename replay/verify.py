@@ -28,7 +28,16 @@ from deepserve.core.messages import HandlerFailed, Started, registered
 from deepserve.core.records import SNAPSHOT, EventRec, Step
 from deepserve.persistence.api import LogReader
 
-from .common import ReplayError, event_view, input_view, output_view, pick_run, snapshot_view
+from .common import (
+    ReplayError,
+    event_view,
+    input_view,
+    load_hint,
+    mask_addresses,
+    output_view,
+    pick_run,
+    snapshot_view,
+)
 
 
 class Divergence(msgspec.Struct):
@@ -51,11 +60,13 @@ class VerifyResult(msgspec.Struct):
     divergence: Divergence | None = None
 
     def summary(self) -> str:
+        """One line, naming the run checked (a log may hold several)."""
         if self.identical:
-            return f"identical: {self.actors} actors, {self.inputs} inputs"
+            return f"identical: {self.actors} actors, {self.inputs} inputs (run {self.run_id!r})"
         d = self.divergence
-        assert d is not None
-        return f"diverged: {d.actor}#{d.seq} at t={d.t:.6f}, {d.what}"
+        if d is None:
+            raise ValueError("a diverged VerifyResult needs its divergence")
+        return f"diverged: {d.actor}#{d.seq} at t={d.t:.6f}, {d.what} (run {self.run_id!r})"
 
 
 def verify(reader: LogReader, run_id: str | None = None) -> VerifyResult:
@@ -130,7 +141,7 @@ def _decoder(decoders: dict[str, msgspec.msgpack.Decoder[Any]], step: Step) -> m
     if cls is None:
         raise ReplayError(
             f"{rec.actor}#{rec.seq}: input type {rec.type!r} is not registered in this process "
-            f"(import the module that defines it before replaying)"
+            f"(import the module that defines it: --import MODULE, --path DIR)"
         )
     if cls is Started:
         _check_loadable(step)  # checked per Started, so not cached
@@ -174,14 +185,13 @@ def _check_loadable(step: Step) -> None:
     except UnknownActorClass as exc:
         if step.events and step.events[0].type == "HandlerFailed":
             return  # it failed to start in the original run too: re-execution will agree
-        raise ReplayError(
-            f"{rec.actor}#{rec.seq}: {exc} (is the module on PYTHONPATH?)"
-        ) from None
+        raise ReplayError(f"{rec.actor}#{rec.seq}: {exc} ({load_hint(started.cls)})") from None
 
 
 def _first_difference(cell: Cell, step: Step, snapped: bool) -> Divergence | None:
     """Locate the first differing record; None if the only differences are
-    handler tracebacks (they hold file paths and line numbers, not behaviour)."""
+    handler tracebacks (they hold file paths and line numbers, not behaviour) and
+    memory addresses in error texts."""
     rec = step.input
     events = event_records(cell, cell.ctx.events)
     outputs = output_records(cell, cell.ctx.outputs)
@@ -217,7 +227,8 @@ def _same_event(want: EventRec | None, got: EventRec | None) -> bool:
         except DecodeError:
             return False
         assert isinstance(a, HandlerFailed) and isinstance(b, HandlerFailed)
-        return a.error == b.error and (want.actor, want.seq, want.idx) == (got.actor, got.seq, got.idx)
+        same_place = (want.actor, want.seq, want.idx) == (got.actor, got.seq, got.idx)
+        return same_place and mask_addresses(a.error) == mask_addresses(b.error)
     return False
 
 

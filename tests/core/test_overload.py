@@ -142,14 +142,19 @@ async def test_async_a_dropped_tell_is_told_even_past_the_senders_capacity():
 
 
 class BehindSink(MemorySink):
-    """A sink whose writer is behind until told otherwise (`saturated()`)."""
+    """A sink whose writer is behind until told otherwise (the `PressureSink` API)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.behind = False
 
-    def saturated(self) -> bool:
+    @property
+    def under_pressure(self) -> bool:
         return self.behind
+
+    async def wait_for_room(self) -> None:
+        while self.behind:
+            await anyio.sleep(0.005)
 
 
 async def test_a_saturated_sink_holds_external_input_at_the_edge():

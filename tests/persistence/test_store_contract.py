@@ -19,7 +19,7 @@ from store_testdata import (
 
 from deepserve.core.records import RunRec, Step
 from deepserve.persistence import LogError, MemoryLog, MemoryStore, open_log, open_sink
-from deepserve.persistence.reader import CHUNK
+from deepserve.persistence.sql_reader import CHUNK
 
 
 class Backend:
