@@ -209,15 +209,19 @@ class DriverBase:
         their encodings to the receivers' input records (a message is encoded once)."""
         addr = cell.addr
         hlc = cell.hlc
-        send = self._send
+        send, enqueue = self._send, self._enqueue
         for i, o in enumerate(outputs):
             hlc = hlc_tick(hlc, t)
             kind = o.kind
-            if kind is SEND:
+            if kind is SEND:  # the hot path: `_send` inlined
                 if o.ask:
                     cell.open_asks.add(o.msg_id)
                 payload = recs[i].payload if recs is not None else None
-                send(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg, o.reply_to, o.ask, False, payload), t)
+                env = Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg, o.reply_to, o.ask, False, payload)
+                if o.dst.startswith(EXTERNAL_PREFIX):
+                    self._to_outside(t, env)
+                else:
+                    enqueue(env, t)
             elif kind is TIMER:
                 env = Envelope(addr, addr, o.msg_id, hlc, o.corr, o.msg, o.reply_to)
                 self._set_timer(t + o.delay, env, o.key)  # type: ignore[arg-type]
