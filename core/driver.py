@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .address import EXTERNAL_PREFIX, check_address, hlc_physical, hlc_tick
+from .address import EXTERNAL_PREFIX, check_address, hlc_physical
 from .cell import Cell, final_snapshot, input_record
 from .classpath import class_path
 from .context import Out
@@ -209,9 +209,10 @@ class DriverBase:
         their encodings to the receivers' input records (a message is encoded once)."""
         addr = cell.addr
         hlc = cell.hlc
+        pt = hlc_physical(t)  # every output is a send event at t: `hlc_tick`, unrolled
         send, enqueue = self._send, self._enqueue
         for i, o in enumerate(outputs):
-            hlc = hlc_tick(hlc, t)
+            hlc = pt if pt > hlc else hlc + 1
             kind = o.kind
             if kind is SEND:  # the hot path: `_send` inlined
                 if o.ask:
