@@ -1,0 +1,267 @@
+"""`ZmqTransport`: core's `Transport` between OS processes over ZeroMQ.
+
+Each node binds one ROUTER (its inbox) and connects one DEALER per peer endpoint
+(`peer.py`); a `Directory` maps address prefixes to endpoints. Everything runs on
+the event loop: a task awaits readiness only when a socket is empty, then drains it
+with NOBLOCK calls (docs/decisions.md measures this against a receive thread).
+
+Flow control, end to end: the receiver delivers a frame's envelopes into the
+driver's mailboxes (waiting while a mailbox is past its high-water mark) before it
+acknowledges them; a sender keeps at most `window` envelopes unacknowledged per
+peer, queues up to `max_pending`, and tells the driver to wait (`congestion`) past
+`high_water`. Past `max_pending` a send is refused, which the driver records as a
+dead letter. `aclose` flushes and waits for the last acks; what is still
+unacknowledged then is handed back to be recorded, never dropped in silence."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Awaitable, Callable
+
+import structlog
+import zmq
+import zmq.asyncio
+
+from deepserve.core.envelope import Envelope
+from deepserve.core.transport import Deliver, wire_decode, wire_encode
+
+from .directory import Directory, EndpointError, check_endpoint
+from .frames import ack_frame, envelope_of, read_data
+from .peer import Limits, Peer
+
+log = structlog.get_logger("deepserve.zmq")
+
+# Admit an envelope: None once it is in a mailbox, or an awaitable that delivers it
+# when the mailbox has room (the receiver stops reading its socket meanwhile).
+Admit = Callable[[Envelope], Awaitable[None] | None]
+DRAIN_FRAMES = 256  # frames read before letting other tasks run
+MAX_SENDERS = 4096  # receiver-side sequence state kept per sending node
+MAX_CACHE = 65_536  # resolved addresses remembered
+
+
+class TransportError(RuntimeError):
+    """A socket that could not be bound, or a transport used after close."""
+
+
+class _Sender:
+    __slots__ = ("expected", "ident", "dirty")
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected  # next sequence number to deliver
+        self.ident = b""
+        self.dirty = False  # delivered since the last ack
+
+
+class ZmqTransport:
+    def __init__(self, bind: str | None = None, routes: dict[str, str] | Directory | None = None,
+                 *, limits: Limits | None = None) -> None:  # fmt: skip
+        self.directory = routes if isinstance(routes, Directory) else Directory(routes)
+        self.limits = limits or Limits()
+        self.sender_id = secrets.randbits(62)
+        # Our own context, terminated at close: `Context.instance()` is shared state
+        # that nobody terminates, so LINGER never applied (issue 7).
+        self.ctx = zmq.asyncio.Context()
+        self.peers: dict[str, Peer] = {}
+        self._cache: dict[str, Peer] = {}
+        self._cache_version = -1
+        self._senders: dict[int, _Sender] = {}
+        self._admit: Admit | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ack_timer: asyncio.TimerHandle | None = None
+        self._congested: Peer | None = None
+        self._closed = False
+        self.sent = self.refused = self.received = self.duplicates = 0
+        self.endpoint: str | None = None
+        self._router: zmq.Socket | None = None
+        if bind is not None:
+            self._bind(check_endpoint(bind, what="bind endpoint", bind=True))
+
+    def _bind(self, bind: str) -> None:
+        # Bound now, so a "tcp://127.0.0.1:*" endpoint's port is known before any
+        # peer's directory is written.
+        self._arouter = self.ctx.socket(zmq.ROUTER)
+        self._arouter.setsockopt(zmq.LINGER, 0)
+        self._arouter.setsockopt(zmq.RCVHWM, 100_000)
+        try:
+            self._arouter.bind(bind)
+        except zmq.ZMQError as exc:
+            self._arouter.close(linger=0)
+            self.ctx.destroy(linger=0)
+            raise TransportError(f"cannot bind {bind}: {exc}") from None
+        self._router = zmq.Socket.shadow(self._arouter.underlying)
+        self.endpoint = self._router.getsockopt(zmq.LAST_ENDPOINT).decode()
+
+    @property
+    def routes(self) -> dict[str, str]:
+        return self.directory.routes()
+
+    # ---- Transport ----------------------------------------------------------------
+    def owns(self, addr: str) -> bool:
+        return self.directory.resolve(addr) is not None
+
+    def send(self, env: Envelope) -> bool:
+        """Accept `env` for its peer; False (refused) only past `max_pending` or after close."""
+        peer = self._peer_for(env.dst)
+        if peer is None or self._closed or len(peer.queued) + len(peer.inflight) >= self.limits.max_pending:
+            self.refused += 1
+            return False
+        peer.push(wire_encode(env), self._loop_now())
+        self.sent += 1
+        if not peer.room.is_set():
+            self._congested = peer
+        return True
+
+    def attach(self, deliver: Deliver) -> None:
+        """Plain delivery (no waiting for mailbox space)."""
+        def admit(env: Envelope) -> None:
+            deliver(env)
+        self.attach_admit(admit)
+
+    def close(self) -> None:
+        """Close at once; envelopes still unacknowledged are reported (use `aclose`)."""
+        if self._closed:
+            return
+        self._closed = True
+        lost = sum(p.pending() for p in self.peers.values())
+        if lost:
+            log.warning("zmq transport closed with envelopes unacknowledged", count=lost,
+                        peers=[p.endpoint for p in self.peers.values() if p.pending()])
+        for task in self._tasks:
+            task.cancel()
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+        for peer in self.peers.values():
+            peer.close()
+        if self._router is not None:
+            self._arouter.close(linger=0)
+        self.ctx.destroy(linger=0)
+
+    # ---- flow control (used by AsyncDriver when present) ---------------------------------
+    def attach_admit(self, admit: Admit) -> None:
+        self._admit = admit
+        self._loop_now()
+        if self._router is not None:
+            self._tasks.append(asyncio.get_running_loop().create_task(self._receive()))
+
+    def congestion(self) -> asyncio.Event | None:
+        """After `send`: the room event of a peer the latest sends filled past its
+        high-water mark (wait for it), or None. A stalled peer is not waited for:
+        its sends queue up to `max_pending`, then are refused and recorded."""
+        peer, self._congested = self._congested, None
+        if peer is None or peer.room.is_set() or peer.stalled():
+            return None
+        return peer.room
+
+    def unacknowledged(self) -> int:
+        return sum(p.pending() for p in self.peers.values())
+
+    async def aclose(self, timeout_s: float | None = None) -> list[Envelope]:
+        """Flush every peer, wait for the acks, close; return what was never acknowledged."""
+        if self._closed:
+            return []
+        wait_s = self.limits.close_timeout_s if timeout_s is None else timeout_s
+        for peer in self.peers.values():
+            peer.closing = True
+            peer.flush(want_ack=True)
+        try:
+            async with asyncio.timeout(wait_s):
+                for peer in self.peers.values():
+                    await peer.drained.wait()
+        except TimeoutError:
+            pass
+        left = [wire_decode(b) for p in self.peers.values() for b in (*p.inflight, *p.queued)]
+        for p in self.peers.values():
+            p.inflight.clear()
+            p.queued.clear()
+        self.close()
+        return left
+
+    # ---- sending -----------------------------------------------------------------------
+    def _loop_now(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return self._loop
+
+    def _peer_for(self, addr: str) -> Peer | None:
+        if self._cache_version != self.directory.version or len(self._cache) > MAX_CACHE:
+            self._cache.clear()
+            self._cache_version = self.directory.version
+        peer = self._cache.get(addr)
+        if peer is None:
+            endpoint = self.directory.resolve(addr)
+            if endpoint is None:
+                return None
+            peer = self.peers.get(endpoint)
+            if peer is None:
+                if self._closed:
+                    return None
+                peer = self.peers[endpoint] = Peer(endpoint, self.ctx, self.sender_id, self.limits)
+                peer.task = self._loop_now().create_task(peer.run())
+            self._cache[addr] = peer
+        return peer
+
+    # ---- receiving ---------------------------------------------------------------------
+    async def _receive(self) -> None:
+        router, apoll = self._router, self._arouter.poll
+        assert router is not None
+        while True:
+            await apoll(None, zmq.POLLIN)  # only when the socket is empty
+            for _ in range(DRAIN_FRAMES):
+                try:
+                    ident, frame = router.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                await self._on_frame(ident, frame)
+            else:
+                await asyncio.sleep(0)  # a flood: let the actors run
+
+    async def _on_frame(self, ident: bytes, frame: bytes) -> None:
+        data = read_data(frame)
+        st = self._senders.get(data.sender)
+        if st is None:
+            if len(self._senders) >= MAX_SENDERS:
+                self._senders.pop(next(iter(self._senders)))
+            st = self._senders[data.sender] = _Sender(data.base)
+        st.ident = ident
+        if data.base > st.expected:
+            st.expected = data.base  # acknowledged to an earlier incarnation of this node
+        if data.first > st.expected:  # a frame before this one was lost: resend from there
+            self._send_ack(st, gap=True)
+            return
+        skip = st.expected - data.first
+        if skip:
+            self.duplicates += min(skip, len(data.items))
+        admit = self._admit
+        assert admit is not None
+        for w in data.items[skip:]:
+            waiting = admit(envelope_of(w))
+            if waiting is not None:
+                self._flush_acks()  # what is in already may be acknowledged meanwhile
+                await waiting
+            st.expected += 1
+            self.received += 1
+        st.dirty = True
+        if data.want_ack:
+            self._send_ack(st)
+        elif self._ack_timer is None:
+            self._ack_timer = self._loop_now().call_later(self.limits.ack_delay_s, self._flush_acks)
+
+    def _send_ack(self, st: _Sender, gap: bool = False) -> None:
+        st.dirty = False
+        if self._router is None or self._closed:
+            return
+        try:
+            self._router.send_multipart([st.ident, ack_frame(st.expected - 1, gap)], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass  # an ack lost is an ack resent: the sender's timer asks again
+
+    def _flush_acks(self) -> None:
+        self._ack_timer = None
+        for st in self._senders.values():
+            if st.dirty:
+                self._send_ack(st)
+
+
+__all__ = ["Directory", "EndpointError", "Limits", "TransportError", "ZmqTransport"]
