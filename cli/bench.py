@@ -36,6 +36,11 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
     kernel.add_argument("--pg", metavar="URL", default=None,
                         help="also measure the store on this PostgreSQL server (checked first)")
     kernel.set_defaults(func=_run_kernel)
+    transport = which.add_parser("transport", help="ZeroMQ transport between two OS processes vs raw pyzmq")
+    transport.add_argument("--json", action="store_true", help="print rows as JSON lines")
+    transport.add_argument("--scale", type=_scale, default=1.0,
+                           help=f"multiply every workload size, {SCALE_MIN:g} to {SCALE_MAX:g} (default 1.0)")
+    transport.set_defaults(func=_run_transport)
 
 
 def check_pg(url: str) -> None:
@@ -78,5 +83,17 @@ def _run_kernel(args: argparse.Namespace) -> int:
             print(f"measuring {label} ...", file=sys.stderr, flush=True)
 
     title, rows = kernel_bench(args.scale, args.pg, progress)
+    print(as_json_lines(rows) if args.json else render(title, rows))
+    return 0
+
+
+def _run_transport(args: argparse.Namespace) -> int:
+    from deepserve.benchmarks.transport import transport_bench
+
+    def progress(label: str) -> None:
+        if not args.json:
+            print(f"measuring {label} ...", file=sys.stderr, flush=True)
+
+    title, rows = transport_bench(args.scale, progress)
     print(as_json_lines(rows) if args.json else render(title, rows))
     return 0

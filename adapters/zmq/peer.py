@@ -15,7 +15,6 @@ from collections import deque
 
 import msgspec
 import zmq
-import zmq.asyncio
 
 from .frames import data_frame, read_ack
 
@@ -46,17 +45,24 @@ class Limits(msgspec.Struct, frozen=True):
 class Peer:
     """Everything this node has accepted for one endpoint and not yet seen acknowledged."""
 
-    def __init__(self, endpoint: str, actx: zmq.asyncio.Context, sender_id: int, limits: Limits) -> None:
+    def __init__(self, endpoint: str, ctx: zmq.Context, sender_id: int, limits: Limits,
+                 loop: asyncio.AbstractEventLoop) -> None:  # fmt: skip
         self.endpoint = endpoint
         self.limits = limits
         self.sender_id = sender_id
-        self.asock = actx.socket(zmq.DEALER)
-        self.asock.setsockopt(zmq.LINGER, 0)  # nothing is lost at close: the acks say so
-        self.asock.setsockopt(zmq.SNDHWM, limits.window + 16)
-        self.asock.setsockopt(zmq.RECONNECT_IVL, 50)
-        self.asock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        self.asock.connect(endpoint)
-        self.sock = zmq.Socket.shadow(self.asock.underlying)  # plain NOBLOCK calls, no futures
+        self.loop = loop
+        self.sock = sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)  # nothing is lost at close: the acks say so
+        sock.setsockopt(zmq.SNDHWM, limits.window + 16)
+        sock.setsockopt(zmq.RECONNECT_IVL, 50)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        sock.connect(endpoint)
+        # ZeroMQ's FD signals "events may have changed" (edge-like): read until Again,
+        # and look at EVENTS again after every send on the socket.
+        self.fd = sock.getsockopt(zmq.FD)
+        loop.add_reader(self.fd, self.read_acks)
+        self._timer = loop.call_later(limits.resend_s, self._tick)
+        self._seen = 0
         self.queued: deque[bytes] = deque()
         self.inflight: deque[bytes] = deque()
         self.acked = 0  # every sequence number <= acked is delivered
@@ -69,7 +75,6 @@ class Peer:
         self.last_progress = time.monotonic()
         self._rewound_at = -1
         self.resent = 0
-        self.task: asyncio.Task[None] | None = None
 
     def pending(self) -> int:
         return len(self.queued) + len(self.inflight)
@@ -102,7 +107,9 @@ class Peer:
             try:
                 self.sock.send(data_frame(self.sender_id, self.acked + 1, first, want, items), zmq.NOBLOCK)
             except zmq.Again:
-                return  # the frame counts as in flight; the resend timer sends it again
+                break  # the frame counts as in flight; the resend timer sends it again
+        if self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self.loop.call_soon(self.read_acks)  # the send may have taken the FD's signal
 
     def on_ack(self, upto: int, gap: bool) -> None:
         inflight = self.inflight
@@ -130,28 +137,29 @@ class Peer:
             self.inflight.clear()
         self.flush(want_ack=True)
 
-    async def run(self) -> None:
-        """Read acks; resend when the peer went silent with envelopes outstanding."""
-        resend_ms = int(self.limits.resend_s * 1000)
-        seen = self.acked
+    def read_acks(self) -> None:
+        sock = self.sock
+        if sock.closed:
+            return
         while True:
-            if not await self.asock.poll(resend_ms, zmq.POLLIN):
-                if self.inflight and self.acked == seen:
-                    self._rewound_at = -1
-                    self.rewind()
-                elif self.queued and not self.scheduled:
-                    self.flush()
-                seen = self.acked
-                continue
-            while True:
-                try:
-                    frame = self.sock.recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                ack = read_ack(frame)
-                self.on_ack(ack.upto, ack.gap)
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            ack = read_ack(frame)
+            self.on_ack(ack.upto, ack.gap)
+
+    def _tick(self) -> None:
+        """Every `resend_s`: a peer silent with envelopes outstanding gets them again."""
+        self._timer = self.loop.call_later(self.limits.resend_s, self._tick)
+        if self.inflight and self.acked == self._seen:
+            self._rewound_at = -1
+            self.rewind()
+        elif self.queued and not self.scheduled:
+            self.flush()
+        self._seen = self.acked
 
     def close(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-        self.asock.close(linger=0)
+        self._timer.cancel()
+        self.loop.remove_reader(self.fd)
+        self.sock.close(linger=0)

@@ -21,7 +21,6 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 import zmq
-import zmq.asyncio
 
 from deepserve.core.envelope import Envelope
 from deepserve.core.transport import Deliver, wire_decode, wire_encode
@@ -38,6 +37,7 @@ Admit = Callable[[Envelope], Awaitable[None] | None]
 DRAIN_FRAMES = 256  # frames read before letting other tasks run
 MAX_SENDERS = 4096  # receiver-side sequence state kept per sending node
 MAX_CACHE = 65_536  # resolved addresses remembered
+ACK_LINGER_MS = 500  # at close: how long the last acks may take to leave
 
 
 class TransportError(RuntimeError):
@@ -61,7 +61,7 @@ class ZmqTransport:
         self.sender_id = secrets.randbits(62)
         # Our own context, terminated at close: `Context.instance()` is shared state
         # that nobody terminates, so LINGER never applied (issue 7).
-        self.ctx = zmq.asyncio.Context()
+        self.ctx = zmq.Context()
         self.peers: dict[str, Peer] = {}
         self._cache: dict[str, Peer] = {}
         self._cache_version = -1
@@ -69,6 +69,8 @@ class ZmqTransport:
         self._admit: Admit | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._reading = False  # the ROUTER's FD is registered with the loop
+        self._paused = False  # a mailbox is full: the ROUTER is not read meanwhile
         self._ack_timer: asyncio.TimerHandle | None = None
         self._congested: Peer | None = None
         self._closed = False
@@ -81,16 +83,16 @@ class ZmqTransport:
     def _bind(self, bind: str) -> None:
         # Bound now, so a "tcp://127.0.0.1:*" endpoint's port is known before any
         # peer's directory is written.
-        self._arouter = self.ctx.socket(zmq.ROUTER)
-        self._arouter.setsockopt(zmq.LINGER, 0)
-        self._arouter.setsockopt(zmq.RCVHWM, 100_000)
+        router = self.ctx.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.RCVHWM, 100_000)
         try:
-            self._arouter.bind(bind)
+            router.bind(bind)
         except zmq.ZMQError as exc:
-            self._arouter.close(linger=0)
+            router.close(linger=0)
             self.ctx.destroy(linger=0)
             raise TransportError(f"cannot bind {bind}: {exc}") from None
-        self._router = zmq.Socket.shadow(self._arouter.underlying)
+        self._router = router
         self.endpoint = self._router.getsockopt(zmq.LAST_ENDPOINT).decode()
 
     @property
@@ -123,6 +125,9 @@ class ZmqTransport:
         """Close at once; envelopes still unacknowledged are reported (use `aclose`)."""
         if self._closed:
             return
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+        self._flush_acks()  # what we delivered is acknowledged before we go
         self._closed = True
         lost = sum(p.pending() for p in self.peers.values())
         if lost:
@@ -130,20 +135,19 @@ class ZmqTransport:
                         peers=[p.endpoint for p in self.peers.values() if p.pending()])
         for task in self._tasks:
             task.cancel()
-        if self._ack_timer is not None:
-            self._ack_timer.cancel()
         for peer in self.peers.values():
             peer.close()
         if self._router is not None:
-            self._arouter.close(linger=0)
-        self.ctx.destroy(linger=0)
+            self._stop_reading()
+            self._router.close(linger=ACK_LINGER_MS)  # the last acks still leave
+        self.ctx.term()
 
     # ---- flow control (used by AsyncDriver when present) ---------------------------------
     def attach_admit(self, admit: Admit) -> None:
         self._admit = admit
         self._loop_now()
         if self._router is not None:
-            self._tasks.append(asyncio.get_running_loop().create_task(self._receive()))
+            self._start_reading()
 
     def congestion(self) -> asyncio.Event | None:
         """After `send`: the room event of a peer the latest sends filled past its
@@ -197,27 +201,42 @@ class ZmqTransport:
             if peer is None:
                 if self._closed:
                     return None
-                peer = self.peers[endpoint] = Peer(endpoint, self.ctx, self.sender_id, self.limits)
-                peer.task = self._loop_now().create_task(peer.run())
+                peer = Peer(endpoint, self.ctx, self.sender_id, self.limits, self._loop_now())
+                self.peers[endpoint] = peer
             self._cache[addr] = peer
         return peer
 
     # ---- receiving ---------------------------------------------------------------------
-    async def _receive(self) -> None:
-        router, apoll = self._router, self._arouter.poll
-        assert router is not None
-        while True:
-            await apoll(None, zmq.POLLIN)  # only when the socket is empty
-            for _ in range(DRAIN_FRAMES):
-                try:
-                    ident, frame = router.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                await self._on_frame(ident, frame)
-            else:
-                await asyncio.sleep(0)  # a flood: let the actors run
+    def _start_reading(self) -> None:
+        assert self._router is not None
+        self._loop_now().add_reader(self._router.getsockopt(zmq.FD), self._drain)
+        self._reading = True
+        self._loop_now().call_soon(self._drain)
 
-    async def _on_frame(self, ident: bytes, frame: bytes) -> None:
+    def _stop_reading(self) -> None:
+        if self._reading and self._router is not None:
+            self._loop_now().remove_reader(self._router.getsockopt(zmq.FD))
+        self._reading = False
+
+    def _drain(self) -> None:
+        """The ROUTER may hold frames: read them until Again (or a budget, then yield)."""
+        router = self._router
+        if router is None or self._paused or self._closed:
+            return
+        for _ in range(DRAIN_FRAMES):
+            try:
+                ident, frame = router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            rest = self._on_frame(ident, frame)
+            if rest is not None:  # a full mailbox: stop reading until it has room
+                self._paused = True
+                self._stop_reading()
+                self._tasks.append(self._loop_now().create_task(rest))
+                return
+        self._loop_now().call_soon(self._drain)  # a flood: let the actors run
+
+    def _on_frame(self, ident: bytes, frame: bytes) -> Awaitable[None] | None:
         data = read_data(frame)
         st = self._senders.get(data.sender)
         if st is None:
@@ -229,24 +248,57 @@ class ZmqTransport:
             st.expected = data.base  # acknowledged to an earlier incarnation of this node
         if data.first > st.expected:  # a frame before this one was lost: resend from there
             self._send_ack(st, gap=True)
-            return
+            return None
         skip = st.expected - data.first
         if skip:
             self.duplicates += min(skip, len(data.items))
+        return self._deliver(st, data.items, skip, data.want_ack)
+
+    def _deliver(self, st: _Sender, items: list, start: int, want_ack: bool) -> Awaitable[None] | None:
         admit = self._admit
         assert admit is not None
-        for w in data.items[skip:]:
-            waiting = admit(envelope_of(w))
+        for i in range(start, len(items)):
+            waiting = admit(envelope_of(items[i]))
             if waiting is not None:
-                self._flush_acks()  # what is in already may be acknowledged meanwhile
-                await waiting
+                return self._resume(st, items, i, want_ack, waiting)
             st.expected += 1
             self.received += 1
+        self._delivered(st, want_ack)
+        return None
+
+    def _delivered(self, st: _Sender, want_ack: bool) -> None:
         st.dirty = True
-        if data.want_ack:
+        if want_ack:
             self._send_ack(st)
         elif self._ack_timer is None:
             self._ack_timer = self._loop_now().call_later(self.limits.ack_delay_s, self._flush_acks)
+
+    async def _resume(self, st: _Sender, items: list, i: int, want_ack: bool,
+                      waiting: Awaitable[None]) -> None:  # fmt: skip
+        """Finish a frame whose delivery waits for mailbox space, then read again."""
+        admit = self._admit
+        assert admit is not None
+        while True:
+            st.dirty = True
+            self._flush_acks()  # what is in already is acknowledged meanwhile
+            await waiting  # delivers items[i] (or records it as a full mailbox)
+            st.expected += 1
+            self.received += 1
+            i += 1
+            while i < len(items):
+                nxt = admit(envelope_of(items[i]))
+                if nxt is not None:
+                    waiting = nxt
+                    break
+                st.expected += 1
+                self.received += 1
+                i += 1
+            else:
+                break
+        self._delivered(st, want_ack)
+        self._paused = False
+        if not self._closed:
+            self._start_reading()
 
     def _send_ack(self, st: _Sender, gap: bool = False) -> None:
         st.dirty = False
@@ -262,6 +314,9 @@ class ZmqTransport:
         for st in self._senders.values():
             if st.dirty:
                 self._send_ack(st)
+        router = self._router
+        if router is not None and not self._closed and router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._loop_now().call_soon(self._drain)  # the sends may have taken the FD's signal
 
 
 __all__ = ["Directory", "EndpointError", "Limits", "TransportError", "ZmqTransport"]
