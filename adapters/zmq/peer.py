@@ -27,7 +27,7 @@ class Limits(msgspec.Struct, frozen=True):
     max_pending: int = 65_536  # pending per peer above which a send is refused
     batch: int = 512  # envelopes per data frame
     resend_s: float = 0.25  # no ack progress for this long: resend the window
-    ack_delay_s: float = 0.002  # a receiver acks at most this late unless asked at once
+    ack_delay_s: float = 0.01  # a receiver acks at most this late unless asked at once (fewer sends)
     peer_timeout_s: float = 2.0  # no ack progress this long: senders stop waiting
     close_timeout_s: float = 5.0  # how long a close waits for the last acks
 
