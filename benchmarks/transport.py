@@ -200,6 +200,37 @@ def raw_round_trips(tmp: str, n: int) -> float:
     return rate
 
 
+def raw_fd_round_trips(tmp: str, n: int) -> float:
+    """The raw echo again, but the client waits on the socket's FD with epoll (what
+    any event loop must do) instead of blocking inside libzmq's recv."""
+    import select
+
+    endpoint = f"ipc://{tmp}/raw-echo-fd.ipc"
+    child = _child("raw-echo", endpoint)
+    _ready(child)
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(endpoint)
+    poller = select.epoll()
+    poller.register(dealer.getsockopt(zmq.FD), select.EPOLLIN)
+    t0 = time.perf_counter()
+    for i in range(n):
+        dealer.send(wire_encode(_env("c/0", "e/0", i)), zmq.NOBLOCK)
+        while True:
+            try:
+                wire_decode(dealer.recv(zmq.NOBLOCK))
+                break
+            except zmq.Again:
+                poller.poll()
+    rate = n / (time.perf_counter() - t0)
+    dealer.send(b"stop")
+    child.wait(CHILD_TIMEOUT_S)
+    poller.close()
+    dealer.close(linger=0)
+    ctx.term()
+    return rate
+
+
 async def _zmq_round_trips(tmp: str, n: int) -> float:
     from deepserve.adapters.zmq import ZmqTransport
 
@@ -231,7 +262,7 @@ def transport_bench(scale: float, progress: Progress, rounds: int = 3) -> tuple[
     """Each workload `rounds` times, raw and transport interleaved; the best of each
     (a loaded machine only ever makes a run slower)."""
     n_msgs, n_rts = max(1000, int(200_000 * scale)), max(200, int(10_000 * scale))
-    raw, bare, ours, raw_rts, our_rts = [], [], [], [], []
+    raw, bare, ours, raw_rts, fd_rts, our_rts = [], [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="ds-bench-zmq-") as tmp:
         for r in range(rounds):
             progress(f"round {r + 1}/{rounds}: one way, {n_msgs:,} messages (raw PUSH/PULL, the transport)")
@@ -243,6 +274,7 @@ def transport_bench(scale: float, progress: Progress, rounds: int = 3) -> tuple[
                 break  # a loss: report this run
             progress(f"round {r + 1}/{rounds}: {n_rts:,} round trips (raw DEALER/ROUTER echo, the transport)")
             raw_rts.append(raw_round_trips(tmp, n_rts))
+            fd_rts.append(raw_fd_round_trips(tmp, n_rts))
             our_rts.append(run_async(_zmq_round_trips, tmp, n_rts))
         progress("a raw PUSH sender exiting at once after sending")
         _, raw_got = raw_one_way(tmp, n_msgs, "exit", decode=False)
@@ -252,6 +284,8 @@ def transport_bench(scale: float, progress: Progress, rounds: int = 3) -> tuple[
             max(bare)),
         Row("zmq_roundtrips_per_s", max(our_rts, default=0.0), "round trips/s",
             "raw_dealer_router_echo_per_s", max(raw_rts, default=0.0)),
+        Row("zmq_roundtrips_per_s_vs_fd_wait", max(our_rts, default=0.0), "round trips/s",
+            "raw_echo_client_waiting_on_fd_per_s", max(fd_rts, default=0.0)),
         # The transport's sender exits through `aclose` (flush, acks) right after its
         # last send; the raw sender exits at once. Accepted = send() returned True.
         Row("zmq_lost_on_exit", float(report["accepted"] - got), "msgs",
