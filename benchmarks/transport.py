@@ -132,10 +132,11 @@ def raw_one_way(tmp: str, n: int, mode: str = "encode", decode: bool = True) -> 
     pull.bind(endpoint)
     child = _child("raw-push", endpoint, str(n), mode)
     got, t0, t1 = 0, 0.0, 0.0
-    while got < n:
-        if not pull.poll(1000 if got else 30_000):
+    deadline = time.monotonic() + CHILD_TIMEOUT_S
+    while got < n and time.monotonic() < deadline:
+        if not pull.poll(200):
             if child.poll() is not None:
-                break  # the sender is gone: what never came is lost
+                break  # the sender is gone and nothing more came: the rest is lost
             continue
         while got < n:  # drain with NOBLOCK, as the transport does
             try:
