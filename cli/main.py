@@ -12,13 +12,16 @@ import os
 import sqlite3
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from deepserve.cli.util import CliError, CliParser, missing_extra, one_line
 from deepserve.core.driver import CODE_VERSION
+from deepserve.persistence import close_open_sinks
 from deepserve.persistence.api import LogError
 from deepserve.replay.common import ReplayError
 
-# Errors caused by what the user passed in (a path, a log, an argument): exit 2.
+# Errors caused by what the user passed in (a path, a log, an argument), and a log that
+# could not be written: exit 2.
 BAD_INPUT = (CliError, LogError, ReplayError, sqlite3.DatabaseError)
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3  # a bug in deepserve itself; 1 is reserved for "verify found a divergence"
@@ -29,7 +32,8 @@ def build_parser() -> CliParser:
 
     parser = CliParser(
         prog="deepserve",
-        description="Serverless LLM serving as an event-logged actor system (see DESIGN.md).",
+        description="Serverless LLM serving as an event-logged actor system. Documentation: "
+        "README.md and docs/ in the source tree (docs/kernel.md: actors, the log, replay).",
     )
     parser.add_argument("--version", action="version", version=f"deepserve {CODE_VERSION}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -42,6 +46,17 @@ def build_parser() -> CliParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    status = _run(args)
+    # A log sink still open (a command's, or one opened by user code loaded with
+    # --import) is closed now, while the exit status can still say that its last
+    # writes were lost: by atexit time it is fixed. persistence reports each failure
+    # on stderr, one line.
+    if close_open_sinks() and status == 0:
+        status = EXIT_BAD_INPUT
+    return status
+
+
+def _run(args: Any) -> int:
     try:
         return int(args.func(args))
     except BAD_INPUT as exc:

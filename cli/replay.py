@@ -65,7 +65,10 @@ def _command(sub: Any, name: str, func: Any, help_text: str, *, reads: bool = Tr
     p.add_argument("log", metavar="LOG", help="the log: a file, a run directory or a PostgreSQL URL")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     if reads:
-        p.add_argument("--run", metavar="RUN_ID", help="which run of the log (default: the last)")
+        p.add_argument(
+            "--run", metavar="RUN_ID",
+            help="which run of the log (default: the last; required for a directory holding several)",
+        )
         add_user_code_arguments(p)
     p.set_defaults(func=func)
     return p
@@ -79,7 +82,7 @@ def _read(args: argparse.Namespace) -> LogReader:
     require_driver(args.log)
     reader = open_log(args.log, upgrade=False)
     try:
-        check_integrity(args.log)
+        reader.check_integrity()
         _check_run_choice(args, reader)
     except BaseException:
         reader.close()

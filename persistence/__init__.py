@@ -44,7 +44,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .api import Durability, DurableSink, LogReader, StepFilter
+    from .api import Durability, DurableSink, LogReader, PressureSink, SinkStatistics, StepFilter
     from .errors import LogError
     from .factory import migrate, open_log, open_sink
     from .group_commit import GroupCommitSink
@@ -57,6 +57,8 @@ _EXPORTS = {
     "Durability": ".api",
     "DurableSink": ".api",
     "LogReader": ".api",
+    "PressureSink": ".api",
+    "SinkStatistics": ".api",
     "StepFilter": ".api",
     "LogError": ".errors",
     "migrate": ".factory",
@@ -90,7 +92,9 @@ __all__ = [
     "LogReader",
     "MemoryLog",
     "MemoryStore",
+    "PressureSink",
     "ProcessSink",
+    "SinkStatistics",
     "StepFilter",
     "close_failures",
     "close_open_sinks",

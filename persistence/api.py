@@ -12,6 +12,8 @@ import abc
 from collections.abc import Callable, Iterator
 from typing import Literal, NamedTuple, Protocol
 
+import msgspec
+
 from deepserve.core.records import InputRec, LogSink, RunRec, SnapshotRec, Step
 
 from .errors import LogError
@@ -72,6 +74,13 @@ class LogReader(abc.ABC):
     @abc.abstractmethod
     def snapshots(self, run_id: str | None = None, actor: str | None = None) -> Iterator[SnapshotRec]: ...
 
+    def check_integrity(self) -> None:
+        """Raise a one-line `LogError` if the log's storage is damaged (see
+        `sqlite.files.integrity_problems`); a no-op where the backend keeps its own
+        integrity (memory, PostgreSQL). Reads the whole file: call it once, before
+        answering from an incident log."""
+        return None
+
     def close(self) -> None:
         return None
 
@@ -96,7 +105,50 @@ class DurableSink(LogSink, Protocol):
     def committed_ticket(self) -> int: ...
 
 
-__all__ = ["DurableSink", "Durability", "LogError", "LogReader", "StepFilter"]
+class SinkStatistics(msgspec.Struct, frozen=True):
+    """A writer's state, for the driver's edge and for operators (`statistics()`)."""
+
+    appended: int  # steps appended (the last ticket handed out)
+    committed: int  # steps committed
+    pending: int  # appended - committed: queued, buffered or in a transaction
+    peak_pending: int  # the most `pending` has been
+    high_water: int  # pending at or above this: under pressure
+    low_water: int  # `wait_for_room` returns once pending is at or below this
+    max_pending: int  # the hard bound: beyond it `append` blocks its caller's thread
+    transactions: int
+    blocked_appends: int  # appends that met the hard bound and blocked
+    blocked_s: float  # the time they spent blocked
+
+    @property
+    def under_pressure(self) -> bool:
+        return self.pending >= self.high_water
+
+
+class PressureSink(LogSink, Protocol):
+    """How a writer tells its driver that the disk is behind (see docs/kernel.md,
+    "Backpressure"). A producer at the edge (external inputs) awaits
+    `wait_for_room()` before admitting more; actors' own traffic appends freely up to
+    `max_pending`, the hard bound, where `append` blocks (last resort: memory stays
+    bounded and nothing is lost, but an event loop calling it stalls)."""
+
+    @property
+    def under_pressure(self) -> bool:
+        """`pending >= high_water`: cheap, for a check on every admission."""
+        ...
+
+    async def wait_for_room(self) -> None:
+        """Return at once unless under pressure; else wait, without blocking the
+        event loop, until pending is down to `low_water` (or the sink failed or
+        closed: the next append then raises)."""
+        ...
+
+    def statistics(self) -> SinkStatistics: ...
+
+
+__all__ = [
+    "DurableSink", "Durability", "LogError", "LogReader", "PressureSink", "SinkStatistics",
+    "StepFilter",
+]
 
 
 def __getattr__(name: str) -> object:

@@ -12,3 +12,14 @@ class LogError(Exception):
 def one_line(text: object) -> str:
     """Error text for a `LogError`: driver and database messages may span lines."""
     return " ".join(str(text).split())
+
+
+class RunExists(LogError):
+    """A run begun in a log that already holds a run with its id and process: run ids
+    are unique per log (per process of a daemon run sharing one database)."""
+
+    def __init__(self, label: str, run_id: str, process: str) -> None:
+        super().__init__(
+            f"{label}: run {run_id!r} (process {process!r}) is already in this log; "
+            "give the run another id, or use another log"
+        )

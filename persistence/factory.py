@@ -30,6 +30,7 @@ def open_sink(
     synchronous: str | None = None,
     max_pending: int | None = None,
     max_batch: int | None = None,
+    high_water: int | None = None,
     writer: Writer = "thread",
 ) -> GroupCommitSink | ProcessSink:
     """The process's log writer (a `LogSink`), creating or migrating the log.
@@ -38,6 +39,8 @@ def open_sink(
     it: one file per process of a daemon run), `sqlite:///PATH` or a PostgreSQL URL.
     `synchronous`: SQLite override (off/normal/full); full fsyncs every commit.
     `max_pending` / `max_batch`: queue bound (backpressure) and steps per transaction.
+    `high_water`: pending steps at which the sink is under pressure (default
+    max_pending // 2; see `pressure.py`).
     `writer="process"`: an `async` SQLite log is written by a child process (see
     `sqlite.process_writer`: for runs that end with close(), such as sim runs); a PostgreSQL target
     or a non-POSIX system keeps the thread writer.
@@ -53,7 +56,9 @@ def open_sink(
         raise ValueError(f"synchronous must be off, normal or full, not {synchronous!r}")
     tgt = parse_target(target)
     limits: dict[str, Any] = {
-        k: v for k, v in (("max_pending", max_pending), ("max_batch", max_batch)) if v is not None
+        k: v
+        for k, v in (("max_pending", max_pending), ("max_batch", max_batch), ("high_water", high_water))
+        if v is not None
     }
     if tgt.kind == "postgresql":
         from .postgres import PgBatchStore

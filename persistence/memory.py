@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterator
 
 from deepserve.core.records import MemorySink, RunRec, SnapshotRec, Step
 
-from .api import LogReader, StepFilter
-from .errors import LogError
+from .api import LogReader, SinkStatistics, StepFilter
+from .errors import LogError, RunExists
 
 
 class MemoryStore(MemorySink):
@@ -20,6 +20,11 @@ class MemoryStore(MemorySink):
         super().__init__()
         self.step_runs: list[str] = []  # parallel to `steps`
         self.on_commit: Callable[[int], None] | None = None
+
+    def begin_run(self, run: RunRec) -> None:
+        if any((r.run_id, r.process) == (run.run_id, run.process) for r in self.runs):
+            raise RunExists("memory", run.run_id, run.process)
+        super().begin_run(run)
 
     def append(self, step: Step) -> int:
         if not self.runs:
@@ -33,6 +38,16 @@ class MemoryStore(MemorySink):
     @property
     def committed_ticket(self) -> int:
         return len(self.steps)
+
+    # the `PressureSink` protocol: memory is never behind
+    under_pressure = False
+
+    async def wait_for_room(self) -> None:
+        return None
+
+    def statistics(self) -> SinkStatistics:
+        n = len(self.steps)
+        return SinkStatistics(n, n, 0, 0, 1, 0, 1, n, 0, 0.0)
 
 
 class MemoryLog(LogReader):

@@ -63,6 +63,10 @@ class MergedLog(LogReader):
         for log in logs:
             yield from log.snapshots(run, actor)
 
+    def check_integrity(self) -> None:
+        for log in self.logs:
+            log.check_integrity()
+
     def close(self) -> None:
         for log in self.logs:
             log.close()

@@ -24,7 +24,7 @@ from sqlalchemy.sql import Executable
 
 from deepserve.core.records import RunRec, Step
 
-from .errors import LogError, one_line
+from .errors import LogError, RunExists, one_line
 from .group_commit import count_steps, runs_and_steps
 from .rows import STEP_TABLES, rows_of, step_rows
 from .schema import INSERT_COLUMNS
@@ -119,6 +119,7 @@ class PgBatchStore:
             pos = 0
             for part in runs_and_steps(items):
                 if isinstance(part, RunRec):
+                    await self._check_new_run(part)
                     await self._copy("runs", [astuple(part)])
                     run_id = part.run_id
                     continue
@@ -131,6 +132,16 @@ class PgBatchStore:
                         await self._copy(name, _with_ids(rows_of(flat, len(INSERT_COLUMNS[name])), ids, pos))
                 pos += len(part)
         return n, run_id
+
+    async def _check_new_run(self, run: RunRec) -> None:
+        # Processes of a cluster share the database: the lock serializes two begins of
+        # one run id until the first commits (transaction-scoped).
+        await self.pg.execute("SELECT pg_advisory_xact_lock(hashtext($1))", run.run_id)
+        found = await self.pg.fetchval(
+            "SELECT 1 FROM runs WHERE run_id = $1 AND process = $2 LIMIT 1", run.run_id, run.process
+        )
+        if found is not None:
+            raise RunExists(self.label, run.run_id, run.process)
 
     async def _copy(self, table: str, records: list[tuple]) -> None:
         await self.pg.copy_records_to_table(table, records=records, columns=INSERT_COLUMNS[table])

@@ -18,11 +18,12 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from deepserve.core.records import RunRec, Step
 
+from ..errors import RunExists
 from ..group_commit import runs_and_steps
 from ..rows import STEP_TABLES, step_rows
 from ..schema import INSERT_COLUMNS, RUN_FIELDS, inputs, metadata
 from .files import BUSY_MS
-from .sql import MultiInsert, transaction
+from .sql import RUN_EXISTS, MultiInsert, transaction
 
 # async: nothing crashes for real in sim, and a WAL commit without fsync still survives
 # a process kill (the pages are in the OS cache). outbox: NORMAL keeps the file
@@ -69,6 +70,7 @@ def process_writer_config(path: str, synchronous: str | None) -> dict[str, Any]:
         "step_tables": [[sql[t], len(INSERT_COLUMNS[t])] for t in STEP_TABLES],
         "max_id_sql": max_id_sql(),
         "run_id_index": RUN_FIELDS.index("run_id"),
+        "process_index": RUN_FIELDS.index("process"),
     }
 
 
@@ -100,6 +102,8 @@ class SqliteBatchStore:
         run_id = self.run_id
         for part in runs_and_steps(items):
             if isinstance(part, RunRec):
+                if c.execute(RUN_EXISTS, (part.run_id, part.process)).fetchone() is not None:
+                    raise RunExists(self.label, part.run_id, part.process)
                 self.inserts["runs"].run_flat(c, list(astuple(part)))
                 run_id = part.run_id
                 continue

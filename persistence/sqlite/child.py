@@ -33,9 +33,9 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from ..errors import one_line
+from ..errors import LogError, RunExists, one_line
 from ..rows import step_rows
-from .sql import MultiInsert, read_steps, transaction
+from .sql import RUN_EXISTS, MultiInsert, read_steps, transaction
 
 HEADER = struct.Struct("<Q")
 ACK_BODY = struct.Struct("<QQ")
@@ -151,6 +151,8 @@ class FlatWriter:
         self.tables = [MultiInsert(sql, n, max_vars) for sql, n in cfg["step_tables"]]
         self.max_id: str = cfg["max_id_sql"]
         self.run_id_index: int = cfg["run_id_index"]
+        self.process_index: int = cfg["process_index"]
+        self.label: str = cfg["label"]
         self.run_id: str | None = None
         self.decode = msgspec.msgpack.Decoder().decode
 
@@ -159,7 +161,7 @@ class FlatWriter:
         kind, body = payload[0], memoryview(payload)[1:]
         if kind == RUN:
             run = self.decode(body)
-            transaction(self.conn, lambda c: self.runs.run_flat(c, run))
+            transaction(self.conn, lambda c: self._run(c, run))
             self.run_id = run[self.run_id_index]
             return 0
         if kind != STEPS:
@@ -169,6 +171,12 @@ class FlatWriter:
             raise ValueError("a step was appended before begin_run()")
         transaction(self.conn, lambda c: self._steps(c, steps))
         return len(steps)
+
+    def _run(self, c: sqlite3.Connection, run: list[Any]) -> None:
+        key = (run[self.run_id_index], run[self.process_index])
+        if c.execute(RUN_EXISTS, key).fetchone() is not None:
+            raise RunExists(self.label, *key)
+        self.runs.run_flat(c, run)
 
     def _steps(self, c: sqlite3.Connection, steps: list[Any]) -> None:
         # Step ids are assigned under the write lock, as in `SqliteBatchStore`.
@@ -228,6 +236,9 @@ def serve_writer(src: BinaryIO, acks: Acks) -> int:
             steps += writer.write(payload)
             frames += 1
             acks.ack(frames, steps)
+    except LogError as exc:  # one line for the user as it is (a refused run)
+        acks.error(str(exc))
+        return 1
     except Exception as exc:
         acks.error(f"{label}: log writer failed: {type(exc).__name__}: {exc}")
         return 1

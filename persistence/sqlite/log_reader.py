@@ -147,6 +147,9 @@ class SqliteLog(SqlLog):
         self._readers.add(reader)
         return reader
 
+    def check_integrity(self) -> None:
+        self.db.check_integrity()
+
     def close(self) -> None:
         for reader in list(self._readers):
             reader.stop()

@@ -23,6 +23,7 @@ import contextlib
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,6 +33,7 @@ from deepserve.core.records import RunRec, Step
 
 from .. import open_sinks
 from ..errors import LogError, one_line
+from ..pressure import Pressure
 from . import child
 from .batch_store import process_writer_config
 from .child import ACK, ACK_BODY, CONFIG, ERROR, RUN, STEPS
@@ -44,7 +46,7 @@ class _WriterGone(Exception):
     """A write to the pipe failed: the writer process has exited."""
 
 
-class ProcessSink:
+class ProcessSink(Pressure):
     """A `LogSink` whose writer is a child process. See the module docstring."""
 
     def __init__(
@@ -54,6 +56,7 @@ class ProcessSink:
         synchronous: str | None = None,
         max_pending: int | None = None,
         max_batch: int | None = None,
+        high_water: int | None = None,
     ) -> None:
         batch = DEFAULT_BATCH if max_batch is None else max_batch
         pending = max(DEFAULT_PENDING, batch) if max_pending is None else max_pending
@@ -66,6 +69,8 @@ class ProcessSink:
         self._max_frames = max(1, pending // batch)  # unacknowledged frames
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
+        self._commit_cond = self._cond
+        self._init_pressure(pending, high_water)
         self._buf: list[Step] = []
         self._ok = False  # append allowed: begun, not closed, no error
         self._closing = False
@@ -96,13 +101,25 @@ class ProcessSink:
 
     # ---- the driver's side ---------------------------------------------------
     def begin_run(self, run: RunRec) -> None:
-        with self._sending(), self._lock:
-            if self._error is not None or self._closing:
-                self._raise_state()
-            if self._buf:
-                self._send_steps()
-            self._send_frame(RUN, run)
-            self._ok = True
+        """Start a run: its record is committed before this returns, so that a run
+        already in the log (same run id and process) is refused here, with a
+        `LogError`; the sink is then closed, having written nothing of the run."""
+        try:
+            with self._sending(), self._lock:
+                if self._error is not None or self._closing:
+                    self._raise_state()
+                if self._buf:
+                    self._send_steps()
+                self._send_frame(RUN, run)
+                target = self._sent
+                self._cond.wait_for(lambda: self._acked >= target or self._error is not None)
+                if self._error is not None:
+                    raise LogError(self._error)
+                self._ok = True
+        except LogError:
+            with contextlib.suppress(LogError):
+                self.close()
+            raise
 
     def append(self, step: Step) -> int:
         """Buffer a step (no I/O); returns its ticket. Every `max_batch` steps the
@@ -117,6 +134,7 @@ class ProcessSink:
             if not self._ok:
                 self._raise_state()
             if len(self._buf) >= self._max_batch:
+                self._note_pending()  # pending peaks as a full buffer leaves
                 self._send_steps()
             self._buf.append(step)
             self._ticket += 1
@@ -125,6 +143,9 @@ class ProcessSink:
     @property
     def committed_ticket(self) -> int:
         return self._committed
+
+    def _transactions(self) -> int:
+        return self._acked  # one frame, one transaction
 
     def flush(self) -> None:
         """Send the buffer; return once everything appended so far is committed."""
@@ -190,10 +211,15 @@ class ProcessSink:
     def _send_steps(self, closing: bool = False) -> None:
         # Wait for room before taking the buffer: whoever holds the lock after the
         # wait sends everything buffered, so frames leave in append order.
+        since = time.perf_counter()
+        blocked = False
         while self._sent - self._acked >= self._max_frames:
             if self._error is not None or (self._closing and not closing):
                 self._raise_state()
+            blocked = True
             self._cond.wait()
+        if blocked:
+            self._note_blocked(since)
         batch, self._buf = self._buf, []
         if batch:
             self._send_frame(STEPS, batch)

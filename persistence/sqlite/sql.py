@@ -21,6 +21,7 @@ from typing import Any
 
 from ..rows import Row, group_steps, id_range_is_dense
 
+RUN_EXISTS = "SELECT 1 FROM runs WHERE run_id = ? AND process = ? LIMIT 1"
 MAX_IN = 512  # ids in one IN (...): within SQLite's historical 999-variable limit
 
 

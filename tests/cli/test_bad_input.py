@@ -200,3 +200,23 @@ def test_verify_of_a_one_run_directory_names_it(tmp_path: Path) -> None:
     res = deepserve("replay", "verify", str(run_dir), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "(run 'sim-6')" in res.stdout
+
+
+def test_a_log_whose_last_writes_fail_at_exit_sets_the_exit_status(tmp_path: Path) -> None:
+    """A sink left open whose close fails: before, the command exited 0 and only an
+    at-exit report said the log had lost its last writes."""
+    code = (
+        "from deepserve.core.records import InputRec, RunRec, Step\n"
+        "from deepserve.persistence import open_sink\n"
+        "from deepserve.cli import main\n"
+        "sink = open_sink('left.db')\n"
+        "sink.begin_run(RunRec('r', 'sim', 1, '{}', 'v', 'h', 0.0))\n"
+        "bad = InputRec('a/1', 0, 0.0, 1, 0, 'ext/x', 1, None, None, True, 'M', object())\n"
+        "sink.append(Step(bad, [], []))  # a value SQLite does not take: the last write fails\n"
+        "raise SystemExit(main(['sim', 'example', '--requests', '5', '--log', 'ok.db']))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    assert "log: ok.db" in res.stdout  # the command itself did its work
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "log sink failed at close" in lines[0] and "left.db" in lines[0], res.stderr

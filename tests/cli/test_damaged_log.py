@@ -89,7 +89,7 @@ def test_every_replay_command_refuses_a_damaged_index(demo_log: Path, tmp_path: 
     before = bad.read_bytes()
     for command, *rest in COMMANDS:
         res = deepserve("replay", command, str(bad), *rest, cwd=tmp_path)
-        line = assert_one_line_error(res, str(bad), "damaged log", "integrity check failed")
+        line = assert_one_line_error(res, str(bad), "damaged SQLite file", "integrity_check")
         assert "page" in line or "index" in line or "malformed" in line, line
         assert res.stdout == "", (command, res.stdout[:200])
     assert bad.read_bytes() == before  # migrate refused: the evidence is untouched
@@ -106,4 +106,4 @@ def test_a_damaged_file_in_a_run_directory_is_named(demo_log: Path, tmp_path: Pa
     shutil.copy(demo_log, run_dir / "a.db")
     _damage(demo_log, run_dir / "b.db", "ix_inputs_actor")
     res = deepserve("replay", "log", str(run_dir), cwd=tmp_path)
-    assert_one_line_error(res, str(run_dir / "b.db"), "damaged log")
+    assert_one_line_error(res, str(run_dir / "b.db"), "damaged SQLite file")
