@@ -76,3 +76,21 @@ class Directory:
 
     def routes(self) -> dict[str, str]:
         return dict(self._routes)
+
+    # A mapping's face, so `transport.routes["te/"] = endpoint` keeps working (checked).
+    def __setitem__(self, prefix: str, endpoint: str) -> None:
+        self.set(prefix, endpoint)
+
+    def __getitem__(self, prefix: str) -> str:
+        return self._routes[prefix]
+
+    def __delitem__(self, prefix: str) -> None:
+        if prefix not in self._routes:
+            raise KeyError(prefix)
+        self.remove(prefix)
+
+    def __contains__(self, prefix: object) -> bool:
+        return prefix in self._routes
+
+    def __len__(self) -> int:
+        return len(self._routes)

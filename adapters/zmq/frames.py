@@ -13,6 +13,8 @@ the old connection is noticed as a gap rather than skipped."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from deepserve.core.codec import decode
@@ -54,6 +56,15 @@ def ack_frame(upto: int, gap: bool = False) -> bytes:
 
 def read_ack(frame: bytes) -> Ack:
     return _ack_dec.decode(frame)
+
+
+def receive_and_ack(router: Any) -> list[Wire]:
+    """For a plain ZeroMQ ROUTER standing in for a node (tests, tools): take one data
+    frame, acknowledge it, return its envelopes (duplicates of a resend included)."""
+    ident, frame = router.recv_multipart()
+    data = read_data(frame)
+    router.send_multipart([ident, ack_frame(data.first + len(data.items) - 1)])
+    return data.items
 
 
 def envelope_of(w: Wire) -> Envelope:

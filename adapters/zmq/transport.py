@@ -96,8 +96,9 @@ class ZmqTransport:
         self.endpoint = self._router.getsockopt(zmq.LAST_ENDPOINT).decode()
 
     @property
-    def routes(self) -> dict[str, str]:
-        return self.directory.routes()
+    def routes(self) -> Directory:
+        """The directory (a mapping: `routes["b/"] = endpoint` updates it, checked)."""
+        return self.directory
 
     # ---- Transport ----------------------------------------------------------------
     def owns(self, addr: str) -> bool:

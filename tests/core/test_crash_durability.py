@@ -12,7 +12,7 @@ from pathlib import Path
 
 import zmq
 
-from deepserve.adapters.zmq.frames import ack_frame, read_data
+from deepserve.adapters.zmq.frames import receive_and_ack
 from deepserve.persistence import open_log
 
 HERE = Path(__file__).parent
@@ -22,12 +22,6 @@ def _receive_then_kill(tmp_path: Path, durability: str, want: int) -> tuple[set,
     ctx = zmq.Context()
     pull = ctx.socket(zmq.ROUTER)  # the ZeroMQ transport's inbox: data frames in, acks out
     port = pull.bind_to_random_port("tcp://127.0.0.1")
-
-    def take(received: set[tuple[str, int]]) -> None:
-        ident, frame = pull.recv_multipart()
-        data = read_data(frame)
-        received.update((w.src, w.msg_id) for w in data.items)
-        pull.send_multipart([ident, ack_frame(data.first + len(data.items) - 1)])
 
     log = tmp_path / f"sender-{durability}.db"
     env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -40,11 +34,11 @@ def _receive_then_kill(tmp_path: Path, durability: str, want: int) -> tuple[set,
     try:
         while len(received) < want and time.monotonic() < deadline:
             if pull.poll(100):
-                take(received)
+                received.update((w.src, w.msg_id) for w in receive_and_ack(pull))
         os.kill(child.pid, signal.SIGKILL)  # mid-stream, no warning
         child.wait(timeout=10)
         while pull.poll(200):  # whatever was already on the wire still arrives
-            take(received)
+            received.update((w.src, w.msg_id) for w in receive_and_ack(pull))
     finally:
         if child.poll() is None:
             child.kill()
