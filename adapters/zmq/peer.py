@@ -161,5 +161,6 @@ class Peer:
 
     def close(self) -> None:
         self._timer.cancel()
-        self.loop.remove_reader(self.fd)
+        if not self.loop.is_closed():
+            self.loop.remove_reader(self.fd)
         self.sock.close(linger=0)

@@ -68,7 +68,7 @@ class ZmqTransport:
         self._senders: dict[int, _Sender] = {}
         self._admit: Admit | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()  # deliveries waiting for mailbox room
         self._reading = False  # the ROUTER's FD is registered with the loop
         self._paused = False  # a mailbox is full: the ROUTER is not read meanwhile
         self._ack_timer: asyncio.TimerHandle | None = None
@@ -134,7 +134,7 @@ class ZmqTransport:
         if lost:
             log.warning("zmq transport closed with envelopes unacknowledged", count=lost,
                         peers=[p.endpoint for p in self.peers.values() if p.pending()])
-        for task in self._tasks:
+        for task in list(self._tasks):
             task.cancel()
         for peer in self.peers.values():
             peer.close()
@@ -215,8 +215,9 @@ class ZmqTransport:
         self._loop_now().call_soon(self._drain)
 
     def _stop_reading(self) -> None:
-        if self._reading and self._router is not None:
-            self._loop_now().remove_reader(self._router.getsockopt(zmq.FD))
+        loop = self._loop
+        if self._reading and self._router is not None and loop is not None and not loop.is_closed():
+            loop.remove_reader(self._router.getsockopt(zmq.FD))
         self._reading = False
 
     def _drain(self) -> None:
@@ -233,7 +234,9 @@ class ZmqTransport:
             if rest is not None:  # a full mailbox: stop reading until it has room
                 self._paused = True
                 self._stop_reading()
-                self._tasks.append(self._loop_now().create_task(rest))
+                task = self._loop_now().create_task(rest)
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
                 return
         self._loop_now().call_soon(self._drain)  # a flood: let the actors run
 
