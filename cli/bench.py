@@ -33,6 +33,16 @@ def _scale(text: str) -> float:
     return value
 
 
+def _flow_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 10:
+        raise argparse.ArgumentTypeError(f"must be >= 10: {text!r}")
+    return value
+
+
 def register_bench(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser("bench", help="performance suite: one table, baselines measured in the same run")
     which = bench.add_subparsers(dest="bench_command", metavar="SUITE", required=True)
@@ -50,6 +60,11 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
     transport.add_argument("--rounds", type=_rounds, default=3,
                            help=f"runs of each workload, best kept, 1 to {ROUNDS_MAX} (default 3)")
     transport.set_defaults(func=_run_transport)
+    devices = which.add_parser("devices", help="emulated fabric under many concurrent transfers")
+    devices.add_argument("--json", action="store_true", help="print rows as JSON lines")
+    devices.add_argument("--flows", type=_flow_count, default=1000,
+                         help="concurrent transfers (default 1000; the baseline runs a tenth)")
+    devices.set_defaults(func=_run_devices)
 
 
 def check_pg(url: str) -> None:
@@ -104,5 +119,17 @@ def _run_transport(args: argparse.Namespace) -> int:
             print(f"measuring {label} ...", file=sys.stderr, flush=True)
 
     title, rows = transport_bench(args.scale, progress, args.rounds)
+    print(as_json_lines(rows) if args.json else render(title, rows))
+    return 0
+
+
+def _run_devices(args: argparse.Namespace) -> int:
+    from deepserve.benchmarks.devices import devices_bench
+
+    def progress(label: str) -> None:
+        if not args.json:
+            print(f"measuring {label} ...", file=sys.stderr, flush=True)
+
+    title, rows = devices_bench(args.flows, progress)
     print(as_json_lines(rows) if args.json else render(title, rows))
     return 0
