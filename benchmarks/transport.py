@@ -31,13 +31,13 @@ YIELD_EVERY = 512  # transport sender: sends per turn of the event loop
 CHILD_TIMEOUT_S = 300.0
 
 
-class Ping(Message, frozen=True):
+class ZmqBenchPing(Message, frozen=True):
     n: int
     text: str = "tok"
 
 
 def _env(src: str, dst: str, n: int) -> Envelope:
-    return Envelope(src, dst, n + 1, n, None, Ping(n))
+    return Envelope(src, dst, n + 1, n, None, ZmqBenchPing(n))
 
 
 # ---- children ----------------------------------------------------------------------

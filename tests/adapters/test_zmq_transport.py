@@ -11,7 +11,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from zmq_child import Burst, Item, Producer
+from zmq_child import Producer, ZcBurst, ZcItem
 
 from deepserve.adapters.zmq import Directory, EndpointError, Limits, TransportError, ZmqTransport
 from deepserve.core.asyncdriver import AsyncDriver
@@ -55,7 +55,7 @@ async def test_a_sender_outrunning_a_slow_receiver_waits_and_loses_nothing() -> 
         transport = ZmqTransport(routes={"rx/": endpoint}, limits=limits)
         async with AsyncDriver(transport=transport) as d:
             d.spawn("tx/0", Producer)
-            await d.inject("tx/0", Burst(0, n))
+            await d.inject("tx/0", ZcBurst(0, n))
             await d.idle()
             await _until(lambda: transport.unacknowledged() == 0, 40)
         assert transport.refused == 0 and d.dead_letters == 0
@@ -94,7 +94,7 @@ async def test_a_restarted_peer_gets_everything_sent_while_it_was_down(tmp_path:
 def _item(i: int):
     from deepserve.core.envelope import Envelope
 
-    return Envelope("tx/0", "rx/0", i + 1, 0, None, Item(i))
+    return Envelope("tx/0", "rx/0", i + 1, 0, None, ZcItem(i))
 
 
 async def test_a_sender_exiting_right_after_sending_loses_nothing() -> None:
@@ -146,7 +146,7 @@ async def test_directory_updates_take_effect_on_the_next_send(tmp_path: Path) ->
 def _env(dst: str, n: int):
     from deepserve.core.envelope import Envelope
 
-    return Envelope("a/0", dst, n, 0, None, Item(n))
+    return Envelope("a/0", dst, n, 0, None, ZcItem(n))
 
 
 async def test_an_unacknowledged_envelope_at_close_is_a_recorded_dead_letter() -> None:
@@ -158,10 +158,10 @@ async def test_an_unacknowledged_envelope_at_close_is_a_recorded_dead_letter() -
     transport = ZmqTransport(routes={"rx/": "tcp://127.0.0.1:9"}, limits=Limits(close_timeout_s=0.2))
     async with AsyncDriver(sink=sink, transport=transport) as d:
         d.spawn("tx/0", Producer)
-        await d.inject("tx/0", Burst(0, 3))
+        await d.inject("tx/0", ZcBurst(0, 3))
         await d.idle()
     dead = [s.input for s in sink.steps if s.input.kind == DEAD]
-    assert [(i.actor, i.src, i.type) for i in dead] == [("rx/0", "tx/0", "Item")] * 3
+    assert [(i.actor, i.src, i.type) for i in dead] == [("rx/0", "tx/0", "ZcItem")] * 3
     assert d.dead_letters == 3
 
 

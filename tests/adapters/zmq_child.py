@@ -1,9 +1,9 @@
 """Child processes for the ZeroMQ transport tests.
 
-    receiver ENDPOINT SLOW_US CAPACITY  binds ENDPOINT, counts `Item`s at rx/0 (each
+    receiver ENDPOINT SLOW_US CAPACITY  binds ENDPOINT, counts `ZcItem`s at rx/0 (each
                                         handler busy for SLOW_US), prints "ready",
                                         and a JSON summary when stdin closes
-    sender ENDPOINT N                   sends N `Item`s to rx/0 from an actor, then
+    sender ENDPOINT N                   sends N `ZcItem`s to rx/0 from an actor, then
                                         exits at once and prints a JSON summary
 """
 
@@ -23,16 +23,16 @@ from deepserve.core.asyncdriver import AsyncDriver, run
 CHUNK = 100  # sends per handler: the driver may make the producer wait between chunks
 
 
-class Item(Message, frozen=True):
+class ZcItem(Message, frozen=True):
     n: int
 
 
-class Burst(Message, frozen=True):
+class ZcBurst(Message, frozen=True):
     start: int
     left: int
 
 
-class Got(Event, frozen=True):
+class ZcGot(Event, frozen=True):
     n: int
 
 
@@ -48,25 +48,25 @@ class Sink(Actor[Seen]):
         return Seen()
 
     def evolve(self, state: Seen, event: Event) -> Seen:
-        assert isinstance(event, Got)
+        assert isinstance(event, ZcGot)
         return Seen(state.count + 1, state.total + event.n)
 
     def handle(self, ctx: Context, msg: Message) -> None:
-        if isinstance(msg, Item):
+        if isinstance(msg, ZcItem):
             until = time.perf_counter() + self.slow_s
             while time.perf_counter() < until:  # a slow consumer, on purpose
                 pass
-            ctx.record(Got(msg.n))
+            ctx.record(ZcGot(msg.n))
 
 
 class Producer(Actor[None]):
     def handle(self, ctx: Context, msg: Message) -> None:
-        if isinstance(msg, Burst):
+        if isinstance(msg, ZcBurst):
             n = min(CHUNK, msg.left)
             for i in range(msg.start, msg.start + n):
-                ctx.send("rx/0", Item(i))
+                ctx.send("rx/0", ZcItem(i))
             if msg.left > n:
-                ctx.send(ctx.self, Burst(msg.start + n, msg.left - n))
+                ctx.send(ctx.self, ZcBurst(msg.start + n, msg.left - n))
 
 
 async def receiver(endpoint: str, slow_us: int, capacity: int) -> None:
@@ -87,8 +87,8 @@ async def sender(endpoint: str, n: int) -> None:
     transport = ZmqTransport(routes={"rx/": endpoint})
     async with AsyncDriver(transport=transport) as d:
         d.spawn("tx/0", Producer)
-        await d.inject("tx/0", Burst(0, n))
-        await d.idle()  # every Item handed to the transport; exit at once
+        await d.inject("tx/0", ZcBurst(0, n))
+        await d.idle()  # every ZcItem handed to the transport; exit at once
     print(json.dumps({"sent": transport.sent, "refused": transport.refused,
                       "dead_letters": d.dead_letters}), flush=True)
 
