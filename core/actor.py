@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import abc
 import enum
-import os
-import sys
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 import msgspec
 
+from .classpath import UnknownActorClass, class_path, load_class, main_module_name
 from .messages import Event, Message
 
 if TYPE_CHECKING:
@@ -65,55 +64,18 @@ class Actor(abc.ABC, Generic[S]):
             f"{type(self).__name__} recorded {type(event).__name__} but defines no evolve()"
         )
 
+    def on_start(self, ctx: Context) -> None:
+        """Called once, in the actor's `Started` delivery, after `initial_state`:
+        it may record, send, set timers and spawn like a handler. Does nothing by
+        default."""
+        return None
+
     @abc.abstractmethod
     def handle(self, ctx: Context, msg: Message) -> None:
         """React to one message: read `self.state`, record events, send, set timers."""
 
 
-def class_path(cls: type) -> str:
-    """"module:QualName", by which replay loads the class. A class of the script run as
-    `__main__` is named by the script's importable name where it can be known (see
-    `main_module_name`), so that another process can import it."""
-    module = cls.__module__
-    if module == "__main__":
-        module = main_module_name() or module
-    return f"{module}:{cls.__qualname__}"
-
-
-def main_module_name() -> str | None:
-    """The name under which the script running as `__main__` can be imported elsewhere:
-    `python -m pkg.mod` -> "pkg.mod"; `python dir/script.py` -> "script" (importable
-    with `dir` on the path: `deepserve replay --path dir`); None for `python -c`, a REPL."""
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    name = getattr(spec, "name", None)
-    if name and name != "__main__":
-        return str(name)
-    file = getattr(main, "__file__", None)
-    if isinstance(file, str):
-        stem = os.path.splitext(os.path.basename(file))[0]
-        if stem.isidentifier() and stem != "__main__":
-            return stem
-    return None
-
-
-class UnknownActorClass(LookupError):
-    pass
-
-
-def load_class(path: str) -> type:
-    """Inverse of `class_path`."""
-    import importlib
-
-    module_name, _, qualname = path.partition(":")
-    try:
-        obj: Any = sys.modules.get(module_name)
-        if obj is None and module_name == main_module_name():
-            obj = sys.modules["__main__"]  # this process is that script: never import it twice
-        if obj is None:
-            obj = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise UnknownActorClass(f"cannot load actor class {path!r}: {exc}") from None
-    return obj
+__all__ = [
+    "Actor", "Directive", "MissingEvolve", "Supervision", "UnknownActorClass", "class_path",
+    "load_class", "main_module_name",
+]

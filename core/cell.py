@@ -14,12 +14,22 @@ from typing import Any
 
 import msgspec
 
-from .actor import Actor, Directive, class_path, load_class
+from .actor import Actor, Directive
 from .address import hlc_merge
+from .classpath import class_path, load_class
 from .codec import encode
 from .context import Context, Out
 from .envelope import Envelope
-from .messages import ChildFailed, Event, HandlerFailed, Restarted, Started, Stop, Stopped
+from .messages import (
+    AskFailed,
+    ChildFailed,
+    Event,
+    HandlerFailed,
+    Restarted,
+    Started,
+    Stop,
+    Stopped,
+)
 from .records import DELIVERED, SNAPSHOT, EventRec, InputRec, OutputRec, SnapshotRec, Step
 
 
@@ -46,7 +56,7 @@ class Cell:
     __slots__ = (
         "addr", "actor", "seq", "hlc", "out_seq", "parent", "alive", "ctx", "stats",
         "snap", "events_since_snap", "event_bytes_since_snap", "final_seq", "restart_times",
-        "mailbox", "task",
+        "mailbox", "task", "open_asks", "failed_asks",
     )
 
     def __init__(self, addr: str, seed: int, seq: int = 0) -> None:
@@ -66,6 +76,39 @@ class Cell:
         self.restart_times: list[float] = []
         self.mailbox: Any = None  # driver-specific
         self.task: Any = None
+        # Asks routed and not yet settled, and (bounded, oldest first out) asks that
+        # failed: an answer to either after it is settled is late (see `settle_ask`).
+        self.open_asks: set[int] = set()
+        self.failed_asks: dict[int, None] = {}
+
+
+FAILED_ASKS_KEPT = 4096
+
+
+def settle_ask(cell: Cell, env: Envelope) -> bool:
+    """Settle the ask `env` answers; False if it is late (the ask was settled
+    already: a reply after its failure, or a failure after its reply), which the
+    driver records and does not deliver. Other messages pass (True)."""
+    rid = env.reply_to
+    if rid is None:
+        return True
+    opened = rid in cell.open_asks
+    if type(env.msg) is AskFailed:
+        if not opened:
+            return False
+        cell.open_asks.discard(rid)
+        failed = cell.failed_asks
+        failed[rid] = None
+        if len(failed) > FAILED_ASKS_KEPT:
+            del failed[next(iter(failed))]
+        return True
+    if opened:
+        cell.open_asks.discard(rid)
+        return True
+    if rid in cell.failed_asks:
+        del cell.failed_asks[rid]
+        return False
+    return True  # a reply to a tell, or a further reply to an answered ask
 
 
 def build_actor(started: Started) -> Actor[Any]:
@@ -80,9 +123,7 @@ def _start(cell: Cell, started: Started) -> None:
     cell.out_seq = 0
     cell.snap = None
     _take_snapshot(cell)
-    on_start = getattr(actor, "on_start", None)
-    if on_start is not None:
-        on_start(cell.ctx)
+    actor.on_start(cell.ctx)
 
 
 def _encode_state(cell: Cell, state: Any) -> bytes:
@@ -112,9 +153,10 @@ def _take_snapshot(cell: Cell) -> None:
 
 def restore_state(cell: Cell) -> Any:
     """State from the last snapshot plus the events committed since."""
-    actor = cell.actor
-    assert actor is not None and cell.snap is not None
-    state = copy.deepcopy(cell.snap[0])
+    actor, snap = cell.actor, cell.snap
+    if actor is None or snap is None:
+        raise RuntimeError(f"{cell.addr}: no state to restore (the actor never started)")
+    state = copy.deepcopy(snap[0])
     for event in cell.events_since_snap:
         state = actor.evolve(state, event)
     return state
@@ -127,9 +169,9 @@ def execute(cell: Cell, env: Envelope, now: float) -> bool:
     cell.seq += 1
     cell.hlc = hlc_merge(cell.hlc, env.hlc, now)
     ctx._begin(env, now)
-    if env.reply_to is not None:
-        ctx.cancel(f"ask:{env.reply_to}")  # the answer arrived: drop its timeout
     msg = env.msg
+    if env.reply_to is not None and not (type(msg) is AskFailed and env.src == cell.addr):
+        ctx.cancel(f"ask:{env.reply_to}")  # the answer arrived: drop its timeout
     t0 = time.perf_counter()
     try:
         if type(msg) is Started:
@@ -247,7 +289,8 @@ def output_records(cell: Cell, outputs: list[Out]) -> list[OutputRec]:
 
 
 def snapshot_record(cell: Cell) -> SnapshotRec:
-    assert cell.snap is not None
+    if cell.snap is None:
+        raise RuntimeError(f"{cell.addr}: no snapshot taken")
     _, state_type, blob = cell.snap
     return SnapshotRec(cell.addr, cell.seq, class_path(state_type), blob)
 

@@ -22,10 +22,6 @@ class DecodeError(ValueError):
     """A payload that is not valid msgpack for its declared type."""
 
 
-def type_name(obj: Any) -> str:
-    return type(obj).__name__
-
-
 def _decoder_for(cls: type) -> msgspec.msgpack.Decoder:
     dec = _decoders.get(cls)
     if dec is None:
@@ -42,14 +38,6 @@ def decode(name: str, payload: bytes) -> Any:
         return _decoder_for(cls).decode(payload)
     except msgspec.DecodeError as exc:
         raise DecodeError(f"payload of type {name!r} does not decode: {exc}") from None
-
-
-def decode_as(cls: type, payload: bytes) -> Any:
-    """Decode a payload whose Python type is known (actor state snapshots)."""
-    try:
-        return _decoder_for(cls).decode(payload)
-    except msgspec.DecodeError as exc:
-        raise DecodeError(f"payload of type {cls.__name__!r} does not decode: {exc}") from None
 
 
 def to_builtins(obj: Any) -> Any:

@@ -11,12 +11,11 @@ from collections.abc import Callable
 from heapq import heappop, heappush
 from typing import Any
 
-from .address import EXTERNAL_PREFIX, hlc_tick
-from .cell import Cell, execute, make_step
-from .driver import DriverBase
+from .cell import execute, make_step, settle_ask
+from .driver import ASK_SRC, AskError, DriverBase
 from .envelope import Envelope
-from .messages import Message, Started, Stop
-from .records import DEAD, FULL, OutputRec
+from .messages import Message, Started
+from .records import DEAD, FULL, LATE
 
 Invariant = Callable[["SimDriver"], None]
 
@@ -29,7 +28,6 @@ class SimDriver(DriverBase):
         self.now = 0.0
         self._heap: list[tuple[float, int, Envelope, str | None]] = []
         self._seq = 0
-        self._timers: dict[tuple[str, str], int] = {}
         self.deliveries = 0
         self.invariants: list[Invariant] = []
         self._depth: dict[str, int] = {}  # due, undelivered non-timer messages per address
@@ -67,6 +65,30 @@ class SimDriver(DriverBase):
         else:
             self._push(at, env)
         return env.msg_id
+
+    def ask(self, dst: str, msg: Message, timeout_s: float, corr: str | None = None) -> Any:
+        """Request/reply from outside, in virtual time: runs the loop until the
+        answer arrives or `timeout_s` of virtual time passed. Returns the reply;
+        raises `AskError` (request id, target, reason) like `AsyncDriver.ask`. A
+        reply after the timeout is recorded (input kind `late`), not delivered."""
+        if not timeout_s > 0:
+            raise ValueError(f"ask needs a positive timeout_s, got {timeout_s!r}")
+        rid = self.inject(dst, msg, corr=corr, src=ASK_SRC, ask=True)
+        slot: list[Any] = [False, None]
+        self._waiters[rid] = slot
+        deadline = self.now + timeout_s
+        try:
+            while not slot[0] and self.run(until=deadline, max_deliveries=1):
+                pass
+        finally:
+            del self._waiters[rid]
+        if not slot[0]:
+            self.now = max(self.now, deadline)
+            raise AskError(rid, dst, f"timeout after {timeout_s}s")
+        return self._ask_result(rid, dst, slot[1])
+
+    def _answer(self, slot: list[Any], msg: Any) -> None:
+        slot[0], slot[1] = True, msg
 
     def pending(self) -> int:
         """Deliveries not yet made: due messages, timers and scheduled inputs."""
@@ -122,14 +144,17 @@ class SimDriver(DriverBase):
             elif type(env.msg) is Started:
                 self._bounce(env, t, DEAD)  # the address is taken by a live actor
                 continue
+            elif env.reply_to is not None and not settle_ask(cell, env):
+                self._bounce(env, t, LATE)
+                continue
             snapshot = execute(cell, env, t)
             if sink is not None:
                 step = make_step(cell, env, t, snapshot)
                 sink.append(step)
                 if step.outputs:
-                    self._route(cell, t, step.outputs)
+                    self._route(cell, cell.ctx.outputs, t, step.outputs)
             elif cell.ctx.outputs:
-                self._route(cell, t, None)
+                self._route(cell, cell.ctx.outputs, t)
             if not cell.alive:
                 self._retire(cell, t)
                 self._note_stop(cell)
@@ -148,7 +173,7 @@ class SimDriver(DriverBase):
         pending; call it after a run stopped early by `until` or a budget)."""
         self._snapshot_live(self.now)
 
-    # ---- routing -------------------------------------------------------------
+    # ---- routing hooks (the core is `DriverBase._route`) ---------------------
     def _push(self, t: float, env: Envelope, key: str | None = None) -> int:
         if key is None:
             self._depth[env.dst] = self._depth.get(env.dst, 0) + 1
@@ -156,49 +181,29 @@ class SimDriver(DriverBase):
         heappush(self._heap, (t, self._seq, env, key))
         return self._seq
 
-    def _send(self, env: Envelope, t: float) -> None:
+    def _enqueue(self, env: Envelope, t: float) -> bool:
+        # Whether the target is alive is decided when the message is due (`run`).
         dst = env.dst
-        if dst.startswith(EXTERNAL_PREFIX):
-            self._to_outside(t, env)
-            return
         if self._depth.get(dst, 0) >= self.mailbox_capacity:
             cell = self.cells.get(dst)
             if cell is not None:
                 cell.stats.mailbox_full += 1
             self._bounce(env, t, FULL)
-            return
+            return False
         self._push(t, env)
+        return True
 
-    def _bounce(self, env: Envelope, t: float, kind: int) -> None:
-        fail = self._undeliverable(env, t, kind)
-        if fail is not None:
-            self._send(fail, t)
+    def _notice(self, env: Envelope, t: float) -> None:
+        self._push(t, env)  # past the capacity: one notice per message the sender sent
 
-    def _route(self, cell: Cell, t: float, recs: list[OutputRec] | None) -> None:
-        addr = cell.addr
-        hlc = cell.hlc
-        for i, o in enumerate(cell.ctx.outputs):
-            hlc = hlc_tick(hlc, t)
-            kind = o.kind
-            if kind == 0:  # send; reuse the logged encoding for the receiver's input record
-                payload = recs[i].payload if recs is not None else None
-                env = Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg, o.reply_to, o.ask, False, payload)
-                self._send(env, t)
-            elif kind == 1:  # timer
-                env = Envelope(addr, addr, o.msg_id, hlc, o.corr, o.msg)
-                self._timers[(addr, o.key)] = self._push(t + o.delay, env, o.key)
-            elif kind == 2:  # cancel
-                self._timers.pop((addr, o.key), None)
-            elif kind == 3:  # spawn: the child's cell is made when `Started` arrives
-                self._push(t, Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg))
-            else:  # stop another actor
-                self._send(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, Stop(by=addr)), t)
-        cell.hlc = hlc
+    def _set_timer(self, deadline: float, env: Envelope, key: str) -> None:
+        self._timers[(env.dst, key)] = self._push(deadline, env, key)
 
-    def _retire(self, cell: Cell, t: float) -> None:
-        super()._retire(cell, t)
-        for env in self._pending_timers(cell.addr, self._heap, self._timers):
-            self._bounce(env, t, DEAD)
+    def _spawn_child(self, env: Envelope, t: float) -> None:
+        self._push(t, env)  # the child's cell is made when `Started` arrives
+
+    def _timer_entries(self) -> list[tuple[float, int, Envelope, str | None]]:
+        return self._heap
 
     def stats(self) -> dict[str, dict[str, Any]]:
         for addr, cell in self.cells.items():

@@ -9,12 +9,12 @@ keywords and hands a backend one `StepFilter`.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Literal, NamedTuple, Protocol
 
 import msgspec
 
-from deepserve.core.records import InputRec, LogSink, RunRec, SnapshotRec, Step
+from deepserve.core.records import DurableSink, InputRec, LogSink, RunRec, SnapshotRec, Step
 
 from .errors import LogError
 
@@ -89,20 +89,6 @@ class LogReader(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class DurableSink(LogSink, Protocol):
-    """What the persistence writers add to `LogSink` for `outbox` release.
-
-    `on_commit`, set by the driver, is called with the highest committed ticket after
-    each commit (from the writer thread; synchronously inside `append` for
-    `MemoryStore`). Register a hold for ticket t first, then check
-    `committed_ticket >= t`: the commit may have landed in between."""
-
-    on_commit: Callable[[int], None] | None
-
-    @property
-    def committed_ticket(self) -> int: ...
 
 
 class SinkStatistics(msgspec.Struct, frozen=True):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from deepserve.core import Actor, Context, Directive, Event, Message, Supervision
+from deepserve.core import Actor, Context, Directive, Event, Message, ReplyHandle, Supervision
 from deepserve.core.messages import AskFailed, ChildFailed
 
 
@@ -194,3 +194,57 @@ class Hoard(Actor[tuple]):
 
 class Frequent(Counter):
     snapshot_every = 4
+
+
+class Later(Message, frozen=True):
+    handle: ReplyHandle
+    n: int
+
+
+class Slow(Actor[None]):
+    """Answers an `Add` after `delay_s` (from a timer, through a saved reply handle)."""
+
+    def __init__(self, delay_s: float = 2.0) -> None:
+        self.delay_s = delay_s
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, Add):
+            ctx.after(self.delay_s, Later(ctx.reply_handle(), msg.n))
+        elif isinstance(msg, Later):
+            ctx.reply(Add(msg.n), to=msg.handle)
+
+
+class Asker(Actor[tuple]):
+    """Asks on `AskIt`; records every answer with the envelope's reply_to."""
+
+    def initial_state(self) -> tuple:
+        return ()
+
+    def evolve(self, state: tuple, event: Event) -> tuple:
+        assert isinstance(event, Noted)
+        return (*state, event.what)
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, AskIt):
+            rid = ctx.ask(msg.dst, Add(7), msg.timeout_s)
+            ctx.record(Noted(f"asked:{rid}"))
+        elif isinstance(msg, AskFailed):
+            ctx.record(Noted(f"failed:{msg.request_id}:{ctx.env.reply_to}:{msg.target}:{msg.reason}"))
+        elif isinstance(msg, Add):
+            ctx.record(Noted(f"reply:{ctx.env.reply_to}:{msg.n}"))
+
+
+class Spray(Message, frozen=True):
+    dst: str
+    k: int
+
+
+class Sprayer(Counter):
+    """Sends `k` messages in one handler (more than a mailbox holds)."""
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, Spray):
+            for _ in range(msg.k):
+                ctx.send(msg.dst, Add(1))
+        else:
+            super().handle(ctx, msg)
