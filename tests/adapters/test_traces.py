@@ -206,3 +206,55 @@ def test_mooncake_any_corrupted_field_is_named(
         list(open_trace(path))
     assert info.value.line == good + 1
     assert info.value.field.partition("[")[0] == field
+
+
+# ---- trace requests as prompts ---------------------------------------------------------------
+
+from deepserve.adapters.traces import TraceRequest  # noqa: E402
+from deepserve.adapters.traces.prompts import prompt_of  # noqa: E402
+
+
+def _req(index: int, tokens: int, ids: tuple[int, ...] | None) -> TraceRequest:
+    return TraceRequest(index, index + 1, 0.0, tokens, 1, ids)
+
+
+@pytest.mark.parametrize("block", [64, 128, 256, 512, 1024])
+def test_mooncake_shared_ids_share_exactly_the_blocks_inside_them(block: int) -> None:
+    a = prompt_of(_req(0, 2048, (1, 2, 3, 4)), block)
+    b = prompt_of(_req(1, 2048, (1, 2, 9, 4)), block)  # shares the first 1024 tokens only
+    assert a.num_tokens == 2048 and len(a.block_hashes) == 2048 // block
+    shared = sum(1 for x, y in zip(a.block_hashes, b.block_hashes, strict=True) if x == y)
+    assert shared == 1024 // block
+    assert a.block_hashes[: 1024 // block] == b.block_hashes[: 1024 // block]
+
+
+def test_partial_blocks_get_no_hash_and_prompts_are_deterministic() -> None:
+    p = prompt_of(_req(0, 700, (5, 6)), 128)
+    assert len(p.block_hashes) == 5  # 700 // 128
+    assert p == prompt_of(_req(0, 700, (5, 6)), 128)
+
+
+def test_azure_requests_share_nothing() -> None:
+    a, b = prompt_of(_req(0, 1024, None), 128), prompt_of(_req(1, 1024, None), 128)
+    assert len(a.block_hashes) == 8 and not set(a.block_hashes) & set(b.block_hashes)
+    assert prompt_of(_req(0, 1024, None), 128, salt=1).block_hashes != a.block_hashes
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    prefix=st.lists(st.integers(0, 1000), min_size=0, max_size=6),
+    tail_a=st.lists(st.integers(1001, 2000), min_size=1, max_size=4),
+    tail_b=st.lists(st.integers(2001, 3000), min_size=1, max_size=4),
+    block=st.sampled_from([128, 256, 512]),
+)
+def test_common_trace_prefix_is_the_common_block_prefix(prefix, tail_a, tail_b, block) -> None:
+    """Two Mooncake requests agree on exactly the KV blocks lying in their common id prefix."""
+    ids_a, ids_b = (*prefix, *tail_a), (*prefix, *tail_b)
+    a = prompt_of(_req(0, 512 * len(ids_a), ids_a), block)
+    b = prompt_of(_req(1, 512 * len(ids_b), ids_b), block)
+    common = 0
+    for x, y in zip(a.block_hashes, b.block_hashes, strict=False):
+        if x != y:
+            break
+        common += 1
+    assert common == len(prefix) * 512 // block
