@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+import msgspec
+
 from deepserve.actors.ports.faults import HbmRegionFault, NpuCrash, NpuHang, NpuReset
 from deepserve.actors.ports.npu import (
     BAD_REQUEST,
@@ -24,6 +26,9 @@ from deepserve.actors.ports.npu import (
     NpuError,
     NpuForward,
     NpuForwardDone,
+    NpuForwardRun,
+    NpuForwardRunDone,
+    NpuForwardTruncate,
     NpuFree,
     NpuFreeOk,
     NpuProbe,
@@ -33,6 +38,7 @@ from deepserve.adapters.hardware.batch import Batch, Parallel, Seq, logits_token
 from deepserve.adapters.hardware.calibration import DP_COMPUTE_CV
 from deepserve.adapters.hardware.compute import forward_time, sampling_time_s
 from deepserve.adapters.hardware.devices.common import ReplyTo, answer, reply_to, respond
+from deepserve.adapters.hardware.devices.npu_run import check_run, run_times, truncation_point
 from deepserve.adapters.hardware.devices.npu_state import (
     HEALTHY,
     HUNG,
@@ -46,6 +52,8 @@ from deepserve.adapters.hardware.devices.npu_state import (
     NpuHung,
     NpuOverflowed,
     NpuReqIgnored,
+    NpuRunStarted,
+    NpuRunTruncated,
     NpuState,
     NpuWasReset,
     Pending,
@@ -62,7 +70,7 @@ class NpuGraphDone(Message, frozen=True):
     req_id: str
 
 
-def forward_cost_s(npu: str, msg: NpuForward) -> tuple[float, str, int]:
+def forward_cost_s(npu: str, msg: NpuForward | NpuForwardRun) -> tuple[float, str, int]:
     """(expected duration, mode, tokens) of a forward from the performance model."""
     m, spec = model_profile(msg.model), npu_spec(npu)
     batch = Batch(seqs=tuple(Seq(s.new_tokens, s.context_tokens) for s in msg.seqs))
@@ -109,14 +117,16 @@ class Npu(Actor[NpuState]):
             self._graph_done(ctx, msg)
         elif isinstance(msg, NpuCrash | NpuHang | HbmRegionFault | NpuReset):
             self._fault(ctx, msg)
-        elif not isinstance(msg, NpuForward | NpuAlloc | NpuFree | NpuProbe):
+        elif isinstance(msg, NpuForwardTruncate):
+            self._truncate(ctx, msg)
+        elif not isinstance(msg, NpuForward | NpuForwardRun | NpuAlloc | NpuFree | NpuProbe):
             return
         elif st.status == HUNG:
             self._swallow(ctx, msg)
         elif st.status != HEALTHY:
             reason = f"{ctx.self} crashed: {st.reason}"
             respond(ctx, NpuError(req_id=msg.req_id, device=ctx.self, kind=CRASHED, reason=reason))
-        elif isinstance(msg, NpuForward):
+        elif isinstance(msg, NpuForward | NpuForwardRun):
             self._enqueue(ctx, msg)
         elif isinstance(msg, NpuAlloc):
             self._alloc(ctx, msg)
@@ -187,11 +197,15 @@ class Npu(Actor[NpuState]):
         )  # fmt: skip
 
     # ---- graphs ------------------------------------------------------------
-    def _enqueue(self, ctx: Context, msg: NpuForward) -> None:
+    def _enqueue(self, ctx: Context, msg: NpuForward | NpuForwardRun) -> None:
         to = reply_to(ctx)
         bad = next((r for r in msg.regions if r in self.state.faulted), None)
         if bad is not None:
             self._error(ctx, to, msg.req_id, HBM_FAULT, f"HBM region {bad!r} is faulted", bad)
+            return
+        malformed = check_run(msg) if isinstance(msg, NpuForwardRun) else None
+        if malformed is not None:
+            self._error(ctx, to, msg.req_id, BAD_REQUEST, malformed)
             return
         try:  # reject what can never run now, not when it reaches the head of the queue
             forward_cost_s(self.npu, msg)
@@ -210,6 +224,9 @@ class Npu(Actor[NpuState]):
         if st.running is not None or not st.queue or st.status != HEALTHY:
             return
         head = st.queue[0]
+        if isinstance(head.req, NpuForwardRun):
+            self._start_run(ctx, head.req)
+            return
         expected_s, mode, tokens = forward_cost_s(self.npu, head.req)
         factor = variance_factor(ctx.rng.gauss(0.0, 1.0)) if self.variance else 1.0
         duration = expected_s * factor
@@ -222,6 +239,15 @@ class Npu(Actor[NpuState]):
             return  # a stale timer: the graph was aborted
         ctx.record(NpuForwardEnded(ctx.now(), None))
         queued = run.started_at_s - run.pending.accepted_at_s
+        if isinstance(run.pending.req, NpuForwardRun):
+            done_run = NpuForwardRunDone(
+                req_id=msg.req_id, starts_s=run.starts_s, ends_s=run.ends_s, queued_s=queued,
+                mode=run.mode, tokens=run.tokens,
+                truncated=len(run.ends_s) < run.pending.req.iterations,
+            )  # fmt: skip
+            answer(ctx, run.pending.to, done_run)
+            self._start_next(ctx)
+            return
         done = NpuForwardDone(
             req_id=msg.req_id, duration_s=run.duration_s, queued_s=queued, mode=run.mode,
             tokens=run.tokens,
@@ -229,18 +255,51 @@ class Npu(Actor[NpuState]):
         answer(ctx, run.pending.to, done)
         self._start_next(ctx)
 
+    def _start_run(self, ctx: Context, req: NpuForwardRun) -> None:
+        """Draw every pass of a run now (one variance draw per pass, in order) and arm the one
+        completion timer at the last pass's end."""
+        _, mode, tokens = forward_cost_s(self.npu, req)
+
+        def cost(shapes: tuple) -> float:
+            return forward_cost_s(self.npu, msgspec.structs.replace(req, seqs=shapes))[0]
+
+        def factor() -> float:
+            return variance_factor(ctx.rng.gauss(0.0, 1.0)) if self.variance else 1.0
+
+        starts, ends = run_times(req, ctx.now(), cost, factor)
+        ctx.record(NpuRunStarted(ctx.now(), starts, ends, mode, tokens))
+        ctx.after(ends[-1] - ctx.now(), NpuGraphDone(req.req_id), key=GRAPH_KEY)
+
+    def _truncate(self, ctx: Context, msg: NpuForwardTruncate) -> None:
+        st = self.state
+        if st.status != HEALTHY:
+            return
+        run = st.running
+        if run is not None and run.pending.req.req_id == msg.req_id and run.ends_s:
+            keep = truncation_point(run.ends_s, ctx.now())
+            if keep < len(run.ends_s):
+                ctx.record(NpuRunTruncated(msg.req_id, keep))
+                end = self.state.running.ends_s[-1]  # type: ignore[union-attr]
+                ctx.after(end - ctx.now(), NpuGraphDone(msg.req_id), key=GRAPH_KEY)
+            return
+        queued = next((p for p in st.queue if p.req.req_id == msg.req_id), None)
+        if queued is not None and isinstance(queued.req, NpuForwardRun) and queued.req.iterations > 1:
+            ctx.record(NpuRunTruncated(msg.req_id, 1))
+
     def _error(self, ctx: Context, to: ReplyTo, req_id: str, kind: str, reason: str,
                region: str | None = None) -> None:  # fmt: skip
         error = NpuError(req_id=req_id, device=ctx.self, kind=kind, reason=reason, region=region)
         answer(ctx, to, error)
 
     # ---- faults ------------------------------------------------------------
-    def _swallow(self, ctx: Context, msg: NpuForward | NpuAlloc | NpuFree | NpuProbe) -> None:
+    def _swallow(
+        self, ctx: Context, msg: NpuForward | NpuForwardRun | NpuAlloc | NpuFree | NpuProbe
+    ) -> None:
         """Hung: keep the request (a reset answers it), never reply; bounded."""
         st = self.state
         if len(st.queue) + len(st.ignored) >= self.queue_limit:
             ctx.record(NpuOverflowed(msg.req_id))
-        elif isinstance(msg, NpuForward):
+        elif isinstance(msg, NpuForward | NpuForwardRun):
             ctx.record(NpuForwardQueued(Pending(msg, reply_to(ctx), ctx.now())))
         else:
             ctx.record(NpuReqIgnored(msg.req_id, reply_to(ctx)))

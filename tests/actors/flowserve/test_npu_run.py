@@ -1,0 +1,102 @@
+"""NpuForwardRun: k passes in one request equal k NpuForwards sent `gap_s` after each answer."""
+
+from __future__ import annotations
+
+import pytest
+from fsharness import TEST_SRC, assert_replays, driver, events_of, out_to
+
+from deepserve.actors.ports.npu import (
+    NpuError,
+    NpuForward,
+    NpuForwardDone,
+    NpuForwardRun,
+    NpuForwardRunDone,
+    NpuForwardTruncate,
+    SeqShape,
+)
+from deepserve.adapters.hardware.devices.npu import Npu
+from deepserve.core import Actor, Context, Event, Message
+
+NPU = "hw/s0/npu0"
+SEQS = (SeqShape(1, 900), SeqShape(1, 3000), SeqShape(1, 40))
+
+
+class Go(Message, frozen=True):
+    iterations: int
+    gap_s: float
+
+
+class Next(Message, frozen=True):
+    i: int
+
+
+class PassEnded(Event, frozen=True):
+    i: int
+    at_s: float
+
+
+class Stepper(Actor[tuple]):
+    """Sends the passes one by one, each `gap_s` after the previous answer."""
+
+    def initial_state(self) -> tuple:
+        return (0, 0.0, 0)
+
+    def evolve(self, state: tuple, event: Event) -> tuple:
+        assert isinstance(event, PassEnded)
+        return (state[0], state[1], event.i + 1)
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, Go):
+            self.k, self.gap = msg.iterations, msg.gap_s
+            self._send(ctx, 0)
+        elif isinstance(msg, Next):
+            self._send(ctx, msg.i)
+        elif isinstance(msg, NpuForwardDone):
+            i = self.state[2]
+            ctx.record(PassEnded(i, ctx.now()))
+            if i + 1 < self.k:
+                ctx.after(self.gap, Next(i + 1))
+
+    def _send(self, ctx: Context, i: int) -> None:
+        seqs = tuple(SeqShape(1, s.context_tokens + i) for s in SEQS)
+        ctx.send(NPU, NpuForward(req_id=f"p{i}", model="llama3-8b", seqs=seqs))
+
+
+def test_a_run_is_the_stepwise_timeline() -> None:
+    d = driver()
+    d.spawn(NPU, Npu, npu="910b", variance=False)
+    d.spawn("t/step", Stepper)
+    d.inject("t/step", Go(iterations=40, gap_s=0.002), at=0.0)
+    d.run()
+    stepwise = [e.at_s for e in events_of(d, "t/step", "PassEnded")]
+    t0 = 1.0 + stepwise[-1]
+    run = NpuForwardRun(req_id="r", model="llama3-8b", seqs=SEQS, iterations=40, gap_s=0.002)
+    d.inject(NPU, run, at=t0, src=TEST_SRC)
+    d.run()
+    (t_done, done), = [(t, m) for t, m in out_to(d) if isinstance(m, NpuForwardRunDone)]
+    assert len(done.ends_s) == 40 and not done.truncated
+    assert [e - t0 for e in done.ends_s] == pytest.approx(stepwise, abs=1e-9)
+    assert t_done == pytest.approx(done.ends_s[-1], abs=1e-12)
+    assert [s - e for s, e in zip(done.starts_s[1:], done.ends_s, strict=False)] == pytest.approx(
+        [0.002] * 39
+    )
+    assert_replays(d)
+
+
+def test_truncation_stops_after_the_running_pass_and_a_bad_run_is_refused() -> None:
+    d = driver()
+    d.spawn(NPU, Npu, npu="910b", variance=True)
+    run = NpuForwardRun(req_id="r", model="llama3-8b", seqs=SEQS, iterations=1000, gap_s=0.001)
+    d.inject(NPU, run, at=0.0, src=TEST_SRC)
+    d.inject(NPU, NpuForwardTruncate(req_id="r"), at=0.5, src=TEST_SRC)
+    d.inject(NPU, NpuForwardRun(req_id="bad", model="llama3-8b", seqs=SEQS, iterations=0),
+             at=0.6, src=TEST_SRC)  # fmt: skip
+    d.run()
+    done = next(m for _, m in out_to(d) if isinstance(m, NpuForwardRunDone))
+    assert done.truncated and done.ends_s[-1] >= 0.5 > done.ends_s[-2]
+    started = events_of(d, NPU, "NpuRunStarted")[0]
+    assert done.ends_s == started.ends_s[: len(done.ends_s)]  # the drawn passes, kept as drawn
+    assert len(set(round(e - s, 12) for s, e in zip(done.starts_s, done.ends_s, strict=True))) > 1
+    bad = next(m for _, m in out_to(d) if isinstance(m, NpuError))
+    assert bad.req_id == "bad" and "iterations" in bad.reason
+    assert_replays(d)
