@@ -1,0 +1,267 @@
+"""`apply(rtc, event)`: the ONLY code that changes an `Rtc`.
+
+The owner's `evolve` calls it for every RTC event, in place: `ctx.record(event)` is therefore
+the one way the block pool, the ref counts, the index and the tiers change, and replaying the
+recorded events rebuilds the state exactly (no copying on the hot path). The events carry the
+block ids the decision functions picked; `apply` re-checks them against the state (a mismatch
+means a log and a state that diverged, and raises instead of corrupting the pool).
+"""
+
+from __future__ import annotations
+
+from .events import (
+    RtcBlocksAllocated,
+    RtcBlocksCached,
+    RtcCacheCreated,
+    RtcCacheDeleted,
+    RtcCleared,
+    RtcCopyFinished,
+    RtcCopyStarted,
+    RtcFreed,
+)
+from .state import NONE, Copy, NamedCache, Node, Rtc, RtcError, SeqBlocks, new_rtc
+
+SWAP_OUT = "swap_out"
+POPULATE = "populate"
+PREFETCH = "prefetch"
+
+
+class Diverged(RtcError):
+    """An event names blocks that the state does not have where the event says."""
+
+
+# ---- HBM blocks ----------------------------------------------------------------
+
+
+def _take_hbm(rtc: Rtc, b: int) -> None:
+    """Block b leaves the free stack or the LRU (dropping its indexed content) for a new holder."""
+    h = rtc.hbm_hash[b]
+    if h is None:
+        free = rtc.free_hbm
+        if not free or free[-1] != b:
+            raise Diverged(f"HBM block {b} is not next on the free stack")
+        free.pop()
+    else:
+        if rtc.ref[b] != 0 or b not in rtc.lru_hbm:
+            raise Diverged(f"HBM block {b} is not an unreferenced cached block")
+        del rtc.lru_hbm[b]
+        rtc.hbm_hash[b] = None
+        node = rtc.nodes[h]
+        node.hbm = NONE
+        if node.dram == NONE:
+            del rtc.nodes[h]
+    rtc.ref[b] = 1
+
+
+def _ref_inc(rtc: Rtc, b: int) -> None:
+    if rtc.ref[b] == 0:
+        if rtc.hbm_hash[b] is None:
+            raise Diverged(f"HBM block {b} is free: it cannot be shared")
+        del rtc.lru_hbm[b]
+    rtc.ref[b] += 1
+
+
+def _ref_dec(rtc: Rtc, b: int, cold: bool = False) -> None:
+    """Drop one reference; at zero an indexed block becomes most recently used (least, if
+    `cold`: it is safe in DRAM, so evict it first) and an unindexed one becomes free."""
+    r = rtc.ref[b] - 1
+    if r < 0:
+        raise Diverged(f"HBM block {b}: reference count would go negative (double free)")
+    rtc.ref[b] = r
+    if r == 0:
+        if rtc.hbm_hash[b] is None:
+            rtc.free_hbm.append(b)
+        else:
+            rtc.lru_hbm[b] = None
+            if cold:
+                rtc.lru_hbm.move_to_end(b, last=False)  # type: ignore[attr-defined]
+
+
+def _index_hbm(rtc: Rtc, h: int, parent: int | None, b: int) -> None:
+    node = rtc.nodes.get(h)
+    if node is None:
+        rtc.nodes[h] = Node(parent, b)
+    elif node.hbm != NONE:
+        raise Diverged(f"block {h:#x} is already in HBM block {node.hbm}")
+    else:
+        node.hbm = b
+    rtc.hbm_hash[b] = h
+
+
+# ---- DRAM blocks -----------------------------------------------------------------
+
+
+def _take_dram(rtc: Rtc, d: int) -> None:
+    """DRAM block d is reserved as a copy's destination (pinned), evicting what it held."""
+    h = rtc.dram_hash[d]
+    if h is None:
+        free = rtc.free_dram
+        if not free or free[-1] != d:
+            raise Diverged(f"DRAM block {d} is not next on the free stack")
+        free.pop()
+    else:
+        if rtc.dram_pins[d] != 0 or d not in rtc.lru_dram:
+            raise Diverged(f"DRAM block {d} is pinned: it cannot be evicted")
+        del rtc.lru_dram[d]
+        rtc.dram_hash[d] = None
+        node = rtc.nodes[h]
+        node.dram = NONE
+        if node.hbm == NONE:
+            del rtc.nodes[h]
+    rtc.dram_pins[d] = 1
+
+
+def _pin_dram(rtc: Rtc, d: int) -> None:
+    if rtc.dram_pins[d] == 0:
+        if rtc.dram_hash[d] is None:
+            raise Diverged(f"DRAM block {d} holds nothing to read")
+        del rtc.lru_dram[d]
+    rtc.dram_pins[d] += 1
+
+
+def _unpin_dram(rtc: Rtc, d: int) -> None:
+    p = rtc.dram_pins[d] - 1
+    if p < 0:
+        raise Diverged(f"DRAM block {d}: pin count would go negative")
+    rtc.dram_pins[d] = p
+    if p == 0:
+        if rtc.dram_hash[d] is None:
+            rtc.free_dram.append(d)
+        else:
+            rtc.lru_dram[d] = None
+
+
+# ---- events ----------------------------------------------------------------------
+
+
+def _seq(rtc: Rtc, seq: str) -> SeqBlocks:
+    sb = rtc.seqs.get(seq)
+    if sb is None:
+        sb = rtc.seqs[seq] = SeqBlocks([])
+    return sb
+
+
+def _allocated(rtc: Rtc, ev: RtcBlocksAllocated) -> None:
+    sb = _seq(rtc, ev.seq)
+    table = sb.blocks
+    for b in ev.shared:
+        _ref_inc(rtc, b)
+        table.append(b)
+    if ev.shared:
+        sb.num_cached = len(table)
+    for b in ev.blocks:
+        _take_hbm(rtc, b)
+        table.append(b)
+
+
+def _cached(rtc: Rtc, ev: RtcBlocksCached) -> None:
+    sb = rtc.seqs[ev.seq]
+    for b, h, p in zip(ev.blocks, ev.hashes, ev.parents, strict=True):
+        _index_hbm(rtc, h, p, b)
+    sb.num_cached = ev.num_cached
+
+
+def _freed(rtc: Rtc, ev: RtcFreed) -> None:
+    sb = rtc.seqs.pop(ev.seq)
+    # Tail blocks first: they are the least likely to be shared, so they are evicted first.
+    for b in reversed(sb.blocks):
+        _ref_dec(rtc, b)
+
+
+def _copy_started(rtc: Rtc, ev: RtcCopyStarted) -> None:
+    rtc.copies[ev.copy_id] = Copy(ev.kind, ev.seq, list(ev.hashes), list(ev.hbm), list(ev.dram))
+    rtc.next_copy += 1
+    if ev.kind == SWAP_OUT:
+        for b in ev.hbm:
+            _ref_inc(rtc, b)
+        for d in ev.dram:
+            _take_dram(rtc, d)
+        return
+    for d in ev.dram:
+        _pin_dram(rtc, d)
+    sb = _seq(rtc, ev.seq) if ev.seq is not None else None
+    if sb is not None:
+        for b in ev.shared:
+            _ref_inc(rtc, b)
+            sb.blocks.append(b)
+    for b in ev.hbm:
+        _take_hbm(rtc, b)  # the copy's reference
+    if sb is not None:
+        for b in ev.hbm:
+            rtc.ref[b] += 1  # the sequence's reference
+            sb.blocks.append(b)
+        sb.loading += 1
+        sb.num_cached = len(sb.blocks)
+
+
+def _copy_finished(rtc: Rtc, ev: RtcCopyFinished) -> None:
+    c = rtc.copies.pop(ev.copy_id)
+    stored = dict(zip(ev.stored, ev.parents, strict=True))
+    if c.kind == SWAP_OUT:
+        # Reversed, so that the blocks keep their order at the LRU front.
+        for h, b, d in reversed(list(zip(c.hashes, c.hbm, c.dram, strict=True))):
+            if ev.ok and h in stored:
+                rtc.nodes[h].dram = d
+                rtc.dram_hash[d] = h
+            _unpin_dram(rtc, d)
+            _ref_dec(rtc, b, cold=ev.ok)
+    else:
+        sb = rtc.seqs.get(c.seq) if c.seq is not None else None
+        if sb is not None:
+            sb.loading -= 1
+        for h, b, d in zip(c.hashes, c.hbm, c.dram, strict=True):
+            if ev.ok and h in stored:
+                _index_hbm(rtc, h, stored[h], b)
+            _unpin_dram(rtc, d)
+        if not ev.ok and sb is not None:
+            # The sequence keeps only the part of its prefix that was in HBM already.
+            keep = len(sb.blocks) - len(c.hbm)
+            for b in reversed(sb.blocks[keep:]):
+                _ref_dec(rtc, b)
+            del sb.blocks[keep:]
+            sb.num_cached = keep
+        for b in c.hbm:
+            _ref_dec(rtc, b)
+    rtc.finished[ev.copy_id] = ev.ok
+    if len(rtc.finished) > rtc.config.max_copies_in_flight:
+        rtc.finished.popitem(last=False)  # type: ignore[call-arg]
+
+
+def _cache_created(rtc: Rtc, ev: RtcCacheCreated) -> None:
+    for b in ev.blocks:
+        _ref_inc(rtc, b)
+    rtc.caches[ev.cache_id] = NamedCache(list(ev.hashes), list(ev.blocks))
+
+
+def _cache_deleted(rtc: Rtc, ev: RtcCacheDeleted) -> None:
+    for b in reversed(rtc.caches.pop(ev.cache_id).blocks):
+        _ref_dec(rtc, b)
+
+
+def _cleared(rtc: Rtc, ev: RtcCleared) -> None:
+    fresh = new_rtc(rtc.config)
+    for name in rtc.__struct_fields__:
+        if name not in ("config", "next_copy"):
+            setattr(rtc, name, getattr(fresh, name))
+
+
+_APPLY = {
+    RtcBlocksAllocated: _allocated,
+    RtcBlocksCached: _cached,
+    RtcFreed: _freed,
+    RtcCopyStarted: _copy_started,
+    RtcCopyFinished: _copy_finished,
+    RtcCacheCreated: _cache_created,
+    RtcCacheDeleted: _cache_deleted,
+    RtcCleared: _cleared,
+}
+
+
+def apply(rtc: Rtc, event: object) -> Rtc:
+    """Fold one RTC event into `rtc` in place and return it (so `evolve` can return it)."""
+    _APPLY[type(event)](rtc, event)  # type: ignore[index]
+    return rtc
+
+
+def is_rtc_event(event: object) -> bool:
+    return type(event) in _APPLY
