@@ -103,7 +103,9 @@ def check(s: Scenario, known_models: tuple[str, ...]) -> list[tuple[str, str]]:
             f"tp {c.tp} x dp_groups {c.dp_groups} = {c.npus_per_te()} NPUs per TE; "
             f"a {c.topology} server has {per_server}",
         ))  # fmt: skip
-    servers = servers_needed(c)
+    from .placement import place  # placement builds on this module's types
+
+    servers = place(c).servers if c.npus_per_te() <= per_server else 0
     if servers > MAX_SERVERS[c.topology]:
         key = "cluster.tes" if c.mode == "colocated" else "cluster.prefill_tes"
         problems.append((key, f"needs {servers} servers; {c.topology} has at most {MAX_SERVERS[c.topology]}"))
@@ -111,8 +113,3 @@ def check(s: Scenario, known_models: tuple[str, ...]) -> list[tuple[str, str]]:
         problems.append(("cluster.scheduler.max_batch_tokens", "is below one KV block without chunked prefill"))
     return problems
 
-
-def servers_needed(c: Cluster) -> int:
-    """TEs are packed whole onto servers (a TE never spans servers)."""
-    per_server = max(1, NPUS_PER_SERVER[c.topology] // c.npus_per_te())
-    return -(-c.te_count() // per_server)
