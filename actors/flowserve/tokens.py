@@ -199,3 +199,14 @@ def output_length(
     if eos is not None and eos + 1 == max_tokens:
         return max_tokens, "stop"
     return max_tokens, "length"
+
+
+def kv_fingerprints(model: str, num_tokens: int, chain_hashes: Sequence[int], block_tokens: int) -> tuple[int, ...]:
+    """One fingerprint per KV block holding `num_tokens` prompt tokens: full blocks from their
+    chain hash; a partial tail block from its parent's chain and its token count."""
+    key = model_key(model)
+    out = [block_fingerprint(key, h) for h in chain_hashes]
+    if num_tokens % block_tokens:
+        parent = chain_hashes[-1] if chain_hashes else ROOT_HASH
+        out.append(block_fingerprint(key, combine(parent, num_tokens)))
+    return tuple(out)

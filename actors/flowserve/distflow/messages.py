@@ -1,0 +1,60 @@
+"""DistFlow's messages: the DP masters' side of a P–D channel, and the channel's control plane."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from deepserve.actors.flowserve.messages import KvHandle
+from deepserve.core import Message
+
+
+class LinkCluster(Message, frozen=True, kw_only=True):
+    """Control plane (DeepServe §4.4): form the peer group of one P–D pair's channel. The channel
+    probes the path's links and answers `LinkClustered`."""
+
+    req_id: str
+    peers: tuple[str, ...]
+
+
+class LinkClustered(Message, frozen=True, kw_only=True):
+    req_id: str
+    ok: bool
+    reason: str = ""
+
+
+class KvRecv(Message, frozen=True, kw_only=True):
+    """D master -> its channel: pull `src`'s blocks into `dst_blocks` on `dst_npus` for `task_id`."""
+
+    task_id: str
+    src: KvHandle
+    dst_npus: tuple[str, ...]
+    dst_blocks: tuple[int, ...]
+
+
+class KvRecvDone(Message, frozen=True, kw_only=True):
+    """Channel -> D master: the completion-queue entry of one receive."""
+
+    task_id: str
+    ok: bool
+    reason: str = ""
+    nbytes: int = 0
+    duration_s: float = 0.0
+    transfers: int = 0  # link transfers it took (1 contiguous; one per block otherwise)
+
+
+class KvRelease(Message, frozen=True, kw_only=True):
+    """Channel -> P master: the decode side has the KV (or gave up): free the held blocks."""
+
+    transfer_id: str
+
+
+class CorruptKvBlock(Message, frozen=True, kw_only=True):
+    """A fault input (tests, `deepserve fault`): the next receive of `task_id` (or of any task
+    when None) delivers block `block_index` with a corrupted fingerprint."""
+
+    task_id: str | None = None
+    block_index: int = 0
+
+
+TransferMode = Literal["contiguous", "block"]
+Granularity = Literal["request", "layer"]
