@@ -28,6 +28,9 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
     kernel.add_argument("--pg", metavar="URL", default=None,
                         help="also measure the store on this PostgreSQL server")
     kernel.set_defaults(func=_run_kernel)
+    from deepserve.benchmarks.sim_cli import register_sim
+
+    register_sim(which)
 
 
 def _run_kernel(args: argparse.Namespace) -> int:
