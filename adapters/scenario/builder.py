@@ -1,17 +1,64 @@
 """The cluster builder: a scenario's topology, NPUs, fabric and TEs, spawned in a driver, plus the
-workload actor that drives them."""
+workload actor that drives them.
+
+Sizes come from the performance model (actors never import adapters, so the builder hands them
+in): a block's KV bytes on one NPU from the model's shape and TP, and the HBM block pool from the
+NPU's HBM minus the reserve minus the weights (`adapters/hardware/memory.py`).
+"""
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
+import msgspec
+
 from deepserve.actors.workload.actor import Workload
-from deepserve.adapters.hardware.devices.topology import build, spawn_topology
+from deepserve.adapters.hardware.batch import Parallel
+from deepserve.adapters.hardware.devices.topology import build, host_addr, spawn_topology
+from deepserve.adapters.hardware.memory import kv_bytes_per_token_per_npu, kv_capacity_tokens
+from deepserve.adapters.hardware.models import model_profile
+from deepserve.adapters.hardware.specs import npu_spec
 
 from .placement import Placement, TePlacement, place
-from .schema import Scenario
+from .schema import Cluster, Scenario
 
 WORKLOAD_ADDR = "workload"
+
+
+class KvSizing(msgspec.Struct, frozen=True):
+    kv_block_bytes: int  # one block's KV on one NPU, all layers
+    hbm_blocks: int  # blocks one DP group's HBM holds after weights and the reserve
+
+
+def kv_sizing(c: Cluster, role: str = "colocated") -> KvSizing:
+    m = model_profile(c.model)
+    par = Parallel(tp=c.tp)
+    block_bytes = int(kv_bytes_per_token_per_npu(m, par) * c.kv_block_tokens)
+    blocks = kv_capacity_tokens(m, npu_spec(c.hardware), par) // c.kv_block_tokens
+    s = c.scheduler
+    if s.kv_blocks:
+        blocks = min(blocks, s.kv_blocks)
+    if role == "decode" and s.decode_kv_blocks:
+        blocks = min(blocks, s.decode_kv_blocks)
+    if blocks <= 0:
+        raise ValueError(f"cluster.model: {c.model} leaves no HBM for KV on a {c.hardware} at tp={c.tp}")
+    return KvSizing(block_bytes, blocks)
+
+
+def master_config(scenario: Scenario, te: TePlacement, dp: int) -> dict[str, Any]:
+    """The DP-group master's configuration (fs-engine's `MasterConfig`, as a dict)."""
+    c, s = scenario.cluster, scenario.cluster.scheduler
+    size = kv_sizing(c, te.role)
+    return {
+        "model": c.model, "npus": te.npus[dp * c.tp:(dp + 1) * c.tp],
+        "kv_block_bytes": size.kv_block_bytes, "hbm_blocks": size.hbm_blocks,
+        "block_tokens": c.kv_block_tokens, "host": host_addr(te.server), "role": te.role,
+        "tp": c.tp, "max_num_seqs": s.max_running, "max_num_batched_tokens": s.max_batch_tokens,
+        "chunked_prefill": s.chunked_prefill, "sched_gap_s": s.schedule_gap_ms / 1e3,
+        "eos_rate": s.eos_rate, "aggregate": s.aggregate, "max_waiting": s.max_waiting,
+        "te": te.addr, "dp": dp,
+    }  # fmt: skip
 
 
 def build_cluster(driver: Any, scenario: Scenario) -> Placement:
@@ -33,7 +80,14 @@ def spawn_workload(driver: Any, scenario: Scenario, placement: Placement) -> str
 
 
 def spawn_te(driver: Any, scenario: Scenario, te: TePlacement) -> str:
-    """One TE shell with its DP-group masters (fs-engine's actors), configured from the scenario."""
-    from deepserve.actors.flowserve import te_shell  # lands with the engine (issue 10 §4)
+    """One TE: its shell and DP-group masters (fs-engine's actors)."""
+    if importlib.util.find_spec("deepserve.actors.flowserve.te_shell") is not None:
+        from deepserve.actors.flowserve import te_shell
 
-    return te_shell.spawn_te(driver, scenario, te)  # type: ignore[attr-defined]
+        return te_shell.spawn_te(driver, scenario, te)  # type: ignore[attr-defined,no-any-return]
+    # Until the TE shell lands: a one-DP-group TE is its DP master, at the TE's address.
+    if scenario.cluster.dp_groups != 1:
+        raise ValueError("cluster.dp_groups: more than one DP group needs the TE shell")
+    from deepserve.actors.flowserve.master.actor import DpMaster
+
+    return driver.spawn(te.addr, DpMaster, config=master_config(scenario, te, 0))  # type: ignore[no-any-return]

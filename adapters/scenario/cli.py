@@ -15,8 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from deepserve.adapters.traces import TraceError, open_trace
 from deepserve.cliutil import CliError, print_json
 

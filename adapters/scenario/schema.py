@@ -30,6 +30,9 @@ class Scheduler(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     # KV pool: blocks per DP group; 0 = what HBM holds after weights (the normal case).
     kv_blocks: Annotated[int, msgspec.Meta(ge=0, le=1 << 24)] = 0
     decode_kv_blocks: Annotated[int, msgspec.Meta(ge=0, le=1 << 24)] = 0  # PD: D side only
+    # The simulation fast path: a decode batch nothing changes runs k passes as one NPU request
+    # (same per-token times as stepping; the daemon always steps).
+    aggregate: bool = True
 
 
 class Cluster(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
