@@ -77,3 +77,60 @@ def test_decode_first_and_the_gap_between_decode_passes() -> None:
     gaps = [s - e for s, e in zip(starts[1:], ends, strict=False) if s - e < 0.1]
     assert len(gaps) > 30 and all(abs(g - 0.001) < 1e-9 for g in gaps)
     assert_replays(d)
+
+
+def test_preemption_by_recompute_when_blocks_run_out_loses_nothing() -> None:
+    # 6 tasks of 256 prompt + 300 output tokens need 5 blocks each at the end; 16 blocks
+    # hold three at a time, so decoding tasks get preempted and recomputed.
+    ts = [task(i, 256, 300) for i in range(6)]
+    d = run(ts, hbm_blocks=16, max_num_seqs=6)
+    fin = finished(d)
+    assert all(f.status == "completed" and f.output_tokens == 300 for f in fin.values())
+    assert len(fin) == 6
+    preempted = [tid for p in events_of(d, M, "BatchPlanned") for tid in p.preempted]
+    assert preempted and sum(f.preemptions for f in fin.values()) == len(preempted)
+    toks = tokens(d)
+    assert all(len(v) == 300 for v in toks.values())  # each token streamed once
+    assert not d.actor(M).state.rtc.seqs
+    assert_replays(d)
+
+
+def test_swap_preemption_and_populate_bring_the_prefix_back_from_dram() -> None:
+    shared = task(0, 1024, 4).prompt.block_hashes  # 8 blocks every task shares
+    ts = [task(i, 1024, 200, hashes=shared) for i in range(5)]
+    d = run(ts, hbm_blocks=20, dram_blocks=64, host="hw/s0/host", max_num_seqs=5,
+            preemption="swap")  # fmt: skip
+    fin = finished(d)
+    assert len(fin) == 5 and all(f.status == "completed" for f in fin.values())
+    assert sum(f.cached_prompt_tokens for f in fin.values()) > 0
+    starts = events_of(d, M, "RtcCopyStarted")
+    assert any(c.kind == "swap_out" for c in starts)
+    assert not d.actor(M).state.rtc.seqs
+    assert_replays(d)
+
+
+def test_a_prompt_larger_than_the_pool_is_rejected_naming_the_field() -> None:
+    from deepserve.actors.flowserve.messages import TaskRejected
+
+    d = run([task(0, 128 * 40, 3)], hbm_blocks=16)
+    (rej,) = [m for _, m in out_to(d, REQ) if isinstance(m, TaskRejected)]
+    assert rej.reason.startswith("prompt.num_tokens: 5120 tokens need more KV blocks")
+    assert_replays(d)
+
+
+def test_a_prefix_swapped_to_dram_is_populated_asynchronously_then_hit() -> None:
+    a = task(0, 1024, 2)  # its 8 blocks get cached, then swapped out under pressure
+    fillers = [task(i, 1500, 40) for i in (1, 2)]
+    again = task(3, 1024, 2, hashes=a.prompt.block_hashes)
+    d = run([a, *fillers, again], at=[0.0, 1.0, 1.0, 3.0], hbm_blocks=26, dram_blocks=64,
+            host="hw/s0/host")  # fmt: skip
+    copies = events_of(d, M, "RtcCopyStarted")
+    assert "swap_out" in [c.kind for c in copies]
+    (pop,) = [c for c in copies if c.kind == "populate"]
+    assert pop.seq == "t3" and pop.hbm
+    fin = finished(d)
+    # what came back from DRAM (the swapped-out run of the prefix) counts as cached
+    assert fin["t3"].cached_prompt_tokens == 128 * (len(pop.shared) + len(pop.hbm)) > 0
+    assert fin["t0"].cached_prompt_tokens == 0
+    assert not d.actor(M).state.rtc.seqs
+    assert_replays(d)
