@@ -8,7 +8,6 @@ NPU's HBM minus the reserve minus the weights (`adapters/hardware/memory.py`).
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import msgspec
@@ -79,15 +78,17 @@ def spawn_workload(driver: Any, scenario: Scenario, placement: Placement) -> str
     )  # fmt: skip
 
 
+def te_config(scenario: Scenario, te: TePlacement) -> dict[str, Any]:
+    """The TE shell's configuration (fs-engine's `TeConfig`, as a dict)."""
+    c = scenario.cluster
+    return {
+        "te": te.addr, "role": te.role, "balancer": c.scheduler.balancer,
+        "dps": [master_config(scenario, te, g) for g in range(c.dp_groups)],
+    }  # fmt: skip
+
+
 def spawn_te(driver: Any, scenario: Scenario, te: TePlacement) -> str:
-    """One TE: its shell and DP-group masters (fs-engine's actors)."""
-    if importlib.util.find_spec("deepserve.actors.flowserve.te_shell") is not None:
-        from deepserve.actors.flowserve import te_shell
+    """One TE: its shell, which spawns its DP-group masters (fs-engine's actors)."""
+    from deepserve.actors.flowserve.te_shell import TeShell
 
-        return te_shell.spawn_te(driver, scenario, te)  # type: ignore[attr-defined,no-any-return]
-    # Until the TE shell lands: a one-DP-group TE is its DP master, at the TE's address.
-    if scenario.cluster.dp_groups != 1:
-        raise ValueError("cluster.dp_groups: more than one DP group needs the TE shell")
-    from deepserve.actors.flowserve.master.actor import DpMaster
-
-    return driver.spawn(te.addr, DpMaster, config=master_config(scenario, te, 0))  # type: ignore[no-any-return]
+    return driver.spawn(te.addr, TeShell, config=te_config(scenario, te))  # type: ignore[no-any-return]
