@@ -55,6 +55,10 @@ def arrivals(scenario: Scenario, trace: str | None, requests: int | None) -> Ite
     for req in source.head(limit):
         seed = combine(scenario.seed & ((1 << 64) - 1), req.index)
         out = min(req.output_tokens, w.max_tokens)
+        if not c.prefix_caching and req.hash_ids is not None:
+            # Prefix caching off: every prompt gets a chain of its own, so no prefix can match
+            # (what vLLM's enable_prefix_caching=False means to the scheduler).
+            req = msgspec.structs.replace(req, hash_ids=None)
         yield req.arrival_s / w.rps_scale, Arrive(
             request_id=f"r{req.index}", model=c.model,
             prompt=prompt_of(req, c.kv_block_tokens),
@@ -70,9 +74,12 @@ def run_scenario(
     requests: int | None = None,
     sink: LogSink | None = None,
     on_done: Callable[[RequestDone], None] | None = None,
+    on_window: Callable[[SimDriver], None] | None = None,
+    on_end: Callable[[SimDriver], None] | None = None,
     drain_limit_s: float = 24 * 3600.0,
 ) -> RunResult:
-    """Run `scenario` to completion and return its metrics. `sink` is not closed."""
+    """Run `scenario` to completion and return its metrics. `sink` is not closed. `on_window`
+    sees the driver between arrival windows (tests sample load there), `on_end` at the end."""
     config = msgspec.to_builtins(scenario)
     driver = SimDriver(scenario.seed, sink=sink, config=config)
     collector = Collector()
@@ -106,7 +113,11 @@ def run_scenario(
         if pending is None:
             break
         driver.run(until=pending[0])
+        if on_window is not None:
+            on_window(driver)
     _drain(driver, collector, injected, last_arrival + drain_limit_s)
+    if on_end is not None:
+        on_end(driver)
     wall = time.perf_counter() - t0
     state = driver.actor(WORKLOAD_ADDR).state
     counters = {k: getattr(state, k) for k in ("arrived", "completed", "failed", "cancelled", "duplicates")}
