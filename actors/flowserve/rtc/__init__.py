@@ -69,17 +69,12 @@ from .master import (
     can_allocate,
     clear,
     copy_status,
-    copy_to_dram,
     create_cache,
     delete_cache,
-    finish_copy,
     free,
     is_loading,
     match_by_id,
     match_by_prefix,
-    plan_swap_out,
-    populate,
-    prefetch,
 )
 from .state import (
     DRAM,
@@ -92,6 +87,7 @@ from .state import (
     kv_usage,
     new_rtc,
 )
+from .tiers import copy_to_dram, finish_copy, plan_swap_out, populate, prefetch
 
 __all__ = [
     "DRAM", "HBM", "NO_MATCH", "POPULATE", "PREFETCH", "RTC_EVENTS", "SWAP_OUT",

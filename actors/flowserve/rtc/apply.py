@@ -19,7 +19,7 @@ from .events import (
     RtcCopyStarted,
     RtcFreed,
 )
-from .state import NONE, Copy, NamedCache, Node, Rtc, RtcError, SeqBlocks, new_rtc
+from .state import NONE, CopyOp, NamedCache, Node, Rtc, RtcError, SeqBlocks, new_rtc
 
 SWAP_OUT = "swap_out"
 POPULATE = "populate"
@@ -169,7 +169,7 @@ def _freed(rtc: Rtc, ev: RtcFreed) -> None:
 
 
 def _copy_started(rtc: Rtc, ev: RtcCopyStarted) -> None:
-    rtc.copies[ev.copy_id] = Copy(ev.kind, ev.seq, list(ev.hashes), list(ev.hbm), list(ev.dram))
+    rtc.copies[ev.copy_id] = CopyOp(ev.kind, ev.seq, list(ev.hashes), list(ev.hbm), list(ev.dram))
     rtc.next_copy += 1
     if ev.kind == SWAP_OUT:
         for b in ev.hbm:

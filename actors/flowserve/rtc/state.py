@@ -80,7 +80,7 @@ class NamedCache(msgspec.Struct, gc=False, array_like=True):
     blocks: list[int]
 
 
-class Copy(msgspec.Struct, gc=False, array_like=True):
+class CopyOp(msgspec.Struct, gc=False, array_like=True):
     """A copy in flight between tiers. It holds a reference on its HBM blocks and pins its DRAM
     blocks, so neither is reused while the bytes move."""
 
@@ -107,7 +107,7 @@ class Rtc(msgspec.Struct, kw_only=True):
     nodes: dict[int, Node]
     seqs: dict[str, SeqBlocks]
     caches: dict[str, NamedCache]
-    copies: dict[str, Copy]
+    copies: dict[str, CopyOp]
     finished: dict[str, bool]  # outcome of recent copies (QueryPopulate), bounded
     next_copy: int = 0
 
