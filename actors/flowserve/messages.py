@@ -132,6 +132,8 @@ class DpLoad(msgspec.Struct, frozen=True, kw_only=True):
     kv_blocks_reserved: int  # space promised to running requests' remaining outputs
     prompt_tokens: int  # totals since start: prefix hit rate = cached / prompt
     cached_prompt_tokens: int
+    prefill_tokens_waiting: int = 0  # prompt tokens still to compute (queued + partial)
+    max_num_seqs: int = 0
 
 
 class RegisterTe(Message, frozen=True, kw_only=True):
@@ -160,16 +162,19 @@ class CreateContext(Message, frozen=True, kw_only=True):
     context_id: str
     model: str
     prompt: Prompt
+    reply_to: str = ""  # who gets the ContextInfo (the shell fills in its requester)
 
 
 class GetContext(Message, frozen=True, kw_only=True):
     req_id: str
     context_id: str
+    reply_to: str = ""
 
 
 class DeleteContext(Message, frozen=True, kw_only=True):
     req_id: str
     context_id: str
+    reply_to: str = ""
 
 
 class ContextInfo(Message, frozen=True, kw_only=True):

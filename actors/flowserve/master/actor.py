@@ -17,9 +17,15 @@ from typing import Any
 import msgspec
 
 from deepserve.actors.flowserve import rtc
-from deepserve.actors.flowserve.master import pd
+from deepserve.actors.flowserve.master import context, pd
 from deepserve.actors.flowserve.master.evolve import evolve_master
-from deepserve.actors.flowserve.master.messages import DpStatus, DpStatusQuery, Launch
+from deepserve.actors.flowserve.master.messages import (
+    DpMatch,
+    DpMatchQuery,
+    DpStatus,
+    DpStatusQuery,
+    Launch,
+)
 from deepserve.actors.flowserve.master.output import finished_message, token_message
 from deepserve.actors.flowserve.master.prefetch import should_populate
 from deepserve.actors.flowserve.master.scheduler import schedule
@@ -42,6 +48,9 @@ from deepserve.actors.flowserve.master.status import dp_load
 from deepserve.actors.flowserve.messages import (
     MAX_OUTPUT_TOKENS,
     CancelTask,
+    CreateContext,
+    DeleteContext,
+    GetContext,
     SubmitTask,
     TaskAccepted,
     TaskRejected,
@@ -90,17 +99,23 @@ class DpMaster(Actor[MasterState]):
             self._device_failed(ctx, f"{msg.device}: {msg.kind}: {msg.reason}")
         elif isinstance(msg, AskFailed) and msg.target == self.npu:
             self._device_failed(ctx, f"{msg.target}: no answer ({msg.reason})")
+        elif isinstance(msg, DpMatchQuery):
+            hits = tuple(len(rtc.match_by_prefix(self.state.rtc, p).hbm_blocks) for p in msg.prompts)
+            ctx.reply(DpMatch(req_id=msg.req_id, hit_blocks=hits, load=dp_load(self.state, self.cfg)))
+        elif isinstance(msg, CreateContext | GetContext | DeleteContext):
+            context.handle(self, ctx, msg)
         elif isinstance(msg, DpStatusQuery):
             load = dp_load(self.state, self.cfg)
-            ctx.reply(DpStatus(req_id=msg.req_id, load=load, max_num_seqs=self.cfg.max_num_seqs,
-                               block_tokens=self.cfg.block_tokens))  # fmt: skip
+            status = DpStatus(req_id=msg.req_id, load=load, max_num_seqs=self.cfg.max_num_seqs,
+                              block_tokens=self.cfg.block_tokens)  # fmt: skip
+            ctx.send(ctx.sender, status)
         elif pd.handles(msg):
             pd.handle(self, ctx, msg)
 
     # ---- arrivals ---------------------------------------------------------------------
     def _submit(self, ctx: Context, msg: SubmitTask) -> None:
         st, cfg = self.state, self.cfg
-        reason = self._check(msg)
+        reason = self.check(msg)
         if reason is not None:
             ctx.send(msg.reply_to, TaskRejected(task_id=msg.task_id, reason=reason))
             return
@@ -128,9 +143,9 @@ class DpMaster(Actor[MasterState]):
             assert copy is not None
             ctx.record(copy)
             self._move(ctx, copy)
-        self._advance(ctx)
+        self.advance(ctx)
 
-    def _check(self, msg: SubmitTask) -> str | None:
+    def check(self, msg: SubmitTask) -> str | None:
         """Why the task cannot be accepted (naming the field), or None."""
         cfg, st = self.cfg, self.state
         p, B = msg.prompt, cfg.block_tokens
@@ -162,12 +177,12 @@ class DpMaster(Actor[MasterState]):
         busy = fl is not None and any(e.task_id == msg.task_id for e in fl.entries)
         if busy or r.status in (LOADING, pd.RECEIVING):
             ctx.record(TaskCancelMarked(task_id=msg.task_id, reason=msg.reason))
-            self._advance(ctx)
+            self.advance(ctx)
         else:
             self.end(ctx, r, "cancelled", msg.reason)
 
     # ---- the loop -----------------------------------------------------------------------
-    def _advance(self, ctx: Context) -> None:
+    def advance(self, ctx: Context) -> None:
         """Plan the next batch when none is in flight; otherwise make a run end after its
         current pass, so whatever just changed is seen at the next pass boundary."""
         st = self.state
@@ -191,13 +206,13 @@ class DpMaster(Actor[MasterState]):
 
     def _fail_unfit(self, ctx: Context, preempted: tuple[str, ...]) -> None:
         if self.state.running:
-            self._advance(ctx)
+            self.advance(ctx)
             return
         for tid in preempted:
             r = self.state.reqs[tid]
             self.end(ctx, r, "failed", f"needs more KV blocks than the DP group has "
                      f"({self.cfg.hbm_blocks}) at {r.num_tokens} tokens")  # fmt: skip
-        self._advance(ctx)
+        self.advance(ctx)
 
     def _launch(self, ctx: Context, msg: Launch) -> None:
         st, cfg = self.state, self.cfg
@@ -259,13 +274,15 @@ class DpMaster(Actor[MasterState]):
             elif r.emitted >= r.out_len:
                 if r.stop == "prefilled":
                     pd.hold(self, ctx, r)
+                elif r.stop == context.CONTEXT:
+                    context.created(self, ctx, r)
                 else:
                     self.end(ctx, r, "completed", r.stop)
         swap = rtc.plan_swap_out(st.rtc)
         if swap is not None:
             ctx.record(swap)
             self._move(ctx, swap)
-        self._advance(ctx)
+        self.advance(ctx)
 
     def _device_failed(self, ctx: Context, reason: str) -> None:
         fl = self.state.in_flight
@@ -276,7 +293,7 @@ class DpMaster(Actor[MasterState]):
             r = self.state.reqs.get(e.task_id)
             if r is not None:
                 self.end(ctx, r, "failed", f"forward failed: {reason}")
-        self._advance(ctx)
+        self.advance(ctx)
 
     def end(self, ctx: Context, r: Req, status: str, reason: str) -> None:
         """The task's one terminal state: release its blocks, record it, tell the requester."""
@@ -311,4 +328,4 @@ class DpMaster(Actor[MasterState]):
                 table = len(rtc.block_table(st.rtc, c.seq))
                 computed = min(table * self.cfg.block_tokens, r.num_tokens - 1)
                 ctx.record(TaskStatus(task_id=c.seq, status=WAITING, num_computed=computed))
-        self._advance(ctx)
+        self.advance(ctx)

@@ -72,7 +72,7 @@ def release(m: DpMaster, ctx: Context, transfer_id: str) -> None:
     ctx.record(TransferReleased(transfer_id=transfer_id))
     if transfer_id in st.rtc.seqs:
         ctx.record(rtc.free(st.rtc, transfer_id))
-    m._advance(ctx)
+    m.advance(ctx)
 
 
 def submit_decode(m: DpMaster, ctx: Context, msg: SubmitTask, out_len: int, stop: str) -> None:
@@ -117,7 +117,7 @@ def received(m: DpMaster, ctx: Context, tid: str, ok: bool, reason: str) -> None
         computed = r.task.prompt.num_tokens
         ctx.record(TaskStatus(task_id=tid, status=WAITING, num_computed=computed))
     try_receive(m, ctx)
-    m._advance(ctx)
+    m.advance(ctx)
 
 
 def handles(msg: Message) -> bool:

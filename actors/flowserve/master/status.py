@@ -28,4 +28,8 @@ def dp_load(st: MasterState, cfg: MasterConfig) -> DpLoad:
         kv_blocks_used=rtc.hbm_used_blocks(st.rtc), kv_blocks_total=cfg.hbm_blocks,
         kv_blocks_reserved=reserved_blocks(st, cfg), prompt_tokens=st.prompt_tokens,
         cached_prompt_tokens=st.cached_prompt_tokens,
+        prefill_tokens_waiting=sum(
+            max(0, r.task.prompt.num_tokens - r.num_computed) for r in st.reqs.values()
+        ),
+        max_num_seqs=cfg.max_num_seqs,
     )  # fmt: skip
