@@ -28,6 +28,7 @@ WORKLOAD_ADDR = "workload"
 class KvSizing(msgspec.Struct, frozen=True):
     kv_block_bytes: int  # one block's KV on one NPU, all layers
     hbm_blocks: int  # blocks one DP group's HBM holds after weights and the reserve
+    dram_blocks: int  # blocks of the group's DRAM tier (the group's TP ranks' KV, together)
 
 
 def kv_sizing(c: Cluster, role: str = "colocated") -> KvSizing:
@@ -42,7 +43,8 @@ def kv_sizing(c: Cluster, role: str = "colocated") -> KvSizing:
         blocks = min(blocks, s.decode_kv_blocks)
     if blocks <= 0:
         raise ValueError(f"cluster.model: {c.model} leaves no HBM for KV on a {c.hardware} at tp={c.tp}")
-    return KvSizing(block_bytes, blocks)
+    dram_blocks = int(c.kv_dram_gb * 1e9 // (block_bytes * c.tp))
+    return KvSizing(block_bytes, blocks, dram_blocks)
 
 
 def master_config(scenario: Scenario, te: TePlacement, dp: int) -> dict[str, Any]:
@@ -52,6 +54,7 @@ def master_config(scenario: Scenario, te: TePlacement, dp: int) -> dict[str, Any
     return {
         "model": c.model, "npus": te.npus[dp * c.tp:(dp + 1) * c.tp],
         "kv_block_bytes": size.kv_block_bytes, "hbm_blocks": size.hbm_blocks,
+        "dram_blocks": size.dram_blocks,
         "block_tokens": c.kv_block_tokens, "host": host_addr(te.server), "role": te.role,
         "tp": c.tp, "max_num_seqs": s.max_running, "max_num_batched_tokens": s.max_batch_tokens,
         "chunked_prefill": s.chunked_prefill, "sched_gap_s": s.schedule_gap_ms / 1e3,

@@ -47,6 +47,9 @@ class Cluster(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     dp_groups: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1  # DP groups per TE
     kv_block_tokens: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 128
     prefix_caching: bool = True
+    # Host DRAM per DP group for the RTC's DRAM tier (swap-out of cold blocks, populate on a
+    # hit: Mooncake's KV pool idea); 0 = HBM only.
+    kv_dram_gb: Annotated[float, msgspec.Meta(ge=0, le=4096)] = 0.0
     link: Literal["roce", "hccs", "ub"] = "roce"  # between the P and D TEs (mode = "pd")
     kv_transfer: Literal["contiguous", "block"] = "contiguous"  # P/D-Serve block-free or per block
     scheduler: Scheduler = msgspec.field(default_factory=Scheduler)
@@ -79,6 +82,7 @@ HARDWARE_OF_TOPOLOGY = {"gen1": "910b", "cm384": "910c"}
 LINKS_OF_TOPOLOGY = {"gen1": ("roce", "hccs"), "cm384": ("ub",)}
 MAX_SERVERS = {"gen1": 1024, "cm384": 48}
 NPUS_PER_SERVER = {"gen1": 8, "cm384": 16}
+DRAM_GB_PER_SERVER = {"gen1": 1500, "cm384": 1500}  # specs.SERVERS dram_bytes (checked in tests)
 
 
 def check(s: Scenario, known_models: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -112,6 +116,13 @@ def check(s: Scenario, known_models: tuple[str, ...]) -> list[tuple[str, str]]:
     if servers > MAX_SERVERS[c.topology]:
         key = "cluster.tes" if c.mode == "colocated" else "cluster.prefill_tes"
         problems.append((key, f"needs {servers} servers; {c.topology} has at most {MAX_SERVERS[c.topology]}"))
+    groups_per_server = min(per_server // max(c.npus_per_te(), 1), c.te_count()) * c.dp_groups
+    dram_gb = DRAM_GB_PER_SERVER[c.topology]
+    if c.kv_dram_gb * groups_per_server > dram_gb:
+        problems.append((
+            "cluster.kv_dram_gb",
+            f"{c.kv_dram_gb} GB x {groups_per_server} DP groups on a server exceeds its {dram_gb} GB of DRAM",
+        ))  # fmt: skip
     if c.scheduler.max_batch_tokens < c.kv_block_tokens and not c.scheduler.chunked_prefill:
         problems.append(("cluster.scheduler.max_batch_tokens", "is below one KV block without chunked prefill"))
     return problems
