@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from deepserve.actors.flowserve.master.state import MasterConfig
 from deepserve.actors.workload.actor import Workload
 from deepserve.adapters.hardware.batch import Parallel
 from deepserve.adapters.hardware.devices.topology import build, host_addr, spawn_topology
@@ -51,7 +52,7 @@ def master_config(scenario: Scenario, te: TePlacement, dp: int) -> dict[str, Any
     """The DP-group master's configuration (fs-engine's `MasterConfig`, as a dict)."""
     c, s = scenario.cluster, scenario.cluster.scheduler
     size = kv_sizing(c, te.role)
-    return {
+    cfg: dict[str, Any] = {
         "model": c.model, "npus": te.npus[dp * c.tp:(dp + 1) * c.tp],
         "kv_block_bytes": size.kv_block_bytes, "hbm_blocks": size.hbm_blocks,
         "dram_blocks": size.dram_blocks,
@@ -61,6 +62,11 @@ def master_config(scenario: Scenario, te: TePlacement, dp: int) -> dict[str, Any
         "eos_rate": s.eos_rate, "aggregate": s.aggregate, "max_waiting": s.max_waiting,
         "te": te.addr, "dp": dp,
     }  # fmt: skip
+    # PD transfer settings, where the engine's MasterConfig has them (it grows additively).
+    optional = {"kv_transfer": c.kv_transfer, "kv_layers": model_profile(c.model).n_layers}
+    fields = set(MasterConfig.__struct_fields__)
+    cfg.update({k: v for k, v in optional.items() if k in fields})
+    return cfg
 
 
 def build_cluster(driver: Any, scenario: Scenario) -> Placement:

@@ -15,7 +15,7 @@ left, recorded — nothing accepted ends unrecorded.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -26,7 +26,7 @@ from deepserve.actors.workload.messages import Arrive, EndOfRun, RequestDone
 from deepserve.actors.workload.metrics import Collector
 from deepserve.adapters.traces import TraceRequest, open_trace
 from deepserve.adapters.traces.prompts import prompt_of
-from deepserve.core import SimDriver
+from deepserve.core import Message, SimDriver
 from deepserve.core.records import LogSink
 
 from .builder import WORKLOAD_ADDR, build_cluster
@@ -76,10 +76,12 @@ def run_scenario(
     on_done: Callable[[RequestDone], None] | None = None,
     on_window: Callable[[SimDriver], None] | None = None,
     on_end: Callable[[SimDriver], None] | None = None,
+    faults: Sequence[tuple[float, str, Message]] = (),
     drain_limit_s: float = 24 * 3600.0,
 ) -> RunResult:
     """Run `scenario` to completion and return its metrics. `sink` is not closed. `on_window`
-    sees the driver between arrival windows (tests sample load there), `on_end` at the end."""
+    sees the driver between arrival windows (tests sample load there), `on_end` at the end;
+    `faults` are (time, address, message) external inputs, e.g. a corrupted KV block."""
     config = msgspec.to_builtins(scenario)
     driver = SimDriver(scenario.seed, sink=sink, config=config)
     collector = Collector()
@@ -92,6 +94,8 @@ def run_scenario(
 
     driver.on_external = listen
     (build or build_cluster)(driver, scenario)
+    for at, dst, fault in faults:
+        driver.inject(dst, fault, at=at, src="ext/fault")
     t0 = time.perf_counter()
     injected = 0
     last_arrival = 0.0
