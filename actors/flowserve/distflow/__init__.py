@@ -1,9 +1,4 @@
-"""DistFlow (DeepServe §4.4, xDeepServe §5.1, P/D-Serve §3.6): KV transfer between DP groups."""
+"""DistFlow (DeepServe §4.4, xDeepServe §5.1, P/D-Serve §3.6): KV transfer between DP groups.
 
-from __future__ import annotations
-
-from typing import Any
-
-
-def channel_for(master: Any, ctx: Any, src: Any) -> Any:  # replaced below when the channel lands
-    raise NotImplementedError("DistFlow channels: not built yet")
+`channel.DistFlowChannel` is one isolated instance per prefill–decode DP-group pair (spawned by
+the decode master on first use, `{decode master}/df/{k}`); `messages` holds its protocol."""

@@ -29,6 +29,8 @@ class KvRecv(Message, frozen=True, kw_only=True):
     src: KvHandle
     dst_npus: tuple[str, ...]
     dst_blocks: tuple[int, ...]
+    expected: tuple[int, ...]  # fingerprints the decode side computed from its own prompt
+    corrupt_block: int | None = None  # an injected fault travels with the receive it hits
 
 
 class KvRecvDone(Message, frozen=True, kw_only=True):
@@ -40,6 +42,29 @@ class KvRecvDone(Message, frozen=True, kw_only=True):
     nbytes: int = 0
     duration_s: float = 0.0
     transfers: int = 0  # link transfers it took (1 contiguous; one per block otherwise)
+
+
+class KvPin(Message, frozen=True, kw_only=True):
+    """Channel -> P master (the SEND/RECV handshake): keep holding `transfer_id`, I am pulling."""
+
+    transfer_id: str
+    task_id: str
+
+
+class KvPinned(Message, frozen=True, kw_only=True):
+    task_id: str
+    ok: bool
+    reason: str = ""
+
+
+class HoldExpired(Message, frozen=True, kw_only=True):
+    """Timer on the P master: nobody pulled the registered transfer in time."""
+
+    transfer_id: str
+
+
+class RecvTimeout(Message, frozen=True, kw_only=True):
+    task_id: str
 
 
 class KvRelease(Message, frozen=True, kw_only=True):

@@ -186,6 +186,8 @@ class DpMaster(Actor[MasterState]):
         """Plan the next batch when none is in flight; otherwise make a run end after its
         current pass, so whatever just changed is seen at the next pass boundary."""
         st = self.state
+        if st.deferred:
+            pd.try_receive(self, ctx)  # blocks may have been freed: deferred receives first
         fl = st.in_flight
         if fl is not None:
             if fl.iterations > 1 and not fl.interrupt:

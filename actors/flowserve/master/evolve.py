@@ -13,6 +13,8 @@ from deepserve.actors.flowserve.master.state import (
     BatchLaunched,
     BatchPlanned,
     ChannelOpened,
+    CorruptionArmed,
+    CorruptionUsed,
     InFlight,
     MasterState,
     Req,
@@ -74,7 +76,9 @@ def _planned(st: MasterState, e: BatchPlanned) -> None:
         st.running.append(tid)
         r.status = RUNNING
         r.num_computed = max(r.num_computed, computed)
-        if not r.admitted:
+        if not r.admitted and r.task.kind == "decode":
+            r.admitted = True  # its prompt KV came from the prefill side: no cache statistics
+        elif not r.admitted:
             r.admitted = True
             r.cached_tokens = r.num_computed
             st.prompt_tokens += r.task.prompt.num_tokens
@@ -153,6 +157,10 @@ def evolve_master(st: MasterState, e: Event) -> MasterState:
         st.held.pop(e.transfer_id, None)
     elif isinstance(e, ChannelOpened):
         st.channels.append(e.addr)
+    elif isinstance(e, CorruptionArmed):
+        st.corrupt.append((e.task_id, e.block_index))
+    elif isinstance(e, CorruptionUsed):
+        del st.corrupt[e.index]
     else:
         raise AssertionError(f"dp master: unknown event {type(e).__name__}")
     return st

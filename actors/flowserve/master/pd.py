@@ -17,12 +17,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from deepserve.actors.flowserve import rtc
+from deepserve.actors.flowserve.distflow.channel import ChannelConfig, DistFlowChannel
+from deepserve.actors.flowserve.distflow.messages import (
+    CorruptKvBlock,
+    HoldExpired,
+    KvPin,
+    KvPinned,
+    KvRecv,
+    KvRecvDone,
+    KvRelease,
+)
 from deepserve.actors.flowserve.master.output import finished_message
 from deepserve.actors.flowserve.master.state import (
     DEFERRED,
     RECEIVING,
     WAITING,
+    ChannelOpened,
+    CorruptionArmed,
+    CorruptionUsed,
     Req,
     TaskEnded,
     TaskQueued,
@@ -42,7 +57,8 @@ from deepserve.core import Context, Message
 if TYPE_CHECKING:
     from deepserve.actors.flowserve.master.actor import DpMaster
 
-__all__ = ["RECEIVING", "handles", "handle", "hold", "submit_decode"]
+__all__ = ["RECEIVING", "WAITING", "KvHandle", "handle", "handles", "hold", "received", "release",
+           "submit_decode"]
 
 
 def hold(m: DpMaster, ctx: Context, r: Req) -> None:
@@ -60,6 +76,7 @@ def hold(m: DpMaster, ctx: Context, r: Req) -> None:
         block_bytes=cfg.kv_block_bytes, first_token_id=first,
     )  # fmt: skip
     ctx.record(TransferHeld(task_id=tid, handle=handle))
+    ctx.after(cfg.pd_hold_timeout_s, HoldExpired(transfer_id=tid), key=f"hold:{tid}")
     msg = finished_message(r, "completed", "prefilled", ctx.now(), cfg, kv=handle)
     ctx.record(TaskEnded(task_id=tid, status="completed", reason="prefilled"))
     ctx.send(r.task.reply_to, msg)
@@ -76,20 +93,17 @@ def release(m: DpMaster, ctx: Context, transfer_id: str) -> None:
 
 
 def submit_decode(m: DpMaster, ctx: Context, msg: SubmitTask, out_len: int, stop: str) -> None:
-    st, cfg = m.state, m.cfg
+    st = m.state
     if out_len <= 1:  # the prefill's token was the whole answer
         ctx.record(TaskQueued(task=msg, out_len=out_len, stop=stop, status=DEFERRED, emitted=1))
         m.end(ctx, st.reqs[msg.task_id], "completed", stop)
         return
     ctx.record(TaskQueued(task=msg, out_len=out_len, stop=stop, status=DEFERRED, emitted=1))
     try_receive(m, ctx)
-    del cfg
 
 
 def try_receive(m: DpMaster, ctx: Context) -> None:
     """Start receives for deferred tasks, in order, while the pool has room (backpressure)."""
-    from deepserve.actors.flowserve.distflow import channel_for
-
     st, cfg = m.state, m.cfg
     for tid in list(st.deferred):
         r = st.reqs[tid]
@@ -101,7 +115,31 @@ def try_receive(m: DpMaster, ctx: Context) -> None:
         ctx.record(rtc.allocate(st.rtc, tid, need))
         ctx.record(TaskStatus(task_id=tid, status=RECEIVING, copy_id=src.transfer_id))
         dst_blocks = tuple(rtc.block_table(st.rtc, tid)[: len(src.block_ids)])
-        channel_for(m, ctx, src).receive(ctx, tid, src, dst_blocks)
+        p = r.task.prompt
+        expected = kv_fingerprints(cfg.model, p.num_tokens, p.block_hashes, cfg.block_tokens)
+        corrupt = None
+        for i, (target, block) in enumerate(st.corrupt):
+            if target is None or target == tid:
+                corrupt = block
+                ctx.record(CorruptionUsed(index=i))
+                break
+        recv = KvRecv(task_id=tid, src=src, dst_npus=cfg.npus, dst_blocks=dst_blocks,
+                      expected=expected, corrupt_block=corrupt)  # fmt: skip
+        ctx.send(_channel(m, ctx, src.src), recv)
+
+
+def _channel(m: DpMaster, ctx: Context, src_master: str) -> str:
+    """The DistFlow channel of this decode group and `src_master` (spawned on first use)."""
+    st, cfg = m.state, m.cfg
+    if src_master not in st.channels:
+        ctx.record(ChannelOpened(addr=src_master))
+        addr = f"{ctx.self}/df/{st.channels.index(src_master)}"
+        conf = ChannelConfig(src_master=src_master, dst_master=ctx.self, fabric=cfg.fabric,
+                             mode=cfg.kv_transfer, granularity=cfg.kv_granularity,
+                             layers=cfg.kv_layers, timeout_s=cfg.kv_transfer_timeout_s)  # fmt: skip
+        ctx.spawn(addr, DistFlowChannel, config=msgspec.to_builtins(conf))
+        return addr
+    return f"{ctx.self}/df/{st.channels.index(src_master)}"
 
 
 def received(m: DpMaster, ctx: Context, tid: str, ok: bool, reason: str) -> None:
@@ -121,24 +159,21 @@ def received(m: DpMaster, ctx: Context, tid: str, ok: bool, reason: str) -> None
 
 
 def handles(msg: Message) -> bool:
-    from deepserve.actors.flowserve.distflow.messages import KvRecvDone, KvRelease
-
-    return isinstance(msg, KvRecvDone | KvRelease)
+    return isinstance(msg, KvRecvDone | KvRelease | KvPin | CorruptKvBlock | HoldExpired)
 
 
 def handle(m: DpMaster, ctx: Context, msg: Message) -> None:
-    from deepserve.actors.flowserve.distflow.messages import KvRecvDone, KvRelease
-
     if isinstance(msg, KvRecvDone):
         received(m, ctx, msg.task_id, msg.ok, msg.reason)
-    elif isinstance(msg, KvRelease):
+    elif isinstance(msg, KvRelease | HoldExpired):
         release(m, ctx, msg.transfer_id)
+    elif isinstance(msg, KvPin):
+        held = msg.transfer_id in m.state.held
+        if held:
+            ctx.cancel(f"hold:{msg.transfer_id}")  # pulled: DistFlow's completion releases it
+        reason = "" if held else f"transfer {msg.transfer_id!r} is not held here (expired or freed)"
+        ctx.reply(KvPinned(task_id=msg.task_id, ok=held, reason=reason))
+    elif isinstance(msg, CorruptKvBlock):
+        ctx.record(CorruptionArmed(task_id=msg.task_id, block_index=msg.block_index))
 
 
-def deferred_or_freed(m: DpMaster, ctx: Context) -> None:
-    """After blocks were freed: deferred receives may fit now."""
-    if m.state.deferred:
-        try_receive(m, ctx)
-
-
-__all__ += ["release", "received", "deferred_or_freed", "WAITING", "KvHandle"]

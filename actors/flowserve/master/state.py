@@ -61,6 +61,11 @@ class MasterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     prefill_tokens_per_s: float = 2.0e4  # initial recompute estimate; learned from prefills
     te: str = ""  # the owning TE's name (reported in TaskFinished)
     dp: int = 0
+    kv_transfer: Literal["contiguous", "block"] = "contiguous"  # PD: P/D-Serve block-free or not
+    kv_granularity: Literal["request", "layer"] = "request"
+    kv_layers: int = 32  # the model's layers (by-layer transfer sends one message per layer)
+    kv_transfer_timeout_s: float = 30.0
+    pd_hold_timeout_s: float = 300.0  # P side: free a registered transfer nobody pulled
 
     def __post_init__(self) -> None:
         for name in ("kv_block_bytes", "hbm_blocks", "block_tokens", "tp", "max_num_seqs",
@@ -127,7 +132,8 @@ class MasterState(msgspec.Struct, kw_only=True):
     finished: int = 0
     prefill_tokens_per_s: float = 0.0  # learned estimate (EWMA over prefill steps)
     held: dict[str, KvHandle] = {}  # PD prefill side: registered transfers by transfer id
-    channels: list[str] = []  # DistFlow channels spawned (PD decode side)
+    channels: list[str] = []  # prefill masters this decode master has a DistFlow channel to
+    corrupt: list[tuple[str | None, int]] = []  # armed KV corruption faults (task id, block)
 
 
 # ---- events ------------------------------------------------------------------------------
@@ -202,6 +208,15 @@ class TransferReleased(Event, frozen=True, kw_only=True):
 
 class ChannelOpened(Event, frozen=True, kw_only=True):
     addr: str
+
+
+class CorruptionArmed(Event, frozen=True, kw_only=True):
+    task_id: str | None
+    block_index: int
+
+
+class CorruptionUsed(Event, frozen=True, kw_only=True):
+    index: int
 
 
 MASTER_EVENTS = (

@@ -31,9 +31,9 @@ def master_config(**kw: Any) -> dict[str, Any]:
 def task(i: int, prompt_tokens: int, out: int, *, kind: str = "chat", hashes: tuple[int, ...] | None = None,
          max_tokens: int = 4096, block: int = 128, **kw: Any) -> SubmitTask:  # fmt: skip
     h = unique_chain_hashes(i, prompt_tokens, block) if hashes is None else hashes
+    kw.setdefault("reply_to", REQ)
     return SubmitTask(
         task_id=f"t{i}", request_id=f"r{i}", kind=kind, model=MODEL,  # type: ignore[arg-type]
         prompt=Prompt(num_tokens=prompt_tokens, block_hashes=h),
-        sampling=Sampling(max_tokens=max_tokens, target_output_tokens=out, seed=i), reply_to=REQ,
-        **kw,
+        sampling=Sampling(max_tokens=max_tokens, target_output_tokens=out, seed=i), **kw,
     )  # fmt: skip
