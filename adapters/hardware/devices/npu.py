@@ -38,7 +38,12 @@ from deepserve.adapters.hardware.batch import Batch, Parallel, Seq, logits_token
 from deepserve.adapters.hardware.calibration import DP_COMPUTE_CV
 from deepserve.adapters.hardware.compute import forward_time, sampling_time_s
 from deepserve.adapters.hardware.devices.common import ReplyTo, answer, reply_to, respond
-from deepserve.adapters.hardware.devices.npu_run import check_run, run_times, truncation_point
+from deepserve.adapters.hardware.devices.npu_run import (
+    check_run,
+    pass_costs,
+    run_times,
+    truncation_point,
+)
 from deepserve.adapters.hardware.devices.npu_state import (
     HEALTHY,
     HUNG,
@@ -266,7 +271,7 @@ class Npu(Actor[NpuState]):
         def factor() -> float:
             return variance_factor(ctx.rng.gauss(0.0, 1.0)) if self.variance else 1.0
 
-        starts, ends = run_times(req, ctx.now(), cost, factor)
+        starts, ends = run_times(req, ctx.now(), pass_costs(self.npu, req, cost), factor)
         ctx.record(NpuRunStarted(ctx.now(), starts, ends, mode, tokens))
         ctx.after(ends[-1] - ctx.now(), NpuGraphDone(req.req_id), key=GRAPH_KEY)
 

@@ -12,6 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from deepserve.actors.ports.npu import NpuForwardRun, SeqShape
+from deepserve.adapters.hardware.batch import GRAPH_MAX_NEW_TOKENS, Seq
+from deepserve.adapters.hardware.models import model_profile
+from deepserve.adapters.hardware.roofline import _gqa_core, op_time_s
+from deepserve.adapters.hardware.sizes import dense_layers
+from deepserve.adapters.hardware.specs import npu_spec
 
 MAX_RUN_ITERATIONS = 100_000  # a limit on everything: one run's passes
 
@@ -30,10 +35,39 @@ def pass_shapes(msg: NpuForwardRun, i: int) -> tuple[SeqShape, ...]:
     return tuple(SeqShape(s.new_tokens, s.context_tokens + i * s.new_tokens) for s in msg.seqs)
 
 
+def pass_costs(
+    npu: str, msg: NpuForwardRun, cost_s: Callable[[tuple[SeqShape, ...]], float]
+) -> list[float]:
+    """The performance model's duration of every pass of the run.
+
+    For a dense GQA model's decode graph (the common case) only the attention core depends on
+    the context, and linearly in FLOPs and bytes, so pass i costs pass 0's time plus the layers'
+    change of one roofline term — O(1) a pass instead of a whole forward_time. Equal to calling
+    the model pass by pass up to float rounding (checked by test_npu_run). Anything else (MoE,
+    MLA, prefill chunks, MTP) is computed pass by pass."""
+    k = msg.iterations
+    first = cost_s(pass_shapes(msg, 0))
+    m = model_profile(msg.model)
+    closed = (
+        k > 1 and m.moe is None and m.mla is None and msg.part == "main"
+        and all(s.new_tokens <= GRAPH_MAX_NEW_TOKENS for s in msg.seqs)
+    )  # fmt: skip
+    if not closed:
+        return [first] + [cost_s(pass_shapes(msg, i)) for i in range(1, k)]
+    spec = npu_spec(npu)
+    f0, b0 = _gqa_core(m, [Seq(s.new_tokens, s.context_tokens) for s in msg.seqs], msg.tp)
+    f1, b1 = _gqa_core(m, [Seq(s.new_tokens, s.context_tokens) for s in pass_shapes(msg, 1)], msg.tp)
+    df, db = f1 - f0, b1 - b0
+    layers = dense_layers(m)
+    a0 = op_time_s(f0, b0, spec)
+    return [first] + [first + layers * (op_time_s(f0 + i * df, b0 + i * db, spec) - a0)
+                      for i in range(1, k)]  # fmt: skip
+
+
 def run_times(
     msg: NpuForwardRun,
     start_s: float,
-    cost_s: Callable[[tuple[SeqShape, ...]], float],
+    costs_s: list[float],
     factor: Callable[[], float],
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(starts, ends) of every pass: pass i+1 starts `gap_s` after pass i ends. The arithmetic is
@@ -42,7 +76,7 @@ def run_times(
     ends: list[float] = []
     t = start_s
     for i in range(msg.iterations):
-        duration = cost_s(pass_shapes(msg, i)) * factor()
+        duration = costs_s[i] * factor()
         starts.append(t)
         end = t + duration
         ends.append(end)

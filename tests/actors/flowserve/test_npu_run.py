@@ -100,3 +100,22 @@ def test_truncation_stops_after_the_running_pass_and_a_bad_run_is_refused() -> N
     bad = next(m for _, m in out_to(d) if isinstance(m, NpuError))
     assert bad.req_id == "bad" and "iterations" in bad.reason
     assert_replays(d)
+
+
+@pytest.mark.parametrize("model", ["llama3-8b", "llama3-70b", "deepseek-v3"])
+def test_the_closed_form_pass_costs_equal_the_model_pass_by_pass(model: str) -> None:
+    import msgspec
+
+    from deepserve.adapters.hardware.devices.npu import forward_cost_s
+    from deepserve.adapters.hardware.devices.npu_run import pass_costs, pass_shapes
+
+    tp = 8 if model != "llama3-8b" else 1
+    run = NpuForwardRun(req_id="r", model=model, seqs=SEQS * 5, iterations=3000, tp=tp, sample=True)
+
+    def cost(shapes):
+        return forward_cost_s("910b", msgspec.structs.replace(run, seqs=shapes))[0]
+
+    fast = pass_costs("910b", run, cost)
+    exact = [cost(pass_shapes(run, i)) for i in range(0, 3000, 97)]
+    assert fast[::97] == pytest.approx(exact, rel=1e-12, abs=0)
+    assert fast[-1] > fast[0]  # longer contexts cost more
