@@ -149,13 +149,19 @@ def fingerprints(model: str, chain_hashes: Sequence[int]) -> tuple[int, ...]:
 
 
 def emulated_token(seed: int, index: int, vocab: int = DEFAULT_VOCAB) -> int:
-    """Output token `index` (0-based) of a request seeded `seed`; never the EOS id (vocab-1)."""
-    return combine(seed & _MASK, index) % (vocab - 1)
+    """Output token `index` (0-based) of a request seeded `seed`; never the EOS id (vocab-1).
+    A Weyl sequence from the mixed seed and one multiply a token: cheap (the simulation makes
+    millions), deterministic, and spread enough for an emulated model."""
+    base = mix64((seed & _MASK) ^ 0x2545F4914F6CDD1D)
+    return ((((base + index * _GOLDEN) & _MASK) * 0xBF58476D1CE4E5B9 & _MASK) >> 24) % (vocab - 1)
 
 
 def emulated_tokens(seed: int, start: int, count: int, vocab: int = DEFAULT_VOCAB) -> tuple[int, ...]:
-    s = seed & _MASK
-    return tuple(combine(s, j) % (vocab - 1) for j in range(start, start + count))
+    base = mix64((seed & _MASK) ^ 0x2545F4914F6CDD1D)
+    v, m, mul = vocab - 1, _MASK, 0xBF58476D1CE4E5B9
+    return tuple(
+        ((((base + j * _GOLDEN) & m) * mul & m) >> 24) % v for j in range(start, start + count)
+    )
 
 
 def eos_token_id(vocab: int = DEFAULT_VOCAB) -> int:
