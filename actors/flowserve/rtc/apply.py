@@ -144,14 +144,21 @@ def _seq(rtc: Rtc, seq: str) -> SeqBlocks:
 def _allocated(rtc: Rtc, ev: RtcBlocksAllocated) -> None:
     sb = _seq(rtc, ev.seq)
     table = sb.blocks
-    for b in ev.shared:
-        _ref_inc(rtc, b)
-        table.append(b)
     if ev.shared:
+        # _ref_inc inlined: a prefix hit shares tens of blocks per request
+        ref, lru = rtc.ref, rtc.lru_hbm
+        for b in ev.shared:
+            r = ref[b]
+            if r == 0:
+                if rtc.hbm_hash[b] is None:
+                    raise Diverged(f"HBM block {b} is free: it cannot be shared")
+                del lru[b]
+            ref[b] = r + 1
+        table.extend(ev.shared)
         sb.num_cached = len(table)
     for b in ev.blocks:
         _take_hbm(rtc, b)
-        table.append(b)
+    table.extend(ev.blocks)
 
 
 def _cached(rtc: Rtc, ev: RtcBlocksCached) -> None:
@@ -163,9 +170,19 @@ def _cached(rtc: Rtc, ev: RtcBlocksCached) -> None:
 
 def _freed(rtc: Rtc, ev: RtcFreed) -> None:
     sb = rtc.seqs.pop(ev.seq)
+    ref, hbm_hash, lru, free = rtc.ref, rtc.hbm_hash, rtc.lru_hbm, rtc.free_hbm
     # Tail blocks first: they are the least likely to be shared, so they are evicted first.
+    # (_ref_dec inlined: a request frees all its blocks at once.)
     for b in reversed(sb.blocks):
-        _ref_dec(rtc, b)
+        r = ref[b] - 1
+        if r < 0:
+            raise Diverged(f"HBM block {b}: reference count would go negative (double free)")
+        ref[b] = r
+        if r == 0:
+            if hbm_hash[b] is None:
+                free.append(b)
+            else:
+                lru[b] = None
 
 
 def _copy_started(rtc: Rtc, ev: RtcCopyStarted) -> None:

@@ -45,25 +45,26 @@ NO_MATCH = Match()
 def match_by_prefix(rtc: Rtc, block_hashes: tuple[int, ...] | list[int]) -> Match:
     """MatchByPrefixToken: the longest cached prefix of `block_hashes` (chain hashes of full
     blocks). One dict lookup per matched block; nothing is copied on a miss."""
-    nodes = rtc.nodes
-    n = len(block_hashes)
-    i = 0
+    get = rtc.nodes.get
     hbm: list[int] = []
-    while i < n:
-        node = nodes.get(block_hashes[i])
-        if node is None or node.hbm == NONE:
+    append = hbm.append
+    for h in block_hashes:  # plain iteration and bound methods: this runs per request per step
+        node = get(h)
+        if node is None:
             break
-        hbm.append(node.hbm)
-        i += 1
-    if i == n or rtc.config.dram_blocks == 0:
+        b = node.hbm
+        if b < 0:
+            break
+        append(b)
+    i = len(hbm)
+    if i == len(block_hashes) or rtc.config.dram_blocks == 0:
         return Match(tuple(hbm)) if hbm else NO_MATCH
     dram: list[int] = []
-    while i < n:
-        node = nodes.get(block_hashes[i])
-        if node is None or node.dram == NONE:
+    for h in block_hashes[i:]:
+        node = get(h)
+        if node is None or node.dram < 0:
             break
         dram.append(node.dram)
-        i += 1
     if not hbm and not dram:
         return NO_MATCH
     return Match(tuple(hbm), tuple(dram))
