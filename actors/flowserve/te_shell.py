@@ -61,6 +61,7 @@ class TeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 class ShellState(msgspec.Struct, kw_only=True):
     pending: list[SubmitTask] = []
     round: int = 0  # id of the gather round in flight (0: none)
+    round_tasks: int = 0
     rounds: int = 0
     answers: dict[int, DpMatch | None] = {}  # dp -> its answer (None: it failed to answer)
     rr_next: int = 0
@@ -76,6 +77,7 @@ class TaskPending(Event, frozen=True):
 
 class RoundStarted(Event, frozen=True):
     round: int
+    tasks: int  # the first `tasks` pending tasks are this round's (later ones wait)
 
 
 class RoundAnswer(Event, frozen=True):
@@ -119,7 +121,7 @@ def _evolve(st: ShellState, e: Event) -> ShellState:
     if isinstance(e, TaskPending):
         st.pending.append(e.task)
     elif isinstance(e, RoundStarted):
-        st.round, st.rounds, st.answers = e.round, e.round, {}
+        st.round, st.rounds, st.answers, st.round_tasks = e.round, e.round, {}, e.tasks
     elif isinstance(e, RoundAnswer):
         st.answers[e.dp] = e.answer
     elif isinstance(e, RoundAssigned):
@@ -203,7 +205,7 @@ class TeShell(Actor[ShellState]):
         if st.round or not st.pending:
             return
         rid = st.rounds + 1
-        ctx.record(RoundStarted(rid))
+        ctx.record(RoundStarted(rid, len(st.pending)))
         prompts = tuple(t.prompt.block_hashes for t in st.pending)
         for addr in self.dp_addrs:
             ctx.ask(addr, DpMatchQuery(req_id=f"round:{rid}", prompts=prompts), self.cfg.ask_timeout_s)
@@ -224,7 +226,7 @@ class TeShell(Actor[ShellState]):
     def _assign(self, ctx: Context) -> None:
         st, cfg = self.state, self.cfg
         live = sorted(g for g, a in st.answers.items() if a is not None)
-        tasks = list(st.pending)
+        tasks = st.pending[: st.round_tasks]
         if not live:
             ctx.record(RoundAssigned(tuple(-1 for _ in tasks)))
             for t in tasks:

@@ -117,3 +117,17 @@ def test_registration_load_reports_and_context_caching() -> None:
     assert len(reports) == 6 and all(r.healthy for r in reports)  # every 0.5 s up to 3.0 s
     assert reports[1].prefix_hit_rate == 1024 / (1024 + 1536)
     assert_replays(d)
+
+
+def test_tasks_arriving_during_a_gather_round_wait_for_the_next_one() -> None:
+    d = driver()
+    hardware(d)
+    d.spawn(TE, TeShell, config=shell_config(2, cm=None))
+    for i in range(5):  # same instant: the first opens a round, the others queue behind it
+        d.inject(TE, task(i, 300, 4), at=0.0, src=REQ)
+    d.run()
+    fin = [m for _, m in out_to(d, REQ) if isinstance(m, TaskFinished)]
+    assert len(fin) == 5 and all(f.status == "completed" for f in fin)
+    assert {f.dp for f in fin} == {0, 1}
+    assert d.actor(TE).state.rounds == 2
+    assert_replays(d)
