@@ -27,6 +27,7 @@ Usage from the DP-group master (the RTC master is embedded in the master's state
     ctx.record(rtc.append_block(state.rtc, seq))   # decode: AppendBlock (check can_allocate(1))
     ctx.record(rtc.free(state.rtc, seq))           # Free (finish, cancel, preempt)
     ev = rtc.plan_swap_out(state.rtc)              # background swap-out, once per step (or None)
+    ev = rtc.plan_prefetch(state.rtc, [r.prompt.block_hashes for r in waiting])  # background prefetch
 
     # KV events for a router: rtc.kv_events_of(event, block_tokens) after each record.
 
@@ -87,7 +88,7 @@ from .state import (
     kv_usage,
     new_rtc,
 )
-from .tiers import copy_to_dram, finish_copy, plan_swap_out, populate, prefetch
+from .tiers import copy_to_dram, finish_copy, plan_prefetch, plan_swap_out, populate, prefetch
 
 __all__ = [
     "DRAM", "HBM", "NO_MATCH", "POPULATE", "PREFETCH", "RTC_EVENTS", "SWAP_OUT",
@@ -98,6 +99,6 @@ __all__ = [
     "allocate", "append_block", "apply", "block_table", "cache_blocks", "can_allocate", "clear",
     "copy_status", "copy_to_dram", "create_cache", "delete_cache", "finish_copy", "free",
     "hbm_free_blocks", "hbm_used_blocks", "index_view", "is_loading", "is_rtc_event",
-    "kv_events_of", "kv_usage", "match_by_id", "match_by_prefix", "new_rtc", "plan_swap_out",
+    "kv_events_of", "kv_usage", "match_by_id", "match_by_prefix", "new_rtc", "plan_prefetch", "plan_swap_out",
     "populate", "prefetch",
 ]

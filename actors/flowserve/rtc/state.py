@@ -40,6 +40,8 @@ class RtcConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     max_copies_in_flight: int = 1_024
     swap_low_watermark: float = 0.10  # swap cold blocks out when less than this HBM is free
     swap_batch_blocks: int = 64  # at most this many blocks per background swap-out
+    prefetch_min_free: float = 0.25  # background prefetch only while more HBM than this is free
+    prefetch_scan: int = 16  # queued prompts a prefetch plan looks at
 
     def __post_init__(self) -> None:
         if self.hbm_blocks <= 0:
@@ -48,11 +50,16 @@ class RtcConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             raise ValueError(f"RtcConfig.dram_blocks must be >= 0, got {self.dram_blocks}")
         if self.block_tokens <= 0:
             raise ValueError(f"RtcConfig.block_tokens must be > 0, got {self.block_tokens}")
+        if not 0.0 <= self.prefetch_min_free < 1.0:
+            raise ValueError(
+                f"RtcConfig.prefetch_min_free must be in [0, 1), got {self.prefetch_min_free}"
+            )
         if not 0.0 <= self.swap_low_watermark < 1.0:
             raise ValueError(
                 f"RtcConfig.swap_low_watermark must be in [0, 1), got {self.swap_low_watermark}"
             )
-        for name in ("max_seqs", "max_named_caches", "max_copies_in_flight", "swap_batch_blocks"):
+        for name in ("max_seqs", "max_named_caches", "max_copies_in_flight", "swap_batch_blocks",
+                     "prefetch_scan"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RtcConfig.{name} must be > 0, got {getattr(self, name)}")
 

@@ -131,3 +131,21 @@ def finish_copy(rtc: Rtc, copy_id: str, ok: bool, reason: str = "") -> RtcCopyFi
                 parents.append(node.parent)
     return RtcCopyFinished(copy_id=copy_id, ok=ok, medium=DRAM if c.kind == SWAP_OUT else HBM,
                            stored=tuple(stored), parents=tuple(parents), reason=reason)
+
+
+def plan_prefetch(rtc: Rtc, queued: list[tuple[int, ...]] | list[list[int]]) -> RtcCopyStarted | None:
+    """Background prefetch for the queue: the first queued prompt (in queue order) whose cached
+    prefix continues in DRAM gets that run loaded — but only into never-used free HBM blocks and
+    only while more than `prefetch_min_free` of HBM is free, so a prefetch never evicts cached
+    KV that someone may hit (no thrashing between the tiers). None when nothing qualifies."""
+    cfg = rtc.config
+    if cfg.dram_blocks == 0 or len(rtc.copies) >= cfg.max_copies_in_flight:
+        return None
+    room = len(rtc.free_hbm) - int(cfg.prefetch_min_free * cfg.hbm_blocks)
+    for chain in queued[: cfg.prefetch_scan]:
+        if room <= 0:
+            return None
+        m = match_by_prefix(rtc, chain)
+        if m.dram_blocks and len(m.dram_blocks) <= room:
+            return populate(rtc, None, chain, m)
+    return None

@@ -175,6 +175,18 @@ class RefPool:
             self.parent.setdefault(h, None)
         return picked
 
+    def plan_prefetch(self, cid: str, queued: list[list[int]], min_free: float) -> list[int] | None:
+        """Load the first queued prompt's DRAM run that fits in never-used free blocks above the
+        floor; never evicts."""
+        room = len(self.free) - int(min_free * self.hbm)
+        for chain in queued:
+            if room <= 0:
+                return None
+            _, dram = self.match(chain)
+            if dram and len(dram) <= room:
+                return self.populate(cid, None, chain)
+        return None
+
     def finish(self, cid: str, ok: bool) -> None:
         kind, seq, hashes, blocks, dram = self.copies.pop(cid)
         if kind == "out":

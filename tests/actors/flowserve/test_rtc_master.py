@@ -201,3 +201,32 @@ def test_config_is_validated_naming_the_field() -> None:
         rtc.RtcConfig(hbm_blocks=0)
     with pytest.raises(ValueError, match="swap_low_watermark"):
         rtc.RtcConfig(hbm_blocks=1, swap_low_watermark=1.5)
+
+
+def test_background_prefetch_uses_only_free_blocks_above_the_floor() -> None:
+    p = Pool(hbm=8, dram=4, prefetch_min_free=0.25)
+    p.rec(rtc.allocate(p.r, "a", 2))
+    p.rec(rtc.cache_blocks(p.r, "a", [1, 2]))
+    p.rec(rtc.free(p.r, "a"))
+    c = p.rec(rtc.copy_to_dram(p.r, [1, 2]))
+    p.rec(rtc.finish_copy(p.r, c.copy_id, ok=True))
+    p.rec(rtc.allocate(p.r, "x", 8))  # evicts both HBM copies; nothing free
+    p.rec(rtc.free(p.r, "x"))  # x's blocks were never indexed: all 8 are free again
+    assert rtc.match_by_prefix(p.r, [1, 2]) == rtc.Match(dram_blocks=(0, 1))
+    assert rtc.plan_prefetch(p.r, [[9], [1, 2]]) is not None  # the second queued prompt qualifies
+    p.rec(rtc.allocate(p.r, "y", 5))  # 3 free left: 3 - 2 (floor) = 1 < 2 blocks to load
+    assert rtc.plan_prefetch(p.r, [[1, 2]]) is None
+    p.rec(rtc.free(p.r, "y"))
+    ev = p.rec(rtc.plan_prefetch(p.r, [[1, 2]]))
+    assert ev.kind == rtc.PREFETCH and ev.evicted_hbm == () and len(ev.hbm) == 2
+    p.rec(rtc.finish_copy(p.r, ev.copy_id, ok=True))
+    assert rtc.match_by_prefix(p.r, [1, 2]).hbm_blocks == ev.hbm
+    assert sum(p.r.ref) == 0 and rtc.index_view(p.r) == p.mirror.view()
+
+
+def test_benchmark_function_measures_without_leaking() -> None:
+    from deepserve.benchmarks.rtc import rtc_rows
+
+    rows = rtc_rows(scale=0.02)
+    assert len(rows) == 5 and all(r.value > 0 and r.baseline_value > 0 for r in rows)
+    assert all(r.unit == "us/call" for r in rows)

@@ -251,6 +251,30 @@ class RtcMachine(RuleBasedStateMachine):
         assert self.mirror.match(chain) >= m.num_blocks
         event("probe: hbm+dram" if m.hbm_blocks and m.dram_blocks else "probe")
 
+    def _chain_to(self, h: int | None) -> list[int] | None:
+        """The chain from the root to node h, or None when an ancestor is gone."""
+        chain: list[int] = []
+        while h is not None and h in self.r.nodes:
+            chain.append(h)
+            h = self.r.nodes[h].parent
+        return chain[::-1] if h is None else None
+
+    @rule(data=st.data(), others=st.lists(prompts, max_size=2))
+    def background_prefetch(self, data: st.DataObject, others: list[list[int]]) -> None:
+        tips = sorted(h for h, n in self.r.nodes.items() if n.dram != NONE)
+        queued = [chain_of(t) for t in others]
+        if tips:
+            c = self._chain_to(data.draw(st.sampled_from(tips)))
+            if c is not None:
+                queued.insert(data.draw(st.integers(0, len(queued))), c)
+        ev = rtc.plan_prefetch(self.r, queued)
+        picked = self.ref.plan_prefetch(f"c{self.r.next_copy}", queued, self.r.config.prefetch_min_free)
+        assert (list(ev.hbm) if ev else None) == picked
+        if ev is not None:
+            assert ev.evicted_hbm == () and ev.kind == rtc.PREFETCH
+            event("background prefetch")
+            self.rec(ev)
+
     @rule(data=st.data())
     def probe_swapped(self, data: st.DataObject) -> None:
         tips = sorted(self.r.nodes)
