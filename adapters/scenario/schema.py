@@ -21,7 +21,6 @@ class Scheduler(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     max_batch_tokens: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 8192  # token budget
     max_running: Annotated[int, msgspec.Meta(ge=1, le=65_536)] = 256  # sequences in a batch
     chunked_prefill: bool = True
-    decode_first: bool = True
     schedule_gap_ms: Annotated[float, msgspec.Meta(ge=0, le=1000)] = 0.5  # CPU time between steps
     max_waiting: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 100_000  # queue bound
     eos_rate: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0  # trace replay ignores EOS

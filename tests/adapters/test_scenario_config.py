@@ -37,8 +37,8 @@ def test_builtin_trace_slices_are_readable() -> None:
 
 def test_override_changes_only_that_field() -> None:
     base = load_scenario("mooncake-16te")
-    s = load_scenario("mooncake-16te", ["cluster.tes=8", "cluster.scheduler.decode_first=false"])
-    assert s.cluster.tes == 8 and s.cluster.scheduler.decode_first is False
+    s = load_scenario("mooncake-16te", ["cluster.tes=8", "cluster.scheduler.chunked_prefill=false"])
+    assert s.cluster.tes == 8 and s.cluster.scheduler.chunked_prefill is False
     assert s.cluster.model == base.cluster.model and s.workload == base.workload
 
 
