@@ -22,7 +22,7 @@ Usage from the DP-group master (the RTC master is embedded in the master's state
         ctx.record(rtc.allocate(state.rtc, seq, need, shared=m.hbm_blocks))  # AllocBlocks
     rtc.block_table(state.rtc, seq)          # HBM block ids in token order
     ...after a forward that filled blocks:
-    ev = rtc.cache_blocks(state.rtc, seq, full_block_hashes_so_far)   # index them (or None)
+    ev = rtc.cache_blocks(state.rtc, seq, prompt.block_hashes, num_blocks=full)  # index (or None)
     if ev: ctx.record(ev)
     ctx.record(rtc.append_block(state.rtc, seq))   # decode: AppendBlock (check can_allocate(1))
     ctx.record(rtc.free(state.rtc, seq))           # Free (finish, cancel, preempt)

@@ -162,13 +162,18 @@ def append_block(rtc: Rtc, seq: str) -> RtcBlocksAllocated:
     return allocate(rtc, seq, 1)
 
 
-def cache_blocks(rtc: Rtc, seq: str, block_hashes: tuple[int, ...] | list[int]) -> RtcBlocksCached | None:
-    """Index `seq`'s newly full, computed blocks under their chain hashes (`block_hashes` is the
-    whole chain of the sequence's full blocks so far). None when there is nothing new."""
+def cache_blocks(
+    rtc: Rtc, seq: str, block_hashes: tuple[int, ...] | list[int], num_blocks: int | None = None
+) -> RtcBlocksCached | None:
+    """Index `seq`'s newly full, computed blocks under their chain hashes (`block_hashes`: the
+    sequence's chain; only its first `num_blocks` — default all — are computed). None when
+    there is nothing new (the common case: one comparison, no copy of the chain)."""
     sb = rtc.seqs.get(seq)
     if sb is None:
         raise RtcError(f"unknown sequence {seq!r}")
     upto = min(len(block_hashes), len(sb.blocks))
+    if num_blocks is not None:
+        upto = min(upto, num_blocks)
     start = sb.num_cached
     if upto <= start:
         return None

@@ -230,3 +230,14 @@ def test_benchmark_function_measures_without_leaking() -> None:
     rows = rtc_rows(scale=0.02)
     assert len(rows) == 5 and all(r.value > 0 and r.baseline_value > 0 for r in rows)
     assert all(r.unit == "us/call" for r in rows)
+
+
+def test_cache_blocks_indexes_only_the_computed_blocks() -> None:
+    p = Pool()
+    p.rec(rtc.allocate(p.r, "a", 4))
+    chain = (1, 2, 3, 4)
+    ev = p.rec(rtc.cache_blocks(p.r, "a", chain, num_blocks=2))  # a chunk of 2 blocks ran
+    assert ev.hashes == (1, 2) and ev.num_cached == 2
+    assert rtc.cache_blocks(p.r, "a", chain, num_blocks=2) is None
+    assert p.rec(rtc.cache_blocks(p.r, "a", chain)).hashes == (3, 4)
+    assert rtc.match_by_prefix(p.r, chain).hbm_blocks == (0, 1, 2, 3)
