@@ -162,3 +162,17 @@ def test_executor_failure_when_hbm_is_too_small(tp: int) -> None:
     refused = q(m.AllocBlocks, seq="a", num_blocks=1)
     assert isinstance(refused, m.RtcRefused) and "no KV memory" in refused.reason
     assert_replays(d)
+
+
+async def test_the_same_actor_answers_under_the_async_driver() -> None:
+    from deepserve.core.asyncdriver import AsyncDriver
+
+    async with AsyncDriver() as d:
+        d.spawn(RTC, RtcActor, config=CFG)
+        a = await d.ask(RTC, m.AllocBlocks(req_id="1", seq="s", num_blocks=2), timeout_s=5.0)
+        assert a.blocks == (0, 1)
+        await d.ask(RTC, m.CacheBlocks(req_id="2", seq="s", block_hashes=(4, 5)), timeout_s=5.0)
+        hit = await d.ask(RTC, m.MatchByPrefixToken(req_id="3", block_hashes=(4, 5, 6)), timeout_s=5.0)
+        assert hit.hbm_blocks == (0, 1)
+        refused = await d.ask(RTC, m.Free(req_id="4", seq="nobody"), timeout_s=5.0)
+        assert isinstance(refused, m.RtcRefused)
