@@ -13,9 +13,12 @@ Usage from the DP-group master (the RTC master is embedded in the master's state
 
     # in handle(ctx, msg) — reads are free, decisions return an event you record:
     m = rtc.match_by_prefix(state.rtc, prompt.block_hashes)       # Match(hbm_blocks, dram_blocks)
-    if m.dram_blocks and cost_model_says_load and rtc.can_allocate(state.rtc, len(m.dram_blocks), m.hbm_blocks):
+    if m.dram_blocks and cost_model_says_load and rtc.can_allocate(state.rtc, len(m.dram_blocks),
+                                                                   m.hbm_blocks):
         ev = rtc.populate(state.rtc, seq, prompt.block_hashes, m)  # RtcCopyStarted
-        ctx.record(ev); send ev's copy to the executor (rtc.copy_request(ev, ...)); later:
+        ctx.record(ev)
+        ctx.send(executor, ExecuteCopy(copy_id=ev.copy_id, kind=ev.kind, hbm=ev.hbm, dram=ev.dram))
+        # ... on CopyExecuted(copy_id, ok) from the RtcExecutor (or your own LinkTransfer answer):
         ctx.record(rtc.finish_copy(state.rtc, ev.copy_id, ok))     # seq's table = prefix, computed
     need = blocks_for(prompt.num_tokens) - len(m.hbm_blocks)
     if rtc.can_allocate(state.rtc, need, m.hbm_blocks):
@@ -29,7 +32,10 @@ Usage from the DP-group master (the RTC master is embedded in the master's state
     ev = rtc.plan_swap_out(state.rtc)              # background swap-out, once per step (or None)
     ev = rtc.plan_prefetch(state.rtc, [r.prompt.block_hashes for r in waiting])  # background prefetch
 
-    # KV events for a router: rtc.kv_events_of(event, block_tokens) after each record.
+    # KV events for a router (issue 6's global prompt tree, or any vLLM-KV-event consumer), after
+    # each ctx.record(ev) of an RTC event:
+    batch = rtc.kv_event_batch(ev, block_tokens, ctx.now(), dp_rank)   # KVEventBatch or None
+    if batch: ctx.send(router, batch)      # the router folds batch.events into an rtc.Mirror
 
 Cached prompt tokens of a hit: `len(m.hbm_blocks) * block_tokens` (plus the populated run).
 Callers outside the DP master (TE-shell context caching, tests) use `RtcActor` and the Table-1
@@ -58,6 +64,7 @@ from .kv_events import (
     KVEventBatch,
     Mirror,
     index_view,
+    kv_event_batch,
     kv_events_of,
 )
 from .master import (
@@ -99,6 +106,6 @@ __all__ = [
     "allocate", "append_block", "apply", "block_table", "cache_blocks", "can_allocate", "clear",
     "copy_status", "copy_to_dram", "create_cache", "delete_cache", "finish_copy", "free",
     "hbm_free_blocks", "hbm_used_blocks", "index_view", "is_loading", "is_rtc_event",
-    "kv_events_of", "kv_usage", "match_by_id", "match_by_prefix", "new_rtc", "plan_prefetch", "plan_swap_out",
+    "kv_event_batch", "kv_events_of", "kv_usage", "match_by_id", "match_by_prefix", "new_rtc", "plan_prefetch", "plan_swap_out",
     "populate", "prefetch",
 ]

@@ -23,7 +23,7 @@ from . import master as M
 from . import tiers as T
 from .apply import apply, is_rtc_event
 from .events import RtcCopyFinished, RtcCopyStarted
-from .kv_events import KVEventBatch, kv_events_of
+from .kv_events import kv_event_batch
 from .messages import (
     AllocBlocks,
     AppendBlock,
@@ -93,9 +93,8 @@ class RtcActor(Actor[RtcActorState]):
     def _record(self, ctx: Context, ev: Event) -> None:
         ctx.record(ev)
         if self.subscribers:
-            kv = kv_events_of(ev, self.config.block_tokens)
-            if kv:
-                batch = KVEventBatch(ts=ctx.now(), events=tuple(kv), data_parallel_rank=self.dp_rank)
+            batch = kv_event_batch(ev, self.config.block_tokens, ctx.now(), self.dp_rank)
+            if batch is not None:
                 for sub in self.subscribers:
                     ctx.send(sub, batch)
 

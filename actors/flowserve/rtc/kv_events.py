@@ -89,6 +89,13 @@ def kv_events_of(event: object, block_size: int) -> list[KVCacheEvent]:
     return []
 
 
+def kv_event_batch(event: object, block_size: int, ts: float,
+                   dp_rank: int | None = None) -> KVEventBatch | None:
+    """The batch to publish after recording `event` (None when it implies no KV event)."""
+    kv = kv_events_of(event, block_size)
+    return KVEventBatch(ts=ts, events=tuple(kv), data_parallel_rank=dp_rank) if kv else None
+
+
 # ---- the mirror ------------------------------------------------------------------------
 
 View = dict[int, tuple[int | None, bool, bool]]  # chain hash -> (parent, in HBM, in DRAM)
