@@ -32,6 +32,7 @@ from deepserve.actors.flowserve.distflow.messages import (
 )
 from deepserve.actors.flowserve.master.output import finished_message
 from deepserve.actors.flowserve.master.state import (
+    ARRIVED,
     DEFERRED,
     RECEIVING,
     WAITING,
@@ -94,38 +95,50 @@ def release(m: DpMaster, ctx: Context, transfer_id: str) -> None:
 
 def submit_decode(m: DpMaster, ctx: Context, msg: SubmitTask, out_len: int, stop: str) -> None:
     st = m.state
+    ctx.record(TaskQueued(task=msg, out_len=out_len, stop=stop, status=ARRIVED, emitted=1))
     if out_len <= 1:  # the prefill's token was the whole answer
-        ctx.record(TaskQueued(task=msg, out_len=out_len, stop=stop, status=DEFERRED, emitted=1))
         m.end(ctx, st.reqs[msg.task_id], "completed", stop)
         return
-    ctx.record(TaskQueued(task=msg, out_len=out_len, stop=stop, status=DEFERRED, emitted=1))
-    try_receive(m, ctx)
+    if st.deferred or not _fits(m, msg.task_id):
+        ctx.record(TaskStatus(task_id=msg.task_id, status=DEFERRED))  # backpressure: wait
+        return
+    _receive(m, ctx, msg.task_id)
+
+
+def _fits(m: DpMaster, tid: str) -> bool:
+    src = m.state.reqs[tid].task.kv_source
+    assert src is not None
+    return rtc.can_allocate(m.state.rtc, blocks_needed(src.num_tokens + 1, m.cfg.block_tokens))
 
 
 def try_receive(m: DpMaster, ctx: Context) -> None:
     """Start receives for deferred tasks, in order, while the pool has room (backpressure)."""
-    st, cfg = m.state, m.cfg
-    for tid in list(st.deferred):
-        r = st.reqs[tid]
-        src = r.task.kv_source
-        assert src is not None
-        need = blocks_needed(src.num_tokens + 1, cfg.block_tokens)
-        if not rtc.can_allocate(st.rtc, need):
+    for tid in list(m.state.deferred):
+        if not _fits(m, tid):
             return  # FCFS: the head waits for room; later ones wait behind it
-        ctx.record(rtc.allocate(st.rtc, tid, need))
-        ctx.record(TaskStatus(task_id=tid, status=RECEIVING, copy_id=src.transfer_id))
-        dst_blocks = tuple(rtc.block_table(st.rtc, tid)[: len(src.block_ids)])
-        p = r.task.prompt
-        expected = kv_fingerprints(cfg.model, p.num_tokens, p.block_hashes, cfg.block_tokens)
-        corrupt = None
-        for i, (target, block) in enumerate(st.corrupt):
-            if target is None or target == tid:
-                corrupt = block
-                ctx.record(CorruptionUsed(index=i))
-                break
-        recv = KvRecv(task_id=tid, src=src, dst_npus=cfg.npus, dst_blocks=dst_blocks,
-                      expected=expected, corrupt_block=corrupt)  # fmt: skip
-        ctx.send(_channel(m, ctx, src.src), recv)
+        _receive(m, ctx, tid)
+
+
+def _receive(m: DpMaster, ctx: Context, tid: str) -> None:
+    """Allocate the blocks the KV lands in and ask this pair's DistFlow channel to pull it."""
+    st, cfg = m.state, m.cfg
+    r = st.reqs[tid]
+    src = r.task.kv_source
+    assert src is not None
+    ctx.record(rtc.allocate(st.rtc, tid, blocks_needed(src.num_tokens + 1, cfg.block_tokens)))
+    ctx.record(TaskStatus(task_id=tid, status=RECEIVING, copy_id=src.transfer_id))
+    dst_blocks = tuple(rtc.block_table(st.rtc, tid)[: len(src.block_ids)])
+    p = r.task.prompt
+    expected = kv_fingerprints(cfg.model, p.num_tokens, p.block_hashes, cfg.block_tokens)
+    corrupt = None
+    for i, (target, block) in enumerate(st.corrupt):
+        if target is None or target == tid:
+            corrupt = block
+            ctx.record(CorruptionUsed(index=i))
+            break
+    recv = KvRecv(task_id=tid, src=src, dst_npus=cfg.npus, dst_blocks=dst_blocks,
+                  expected=expected, corrupt_block=corrupt)  # fmt: skip
+    ctx.send(_channel(m, ctx, src.src), recv)
 
 
 def _channel(m: DpMaster, ctx: Context, src_master: str) -> str:

@@ -21,6 +21,7 @@ from deepserve.actors.flowserve import rtc
 from deepserve.actors.flowserve.messages import KvHandle, SubmitTask
 from deepserve.core import Event
 
+ARRIVED = "arrived"  # PD decode side: just queued, before the capacity check
 WAITING = "waiting"  # ready to be scheduled
 LOADING = "loading"  # its cached prefix is being populated from DRAM (prefetch)
 RECEIVING = "receiving"  # PD decode side: KV on its way through DistFlow

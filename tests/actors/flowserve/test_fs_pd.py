@@ -121,9 +121,9 @@ def test_a_small_decode_pool_defers_receives_and_loses_nothing() -> None:
     statuses = [
         decode(e.type, e.payload).status
         for s in d.sink.steps if s.input.actor == f"{D}/dp/0"
-        for e in s.events if e.type == "TaskQueued"
+        for e in s.events if e.type == "TaskStatus"
     ]  # fmt: skip
-    assert statuses.count("deferred") == 6
+    assert 1 <= statuses.count("deferred") < 6  # some had to wait for room, not all
     recv = [s for s in d.sink.steps if s.input.actor == f"{D}/dp/0" and s.input.type == "KvRecvDone"]
     assert len(recv) == 6
     assert_replays(d)
