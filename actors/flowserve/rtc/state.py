@@ -128,6 +128,30 @@ class Rtc(msgspec.Struct, kw_only=True):
             self.finished = OrderedDict(self.finished)
 
 
+    def __deepcopy__(self, memo: dict) -> Rtc:
+        """The kernel deep-copies actor states at every snapshot; the generic deepcopy visits
+        every int of the pool (~300 ms for a 60k-block pool). The lists hold immutable ints,
+        so slicing copies them exactly; only the small mutable Structs are rebuilt."""
+        return Rtc(
+            config=self.config,
+            ref=self.ref[:],
+            hbm_hash=self.hbm_hash[:],
+            free_hbm=self.free_hbm[:],
+            lru_hbm=OrderedDict(self.lru_hbm),
+            dram_hash=self.dram_hash[:],
+            free_dram=self.free_dram[:],
+            lru_dram=OrderedDict(self.lru_dram),
+            dram_pins=self.dram_pins[:],
+            nodes={h: Node(n.parent, n.hbm, n.dram) for h, n in self.nodes.items()},
+            seqs={k: SeqBlocks(v.blocks[:], v.num_cached, v.loading) for k, v in self.seqs.items()},
+            caches={k: NamedCache(v.hashes[:], v.blocks[:]) for k, v in self.caches.items()},
+            copies={k: CopyOp(c.kind, c.seq, c.hashes[:], c.hbm[:], c.dram[:])
+                    for k, c in self.copies.items()},
+            finished=OrderedDict(self.finished),
+            next_copy=self.next_copy,
+        )
+
+
 def new_rtc(config: RtcConfig) -> Rtc:
     """An empty RTC: every block free. Free stacks pop from the end, so block 0 is used first."""
     h, d = config.hbm_blocks, config.dram_blocks

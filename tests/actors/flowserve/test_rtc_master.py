@@ -193,7 +193,12 @@ def test_state_encodes_and_replays_identically() -> None:
     for ev in p.log:  # through the codec, as replay reads them
         rtc.apply(replayed, msgspec.msgpack.decode(encode(ev), type=type(ev)))
     assert replayed == p.r
-    assert copy.deepcopy(p.r) == p.r
+    p.rec(rtc.allocate(p.r, "b", 1))
+    snap = copy.deepcopy(p.r)  # what the kernel keeps at a snapshot: equal and independent
+    assert snap == p.r and type(snap.lru_hbm) is type(p.r.lru_hbm)
+    p.rec(rtc.finish_copy(p.r, "c0", ok=True))
+    p.rec(rtc.free(p.r, "b"))
+    assert snap != p.r and "c0" in snap.copies and snap.seqs["b"].blocks == [3]
 
 
 def test_config_is_validated_naming_the_field() -> None:
