@@ -123,15 +123,21 @@ class _Step:
         if self.preempted:
             return  # vLLM: no admissions in a step that had to preempt
         live = len(self.running)
+        blocked = False
         for tid in list(st.waiting):
             if live >= cfg.max_num_seqs or self.budget == 0:
                 return
             r = st.reqs[tid]
             if r.cancelled is not None:
                 continue
-            if not self._admit(tid, r):
-                return  # head-of-line: keep FCFS order
-            live += 1
+            # FCFS; past a head that does not fit, only tasks already holding their KV (received
+            # or populated) may go: they hold blocks a preempted head waits for (no deadlock)
+            if blocked and not rtc.block_table(st.rtc, tid):
+                continue
+            if self._admit(tid, r):
+                live += 1
+            else:
+                blocked = True
 
     def _admit(self, tid: str, r: Req) -> bool:
         R, B = self.st.rtc, self.cfg.block_tokens
