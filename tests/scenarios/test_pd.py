@@ -74,10 +74,10 @@ def test_small_decode_pool_requests_wait_none_lost() -> None:
 def test_corrupted_fingerprint_fails_exactly_that_request() -> None:
     n = 20
     victim = "r7"
-    fault = CorruptKvBlock(task_id=f"{victim}/decode", block_index=1)
+    fault = CorruptKvBlock(task_id=f"{victim}/decode", block_index=1)  # to the decode TE shell
     done: list = []
     s = scenario("pd-1p1d", AZURE, BLOCK128)
-    result, leaks = run(s, n, faults=[(0.0, "te/1/dp/0", fault)], on_done=done.append)
+    result, leaks = run(s, n, faults=[(0.0, "te/1", fault)], on_done=done.append)
     failed = [d for d in done if d.status != "completed"]
     assert [d.request_id for d in failed] == [victim]
     print(f"{victim}: {failed[0].status}: {failed[0].reason}")
