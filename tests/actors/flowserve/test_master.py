@@ -134,3 +134,23 @@ def test_a_prefix_swapped_to_dram_is_populated_asynchronously_then_hit() -> None
     assert fin["t0"].cached_prompt_tokens == 0
     assert not d.actor(M).state.rtc.seqs
     assert_replays(d)
+
+
+def test_asynchronous_execution_hides_the_host_scheduling_time() -> None:
+    """Between decode passes the NPU idles the launch gap with asynchronous execution, and the
+    gap plus the host's scheduling time without it; the same tokens come out later."""
+
+    def gaps_and_finish(async_on: bool) -> tuple[list[float], float]:
+        d = run([task(0, 200, 60)], sched_gap_s=0.0005, sched_cpu_s=0.004, async_scheduling=async_on)
+        ev = events_of(d, "hw/s0/npu0")
+        starts = [e.at_s for e in ev if type(e).__name__ == "NpuForwardStarted"]
+        ends = [e.at_s for e in ev if type(e).__name__ == "NpuForwardEnded"]
+        assert_replays(d)
+        return [s - e for s, e in zip(starts[1:], ends, strict=False)], finished(d)["t0"].finish_s
+
+    on, t_on = gaps_and_finish(True)
+    off, t_off = gaps_and_finish(False)
+    assert len(on) == len(off) == 59
+    assert all(abs(g - 0.0005) < 1e-9 for g in on)
+    assert all(abs(g - 0.0045) < 1e-9 for g in off)
+    assert t_off - t_on > 59 * 0.004 - 1e-9
