@@ -170,6 +170,12 @@ def _cached(rtc: Rtc, ev: RtcBlocksCached) -> None:
 
 def _freed(rtc: Rtc, ev: RtcFreed) -> None:
     sb = rtc.seqs.pop(ev.seq)
+    if sb.loading:
+        # Its populate copies still hold their own references; they no longer fill a table (a
+        # later sequence with the same id must not be touched when they end).
+        for c in rtc.copies.values():
+            if c.seq == ev.seq:
+                c.seq = None
     ref, hbm_hash, lru, free = rtc.ref, rtc.hbm_hash, rtc.lru_hbm, rtc.free_hbm
     # Tail blocks first: they are the least likely to be shared, so they are evicted first.
     # (_ref_dec inlined: a request frees all its blocks at once.)

@@ -215,6 +215,8 @@ def create_cache(rtc: Rtc, cache_id: str, seq: str, block_hashes: tuple[int, ...
     sb = rtc.seqs.get(seq)
     if sb is None:
         raise RtcError(f"unknown sequence {seq!r}")
+    if sb.loading:
+        raise RtcError(f"sequence {seq!r} is being populated: name it after its copy finishes")
     n = min(len(block_hashes), sb.num_cached)
     return RtcCacheCreated(cache_id=cache_id, hashes=tuple(block_hashes[:n]), blocks=tuple(sb.blocks[:n]))
 

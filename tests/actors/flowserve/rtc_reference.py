@@ -130,6 +130,9 @@ class RefPool:
         return stored
 
     def release(self, seq: str) -> None:
+        for cid, (kind, s, *rest) in list(self.copies.items()):
+            if s == seq:  # its copies no longer fill a table
+                self.copies[cid] = (kind, None, *rest)
         for b in reversed(self.tables.pop(seq)):
             self.dec(b)
         self.cached.pop(seq, None)
@@ -197,7 +200,7 @@ class RefPool:
                 self.unpin(d)
                 self.dec(b, cold=ok)
             return
-        alive = seq is not None and seq in self.tables
+        alive = seq is not None
         if alive:
             self.loading[seq] -= 1
         for h, b, d in zip(hashes, blocks, dram, strict=True):

@@ -246,3 +246,24 @@ def test_cache_blocks_indexes_only_the_computed_blocks() -> None:
     assert rtc.cache_blocks(p.r, "a", chain, num_blocks=2) is None
     assert p.rec(rtc.cache_blocks(p.r, "a", chain)).hashes == (3, 4)
     assert rtc.match_by_prefix(p.r, chain).hbm_blocks == (0, 1, 2, 3)
+
+
+def test_a_freed_loading_sequence_detaches_its_copy() -> None:
+    p = Pool(hbm=6, dram=4)
+    p.rec(rtc.allocate(p.r, "a", 2))
+    p.rec(rtc.cache_blocks(p.r, "a", [1, 2]))
+    p.rec(rtc.free(p.r, "a"))
+    c = p.rec(rtc.copy_to_dram(p.r, [1, 2]))
+    p.rec(rtc.finish_copy(p.r, c.copy_id, ok=True))
+    p.rec(rtc.allocate(p.r, "x", 6))
+    p.rec(rtc.free(p.r, "x"))
+    pop = p.rec(rtc.populate(p.r, "s", [1, 2]))
+    with pytest.raises(rtc.RtcError, match="being populated"):
+        rtc.create_cache(p.r, "ctx", "s", [1, 2])
+    p.rec(rtc.free(p.r, "s"))  # cancelled while loading
+    p.rec(rtc.allocate(p.r, "s", 1))  # the id comes back as a new sequence
+    table = list(rtc.block_table(p.r, "s"))
+    p.rec(rtc.finish_copy(p.r, pop.copy_id, ok=False))
+    assert rtc.block_table(p.r, "s") == table and p.r.seqs["s"].loading == 0
+    p.rec(rtc.free(p.r, "s"))
+    assert sum(p.r.ref) == 0 and sum(p.r.dram_pins) == 0 and rtc.hbm_free_blocks(p.r) == 6

@@ -60,7 +60,7 @@ class RtcMachine(RuleBasedStateMachine):
     def admit(self, tokens: list[int], extra: int, want_populate: bool, computed: bool) -> None:
         self.n += 1
         chain = chain_of(tokens) + chain_of([9] * extra, salt=self.n)  # decode blocks: unique
-        self._admit(f"s{self.n}", chain, want_populate, computed)
+        self._admit(self._seq_id(), chain, want_populate, computed)
 
     @rule(data=st.data(), computed=st.booleans())
     def admit_swapped(self, data: st.DataObject, computed: bool) -> None:
@@ -76,7 +76,11 @@ class RtcMachine(RuleBasedStateMachine):
         if h is not None:
             return  # an ancestor was evicted from both tiers: not a reachable prefix
         self.n += 1
-        self._admit(f"s{self.n}", chain[::-1], True, computed)
+        self._admit(self._seq_id(), chain[::-1], True, computed)
+
+    def _seq_id(self) -> str:
+        """Ids come back after their sequence is freed (a copy in flight must not mind)."""
+        return next(f"s{i}" for i in range(10_000) if f"s{i}" not in self.chains)
 
     def _admit(self, seq: str, chain: list[int], want_populate: bool, computed: bool) -> None:
         m = rtc.match_by_prefix(self.r, chain)
