@@ -156,8 +156,13 @@ def _allocated(rtc: Rtc, ev: RtcBlocksAllocated) -> None:
             ref[b] = r + 1
         table.extend(ev.shared)
         sb.num_cached = len(table)
+    free, hbm_hash, ref = rtc.free_hbm, rtc.hbm_hash, rtc.ref
     for b in ev.blocks:
-        _take_hbm(rtc, b)
+        if hbm_hash[b] is None and free and free[-1] == b:
+            free.pop()  # _take_hbm's common case, inlined
+            ref[b] = 1
+        else:
+            _take_hbm(rtc, b)
     table.extend(ev.blocks)
 
 
