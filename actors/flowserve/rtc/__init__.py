@@ -44,7 +44,7 @@ messages in `rtc.messages`. The executor (`rtc.executor`) owns the HBM "kv" regi
 
 from __future__ import annotations
 
-from .apply import POPULATE, PREFETCH, SWAP_OUT, Diverged, apply, is_rtc_event
+from .apply import POPULATE, PREFETCH, SWAP_OUT, apply, is_rtc_event
 from .events import (
     RTC_EVENTS,
     RtcBlocksAllocated,
@@ -84,6 +84,7 @@ from .master import (
     match_by_id,
     match_by_prefix,
 )
+from .pool import Diverged
 from .state import (
     DRAM,
     HBM,
