@@ -5,7 +5,8 @@ over the full Mooncake conversation trace (12,031 requests) with the event log o
 writer process `deepserve sim` uses). The baseline, measured in the same invocation: the same run
 with the log off — what logging costs. Target (issue 10): ≥ 1,400 simulated requests per wall s.
 When the full trace is not beside the checkout (../shared/traces), the built-in 1,000-request
-slice is used and the title says so.
+slice is used and the title says so. A third run gives the harness floor (`sim_floor.py`): the same
+trace through the same loop and workload actor, log on, with TEs that answer at once.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from deepserve.benchmarks.sim_floor import build_instant
 from deepserve.benchmarks.table import Row
 
 FULL_TRACE = "mooncake_conversation.jsonl"
@@ -31,14 +33,15 @@ def find_full_trace() -> str | None:
     return None
 
 
-def _one_run(scenario: object, trace: str, requests: int | None, log: str | None) -> tuple[dict, float, float]:
+def _one_run(scenario: object, trace: str, requests: int | None, log: str | None,
+             build: Callable | None = None) -> tuple[dict, float, float]:  # fmt: skip
     from deepserve.adapters.scenario.run import run_scenario
     from deepserve.persistence import open_sink
 
     sink = open_sink(log, "async", writer="process") if log else None
     t0, c0 = time.perf_counter(), time.process_time()
     try:
-        result = run_scenario(scenario, trace=trace, requests=requests, sink=sink)  # type: ignore[arg-type]
+        result = run_scenario(scenario, trace=trace, requests=requests, sink=sink, build=build)  # type: ignore[arg-type]
     finally:
         if sink is not None:
             sink.close()
@@ -58,12 +61,16 @@ def sim_bench(requests: int | None, progress: Callable[[str], None], scenario_na
         logged, wall_logged, cpu_logged = _one_run(scenario, trace, requests, os.path.join(tmp, "sim.db"))
         progress("the same run with the log off (baseline)")
         bare, wall_bare, cpu_bare = _one_run(scenario, trace, requests, None)
+        progress("the harness floor: the same trace with TEs that answer at once (log on)")
+        floor, wall_floor, _ = _one_run(scenario, trace, requests, os.path.join(tmp, "floor.db"), build_instant)
     n = logged["requests"]
     title = (f"bench sim: {scenario_name} on {Path(trace).name}, {n} requests "
              f"(target >= {TARGET_REQUESTS_PER_WALL_S:,.0f} requests per wall s with the log on)")  # fmt: skip
     rows = [
         Row("sim_requests_per_wall_s", n / wall_logged, "requests/s",
             "sim_requests_per_wall_s_log_off", bare["requests"] / wall_bare),
+        Row("harness_requests_per_wall_s", floor["requests"] / wall_floor, "requests/s",
+            "sim_requests_per_wall_s", n / wall_logged),
         Row("sim_requests_per_cpu_s", n / cpu_logged, "requests/s",
             "sim_requests_per_cpu_s_log_off", bare["requests"] / cpu_bare),
         Row("requests", float(n), "requests", "completed", float(logged["completed"])),

@@ -13,7 +13,8 @@ def test_bench_sim_json_rows(tmp_path: Path) -> None:
     res = deepserve("bench", "sim", "--json", "--requests", "30", "--set", "cluster.tes=2", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     rows = {r["name"]: r for r in map(json.loads, res.stdout.splitlines())}
-    assert {"sim_requests_per_wall_s", "requests", "prefix_hit_rate", "ttft_ms_p50", "tpot_ms_p50"} <= rows.keys()
+    assert {"sim_requests_per_wall_s", "requests", "prefix_hit_rate", "ttft_ms_p50", "tpot_ms_p50",
+            "harness_requests_per_wall_s", "sim_requests_per_cpu_s"} <= rows.keys()
     speed = rows["sim_requests_per_wall_s"]
     assert speed["value"] > 0 and speed["baseline"] == "sim_requests_per_wall_s_log_off"
     assert speed["baseline_value"] > 0
