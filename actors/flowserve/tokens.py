@@ -45,8 +45,12 @@ def mix64(z: int) -> int:
 
 
 def combine(parent: int, value: int) -> int:
-    """Hash of `value` chained onto `parent` (both 64-bit)."""
-    return mix64((parent * _GOLDEN + mix64((value + _GOLDEN) & _MASK)) & _MASK)
+    """Hash of `value` chained onto `parent` (both 64-bit): one SplitMix64 finaliser over the
+    parent rotated and multiplied into the value (a bijection in `value` for a fixed parent)."""
+    z = ((((parent << 23) | (parent >> 41)) & _MASK) ^ ((value + 1) * _GOLDEN)) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
 
 
 def _check_block_tokens(block_tokens: int) -> None:

@@ -12,7 +12,7 @@ the per-token times equal the stepwise path's.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -73,6 +73,9 @@ COPY = "copy:"  # LinkTransfer ids of tier copies (populate, swap-out)
 
 class DpMaster(Actor[MasterState]):
     """One DP group's master. `config` is a `MasterConfig` (or its dict form)."""
+
+    # The state embeds the whole block pool: a snapshot deep-copies it, so take them rarely.
+    snapshot_every: ClassVar[int] = 8192
 
     def __init__(self, config: Any) -> None:
         self.cfg = config if isinstance(config, MasterConfig) else msgspec.convert(config, MasterConfig)
@@ -267,7 +270,8 @@ class DpMaster(Actor[MasterState]):
                 times = ends_s if len(ends_s) > 1 else ends_s * got
                 ctx.send(r.task.reply_to, token_message(r, first, times, cfg))
             full = min(r.num_computed, r.task.prompt.num_tokens) // B
-            if full and tid in st.rtc.seqs:
+            sb = st.rtc.seqs.get(tid)
+            if sb is not None and full > sb.num_cached:  # newly computed prompt blocks
                 ev = rtc.cache_blocks(st.rtc, tid, r.task.prompt.block_hashes[:full])
                 if ev is not None:
                     ctx.record(ev)

@@ -40,6 +40,7 @@ from deepserve.adapters.hardware.compute import forward_time, sampling_time_s
 from deepserve.adapters.hardware.devices.common import ReplyTo, answer, reply_to, respond
 from deepserve.adapters.hardware.devices.npu_run import (
     check_run,
+    next_chunk,
     pass_costs,
     run_times,
     truncation_point,
@@ -57,6 +58,7 @@ from deepserve.adapters.hardware.devices.npu_state import (
     NpuHung,
     NpuOverflowed,
     NpuReqIgnored,
+    NpuRunExtended,
     NpuRunStarted,
     NpuRunTruncated,
     NpuState,
@@ -242,13 +244,16 @@ class Npu(Actor[NpuState]):
         run = self.state.running
         if run is None or run.pending.req.req_id != msg.req_id or self.state.status != HEALTHY:
             return  # a stale timer: the graph was aborted
+        if isinstance(run.pending.req, NpuForwardRun) and len(run.ends_s) < run.limit:
+            self._extend_run(ctx, run.pending.req, len(run.ends_s), run.limit, run.ends_s[-1])
+            return
         ctx.record(NpuForwardEnded(ctx.now(), None))
         queued = run.started_at_s - run.pending.accepted_at_s
         if isinstance(run.pending.req, NpuForwardRun):
             done_run = NpuForwardRunDone(
                 req_id=msg.req_id, starts_s=run.starts_s, ends_s=run.ends_s, queued_s=queued,
                 mode=run.mode, tokens=run.tokens,
-                truncated=len(run.ends_s) < run.pending.req.iterations,
+                truncated=run.limit < run.pending.req.iterations,
             )  # fmt: skip
             answer(ctx, run.pending.to, done_run)
             self._start_next(ctx)
@@ -260,19 +265,38 @@ class Npu(Actor[NpuState]):
         answer(ctx, run.pending.to, done)
         self._start_next(ctx)
 
-    def _start_run(self, ctx: Context, req: NpuForwardRun) -> None:
-        """Draw every pass of a run now (one variance draw per pass, in order) and arm the one
-        completion timer at the last pass's end."""
-        _, mode, tokens = forward_cost_s(self.npu, req)
+    def _run_passes(
+        self, ctx: Context, req: NpuForwardRun, lo: int, hi: int, start_s: float
+    ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Draw passes lo..hi-1 of a run (one variance draw per pass, in order)."""
 
         def cost(shapes: tuple) -> float:
             return forward_cost_s(self.npu, msgspec.structs.replace(req, seqs=shapes))[0]
 
-        def factor() -> float:
-            return variance_factor(ctx.rng.gauss(0.0, 1.0)) if self.variance else 1.0
+        if self.variance:
+            gauss = ctx.rng.gauss
 
-        starts, ends = run_times(req, ctx.now(), pass_costs(self.npu, req, cost), factor)
-        ctx.record(NpuRunStarted(ctx.now(), starts, ends, mode, tokens))
+            def factor() -> float:
+                return variance_factor(gauss(0.0, 1.0))
+        else:
+
+            def factor() -> float:
+                return 1.0
+
+        return run_times(req.gap_s, start_s, pass_costs(self.npu, req, cost, lo, hi), factor)
+
+    def _start_run(self, ctx: Context, req: NpuForwardRun) -> None:
+        """Draw the run's first chunk of passes and arm the one timer at its last pass's end."""
+        _, mode, tokens = forward_cost_s(self.npu, req)
+        hi = next_chunk(0, req.iterations)
+        starts, ends = self._run_passes(ctx, req, 0, hi, ctx.now())
+        ctx.record(NpuRunStarted(ctx.now(), starts, ends, mode, tokens, req.iterations))
+        ctx.after(ends[-1] - ctx.now(), NpuGraphDone(req.req_id), key=GRAPH_KEY)
+
+    def _extend_run(self, ctx: Context, req: NpuForwardRun, done: int, limit: int, last_end: float) -> None:
+        hi = done + next_chunk(done, limit)
+        starts, ends = self._run_passes(ctx, req, done, hi, last_end + req.gap_s)
+        ctx.record(NpuRunExtended(starts, ends))
         ctx.after(ends[-1] - ctx.now(), NpuGraphDone(req.req_id), key=GRAPH_KEY)
 
     def _truncate(self, ctx: Context, msg: NpuForwardTruncate) -> None:
@@ -282,10 +306,11 @@ class Npu(Actor[NpuState]):
         run = st.running
         if run is not None and run.pending.req.req_id == msg.req_id and run.ends_s:
             keep = truncation_point(run.ends_s, ctx.now())
-            if keep < len(run.ends_s):
+            if keep < run.limit:
                 ctx.record(NpuRunTruncated(msg.req_id, keep))
-                end = self.state.running.ends_s[-1]  # type: ignore[union-attr]
-                ctx.after(end - ctx.now(), NpuGraphDone(msg.req_id), key=GRAPH_KEY)
+                if keep < len(run.ends_s):  # else the armed timer already ends that pass
+                    end = self.state.running.ends_s[-1]  # type: ignore[union-attr]
+                    ctx.after(end - ctx.now(), NpuGraphDone(msg.req_id), key=GRAPH_KEY)
             return
         queued = next((p for p in st.queue if p.req.req_id == msg.req_id), None)
         if queued is not None and isinstance(queued.req, NpuForwardRun) and queued.req.iterations > 1:
