@@ -73,7 +73,7 @@ def build_cluster(driver: Any, scenario: Scenario) -> Placement:
     """Spawn the hardware, every TE of the scenario and the workload actor; returns the placement."""
     c = scenario.cluster
     placement = place(c)
-    spawn_topology(driver, build(c.topology, placement.servers))
+    spawn_topology(driver, build(c.topology, placement.servers), variance=c.npu_variance)
     for te in placement.tes:
         spawn_te(driver, scenario, te)
     spawn_workload(driver, scenario, placement)

@@ -51,6 +51,8 @@ class Cluster(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     kv_dram_gb: Annotated[float, msgspec.Meta(ge=0, le=4096)] = 0.0
     link: Literal["roce", "hccs", "ub"] = "roce"  # between the P and D TEs (mode = "pd")
     kv_transfer: Literal["contiguous", "block"] = "contiguous"  # P/D-Serve block-free or per block
+    # Seeded per-forward variance of the emulated NPUs (docs/devices.md); off: the model's mean.
+    npu_variance: bool = True
     scheduler: Scheduler = msgspec.field(default_factory=Scheduler)
 
     def te_count(self) -> int:
