@@ -158,8 +158,11 @@ class Workload(Actor[WorkloadState]):
                      msg.finish_s, msg.te or p.te, msg.output_tokens)  # fmt: skip
 
     def _to_decode(self, ctx: Context, rid: str, p: Pending, msg: TaskFinished) -> None:
-        assert msg.kv is not None and p.prompt is not None and p.sampling is not None
         prompt, sampling, model = p.prompt, p.sampling, p.model
+        if msg.kv is None or prompt is None or sampling is None:  # callers check; never silent
+            self._finish(ctx, rid, p, "failed", "prefill finished without its KV handle", 0, 0,
+                         msg.first_token_s, msg.finish_s, msg.te or p.te)  # fmt: skip
+            return
         ctx.record(Prefilled(request_id=rid, first_token_s=msg.first_token_s,
                              cached_prompt_tokens=msg.cached_prompt_tokens, kv=msg.kv))  # fmt: skip
         te = self._next("decode")
