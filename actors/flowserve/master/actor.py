@@ -179,7 +179,7 @@ class DpMaster(Actor[MasterState]):
         fl = self.state.in_flight
         busy = fl is not None and any(e.task_id == msg.task_id for e in fl.entries)
         if busy or r.status in (LOADING, pd.RECEIVING):
-            ctx.record(TaskCancelMarked(task_id=msg.task_id, reason=msg.reason))
+            ctx.record(TaskCancelMarked(task_id=msg.task_id, reason=msg.reason, at_s=ctx.now()))
             self.advance(ctx)
         else:
             self.end(ctx, r, "cancelled", msg.reason)
@@ -266,8 +266,8 @@ class DpMaster(Actor[MasterState]):
             if r is None:
                 continue
             got = r.emitted - first
-            if got and r.cancelled is None:
-                times = ends_s if len(ends_s) > 1 else ends_s * got
+            if got:
+                times = ends_s[:got] if len(ends_s) > 1 else ends_s * got
                 ctx.send(r.task.reply_to, token_message(r, first, times, cfg))
             full = min(r.num_computed, r.task.prompt.num_tokens) // B
             sb = st.rtc.seqs.get(tid)
@@ -284,11 +284,25 @@ class DpMaster(Actor[MasterState]):
                     context.created(self, ctx, r)
                 else:
                     self.end(ctx, r, "completed", r.stop)
+        self._background_copies(ctx)
+        self.advance(ctx)
+
+    def _background_copies(self, ctx: Context) -> None:
+        """Once a pass: swap cold blocks out under pressure; prefetch queued prompts' DRAM runs."""
+        st = self.state
+        if not self.cfg.dram_blocks:
+            return
         swap = rtc.plan_swap_out(st.rtc)
         if swap is not None:
             ctx.record(swap)
             self._move(ctx, swap)
-        self.advance(ctx)
+        if st.waiting:
+            scan = st.rtc.config.prefetch_scan
+            queued = [st.reqs[t].task.prompt.block_hashes for t in st.waiting[:scan]]
+            fetch = rtc.plan_prefetch(st.rtc, queued)
+            if fetch is not None:
+                ctx.record(fetch)
+                self._move(ctx, fetch)
 
     def _device_failed(self, ctx: Context, reason: str) -> None:
         fl = self.state.in_flight

@@ -101,9 +101,12 @@ def _ended(st: MasterState, e: BatchEnded) -> None:
         if r is None or r.status != RUNNING:
             continue
         if passes > 1:  # a run: every entry decodes one token per pass
-            r.num_computed += passes
-            r.emitted += passes
+            k = passes if r.cancelled_at is None else _before(e.ends_s, r.cancelled_at)
+            r.num_computed += k
+            r.emitted += k
             continue
+        if r.cancelled_at is not None and e.ends_s[0] >= r.cancelled_at:
+            continue  # cancelled while this pass ran: its token is not delivered
         if entry.n > 1:
             prefill_tokens += entry.n
         r.num_computed += entry.n
@@ -115,6 +118,10 @@ def _ended(st: MasterState, e: BatchEnded) -> None:
         sample = prefill_tokens / e.prefill_s
         w = PREFILL_RATE_WEIGHT
         st.prefill_tokens_per_s = (1 - w) * st.prefill_tokens_per_s + w * sample
+
+
+def _before(ends_s: tuple[float, ...], t: float) -> int:
+    return sum(1 for x in ends_s if x < t)
 
 
 def _task_ended(st: MasterState, e: TaskEnded) -> None:
@@ -146,7 +153,8 @@ def evolve_master(st: MasterState, e: Event) -> MasterState:
         assert st.in_flight is not None and st.in_flight.step == e.step
         st.in_flight.interrupt = True
     elif isinstance(e, TaskCancelMarked):
-        st.reqs[e.task_id].cancelled = e.reason
+        r = st.reqs[e.task_id]
+        r.cancelled, r.cancelled_at = e.reason, e.at_s
     elif isinstance(e, TransferHeld):
         st.held[e.handle.transfer_id] = e.handle
         r = st.reqs.get(e.task_id)

@@ -98,6 +98,7 @@ class Req(msgspec.Struct, kw_only=True):
     first_token_s: float | None = None
     preemptions: int = 0
     cancelled: str | None = None  # reason, when a cancel arrived while in a forward
+    cancelled_at: float | None = None  # passes ending after this produce nothing for it
     copy_id: str | None = None  # the populate/receive it waits for
 
     @property
@@ -196,6 +197,7 @@ class TaskEnded(Event, frozen=True, kw_only=True):
 class TaskCancelMarked(Event, frozen=True, kw_only=True):
     task_id: str
     reason: str
+    at_s: float = 0.0
 
 
 class TransferHeld(Event, frozen=True, kw_only=True):

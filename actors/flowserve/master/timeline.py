@@ -26,8 +26,8 @@ def token_timeline(cfg: MasterConfig, events: Iterable[Event]) -> dict[str, list
             for tid, first in before.items():
                 r = st.reqs.get(tid)
                 got = 0 if r is None else r.emitted - first
-                if got and r is not None and r.cancelled is None:
-                    times = e.ends_s if len(e.ends_s) > 1 else e.ends_s * got
+                if got and r is not None:
+                    times = e.ends_s[:got] if len(e.ends_s) > 1 else e.ends_s * got
                     out.setdefault(tid, []).extend(times)
             continue
         st = evolve_master(st, e)

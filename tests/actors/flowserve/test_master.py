@@ -154,3 +154,32 @@ def test_asynchronous_execution_hides_the_host_scheduling_time() -> None:
     assert all(abs(g - 0.0005) < 1e-9 for g in on)
     assert all(abs(g - 0.0045) < 1e-9 for g in off)
     assert t_off - t_on > 59 * 0.004 - 1e-9
+
+
+def test_emulated_eos_and_max_tokens_end_tasks_and_a_cancel_ends_one_early() -> None:
+    from deepserve.actors.flowserve.messages import CancelTask, Prompt, Sampling, SubmitTask
+    from deepserve.actors.flowserve.tokens import eos_token_id, output_length, unique_chain_hashes
+
+    def free_task(i: int, max_tokens: int) -> SubmitTask:
+        return SubmitTask(task_id=f"t{i}", request_id=f"r{i}", kind="chat", model="llama3-8b",
+                          prompt=Prompt(num_tokens=256, block_hashes=unique_chain_hashes(i, 256, 128)),
+                          sampling=Sampling(max_tokens=max_tokens, seed=100 + i), reply_to=REQ)  # fmt: skip
+
+    d = driver()
+    hardware(d)
+    d.spawn(M, DpMaster, config=master_config(eos_rate=0.02, aggregate=True))
+    for i in range(8):
+        d.inject(M, free_task(i, 80), at=0.0, src=REQ)
+    d.inject(M, CancelTask(task_id="t7"), at=0.3, src=REQ)
+    d.run()
+    fin, toks = finished(d), tokens(d)
+    for i in range(7):
+        n, why = output_length(100 + i, 80, None, False, 0.02)
+        f = fin[f"t{i}"]
+        assert (f.status, f.reason, f.output_tokens, len(toks[f"t{i}"])) == ("completed", why, n, n)
+        assert (toks[f"t{i}"][-1][0] == eos_token_id()) == (why == "stop")
+    reasons = {fin[f"t{i}"].reason for i in range(7)}
+    assert reasons == {"stop", "length"}  # both stops happen at this rate
+    c = fin["t7"]
+    assert c.status == "cancelled" and c.finish_s >= 0.3 and len(toks.get("t7", [])) == c.output_tokens < 80
+    assert_replays(d)
