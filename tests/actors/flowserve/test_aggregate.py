@@ -7,6 +7,8 @@ import msgspec
 import pytest
 from fsharness import assert_replays, driver, events_of, out_to
 from fswire import REQ, hardware, master_config, task
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_master import finished, tokens
 
 from deepserve.actors.flowserve.master.actor import DpMaster
@@ -58,3 +60,38 @@ def test_aggregated_and_stepwise_give_the_same_token_times() -> None:
     assert sent == sum(len(v) for v in rebuilt.values())
     assert_replays(agg_d)
     assert_replays(step_d)
+
+_REQS = st.lists(
+    st.tuples(st.floats(0.0, 1.5), st.integers(1, 3000), st.integers(1, 120), st.booleans()),
+    min_size=1, max_size=10,
+)  # fmt: skip
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_REQS, st.integers(1, 6), st.sampled_from([512, 2048]))
+def test_any_workload_has_the_same_token_times_on_both_paths(reqs, max_seqs, budget) -> None:
+    """Random arrivals, prompt and output lengths, cancels, batch limits and token budgets."""
+
+    def one(aggregate: bool):
+        d = driver(seed=9)
+        hardware(d)
+        d.spawn(M, DpMaster, config=master_config(aggregate=aggregate, max_num_seqs=max_seqs,
+                                                  max_num_batched_tokens=budget))  # fmt: skip
+        for i, (at, prompt, out, cancel) in enumerate(reqs):
+            d.inject(M, task(i, prompt, out), at=at, src=REQ)
+            if cancel:
+                d.inject(M, CancelTask(task_id=f"t{i}"), at=at + 0.3, src=REQ)
+        d.run()
+        return d
+
+    s, a = one(False), one(True)
+    ts, ta = tokens(s), tokens(a)
+    assert ts.keys() == ta.keys()
+    for tid in ts:
+        assert [x for x, _ in ts[tid]] == [x for x, _ in ta[tid]]
+        assert [t for _, t in ta[tid]] == pytest.approx([t for _, t in ts[tid]], abs=1e-9, rel=0)
+    fs, fa = finished(s), finished(a)
+    assert {k: (v.status, v.output_tokens) for k, v in fs.items()} == {
+        k: (v.status, v.output_tokens) for k, v in fa.items()
+    }
+    assert len(fa) == len(reqs)

@@ -183,3 +183,22 @@ def test_emulated_eos_and_max_tokens_end_tasks_and_a_cancel_ends_one_early() -> 
     c = fin["t7"]
     assert c.status == "cancelled" and c.finish_s >= 0.3 and len(toks.get("t7", [])) == c.output_tokens < 80
     assert_replays(d)
+
+
+def test_a_crashed_or_hung_npu_fails_every_task_once_with_the_reason() -> None:
+    from deepserve.actors.ports.faults import NpuCrash, NpuHang
+
+    for fault, words in ((NpuCrash(), "crashed"), (NpuHang(), "no answer")):
+        d = driver()
+        hardware(d)
+        d.spawn(M, DpMaster, config=master_config(npu_timeout_s=2.0, aggregate=True))
+        for i in range(4):
+            d.inject(M, task(i, 400, 300), at=0.01 * i, src=REQ)
+        d.inject("hw/s0/npu0", fault, at=0.5, src="ext/fault")
+        d.inject(M, task(9, 400, 5), at=1.0, src=REQ)  # arrives after the fault
+        d.run(until=30.0)
+        ends = [m for _, m in out_to(d, REQ) if isinstance(m, TaskFinished)]
+        assert sorted(m.task_id for m in ends) == ["t0", "t1", "t2", "t3", "t9"]  # once each
+        assert all(m.status == "failed" and words in m.reason for m in ends), ends
+        assert not d.actor(M).state.reqs and not d.actor(M).state.rtc.seqs
+        assert_replays(d)
