@@ -340,7 +340,7 @@ class RtcMachine(RuleBasedStateMachine):
 
 
 RtcMachine.TestCase.settings = settings(
-    max_examples=int(os.environ.get("RTC_EXAMPLES", "100")), stateful_step_count=50,
+    max_examples=int(os.environ.get("RTC_EXAMPLES", "60")), stateful_step_count=50,
     deadline=None, suppress_health_check=[HealthCheck.too_slow],
 )
 test_rtc_state_machine = RtcMachine.TestCase
