@@ -24,11 +24,15 @@ from typing import Any
 import msgspec
 
 from deepserve.actors.flowserve.distflow.messages import (
+    DfHello,
+    DfHelloAck,
     KvPin,
     KvPinned,
     KvRecv,
     KvRecvDone,
     KvRelease,
+    LinkCluster,
+    LinkClustered,
     RecvTimeout,
 )
 from deepserve.actors.ports.link import (
@@ -62,6 +66,24 @@ class ChannelState(msgspec.Struct, kw_only=True):
     recvs: dict[str, Recv] = {}
     done: int = 0
     failed: int = 0
+    cluster: dict[str, bool | None] = {}  # LinkCluster in progress: peer -> answered?
+    cluster_req: str = ""
+    cluster_to: str = ""
+
+
+class ClusterStarted(Event, frozen=True):
+    req_id: str
+    reply_to: str
+    peers: tuple[str, ...]
+
+
+class PeerAnswered(Event, frozen=True):
+    peer: str
+    ok: bool
+
+
+class ClusterEnded(Event, frozen=True):
+    pass
 
 
 class RecvStarted(Event, frozen=True):
@@ -97,6 +119,13 @@ def _evolve(st: ChannelState, e: Event) -> ChannelState:
         st.recvs.pop(e.task_id)
         st.done += e.ok
         st.failed += not e.ok
+    elif isinstance(e, ClusterStarted):
+        st.cluster = dict.fromkeys(e.peers)
+        st.cluster_req, st.cluster_to = e.req_id, e.reply_to
+    elif isinstance(e, PeerAnswered):
+        st.cluster[e.peer] = e.ok
+    elif isinstance(e, ClusterEnded):
+        st.cluster, st.cluster_req, st.cluster_to = {}, "", ""
     else:
         raise AssertionError(f"distflow channel: unknown event {type(e).__name__}")
     return st
@@ -157,11 +186,39 @@ class DistFlowChannel(Actor[ChannelState]):
             self._end(ctx, tid, f"link transfer failed: {msg.reason}")
         elif isinstance(msg, RecvTimeout):
             self._end(ctx, msg.task_id, f"timed out after {self.cfg.timeout_s}s")
+        elif isinstance(msg, LinkCluster):
+            self._cluster(ctx, msg)
+        elif isinstance(msg, DfHelloAck):
+            self._peer(ctx, msg.peer, True)
+        elif isinstance(msg, AskFailed) and self.state.cluster.get(msg.target, False) is None:
+            self._peer(ctx, msg.target, False)
         elif isinstance(msg, AskFailed) and msg.target == self.cfg.src_master:
             # the handshake went unanswered: the prefill side is dead (or hung)
             for tid, r in list(self.state.recvs.items()):
                 if not r.transfers:
                     self._end(ctx, tid, f"peer {msg.target} dead: {msg.reason}")
+
+    # ---- control plane ------------------------------------------------------------------
+    def _cluster(self, ctx: Context, msg: LinkCluster) -> None:
+        if self.state.cluster_req:
+            ctx.reply(LinkClustered(req_id=msg.req_id, ok=False, dead=msg.peers))  # one at a time
+            return
+        ctx.record(ClusterStarted(msg.req_id, ctx.sender, msg.peers))
+        for peer in dict.fromkeys(msg.peers):
+            ctx.ask(peer, DfHello(channel=ctx.self), self.cfg.timeout_s)
+        if not msg.peers:
+            self._peer(ctx, "", True)
+
+    def _peer(self, ctx: Context, peer: str, ok: bool) -> None:
+        st = self.state
+        if peer in st.cluster and st.cluster[peer] is None:
+            ctx.record(PeerAnswered(peer, ok))
+        if any(v is None for v in st.cluster.values()):
+            return
+        live = tuple(p for p, v in st.cluster.items() if v)
+        dead = tuple(p for p, v in st.cluster.items() if not v)
+        ctx.send(st.cluster_to, LinkClustered(req_id=st.cluster_req, ok=not dead, live=live, dead=dead))
+        ctx.record(ClusterEnded())
 
     def _pinned(self, ctx: Context, msg: KvPinned) -> None:
         r = self.state.recvs.get(msg.task_id)

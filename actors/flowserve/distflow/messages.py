@@ -9,8 +9,9 @@ from deepserve.core import Message
 
 
 class LinkCluster(Message, frozen=True, kw_only=True):
-    """Control plane (DeepServe §4.4): form the peer group of one P–D pair's channel. The channel
-    probes the path's links and answers `LinkClustered`."""
+    """Control plane (DeepServe §4.4): form the peer group of a channel — greet every peer (a DP
+    master) and answer `LinkClustered` with who answered. Receives need no prior LinkCluster (the
+    pin handshake checks the peer), but an operator or a test can check a mesh with it."""
 
     req_id: str
     peers: tuple[str, ...]
@@ -19,7 +20,18 @@ class LinkCluster(Message, frozen=True, kw_only=True):
 class LinkClustered(Message, frozen=True, kw_only=True):
     req_id: str
     ok: bool
-    reason: str = ""
+    live: tuple[str, ...] = ()
+    dead: tuple[str, ...] = ()
+
+
+class DfHello(Message, frozen=True, kw_only=True):
+    """A channel greets a peer DP master (answered `DfHelloAck`)."""
+
+    channel: str
+
+
+class DfHelloAck(Message, frozen=True, kw_only=True):
+    peer: str
 
 
 class KvRecv(Message, frozen=True, kw_only=True):

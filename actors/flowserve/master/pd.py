@@ -23,6 +23,8 @@ from deepserve.actors.flowserve import rtc
 from deepserve.actors.flowserve.distflow.channel import ChannelConfig, DistFlowChannel
 from deepserve.actors.flowserve.distflow.messages import (
     CorruptKvBlock,
+    DfHello,
+    DfHelloAck,
     HoldExpired,
     KvPin,
     KvPinned,
@@ -172,7 +174,7 @@ def received(m: DpMaster, ctx: Context, tid: str, ok: bool, reason: str) -> None
 
 
 def handles(msg: Message) -> bool:
-    return isinstance(msg, KvRecvDone | KvRelease | KvPin | CorruptKvBlock | HoldExpired)
+    return isinstance(msg, KvRecvDone | KvRelease | KvPin | CorruptKvBlock | HoldExpired | DfHello)
 
 
 def handle(m: DpMaster, ctx: Context, msg: Message) -> None:
@@ -186,6 +188,8 @@ def handle(m: DpMaster, ctx: Context, msg: Message) -> None:
             ctx.cancel(f"hold:{msg.transfer_id}")  # pulled: DistFlow's completion releases it
         reason = "" if held else f"transfer {msg.transfer_id!r} is not held here (expired or freed)"
         ctx.reply(KvPinned(task_id=msg.task_id, ok=held, reason=reason))
+    elif isinstance(msg, DfHello):
+        ctx.reply(DfHelloAck(peer=ctx.self))
     elif isinstance(msg, CorruptKvBlock):
         ctx.record(CorruptionArmed(task_id=msg.task_id, block_index=msg.block_index))
 

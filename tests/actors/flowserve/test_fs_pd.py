@@ -161,3 +161,19 @@ def test_received_tasks_holding_blocks_never_deadlock_a_preempted_head() -> None
     assert len(fins) == 16 and all(f.status == "completed" for f in fins.values())
     assert sum(f.preemptions for f in fins.values()) > 0
     assert_replays(d)
+
+
+def test_link_cluster_reports_live_and_dead_peers() -> None:
+    from deepserve.actors.flowserve.distflow.channel import DistFlowChannel
+    from deepserve.actors.flowserve.distflow.messages import LinkCluster, LinkClustered
+
+    d = driver()
+    hardware(d, servers=2)
+    d.spawn(P, TeShell, config=_te(P, "prefill", "hw/s0/npu0"))
+    d.spawn("df/test", DistFlowChannel, config=dict(src_master=f"{P}/dp/0", dst_master="ext/d"))
+    d.inject("df/test", LinkCluster(req_id="c1", peers=(f"{P}/dp/0", "te/gone/dp/0")), at=0.1,
+             src="ext/op")  # fmt: skip
+    d.run()
+    (ans,) = [e.msg for _, e in d.external_out if isinstance(e.msg, LinkClustered)]
+    assert not ans.ok and ans.live == (f"{P}/dp/0",) and ans.dead == ("te/gone/dp/0",)
+    assert_replays(d)
