@@ -144,6 +144,17 @@ class Mirror:
             n += 1
         return n
 
+    def match_tiers(self, block_hashes: tuple[int, ...] | list[int]) -> tuple[int, int]:
+        """(blocks in the leading HBM run, blocks in the DRAM run after it): the lengths of the
+        mirrored RTC's `match_by_prefix`, for a router's cost model."""
+        nodes, i, n = self.nodes, 0, len(block_hashes)
+        while i < n and (node := nodes.get(block_hashes[i])) is not None and HBM in node[1]:
+            i += 1
+        j = i
+        while j < n and (node := nodes.get(block_hashes[j])) is not None and DRAM in node[1]:
+            j += 1
+        return i, j - i
+
     def view(self) -> View:
         return {h: (p, HBM in m, DRAM in m) for h, (p, m) in self.nodes.items()}
 

@@ -258,6 +258,7 @@ class RtcMachine(RuleBasedStateMachine):
         m = rtc.match_by_prefix(self.r, chain)
         assert (list(m.hbm_blocks), list(m.dram_blocks)) == self.ref.match(chain)
         assert self.mirror.match(chain) >= m.num_blocks
+        assert self.mirror.match_tiers(chain) == (len(m.hbm_blocks), len(m.dram_blocks))
         event("probe: hbm+dram" if m.hbm_blocks and m.dram_blocks else "probe")
 
     def _chain_to(self, h: int | None) -> list[int] | None:
@@ -295,6 +296,7 @@ class RtcMachine(RuleBasedStateMachine):
                 h = self.r.nodes[h].parent
             m = rtc.match_by_prefix(self.r, chain[::-1])
             assert (list(m.hbm_blocks), list(m.dram_blocks)) == self.ref.match(chain[::-1])
+            assert self.mirror.match_tiers(chain[::-1]) == (len(m.hbm_blocks), len(m.dram_blocks))
 
     # ---- invariants ----
     @invariant()
