@@ -177,3 +177,27 @@ def test_link_cluster_reports_live_and_dead_peers() -> None:
     (ans,) = [e.msg for _, e in d.external_out if isinstance(e.msg, LinkClustered)]
     assert not ans.ok and ans.live == (f"{P}/dp/0",) and ans.dead == ("te/gone/dp/0",)
     assert_replays(d)
+
+
+def test_by_layer_and_tp2_transfers() -> None:
+    """By layer, a contiguous transfer sends one message per layer (slower than one per request,
+    faster than block by block); with TP=2 each rank pair moves its own shard."""
+    by_req, by_layer = run_pd(n=3), run_pd(n=3, kv_granularity="layer")
+    r, L = _transfer_s(by_req), _transfer_s(by_layer)
+    assert all(a < b for a, b in zip(r, L, strict=True))
+
+    d = driver()
+    hardware(d, servers=2)
+    d.spawn(P, TeShell, config=_te(P, "prefill", "hw/s0/npu0", tp=2) | {
+        "dps": [master_config(npus=("hw/s0/npu0", "hw/s0/npu1"), te=P, role="prefill", tp=2)]})
+    d.spawn(D, TeShell, config=_te(D, "decode", "hw/s1/npu0") | {
+        "dps": [master_config(npus=("hw/s1/npu0", "hw/s1/npu1"), te=D, role="decode", tp=2)]})
+    d.spawn(CLIENT, PdClient)
+    pre = _with(task(0, 1500, 20, kind="prefill", reply_to=CLIENT), task_id="t0:p")
+    d.inject(CLIENT, pre, at=0.0, src="ext/wl")
+    d.run()
+    (done,) = [decode(s.input.type, s.input.payload) for s in d.sink.steps if s.input.type == "KvRecvDone"]
+    assert done.ok and done.transfers == 2 and done.nbytes == 2 * 12 * 128 * 128 * 1024
+    fins = {m.task_id: m for m in _msgs(d, TaskFinished)}
+    assert fins["t0:d"].status == "completed" and fins["t0:d"].output_tokens == 20
+    assert_replays(d)
