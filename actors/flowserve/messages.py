@@ -93,7 +93,9 @@ class TaskRejected(Message, frozen=True, kw_only=True):
 
 class TaskTokens(Message, frozen=True, kw_only=True):
     """Output tokens `first_index ..` of a task, with the time each was produced. In the
-    aggregated simulation path one message carries a whole run of tokens."""
+    aggregated simulation path one message carries a whole run of tokens. A TE configured with
+    `token_ids = false` (simulations that only measure) leaves `token_ids` empty: then
+    `len(times_s)` is the number of tokens."""
 
     task_id: str
     request_id: str

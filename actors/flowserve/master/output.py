@@ -14,9 +14,11 @@ def token_message(
     """Tokens `first .. first+len(times_s)` of `r` (its stream is a pure function of its seed;
     its last token is EOS when it stops there)."""
     count = len(times_s)
-    ids = emulated_tokens(r.task.sampling.seed, first, count, cfg.vocab)
-    if r.stop == "stop" and first + count == r.out_len:
-        ids = (*ids[:-1], eos_token_id(cfg.vocab))
+    ids: tuple[int, ...] = ()
+    if cfg.token_ids:
+        ids = emulated_tokens(r.task.sampling.seed, first, count, cfg.vocab)
+        if r.stop == "stop" and first + count == r.out_len:
+            ids = (*ids[:-1], eos_token_id(cfg.vocab))
     return TaskTokens(
         task_id=r.task.task_id, request_id=r.task.request_id, first_index=first, token_ids=ids,
         times_s=times_s,

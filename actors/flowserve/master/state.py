@@ -55,6 +55,7 @@ class MasterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     eos_rate: float = 0.0
     vocab: int = 32_000
     aggregate: bool = False  # the simulation fast path (NpuForwardRun); False: step every pass
+    token_ids: bool = True  # False (simulation): TaskTokens carry times only, ids left empty
     max_run_iterations: int = 4_096
     max_waiting: int = 100_000
     npu_timeout_s: float = 120.0

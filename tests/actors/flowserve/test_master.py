@@ -202,3 +202,13 @@ def test_a_crashed_or_hung_npu_fails_every_task_once_with_the_reason() -> None:
         assert all(m.status == "failed" and words in m.reason for m in ends), ends
         assert not d.actor(M).state.reqs and not d.actor(M).state.rtc.seqs
         assert_replays(d)
+
+
+def test_without_token_ids_the_stream_carries_times_only() -> None:
+    d = run([task(0, 300, 25), task(1, 700, 9)], token_ids=False, aggregate=True)
+    streams = [m for _, m in out_to(d, REQ) if isinstance(m, TaskTokens)]
+    assert streams and all(m.token_ids == () for m in streams)
+    fin = finished(d)
+    for tid in ("t0", "t1"):
+        assert sum(len(m.times_s) for m in streams if m.task_id == tid) == fin[tid].output_tokens
+    assert_replays(d)
