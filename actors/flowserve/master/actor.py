@@ -99,7 +99,9 @@ class DpMaster(Actor[MasterState]):
         elif isinstance(msg, CancelTask):
             self._cancel(ctx, msg)
         elif isinstance(msg, NpuError):
-            self._device_failed(ctx, f"{msg.device}: {msg.kind}: {msg.reason}")
+            fl = self.state.in_flight
+            if fl is not None and msg.req_id == f"fwd:{fl.step}":
+                self._device_failed(ctx, f"{msg.device}: {msg.kind}: {msg.reason}")
         elif isinstance(msg, AskFailed) and msg.target == self.npu:
             self._device_failed(ctx, f"{msg.target}: no answer ({msg.reason})")
         elif isinstance(msg, DpMatchQuery):
@@ -320,6 +322,9 @@ class DpMaster(Actor[MasterState]):
         tid = r.task.task_id
         if tid in self.state.rtc.seqs:
             ctx.record(rtc.free(self.state.rtc, tid))
+        src = r.task.kv_source
+        if src is not None and r.status in (pd.ARRIVED, pd.DEFERRED):  # never pulled: P may free
+            ctx.send(src.src, pd.KvRelease(transfer_id=src.transfer_id))
         msg = finished_message(r, status, reason, ctx.now(), self.cfg)
         ctx.record(TaskEnded(task_id=tid, status=status, reason=reason))
         ctx.send(r.task.reply_to, msg)

@@ -60,7 +60,7 @@ from deepserve.core import Context, Message
 if TYPE_CHECKING:
     from deepserve.actors.flowserve.master.actor import DpMaster
 
-__all__ = ["RECEIVING", "WAITING", "KvHandle", "handle", "handles", "hold", "received", "release",
+__all__ = ["ARRIVED", "DEFERRED", "RECEIVING", "WAITING", "KvHandle", "KvRelease", "handle", "handles", "hold", "received", "release",
            "submit_decode"]
 
 

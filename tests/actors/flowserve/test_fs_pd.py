@@ -201,3 +201,23 @@ def test_by_layer_and_tp2_transfers() -> None:
     fins = {m.task_id: m for m in _msgs(d, TaskFinished)}
     assert fins["t0:d"].status == "completed" and fins["t0:d"].output_tokens == 20
     assert_replays(d)
+
+
+def test_cancelling_a_deferred_decode_task_releases_the_prefill_blocks() -> None:
+    from deepserve.actors.flowserve.messages import CancelTask
+
+    d = driver()
+    hardware(d, servers=2)
+    d.spawn(P, TeShell, config=_te(P, "prefill", "hw/s0/npu0"))
+    d.spawn(D, TeShell, config=_te(D, "decode", "hw/s1/npu0", hbm_blocks=16))
+    d.spawn(CLIENT, PdClient)
+    for i in range(2):  # 1301 tokens = 11 blocks of 16: the second waits for the first
+        pre = _with(task(i, 1300, 400, kind="prefill", reply_to=CLIENT), task_id=f"t{i}:p")
+        d.inject(CLIENT, pre, at=0.0, src="ext/wl")
+    d.inject(D, CancelTask(task_id="t1:d"), at=1.0, src="ext/wl")
+    d.run()
+    fins = {m.task_id: m for m in _msgs(d, TaskFinished)}
+    assert fins["t1:d"].status == "cancelled" and fins["t0:d"].status == "completed"
+    assert fins["t1:d"].finish_s < 1.01  # ended at once, not after the 300 s hold timeout
+    assert not d.actor(f"{P}/dp/0").state.held and not d.actor(f"{P}/dp/0").state.rtc.seqs
+    assert_replays(d)
