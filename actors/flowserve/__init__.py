@@ -21,6 +21,7 @@ How to wire a TE (in a SimDriver or an AsyncDriver)::
         dram_blocks=0, host="hw/s0/host",                     # DRAM tier (0: none)
         role="colocated",                                     # or "prefill" / "decode"
         aggregate=True,                                       # sim fast path; False: step each pass
+        token_ids=False,                                      # sims that only measure: times only
         te="te/0", dp=0)
     te = TeConfig(te="te/0", role="colocated", dps=(dp0,), cluster_manager=None)
     driver.spawn("te/0", TeShell, config=msgspec.to_builtins(te))   # spawns te/0/dp/0 ...
