@@ -4,7 +4,7 @@ A stand-in for issue 6's JE, just enough to drive FlowServe from a trace: coloca
 `chat` task each, round-robin; a P/D pair gets a `prefill` task, then — with the KV handle the
 prefill registered — a `decode` task (xDeepServe §5.1). A prefill TE that rejects a task
 (P/D-Serve on-demand forwarding) is retried on the next one until every prefill TE has refused.
-Every request ends in exactly one `Finished` event (and one `RequestDone` to `METRICS_ADDR`);
+Every request ends in exactly one `RequestFinished` event (and one `RequestDone` to `METRICS_ADDR`);
 a late or duplicate terminal message is counted and ignored.
 """
 
@@ -22,13 +22,13 @@ from deepserve.core import Actor, Context, Event, Message
 from .messages import (
     METRICS_ADDR,
     Arrive,
-    Dispatched,
     EndOfRun,
-    Finished,
-    LateTerminal,
+    LateTaskTerminal,
     Pending,
-    Prefilled,
+    RequestDispatched,
     RequestDone,
+    RequestFinished,
+    RequestPrefilled,
     WorkloadState,
 )
 
@@ -67,7 +67,7 @@ class Workload(Actor[WorkloadState]):
 
     def evolve(self, s: WorkloadState, e: Event) -> WorkloadState:
         # In place: the kernel rebuilds from snapshot + events after a failed handler.
-        if isinstance(e, Dispatched):
+        if isinstance(e, RequestDispatched):
             s.rr[e.phase] = s.rr.get(e.phase, 0) + 1
             p = s.pending.get(e.request_id)
             if p is None:
@@ -80,12 +80,12 @@ class Workload(Actor[WorkloadState]):
                 p.phase, p.te, p.attempt = e.phase, e.te, e.attempt
                 if e.phase == "decode":
                     p.prompt = p.sampling = None  # no longer needed
-        elif isinstance(e, Prefilled):
+        elif isinstance(e, RequestPrefilled):
             p = s.pending[e.request_id]
             p.first_token_s, p.cached_prompt_tokens = e.first_token_s, e.cached_prompt_tokens
-        elif isinstance(e, LateTerminal):
+        elif isinstance(e, LateTaskTerminal):
             s.duplicates += 1
-        elif isinstance(e, Finished):
+        elif isinstance(e, RequestFinished):
             del s.pending[e.done.request_id]
             if e.done.status == "completed":
                 s.completed += 1
@@ -114,7 +114,7 @@ class Workload(Actor[WorkloadState]):
         phase = "chat" if self.mode == "colocated" else "prefill"
         te = self._next(phase)
         keep = self.mode == "pd"
-        ctx.record(Dispatched(
+        ctx.record(RequestDispatched(
             request_id=msg.request_id, phase=phase, te=te, arrival_s=ctx.now(),
             prompt=msg.prompt if keep else None, sampling=msg.sampling if keep else None,
             model=msg.model if keep else "",
@@ -135,7 +135,7 @@ class Workload(Actor[WorkloadState]):
             self._finish(ctx, rid, p, "failed", why, 0, 0, None, ctx.now(), p.te)
             return
         te, attempt = self._next("prefill"), p.attempt + 1
-        ctx.record(Dispatched(request_id=rid, phase="prefill", te=te, arrival_s=p.arrival_s,
+        ctx.record(RequestDispatched(request_id=rid, phase="prefill", te=te, arrival_s=p.arrival_s,
                               attempt=attempt))  # fmt: skip
         ctx.send(te, SubmitTask(
             task_id=task_id(rid, "prefill", attempt), request_id=rid, kind="prefill",
@@ -147,7 +147,7 @@ class Workload(Actor[WorkloadState]):
         rid = msg.request_id
         p = self.state.pending.get(rid)
         if p is None or msg.task_id != task_id(rid, p.phase, p.attempt):
-            ctx.record(LateTerminal(task_id=msg.task_id, status=msg.status, reason=msg.reason))
+            ctx.record(LateTaskTerminal(task_id=msg.task_id, status=msg.status, reason=msg.reason))
             return
         if p.phase == "prefill" and msg.status == "completed" and msg.kv is not None:
             self._to_decode(ctx, rid, p, msg)
@@ -163,10 +163,10 @@ class Workload(Actor[WorkloadState]):
             self._finish(ctx, rid, p, "failed", "prefill finished without its KV handle", 0, 0,
                          msg.first_token_s, msg.finish_s, msg.te or p.te)  # fmt: skip
             return
-        ctx.record(Prefilled(request_id=rid, first_token_s=msg.first_token_s,
+        ctx.record(RequestPrefilled(request_id=rid, first_token_s=msg.first_token_s,
                              cached_prompt_tokens=msg.cached_prompt_tokens, kv=msg.kv))  # fmt: skip
         te = self._next("decode")
-        ctx.record(Dispatched(request_id=rid, phase="decode", te=te, arrival_s=p.arrival_s))
+        ctx.record(RequestDispatched(request_id=rid, phase="decode", te=te, arrival_s=p.arrival_s))
         ctx.send(te, SubmitTask(
             task_id=task_id(rid, "decode", 1), request_id=rid, kind="decode", model=model,
             prompt=prompt, sampling=sampling, reply_to=ctx.self, kv_source=msg.kv,
@@ -186,6 +186,6 @@ class Workload(Actor[WorkloadState]):
             first_token_s=first, finish_s=finish, prompt_tokens=prompt_tokens,
             cached_prompt_tokens=cached, output_tokens=output_tokens, te=te,
         )  # fmt: skip
-        ctx.record(Finished(done=done))
+        ctx.record(RequestFinished(done=done))
         ctx.send(METRICS_ADDR, done, corr=rid)
 

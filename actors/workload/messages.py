@@ -46,7 +46,7 @@ class RequestDone(Message, frozen=True, kw_only=True):
 # ---- events --------------------------------------------------------------------------------
 
 
-class Dispatched(Event, frozen=True, kw_only=True):
+class RequestDispatched(Event, frozen=True, kw_only=True):
     """A task of `request_id` was sent to `te` (phase: chat, prefill or decode)."""
 
     request_id: str
@@ -60,7 +60,7 @@ class Dispatched(Event, frozen=True, kw_only=True):
     model: str = ""
 
 
-class Prefilled(Event, frozen=True, kw_only=True):
+class RequestPrefilled(Event, frozen=True, kw_only=True):
     """PD: the prefill finished with its first token and a registered KV transfer."""
 
     request_id: str
@@ -69,13 +69,13 @@ class Prefilled(Event, frozen=True, kw_only=True):
     kv: KvHandle
 
 
-class Finished(Event, frozen=True, kw_only=True):
+class RequestFinished(Event, frozen=True, kw_only=True):
     """The request's one terminal state."""
 
     done: RequestDone
 
 
-class LateTerminal(Event, frozen=True, kw_only=True):
+class LateTaskTerminal(Event, frozen=True, kw_only=True):
     """A terminal message for a task that is no longer current (the request already ended, or
     it belongs to an earlier attempt): counted, never a second terminal state."""
 

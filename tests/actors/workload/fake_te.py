@@ -16,7 +16,7 @@ from deepserve.actors.flowserve.messages import (
 from deepserve.core import Actor, Context, Message
 
 
-class Emit(Message, frozen=True):
+class FakeTeEmit(Message, frozen=True):
     task_id: str
 
 
@@ -44,8 +44,8 @@ class FakeTe(Actor[dict]):
             out = 1 if msg.kind == "prefill" else (msg.sampling.target_output_tokens or 1)
             if msg.kind == "decode":
                 out -= 1
-            ctx.after(n * self.prefill + max(out - 1, 0) * self.tpot + 0.001, Emit(msg.task_id))
-        elif isinstance(msg, Emit):
+            ctx.after(n * self.prefill + max(out - 1, 0) * self.tpot + 0.001, FakeTeEmit(msg.task_id))
+        elif isinstance(msg, FakeTeEmit):
             t = self.tasks.pop(msg.task_id)
             now = ctx.now()
             n = t.prompt.num_tokens
