@@ -63,7 +63,8 @@ def master_config(scenario: Scenario, te: TePlacement, dp: int) -> dict[str, Any
         "te": te.addr, "dp": dp,
     }  # fmt: skip
     # PD transfer settings, where the engine's MasterConfig has them (it grows additively).
-    optional = {"kv_transfer": c.kv_transfer, "kv_layers": model_profile(c.model).n_layers}
+    optional = {"kv_transfer": c.kv_transfer, "kv_layers": model_profile(c.model).n_layers,
+                "token_ids": s.stream_token_ids}  # fmt: skip
     fields = set(MasterConfig.__struct_fields__)
     cfg.update({k: v for k, v in optional.items() if k in fields})
     return cfg

@@ -32,6 +32,8 @@ class Scheduler(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     # The simulation fast path: a decode batch nothing changes runs k passes as one NPU request
     # (same per-token times as stepping; the daemon always steps).
     aggregate: bool = True
+    # Emulated token ids in TaskTokens; the workload actor reads only the times, so sims skip them.
+    stream_token_ids: bool = False
 
 
 class Cluster(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
