@@ -1,9 +1,14 @@
-"""The actor kernel: messages, actors, contexts, drivers, supervision. No LLM knowledge."""
+"""The actor kernel: messages, actors, contexts, drivers, supervision. No LLM knowledge.
 
-from .actor import Actor, Directive, Supervision
+The public API for embedding actors in one's own program; see docs/kernel.md."""
+
+from .actor import Actor, Directive, MissingEvolve, Supervision
 from .address import address, deterministic_id
-from .codec import decode, encode
+from .asyncdriver import AsyncDriver, run
+from .classpath import UnknownActorClass
+from .codec import DecodeError, decode, encode
 from .context import Context
+from .driver import AskError
 from .envelope import Envelope, ReplyHandle
 from .messages import (
     AskFailed,
@@ -15,12 +20,16 @@ from .messages import (
     Restarted,
     Started,
     Stopped,
+    Undelivered,
 )
-from .records import LogSink, MemorySink, Step
+from .records import DurableSink, InputKind, LogSink, MemorySink, OutputKind, RunRec, Step
 from .sim import SimDriver
+from .transport import InProcHub, Transport
 
 __all__ = [
-    "Actor", "AskFailed", "ChildFailed", "Context", "Directive", "Envelope", "Event",
-    "HandlerFailed", "LogSink", "MemorySink", "Message", "Raw", "ReplyHandle", "Restarted", "SimDriver",
-    "Started", "Step", "Stopped", "Supervision", "address", "decode", "deterministic_id", "encode",
+    "Actor", "AskError", "AskFailed", "AsyncDriver", "ChildFailed", "Context", "DecodeError",
+    "Directive", "DurableSink", "Envelope", "Event", "HandlerFailed", "InProcHub", "InputKind",
+    "LogSink", "MemorySink", "Message", "MissingEvolve", "OutputKind", "Raw", "ReplyHandle",
+    "Restarted", "RunRec", "SimDriver", "Started", "Step", "Stopped", "Supervision", "Transport",
+    "Undelivered", "UnknownActorClass", "address", "decode", "deterministic_id", "encode", "run",
 ]

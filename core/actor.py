@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import abc
 import enum
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 import msgspec
 
+from .classpath import UnknownActorClass, class_path, load_class, main_module_name
 from .messages import Event, Message
 
 if TYPE_CHECKING:
@@ -46,7 +47,9 @@ class Actor(abc.ABC, Generic[S]):
     """
 
     supervision: ClassVar[Supervision] = Supervision()
-    # Snapshot the state every this many events (bounds restart and replay time).
+    # Snapshot policy (cost-aware): a snapshot once at least this many events, and
+    # at least as many bytes of events as the last snapshot's size, were recorded
+    # since the last one. A large state is thus copied rarely; see docs/kernel.md.
     snapshot_every: ClassVar[int] = 1024
 
     state: S
@@ -61,28 +64,18 @@ class Actor(abc.ABC, Generic[S]):
             f"{type(self).__name__} recorded {type(event).__name__} but defines no evolve()"
         )
 
+    def on_start(self, ctx: Context) -> None:
+        """Called once, in the actor's `Started` delivery, after `initial_state`:
+        it may record, send, set timers and spawn like a handler. Does nothing by
+        default."""
+        return None
+
     @abc.abstractmethod
     def handle(self, ctx: Context, msg: Message) -> None:
         """React to one message: read `self.state`, record events, send, set timers."""
 
 
-def class_path(cls: type) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
-class UnknownActorClass(LookupError):
-    pass
-
-
-def load_class(path: str) -> type:
-    """Inverse of `class_path`."""
-    import importlib
-
-    module_name, _, qualname = path.partition(":")
-    try:
-        obj: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise UnknownActorClass(f"cannot load actor class {path!r}: {exc}") from None
-    return obj
+__all__ = [
+    "Actor", "Directive", "MissingEvolve", "Supervision", "UnknownActorClass", "class_path",
+    "load_class", "main_module_name",
+]

@@ -18,21 +18,16 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup
 
-from .address import EXTERNAL_PREFIX, hlc_tick
-from .cell import Cell, execute, make_step
+from .cell import Cell, execute, make_step, settle_ask
 from .context import Out
-from .driver import DriverBase
+from .driver import ASK_SRC, TRANSPORT_REFUSED, AskError, DriverBase
 from .envelope import Envelope
 from .mailbox import Mailbox
-from .messages import AskFailed, HandlerFailed, Message, Stop, Stopped
-from .records import DEAD, FULL, LogSink
+from .messages import HandlerFailed, Message, Stopped
+from .records import DEAD, FULL, LATE, LogSink
 from .transport import Transport
 
 log = structlog.get_logger("deepserve.kernel")
-
-
-class AskError(Exception):
-    """An external `ask` failed: the target is dead, its mailbox full, or it timed out."""
 
 
 class AsyncDriver(DriverBase):
@@ -49,7 +44,8 @@ class AsyncDriver(DriverBase):
         **kwargs: Any,
     ) -> None:
         super().__init__(seed, sink=sink, mailbox_capacity=mailbox_capacity, **kwargs)
-        assert not outbox or sink is not None, "outbox durability needs a sink"
+        if outbox and not hasattr(sink, "on_commit"):
+            raise ValueError("outbox durability needs a sink that reports commits (a DurableSink)")
         self.transport = transport
         self.outbox = outbox
         # Wall-clock instant that is t=0 for ctx.now(). Processes of one run share it,
@@ -57,15 +53,21 @@ class AsyncDriver(DriverBase):
         self.epoch = epoch
         self._tg: TaskGroup | None = None
         self._t0 = 0.0
-        self._timers: dict[tuple[str, str], int] = {}
         self._timer_heap: list[tuple[float, int, Envelope, str]] = []
         self._timer_seq = 0
         self._timer_wake = anyio.Event()
         self._held: deque[tuple[int, Cell, list[Out], float]] = deque()
-        self._waiters: dict[int, list[Any]] = {}  # ext ask id -> [event, reply]
         self._busy = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pressure: Cell | None = None
+        # Overload: external inputs are admitted while the target's mailbox holds
+        # fewer than `edge_limit` messages and the sink is not under pressure (a
+        # sink may offer `under_pressure` and `await wait_for_room()`: the
+        # `PressureSink` of persistence/api.py).
+        self.edge_limit = max(1, mailbox_capacity // 2)
+        self._high_water = mailbox_capacity // 2
+        self.refused = 0
+        self._pressure_sink = sink if hasattr(sink, "wait_for_room") else None
         # Deliveries an actor makes before yielding to the others.
         self.burst = 64
         # A sender that filled a mailbox past half waits this many yields at most:
@@ -90,9 +92,11 @@ class AsyncDriver(DriverBase):
         return self
 
     async def __aexit__(self, *exc: Any) -> bool | None:
-        assert self._tg is not None
+        if self._tg is None:
+            raise RuntimeError("AsyncDriver.__aexit__ without __aenter__")
         self._tg.cancel_scope.cancel()
         result = await self._tg.__aexit__(*exc)
+        self._snapshot_live(self.clock())
         if self.transport is not None:
             self.transport.close()
         if self.sink is not None:
@@ -104,63 +108,99 @@ class AsyncDriver(DriverBase):
 
     # ---- the outside world ---------------------------------------------------
     def spawn(self, addr: str, cls: type, *, src: str = "ext/operator", **kwargs: Any) -> str:
-        env = self._spawn_env(addr, cls, kwargs, src, self.clock())
-        self._start_cell(env)
+        t = self.clock()
+        self._start_cell(self._spawn_env(addr, cls, kwargs, src, t), t)
         return addr
 
     def inject_nowait(
         self, dst: str, msg: Message, *, corr: str | None = None, src: str = "ext/input"
     ) -> int:
-        """External input; a full mailbox is recorded and reported as 0."""
-        env = self._external_env(dst, msg, corr, src, self.clock())
-        return env.msg_id if self._send(env) else 0
+        """External input, or 0 if refused: the node sheds load at its edge. Refused
+        while the target's mailbox holds `edge_limit` messages (recorded as a
+        drop, `kind = full`) or while the sink is under pressure (counted in `refused`,
+        not logged: the log is what is behind)."""
+        env_t = self.clock()
+        env = self._external_env(dst, msg, corr, src, env_t)
+        if self._sink_saturated():
+            self.refused += 1
+            return 0
+        cell = self.cells.get(dst)
+        if cell is not None and cell.alive and len(cell.mailbox) >= self.edge_limit:
+            cell.stats.mailbox_full += 1
+            self.refused += 1
+            self._bounce(env, env_t, FULL)
+            return 0
+        return env.msg_id if self._send(env, env_t) else 0
 
     async def inject(
         self, dst: str, msg: Message, *, corr: str | None = None, src: str = "ext/input"
     ) -> int:
-        """External input with backpressure: waits for mailbox space."""
-        env = self._external_env(dst, msg, corr, src, self.clock())
+        """External input with backpressure: waits while the target's mailbox holds
+        `edge_limit` messages or the sink is under pressure. The rest of the mailbox is
+        kept for messages between actors, which are never made to wait."""
+        sink = self._pressure_sink
+        if sink is not None and sink.under_pressure:
+            await sink.wait_for_room()
         cell = self.cells.get(dst)
         if cell is not None and cell.alive:
-            await cell.mailbox.put(env)
-            cell.stats.mailbox_depth += 1
-            return env.msg_id
-        return env.msg_id if self._send(env) else 0
+            await cell.mailbox.wait_below(self.edge_limit)
+        t = self.clock()
+        env = self._external_env(dst, msg, corr, src, t)
+        return env.msg_id if self._send(env, t) else 0
+
+    def _sink_saturated(self) -> bool:
+        sink = self._pressure_sink
+        return sink is not None and bool(sink.under_pressure)
 
     async def ask(self, dst: str, msg: Message, timeout_s: float, corr: str | None = None) -> Any:
-        """Request/reply from outside the actor system."""
-        env = self._external_env(dst, msg, corr, "ext/ask", self.clock(), ask=True)
+        """Request/reply from outside the actor system. Returns the reply; raises
+        `AskError` (request id, target, reason) if the target is dead, its mailbox
+        full, the transport refused, or no answer came within `timeout_s`. A reply
+        after the timeout is recorded (input kind `late`), not delivered."""
+        if not timeout_s > 0:
+            raise ValueError(f"ask needs a positive timeout_s, got {timeout_s!r}")
+        t = self.clock()
+        env = self._external_env(dst, msg, corr, ASK_SRC, t, ask=True)
+        rid = env.msg_id
         slot: list[Any] = [anyio.Event(), None]
-        self._waiters[env.msg_id] = slot
+        self._waiters[rid] = slot
         try:
-            self._send(env)
-            with anyio.fail_after(timeout_s):
+            self._send(env, t)
+            with anyio.move_on_after(timeout_s):
                 await slot[0].wait()
-        except TimeoutError:
-            raise AskError(f"ask {type(msg).__name__} to {dst} timed out after {timeout_s}s") from None
         finally:
-            self._waiters.pop(env.msg_id, None)
-        reply = slot[1]
-        if isinstance(reply, AskFailed):
-            raise AskError(f"ask {type(msg).__name__} to {dst} failed: {reply.reason}")
-        return reply
+            del self._waiters[rid]
+        if not slot[0].is_set():
+            raise AskError(rid, dst, f"timeout after {timeout_s}s")
+        return self._ask_result(rid, dst, slot[1])
 
-    async def idle(self, poll_s: float = 0.001) -> None:
-        """Wait until no mailbox holds a message and no output is held."""
-        while self._busy or self._held or any(c.stats.mailbox_depth for c in self.cells.values()):
+    def _answer(self, slot: list[Any], msg: Any) -> None:
+        slot[1] = msg
+        slot[0].set()
+
+    async def idle(self, poll_s: float = 0.001, *, timers: bool = False) -> None:
+        """Wait until no mailbox holds a message, no handler runs and no output is
+        held for a commit. Pending timers do not count (a periodic timer would
+        never let it return) unless `timers=True`: then it also waits until no
+        timer is pending. Messages in flight on a transport are not seen."""
+        while (
+            self._busy or self._held or any(c.stats.mailbox_depth for c in self.cells.values())
+            or (timers and self._timers)
+        ):
             await anyio.sleep(poll_s)
 
     # ---- actor tasks -----------------------------------------------------------
-    def _start_cell(self, env: Envelope) -> None:
+    def _start_cell(self, env: Envelope, t: float) -> None:
         existing = self.cells.get(env.dst)
         if existing is not None and existing.alive:
-            self._undeliverable(env, self.clock(), DEAD)
+            self._undeliverable(env, t, DEAD)  # the address is taken by a live actor
             return
         cell = self._new_cell(env.dst)
         cell.mailbox = Mailbox(self.mailbox_capacity)
         cell.mailbox.put_nowait(env)
         cell.stats.mailbox_depth += 1
-        assert self._tg is not None, "use the driver inside 'async with'"
+        if self._tg is None:
+            raise RuntimeError("use AsyncDriver inside 'async with' before spawning")
         self._tg.start_soon(self._actor_loop, cell, name=f"actor {cell.addr}")
 
     async def _actor_loop(self, cell: Cell) -> None:
@@ -174,17 +214,25 @@ class AsyncDriver(DriverBase):
                 env = await mailbox.get()
                 burst = 0
             stats.mailbox_depth -= 1
+            if env.reply_to is not None and not settle_ask(cell, env):
+                self._bounce(env, self.clock(), LATE)
+                continue
             self._busy += 1
             now = self.clock()
             snapshot = execute(cell, env, now)
             self._pressure = None
-            ticket = sink.append(make_step(cell, env, now, snapshot)) if sink is not None else 0
-            if self.outbox:  # released by `_release` once the store reports the commit
-                self._held.append((ticket, cell, cell.ctx.outputs, now))
+            outputs = cell.ctx.outputs
+            if sink is None:
+                self._route(cell, outputs, now)
             else:
-                self._route(cell, cell.ctx.outputs, now)
-                if not cell.alive:
-                    self._retire(cell)
+                step = make_step(cell, env, now, snapshot)
+                ticket = sink.append(step)
+                if self.outbox:  # released by `_release` once the store reports the commit
+                    self._held.append((ticket, cell, outputs, now))
+                else:
+                    self._route(cell, outputs, now, step.outputs)
+            if not cell.alive and not self.outbox:
+                self._retire(cell, now)
             self._busy -= 1
             if stats.failed != failed:
                 failed = stats.failed
@@ -199,7 +247,7 @@ class AsyncDriver(DriverBase):
 
     async def _yield_to(self, target: Cell | None) -> None:
         await anyio.lowlevel.checkpoint()
-        high_water = self.mailbox_capacity // 2
+        high_water = self._high_water
         for _ in range(self.max_backpressure_yields):
             if target is None or target.stats.mailbox_depth <= high_water or not target.alive:
                 return
@@ -208,12 +256,11 @@ class AsyncDriver(DriverBase):
     def _drain_dead(self, cell: Cell) -> None:
         while (env := cell.mailbox.get_nowait()) is not None:
             cell.stats.mailbox_depth -= 1
-            self._bounce(env, DEAD)
+            self._bounce(env, self.clock(), DEAD)
 
     # ---- outbox ------------------------------------------------------------------
     def _committed_threadsafe(self, upto: int) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._release, upto)
+        self._loop.call_soon_threadsafe(self._release, upto)  # type: ignore[union-attr]
 
     def _release(self, upto: int) -> None:
         held = self._held
@@ -221,61 +268,44 @@ class AsyncDriver(DriverBase):
             _, cell, outputs, now = held.popleft()
             self._route(cell, outputs, now)
             if not cell.alive:
-                self._retire(cell)
+                self._retire(cell, now)
 
-    # ---- routing -------------------------------------------------------------------
-    def _route(self, cell: Cell, outputs: list[Out], now: float) -> None:
-        addr = cell.addr
-        hlc = cell.hlc
-        for o in outputs:
-            hlc = hlc_tick(hlc, now)
-            kind = o.kind
-            if kind == 0:
-                self._send(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg, o.reply_to, o.ask))
-            elif kind == 1:
-                env = Envelope(addr, addr, o.msg_id, hlc, o.corr, o.msg)
-                self._set_timer(now + o.delay, env, o.key)  # type: ignore[arg-type]
-            elif kind == 2:
-                self._timers.pop((addr, o.key), None)  # type: ignore[arg-type]
-            elif kind == 3:
-                self._start_cell(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg))
-            else:
-                self._send(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, Stop(by=addr)))
-        cell.hlc = hlc
-
-    def _send(self, env: Envelope) -> bool:
+    # ---- routing hooks (the core is `DriverBase._route`) -------------------------
+    def _enqueue(self, env: Envelope, t: float) -> bool:
         dst = env.dst
-        if dst.startswith(EXTERNAL_PREFIX):
-            self._to_outside_async(env)
-            return True
         cell = self.cells.get(dst)
         if cell is not None and cell.alive:
             if not cell.mailbox.put_nowait(env):
                 cell.stats.mailbox_full += 1
-                self._bounce(env, FULL)
+                self._bounce(env, t, FULL)
                 return False
             depth = cell.stats.mailbox_depth = cell.stats.mailbox_depth + 1
-            if depth > self.mailbox_capacity // 2:
+            if depth > self._high_water:  # the sender yields to it (`_yield_to`)
                 self._pressure = cell
             return True
-        if cell is None and self.transport is not None and self.transport.owns(dst):
-            return self.transport.send(env)
-        self._bounce(env, DEAD)
+        transport = self.transport
+        if cell is None and transport is not None and transport.owns(dst):
+            if transport.send(env):
+                return True
+            # The peer is gone or far behind: a dead letter like any other.
+            self._bounce(env, t, DEAD, TRANSPORT_REFUSED)
+            return False
+        self._bounce(env, t, DEAD)
         return False
 
-    def _bounce(self, env: Envelope, kind: int) -> None:
-        fail = self._undeliverable(env, self.clock(), kind)
-        if fail is not None:
-            self._send(fail)
+    def _notice(self, env: Envelope, t: float) -> None:
+        cell = self.cells.get(env.dst)
+        if cell is not None and cell.alive:  # past the capacity: one notice per message sent
+            cell.mailbox.put_notice(env)
+            cell.stats.mailbox_depth += 1
+        else:
+            self._enqueue(env, t)
 
-    def _to_outside_async(self, env: Envelope) -> None:
-        if env.reply_to is not None:
-            slot = self._waiters.get(env.reply_to)
-            if slot is not None:
-                slot[1] = env.msg
-                slot[0].set()
-                return
-        self._to_outside(self.clock(), env)
+    def _spawn_child(self, env: Envelope, t: float) -> None:
+        self._start_cell(env, t)
+
+    def _timer_entries(self) -> list[tuple[float, int, Envelope, str]]:
+        return self._timer_heap
 
     def _report_failure(self, cell: Cell) -> None:
         """The log has the failure already; an operator watching a daemon sees it too."""
@@ -286,13 +316,8 @@ class AsyncDriver(DriverBase):
             elif isinstance(event, Stopped):
                 log.warning("actor stopped", actor=cell.addr, seq=cell.seq, reason=event.reason)
 
-    def _retire(self, cell: Cell) -> None:
-        super()._retire(cell)
-        for env in self._pending_timers(cell.addr, self._timer_heap, self._timers):  # type: ignore[arg-type]
-            self._bounce(env, DEAD)
-
     def _deliver_remote(self, env: Envelope) -> None:
-        self._send(env)
+        self._send(env, self.clock())
 
     # ---- timers --------------------------------------------------------------------
     def _set_timer(self, deadline: float, env: Envelope, key: str) -> None:
@@ -318,7 +343,7 @@ class AsyncDriver(DriverBase):
             _, seq, env, key = heappop(heap)
             if self._timers.get((env.dst, key)) == seq:
                 del self._timers[(env.dst, key)]
-                self._send(env)
+                self._send(env, self.clock())
 
 
 

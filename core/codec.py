@@ -8,19 +8,28 @@ import msgspec
 
 from .messages import Raw, registered
 
-_encoder = msgspec.msgpack.Encoder()
+# Deterministic order: sets and frozensets are sorted and dict keys too, so a record
+# does not depend on the process's hash seed or on how a dict was built. Every
+# record payload (message, event, state) goes through this encoder.
+_encoder = msgspec.msgpack.Encoder(order="deterministic")
+# msgspec sorts str keys only and refuses other dict keys in that mode. A state with int-keyed
+# dicts (the RTC's block pool: keyed by block id or chain hash, insertion order = LRU order) is
+# encoded in insertion order instead: deterministic for a deterministic actor (int hashes are not
+# salted per process), and it keeps the order the state depends on.
+_insertion_encoder = msgspec.msgpack.Encoder()
 _raw_decoder = msgspec.msgpack.Decoder()
 _decoders: dict[type, msgspec.msgpack.Decoder] = {}
 
-encode = _encoder.encode
+
+def encode(obj: Any) -> bytes:
+    try:
+        return _encoder.encode(obj)
+    except TypeError:
+        return _insertion_encoder.encode(obj)
 
 
 class DecodeError(ValueError):
     """A payload that is not valid msgpack for its declared type."""
-
-
-def type_name(obj: Any) -> str:
-    return type(obj).__name__
 
 
 def _decoder_for(cls: type) -> msgspec.msgpack.Decoder:
@@ -39,14 +48,6 @@ def decode(name: str, payload: bytes) -> Any:
         return _decoder_for(cls).decode(payload)
     except msgspec.DecodeError as exc:
         raise DecodeError(f"payload of type {name!r} does not decode: {exc}") from None
-
-
-def decode_as(cls: type, payload: bytes) -> Any:
-    """Decode a payload whose Python type is known (actor state snapshots)."""
-    try:
-        return _decoder_for(cls).decode(payload)
-    except msgspec.DecodeError as exc:
-        raise DecodeError(f"payload of type {cls.__name__!r} does not decode: {exc}") from None
 
 
 def to_builtins(obj: Any) -> Any:

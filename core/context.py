@@ -11,16 +11,16 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from .address import deterministic_id
+from .classpath import class_path
 from .envelope import ReplyHandle
 from .messages import AskFailed, Event, Message, Started
+from .records import CANCEL, SEND, SPAWN, STOP, TIMER, OutputKind
 from .rng import DeliveryRng, address_hash, delivery_seed
 
 if TYPE_CHECKING:
     from .cell import Cell
     from .envelope import Envelope
 
-# Out.kind values mirror records.SEND..STOP
-_SEND, _TIMER, _CANCEL, _SPAWN, _STOP = 0, 1, 2, 3, 4
 
 
 class Out:
@@ -30,7 +30,7 @@ class Out:
 
     def __init__(
         self,
-        kind: int,
+        kind: OutputKind,
         dst: str,
         msg: Any,
         delay: float,
@@ -56,6 +56,7 @@ class Context:
 
     __slots__ = (
         "_cell", "_seed", "_addr_hash", "env", "_now", "events", "outputs", "_rng", "_ids", "stopping",
+        "event_blobs",
     )
 
     def __init__(self, cell: Cell, seed: int) -> None:
@@ -65,6 +66,7 @@ class Context:
         self.env: Envelope | None = None
         self._now = 0.0
         self.events: list[Event] = []
+        self.event_blobs: list[bytes] = []  # encodings of `events`, made once by the cell
         self.outputs: list[Out] = []
         self._rng: random.Random | None = None
         self._ids = 0
@@ -74,6 +76,7 @@ class Context:
         self.env = env
         self._now = now
         self.events = []
+        self.event_blobs = []
         self.outputs = []
         self._rng = None
         self._ids = 0
@@ -84,15 +87,19 @@ class Context:
     def self(self) -> str:
         return self._cell.addr
 
+    def _env(self) -> Envelope:
+        env = self.env
+        if env is None:
+            raise RuntimeError("the context is read outside a delivery")
+        return env
+
     @property
     def sender(self) -> str:
-        assert self.env is not None
-        return self.env.src
+        return self._env().src
 
     @property
     def corr(self) -> str | None:
-        assert self.env is not None
-        return self.env.corr
+        return self._env().corr
 
     @property
     def seq(self) -> int:
@@ -126,26 +133,24 @@ class Context:
         cell.out_seq += 1
         if corr is None and self.env is not None:
             corr = self.env.corr
-        self.outputs.append(Out(_SEND, dst, msg, 0.0, cell.out_seq, corr))
+        self.outputs.append(Out(SEND, dst, msg, 0.0, cell.out_seq, corr))
         return cell.out_seq
 
     def reply_handle(self) -> ReplyHandle:
         """The return address of the message being handled, to answer it later
         (a device replies from the timer that ends its work, not from the request)."""
-        env = self.env
-        assert env is not None, "reply_handle() outside a delivery"
+        env = self._env()
         return ReplyHandle(env.src, env.msg_id, env.corr)
 
     def reply(self, msg: Message, to: ReplyHandle | None = None) -> int:
         """Answer the message being handled, or the one `to` names. The receiver
         sees `reply_to` set, which also cancels an `ask`'s timeout."""
         if to is None:
-            env = self.env
-            assert env is not None
+            env = self._env()
             to = ReplyHandle(env.src, env.msg_id, env.corr)
         cell = self._cell
         cell.out_seq += 1
-        self.outputs.append(Out(_SEND, to.addr, msg, 0.0, cell.out_seq, to.corr, to.msg_id))
+        self.outputs.append(Out(SEND, to.addr, msg, 0.0, cell.out_seq, to.corr, to.msg_id))
         return cell.out_seq
 
     def ask(self, dst: str, msg: Message, timeout_s: float, corr: str | None = None) -> int:
@@ -153,38 +158,39 @@ class Context:
         envelope has `reply_to` equal to the returned id; if the target is dead,
         full, or silent for `timeout_s`, an `AskFailed` with that id arrives instead.
         """
-        assert timeout_s > 0, "ask needs a positive timeout"
+        if not timeout_s > 0:
+            raise ValueError(f"ask needs a positive timeout_s, got {timeout_s!r}")
         rid = self.send(dst, msg, corr)
         self.outputs[-1].ask = True
         fail = AskFailed(request_id=rid, target=dst, reason=f"timeout after {timeout_s}s")
         self.after(timeout_s, fail, key=f"ask:{rid}")
+        self.outputs[-1].reply_to = rid  # every AskFailed names its request in reply_to
         return rid
 
     def after(self, delay_s: float, msg: Message, key: str | None = None) -> str:
         """A timer to self. Setting a key again replaces the pending timer."""
-        assert delay_s >= 0, f"timers cannot fire in the past (or at NaN): {delay_s}"
+        if not delay_s >= 0:
+            raise ValueError(f"timers cannot fire in the past (or at NaN): delay_s={delay_s!r}")
         delay_s += 0.0  # -0.0 -> 0.0: the log stores what the handler meant
         cell = self._cell
         cell.out_seq += 1
         key = key if key is not None else f"t{cell.out_seq}"
         corr = self.env.corr if self.env is not None else None
-        self.outputs.append(Out(_TIMER, cell.addr, msg, delay_s, cell.out_seq, corr, key=key))
+        self.outputs.append(Out(TIMER, cell.addr, msg, delay_s, cell.out_seq, corr, key=key))
         return key
 
     def cancel(self, key: str) -> None:
         cell = self._cell
         cell.out_seq += 1
-        self.outputs.append(Out(_CANCEL, cell.addr, None, 0.0, cell.out_seq, None, key=key))
+        self.outputs.append(Out(CANCEL, cell.addr, None, 0.0, cell.out_seq, None, key=key))
 
     def spawn(self, addr: str, cls: type, **kwargs: Any) -> str:
         """Start a child actor at `addr`, built as `cls(**kwargs)`."""
-        from .actor import class_path
-
         cell = self._cell
         cell.out_seq += 1
         started = Started(cls=class_path(cls), args=kwargs, parent=cell.addr)
         corr = self.env.corr if self.env is not None else None
-        self.outputs.append(Out(_SPAWN, addr, started, 0.0, cell.out_seq, corr))
+        self.outputs.append(Out(SPAWN, addr, started, 0.0, cell.out_seq, corr))
         return addr
 
     def stop(self, addr: str | None = None) -> None:
@@ -194,4 +200,4 @@ class Context:
             return
         cell = self._cell
         cell.out_seq += 1
-        self.outputs.append(Out(_STOP, addr, None, 0.0, cell.out_seq, None))
+        self.outputs.append(Out(STOP, addr, None, 0.0, cell.out_seq, None))

@@ -1,4 +1,10 @@
-"""What both drivers share: the actor registry, run record, dead letters, stats."""
+"""What both drivers share: the actor registry, run record, the routing core
+(`_route`, `_send`, `_bounce`, `_retire`), dead letters, asks from outside, stats.
+
+The routing core is written once; a driver supplies five small hooks that say how
+its time and queues work: `_enqueue` (a message to an actor address: queue it or
+bounce it), `_notice` (a kernel notice to a sender, past its capacity),
+`_set_timer`, `_spawn_child` and `_timer_entries`."""
 
 from __future__ import annotations
 
@@ -9,14 +15,42 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .actor import class_path
 from .address import EXTERNAL_PREFIX, check_address, hlc_physical
-from .cell import Cell, input_record
+from .cell import Cell, final_snapshot, input_record
+from .classpath import class_path
+from .context import Out
 from .envelope import Envelope
-from .messages import AskFailed, Message, Started, Stopped
-from .records import DEAD, FULL, LogSink, RunRec, Step
+from .messages import AskFailed, Message, Started, Stop, Stopped, Undelivered
+from .records import (
+    CANCEL,
+    DEAD,
+    FULL,
+    LATE,
+    SEND,
+    SPAWN,
+    TIMER,
+    LogSink,
+    OutputRec,
+    RunRec,
+    Step,
+)
 
 CODE_VERSION = "0.1.0"
+TRANSPORT_REFUSED = "transport refused"
+ASK_SRC = "ext/ask"  # the source address of asks from outside the actor system
+
+
+class AskError(Exception):
+    """An external `ask` (`SimDriver.ask`, `AsyncDriver.ask`) failed. Carries what
+    an actor's `AskFailed` carries: the request id, the target and the reason
+    ("target is dead", "target mailbox is full", "transport refused",
+    "timeout after Ns")."""
+
+    def __init__(self, request_id: int, target: str, reason: str) -> None:
+        super().__init__(f"ask #{request_id} to {target} failed: {reason}")
+        self.request_id = request_id
+        self.target = target
+        self.reason = reason
 
 
 class DriverBase:
@@ -32,7 +66,8 @@ class DriverBase:
         run_id: str | None = None,
         config: dict[str, Any] | None = None,
     ) -> None:
-        assert mailbox_capacity > 0
+        if mailbox_capacity <= 0:
+            raise ValueError(f"mailbox_capacity must be positive, got {mailbox_capacity}")
         self.seed = seed
         self.sink = sink
         self.mailbox_capacity = mailbox_capacity
@@ -41,6 +76,9 @@ class DriverBase:
         self._ext_seq = 0
         self.dead_letters = 0
         self.mailbox_full = 0
+        self.late_replies = 0  # answers to asks already settled: recorded, not delivered
+        self._waiters: dict[int, list[Any]] = {}  # external ask id -> [signal, reply]
+        self._timers: dict[tuple[str, str], int] = {}  # (addr, key) -> live timer's seq
         self.escalations: list[tuple[str, str]] = []
         # What actors sent to the outside world, newest last; bounded (a daemon runs
         # for days): a frontend takes its messages through `on_external` instead.
@@ -62,10 +100,29 @@ class DriverBase:
         self.cells[addr] = cell
         return cell
 
-    def _retire(self, cell: Cell) -> None:
+    def _retire(self, cell: Cell, t: float) -> None:
+        """A stopped actor leaves the registry; its final state is logged and its
+        pending timers become dead letters (never delivered to a later incarnation)."""
         if self.cells.get(cell.addr) is cell:
             del self.cells[cell.addr]
             self._retired_seq[cell.addr] = cell.seq
+        self._log_final(cell, t)
+        for env in self._pending_timers(cell.addr, self._timer_entries(), self._timers):
+            self._bounce(env, t, DEAD)
+
+    def _log_final(self, cell: Cell, t: float) -> None:
+        if self.sink is not None:
+            step = final_snapshot(cell, t)
+            if step is not None:
+                self.sink.append(step)
+
+    def _snapshot_live(self, t: float) -> None:
+        """Log the live state of every actor that changed since its last final
+        snapshot, so replay compares every actor's final state (run end, stop)."""
+        if self.sink is not None:
+            for cell in list(self.cells.values()):
+                if cell.alive:
+                    self._log_final(cell, t)
 
     def alive(self, addr: str) -> bool:
         cell = self.cells.get(addr)
@@ -115,9 +172,26 @@ class DriverBase:
         return [env for _, env in live]
 
     def _to_outside(self, t: float, env: Envelope) -> None:
+        if env.reply_to is not None and env.dst == ASK_SRC:
+            slot = self._waiters.get(env.reply_to)
+            if slot is None:  # the external ask failed (timed out) already
+                self._undeliverable(env, t, LATE)
+            else:
+                self._answer(slot, env.msg)
+            return
         self.external_out.append((t, env))
         if self.on_external is not None:
             self.on_external(t, env)
+
+    def _answer(self, slot: list[Any], msg: Any) -> None:
+        """Hand an external ask its answer (driver-specific wake-up)."""
+        slot[1] = msg
+
+    @staticmethod
+    def _ask_result(request_id: int, target: str, reply: Any) -> Any:
+        if isinstance(reply, AskFailed):
+            raise AskError(request_id, target, reply.reason)
+        return reply
 
     def _note_stop(self, cell: Cell) -> None:
         """A root actor that escalates has no parent to tell: the driver keeps it."""
@@ -127,22 +201,101 @@ class DriverBase:
             if isinstance(event, Stopped) and event.reason.startswith("escalate"):
                 self.escalations.append((cell.addr, event.reason))
 
+    # ---- routing: one core, per-driver hooks --------------------------------
+    def _route(
+        self, cell: Cell, outputs: list[Out], t: float, recs: list[OutputRec] | None = None
+    ) -> None:
+        """Carry out a delivery's outputs. `recs`, the logged records of them, lend
+        their encodings to the receivers' input records (a message is encoded once)."""
+        addr = cell.addr
+        hlc = cell.hlc
+        pt = hlc_physical(t)  # every output is a send event at t: `hlc_tick`, unrolled
+        send, enqueue = self._send, self._enqueue
+        for i, o in enumerate(outputs):
+            hlc = pt if pt > hlc else hlc + 1
+            kind = o.kind
+            if kind is SEND:  # the hot path: `_send` inlined
+                if o.ask:
+                    cell.open_asks.add(o.msg_id)
+                payload = recs[i].payload if recs is not None else None
+                env = Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg, o.reply_to, o.ask, False, payload)
+                if o.dst.startswith(EXTERNAL_PREFIX):
+                    self._to_outside(t, env)
+                else:
+                    enqueue(env, t)
+            elif kind is TIMER:
+                env = Envelope(addr, addr, o.msg_id, hlc, o.corr, o.msg, o.reply_to)
+                self._set_timer(t + o.delay, env, o.key)  # type: ignore[arg-type]
+            elif kind is CANCEL:
+                self._timers.pop((addr, o.key), None)  # type: ignore[arg-type]
+            elif kind is SPAWN:
+                self._spawn_child(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg), t)
+            else:  # STOP another actor
+                send(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, Stop(by=addr)), t)
+        cell.hlc = hlc
+
+    def _send(self, env: Envelope, t: float) -> bool:
+        """Route one envelope: to the outside world, or into the driver's queues."""
+        if env.dst.startswith(EXTERNAL_PREFIX):
+            self._to_outside(t, env)
+            return True
+        return self._enqueue(env, t)
+
+    def _bounce(self, env: Envelope, t: float, kind: int, reason: str | None = None) -> None:
+        """Record an undeliverable envelope and tell its sender what it is owed."""
+        told = self._undeliverable(env, t, kind, reason)
+        if told is None:
+            return
+        if told.dst.startswith(EXTERNAL_PREFIX):
+            self._to_outside(t, told)
+        else:
+            self._notice(told, t)
+
+    # Hooks (each driver's): how its queues and timers work.
+    def _enqueue(self, env: Envelope, t: float) -> bool:
+        raise NotImplementedError
+
+    def _notice(self, env: Envelope, t: float) -> None:
+        raise NotImplementedError
+
+    def _set_timer(self, deadline: float, env: Envelope, key: str) -> None:
+        raise NotImplementedError
+
+    def _spawn_child(self, env: Envelope, t: float) -> None:
+        raise NotImplementedError
+
+    def _timer_entries(self) -> list[tuple[float, int, Envelope, str | None]]:
+        raise NotImplementedError
+
     # ---- undeliverable ---------------------------------------------------
-    def _undeliverable(self, env: Envelope, t: float, kind: int) -> Envelope | None:
-        """Record a dead letter or a drop; return the `AskFailed` owed to an asker."""
+    def _undeliverable(
+        self, env: Envelope, t: float, kind: int, reason: str | None = None
+    ) -> Envelope | None:
+        """Record a dead letter, a drop or a late answer; return what the sender is
+        owed: `AskFailed` for an ask, `Undelivered` for a dropped tell between actors
+        (full mailbox, refused transport). Dead letters to stopped actors are only
+        recorded: the sender did nothing wrong, and a stopped actor's timers are many."""
         if kind == DEAD:
             self.dead_letters += 1
-        else:
+        elif kind == FULL:
             self.mailbox_full += 1
+        else:
+            self.late_replies += 1
         if self.sink is not None:
             ghost = Cell(env.dst, self.seed, -1)  # seq -1 marks "not delivered"
             ghost.hlc = env.hlc  # so merged logs still order it by time
             self.sink.append(Step(input_record(ghost, env, t, kind), [], []))
-        if not env.ask:
+        if kind == LATE:
             return None
-        reason = "target is dead" if kind == DEAD else "target mailbox is full"
-        fail = AskFailed(request_id=env.msg_id, target=env.dst, reason=reason)
-        return Envelope(env.dst, env.src, 0, env.hlc, env.corr, fail, env.msg_id)
+        if reason is None:
+            reason = "target is dead" if kind == DEAD else "target mailbox is full"
+        if env.ask:
+            fail: Message = AskFailed(request_id=env.msg_id, target=env.dst, reason=reason)
+            return Envelope(env.dst, env.src, 0, env.hlc, env.corr, fail, env.msg_id)
+        if (kind == FULL or reason == TRANSPORT_REFUSED) and not env.external:
+            told = Undelivered(env.msg_id, env.dst, reason, type(env.msg).__name__)
+            return Envelope(env.dst, env.src, 0, env.hlc, env.corr, told)
+        return None
 
 
-__all__ = ["DriverBase", "DEAD", "FULL"]
+__all__ = ["ASK_SRC", "AskError", "DriverBase", "DEAD", "FULL", "LATE"]

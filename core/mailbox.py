@@ -10,21 +10,13 @@ import asyncio
 from collections import deque
 from typing import Any
 
-import msgspec
-
-
-class MailboxStatistics(msgspec.Struct, frozen=True):
-    depth: int
-    capacity: int
-    puts: int
-    refused: int
-
 
 class Mailbox:
     __slots__ = ("_q", "capacity", "_waiter", "_space", "puts", "refused")
 
     def __init__(self, capacity: int) -> None:
-        assert capacity > 0
+        if capacity <= 0:
+            raise ValueError(f"mailbox capacity must be positive, got {capacity}")
         self._q: deque[Any] = deque()
         self.capacity = capacity
         # Bare asyncio futures: the driver runs on anyio's asyncio backend, and a
@@ -50,13 +42,23 @@ class Mailbox:
                 waiter.set_result(None)
         return True
 
-    async def put(self, item: Any) -> None:
-        """Wait for space (external producers get backpressure, not drops)."""
-        while len(self._q) >= self.capacity:
+    def put_notice(self, item: Any) -> None:
+        """Past the capacity: the kernel's notice to a sender about a message it
+        sent (`AskFailed`, `Undelivered`), bounded by what the sender sent."""
+        self._q.append(item)
+        self.puts += 1
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait_below(self, limit: int) -> None:
+        """Wait until fewer than `limit` messages are queued (edge backpressure)."""
+        while len(self._q) >= limit:
             if self._space is None:
                 self._space = asyncio.get_running_loop().create_future()
             await self._space
-        self.put_nowait(item)
 
     def get_nowait(self) -> Any | None:
         q = self._q
@@ -77,6 +79,3 @@ class Mailbox:
             await self._waiter
             item = self.get_nowait()
         return item
-
-    def statistics(self) -> MailboxStatistics:
-        return MailboxStatistics(len(self._q), self.capacity, self.puts, self.refused)

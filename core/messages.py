@@ -49,10 +49,6 @@ def registered(name: str) -> type[msgspec.Struct] | None:
     return _REGISTRY.get(name)
 
 
-def registry_names() -> list[str]:
-    return sorted(_REGISTRY)
-
-
 class Message(msgspec.Struct, frozen=True, tag=True):
     """Base of every message an actor can receive."""
 
@@ -100,6 +96,18 @@ class AskFailed(Message, frozen=True):
     request_id: int
     target: str
     reason: str
+
+
+class Undelivered(Message, frozen=True):
+    """Told to an actor whose tell was dropped (the target's mailbox was full, or the
+    transport refused it): overload is never silent between actors. An asker gets
+    `AskFailed` instead. Handle it to retry or give up; ignoring it is allowed."""
+
+    system: ClassVar[bool] = True
+    msg_id: int  # the sender's id of the dropped message (what `ctx.send` returned)
+    target: str
+    reason: str
+    msg_type: str  # the dropped message's type name
 
 
 class ChildFailed(Message, frozen=True):

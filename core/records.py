@@ -6,24 +6,40 @@ it produced are appended (and, in `outbox` mode, committed) together.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from enum import IntEnum
 from typing import Protocol
 
 import msgspec
 
-# InputRec.kind
-DELIVERED = 0  # handed to the actor's handler
-DEAD = 1  # undeliverable: no such actor, or it had stopped
-FULL = 2  # dropped: the target's mailbox was full
 
-# OutputRec.kind
-SEND = 0
-TIMER = 1
-CANCEL = 2
-SPAWN = 3
-STOP = 4
+class InputKind(IntEnum):
+    """`InputRec.kind`: what became of an input."""
 
-INPUT_KIND_NAMES = {DELIVERED: "deliver", DEAD: "dead", FULL: "full"}
-OUTPUT_KIND_NAMES = {SEND: "send", TIMER: "timer", CANCEL: "cancel", SPAWN: "spawn", STOP: "stop"}
+    DELIVERED = 0  # handed to the actor's handler
+    DEAD = 1  # undeliverable: no such actor, it had stopped, or the transport refused
+    FULL = 2  # dropped: the target's mailbox was full
+    SNAPSHOT = 3  # not a delivery: the actor's live state at run end or at its stop
+    LATE = 4  # not delivered: an answer to an ask already settled (failed, or answered)
+
+
+class OutputKind(IntEnum):
+    """`OutputRec.kind` (and the context's pending outputs): what a handler asked for."""
+
+    SEND = 0
+    TIMER = 1
+    CANCEL = 2
+    SPAWN = 3
+    STOP = 4
+
+
+DELIVERED, DEAD, FULL, SNAPSHOT, LATE = InputKind
+SEND, TIMER, CANCEL, SPAWN, STOP = OutputKind
+
+INPUT_KIND_NAMES = {
+    DELIVERED: "deliver", DEAD: "dead", FULL: "full", SNAPSHOT: "snapshot", LATE: "late",
+}
+OUTPUT_KIND_NAMES = {k: k.name.lower() for k in OutputKind}
 
 
 class InputRec(msgspec.Struct, array_like=True, gc=False):
@@ -108,6 +124,27 @@ class LogSink(Protocol):
         ...
 
     def close(self) -> None: ...
+
+    # Optional, for designed backpressure (persistence's `PressureSink`):
+    # `under_pressure` (True while the writer is behind) and `await wait_for_room()`.
+    # `AsyncDriver` then admits no external input (`inject` waits, `inject_nowait`
+    # refuses), so `append` — which blocks the event loop when the queue is full —
+    # is reached only by work already admitted.
+
+
+class DurableSink(LogSink, Protocol):
+    """A `LogSink` that reports commits: what `AsyncDriver(outbox=True)` needs to
+    release a delivery's outputs only after its records are durable.
+
+    `on_commit`, set by the driver, is called with the highest committed ticket after
+    each commit (from the writer thread; synchronously inside `append` for
+    `MemoryStore`). Register a hold for ticket t first, then check
+    `committed_ticket >= t`: the commit may have landed in between."""
+
+    on_commit: Callable[[int], None] | None
+
+    @property
+    def committed_ticket(self) -> int: ...
 
 
 class MemorySink:

@@ -38,7 +38,8 @@ class DeliveryRng(random.Random):
     _state: int
 
     def seed(self, a: object = None, version: int = 2) -> None:  # noqa: ARG002
-        assert isinstance(a, int), "DeliveryRng is seeded with an int"
+        if not isinstance(a, int):
+            raise TypeError(f"DeliveryRng is seeded with an int, got {type(a).__name__}")
         self._state = a & _MASK
         self.gauss_next = None
 
@@ -50,7 +51,8 @@ class DeliveryRng(random.Random):
         return (self._next64() >> 11) * (1.0 / 9007199254740992.0)
 
     def getrandbits(self, k: int) -> int:
-        assert k >= 0
+        if k < 0:
+            raise ValueError(f"number of bits must be non-negative, got {k}")
         if k <= 64:
             return self._next64() >> (64 - k)
         out, got = 0, 0

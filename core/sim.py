@@ -11,12 +11,11 @@ from collections.abc import Callable
 from heapq import heappop, heappush
 from typing import Any
 
-from .address import EXTERNAL_PREFIX, hlc_tick
-from .cell import Cell, execute, make_step
-from .driver import DriverBase
+from .cell import execute, make_step, settle_ask
+from .driver import ASK_SRC, AskError, DriverBase
 from .envelope import Envelope
-from .messages import Message, Started, Stop
-from .records import DEAD, FULL, OutputRec
+from .messages import Message, Started
+from .records import DEAD, FULL, LATE
 
 Invariant = Callable[["SimDriver"], None]
 
@@ -29,10 +28,14 @@ class SimDriver(DriverBase):
         self.now = 0.0
         self._heap: list[tuple[float, int, Envelope, str | None]] = []
         self._seq = 0
-        self._timers: dict[tuple[str, str], int] = {}
         self.deliveries = 0
         self.invariants: list[Invariant] = []
-        self._depth: dict[str, int] = {}  # pending non-timer deliveries per address
+        self._depth: dict[str, int] = {}  # due, undelivered non-timer messages per address
+        # External inputs scheduled for later: the outside world's, not yet in any
+        # mailbox. They enter the heap (and count against the target's capacity)
+        # only when virtual time reaches them, so a whole trace injected up front
+        # does not make mailboxes read as full.
+        self._scheduled: list[tuple[float, int, Envelope, str | None]] = []
 
     # ---- the outside world -------------------------------------------------
     def spawn(self, addr: str, cls: type, *, src: str = "ext/operator", **kwargs: Any) -> str:
@@ -56,22 +59,71 @@ class SimDriver(DriverBase):
         if at < self.now:
             raise ValueError(f"at={at} is in the past (now={self.now})")
         env = self._external_env(dst, msg, corr, src, at, ask)
-        self._push(at, env)
+        if at > self.now:
+            self._seq += 1  # the same order as if it had been pushed now
+            heappush(self._scheduled, (at, self._seq, env, None))
+        else:
+            self._push(at, env)
         return env.msg_id
 
+    def ask(self, dst: str, msg: Message, timeout_s: float, corr: str | None = None) -> Any:
+        """Request/reply from outside, in virtual time: runs the loop until the
+        answer arrives or `timeout_s` of virtual time passed. Returns the reply;
+        raises `AskError` (request id, target, reason) like `AsyncDriver.ask`. A
+        reply after the timeout is recorded (input kind `late`), not delivered."""
+        if not timeout_s > 0:
+            raise ValueError(f"ask needs a positive timeout_s, got {timeout_s!r}")
+        rid = self.inject(dst, msg, corr=corr, src=ASK_SRC, ask=True)
+        slot: list[Any] = [False, None]
+        self._waiters[rid] = slot
+        deadline = self.now + timeout_s
+        try:
+            while not slot[0] and self.run(until=deadline, max_deliveries=1):
+                pass
+        finally:
+            del self._waiters[rid]
+        if not slot[0]:
+            self.now = max(self.now, deadline)
+            raise AskError(rid, dst, f"timeout after {timeout_s}s")
+        return self._ask_result(rid, dst, slot[1])
+
+    def _answer(self, slot: list[Any], msg: Any) -> None:
+        slot[0], slot[1] = True, msg
+
     def pending(self) -> int:
-        return len(self._heap)
+        """Deliveries not yet made: due messages, timers and scheduled inputs."""
+        return len(self._heap) + len(self._scheduled)
+
+    def _next_time(self) -> float:
+        """Virtual time of the next delivery (inf when nothing is pending)."""
+        heap_t = self._heap[0][0] if self._heap else float("inf")
+        return min(heap_t, self._scheduled[0][0]) if self._scheduled else heap_t
+
+    def _admit_due(self) -> None:
+        """Move scheduled external inputs whose time has come into the heap."""
+        sched, heap, depth = self._scheduled, self._heap, self._depth
+        t = sched[0][0] if not heap or sched[0][0] < heap[0][0] else heap[0][0]
+        while sched and sched[0][0] <= t:
+            item = heappop(sched)
+            dst = item[2].dst
+            depth[dst] = depth.get(dst, 0) + 1
+            heappush(heap, item)
 
     # ---- the loop ----------------------------------------------------------
     def run(self, until: float | None = None, max_deliveries: int | None = None) -> int:
         """Deliver until the heap is empty, virtual time passes `until`, or the
         delivery budget is spent. Returns the number of deliveries made."""
         heap, cells, timers, sink, depth = self._heap, self.cells, self._timers, self.sink, self._depth
+        sched = self._scheduled
         invariants = self.invariants
         budget = -1 if max_deliveries is None else max_deliveries
         n = 0
-        while heap and n != budget:
-            if until is not None and heap[0][0] > until:
+        while n != budget:
+            if sched and (not heap or sched[0][0] <= heap[0][0]):
+                if until is not None and sched[0][0] > until:
+                    break
+                self._admit_due()
+            elif not heap or (until is not None and heap[0][0] > until):
                 break
             t, seq, env, key = heappop(heap)
             if key is not None:
@@ -92,26 +144,36 @@ class SimDriver(DriverBase):
             elif type(env.msg) is Started:
                 self._bounce(env, t, DEAD)  # the address is taken by a live actor
                 continue
+            elif env.reply_to is not None and not settle_ask(cell, env):
+                self._bounce(env, t, LATE)
+                continue
             snapshot = execute(cell, env, t)
             if sink is not None:
                 step = make_step(cell, env, t, snapshot)
                 sink.append(step)
                 if step.outputs:
-                    self._route(cell, t, step.outputs)
+                    self._route(cell, cell.ctx.outputs, t, step.outputs)
             elif cell.ctx.outputs:
-                self._route(cell, t, None)
+                self._route(cell, cell.ctx.outputs, t)
             if not cell.alive:
-                self._retire(cell)
+                self._retire(cell, t)
                 self._note_stop(cell)
             n += 1
             for check in invariants:
                 check(self)
-        if until is not None and (not heap or heap[0][0] > until):
+        if until is not None and self._next_time() > until:
             self.now = max(self.now, until)
         self.deliveries += n
+        if not heap and not sched:
+            self.snapshot_live()  # the run has ended: nothing is pending
         return n
 
-    # ---- routing -------------------------------------------------------------
+    def snapshot_live(self) -> None:
+        """Log every live actor's final state now (done by `run` when nothing is
+        pending; call it after a run stopped early by `until` or a budget)."""
+        self._snapshot_live(self.now)
+
+    # ---- routing hooks (the core is `DriverBase._route`) ---------------------
     def _push(self, t: float, env: Envelope, key: str | None = None) -> int:
         if key is None:
             self._depth[env.dst] = self._depth.get(env.dst, 0) + 1
@@ -119,49 +181,29 @@ class SimDriver(DriverBase):
         heappush(self._heap, (t, self._seq, env, key))
         return self._seq
 
-    def _send(self, env: Envelope, t: float) -> None:
+    def _enqueue(self, env: Envelope, t: float) -> bool:
+        # Whether the target is alive is decided when the message is due (`run`).
         dst = env.dst
-        if dst.startswith(EXTERNAL_PREFIX):
-            self._to_outside(t, env)
-            return
         if self._depth.get(dst, 0) >= self.mailbox_capacity:
             cell = self.cells.get(dst)
             if cell is not None:
                 cell.stats.mailbox_full += 1
             self._bounce(env, t, FULL)
-            return
+            return False
         self._push(t, env)
+        return True
 
-    def _bounce(self, env: Envelope, t: float, kind: int) -> None:
-        fail = self._undeliverable(env, t, kind)
-        if fail is not None:
-            self._send(fail, t)
+    def _notice(self, env: Envelope, t: float) -> None:
+        self._push(t, env)  # past the capacity: one notice per message the sender sent
 
-    def _route(self, cell: Cell, t: float, recs: list[OutputRec] | None) -> None:
-        addr = cell.addr
-        hlc = cell.hlc
-        for i, o in enumerate(cell.ctx.outputs):
-            hlc = hlc_tick(hlc, t)
-            kind = o.kind
-            if kind == 0:  # send; reuse the logged encoding for the receiver's input record
-                payload = recs[i].payload if recs is not None else None
-                env = Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg, o.reply_to, o.ask, False, payload)
-                self._send(env, t)
-            elif kind == 1:  # timer
-                env = Envelope(addr, addr, o.msg_id, hlc, o.corr, o.msg)
-                self._timers[(addr, o.key)] = self._push(t + o.delay, env, o.key)
-            elif kind == 2:  # cancel
-                self._timers.pop((addr, o.key), None)
-            elif kind == 3:  # spawn: the child's cell is made when `Started` arrives
-                self._push(t, Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg))
-            else:  # stop another actor
-                self._send(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, Stop(by=addr)), t)
-        cell.hlc = hlc
+    def _set_timer(self, deadline: float, env: Envelope, key: str) -> None:
+        self._timers[(env.dst, key)] = self._push(deadline, env, key)
 
-    def _retire(self, cell: Cell) -> None:
-        super()._retire(cell)
-        for env in self._pending_timers(cell.addr, self._heap, self._timers):
-            self._bounce(env, self.now, DEAD)
+    def _spawn_child(self, env: Envelope, t: float) -> None:
+        self._push(t, env)  # the child's cell is made when `Started` arrives
+
+    def _timer_entries(self) -> list[tuple[float, int, Envelope, str | None]]:
+        return self._heap
 
     def stats(self) -> dict[str, dict[str, Any]]:
         for addr, cell in self.cells.items():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from deepserve.core import Actor, Context, Directive, Event, Message, Supervision
+from deepserve.core import Actor, Context, Directive, Event, Message, ReplyHandle, Supervision
 from deepserve.core.messages import AskFailed, ChildFailed
 
 
@@ -140,3 +140,111 @@ class DictState(Actor[dict]):
             ctx.record(Added(msg.n))
         elif isinstance(msg, Boom):
             raise RuntimeError("boom")
+
+
+class Sloppy(Actor[list]):
+    """Breaks the rule: mutates `self.state` in place; its events change nothing."""
+
+    def initial_state(self) -> list:
+        return []
+
+    def evolve(self, state: list, event: Event) -> list:
+        return state
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, Add):
+            self.state.append(msg.n)
+            ctx.record(Added(msg.n))
+
+
+class Appender(Actor[list]):
+    """Keeps the rule although `evolve` appends in place: state == fold of events."""
+
+    def initial_state(self) -> list:
+        return []
+
+    def evolve(self, state: list, event: Event) -> list:
+        assert isinstance(event, Added)
+        state.append(event.n)
+        return state
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, Add):
+            ctx.record(Added(msg.n))
+        elif isinstance(msg, StopSelf):
+            ctx.stop()
+
+
+class Hoard(Actor[tuple]):
+    """A large state changed by small events: snapshots must stay rare."""
+
+    snapshot_every = 4
+
+    def initial_state(self) -> tuple:
+        return tuple(f"item-{i:05d}" for i in range(5000))
+
+    def evolve(self, state: tuple, event: Event) -> tuple:
+        assert isinstance(event, Added)
+        return (*state[1:], f"item-{event.n:05d}")
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, Add):
+            ctx.record(Added(msg.n))
+
+
+class Frequent(Counter):
+    snapshot_every = 4
+
+
+class Later(Message, frozen=True):
+    handle: ReplyHandle
+    n: int
+
+
+class Slow(Actor[None]):
+    """Answers an `Add` after `delay_s` (from a timer, through a saved reply handle)."""
+
+    def __init__(self, delay_s: float = 2.0) -> None:
+        self.delay_s = delay_s
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, Add):
+            ctx.after(self.delay_s, Later(ctx.reply_handle(), msg.n))
+        elif isinstance(msg, Later):
+            ctx.reply(Add(msg.n), to=msg.handle)
+
+
+class Asker(Actor[tuple]):
+    """Asks on `AskIt`; records every answer with the envelope's reply_to."""
+
+    def initial_state(self) -> tuple:
+        return ()
+
+    def evolve(self, state: tuple, event: Event) -> tuple:
+        assert isinstance(event, Noted)
+        return (*state, event.what)
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, AskIt):
+            rid = ctx.ask(msg.dst, Add(7), msg.timeout_s)
+            ctx.record(Noted(f"asked:{rid}"))
+        elif isinstance(msg, AskFailed):
+            ctx.record(Noted(f"failed:{msg.request_id}:{ctx.env.reply_to}:{msg.target}:{msg.reason}"))
+        elif isinstance(msg, Add):
+            ctx.record(Noted(f"reply:{ctx.env.reply_to}:{msg.n}"))
+
+
+class Spray(Message, frozen=True):
+    dst: str
+    k: int
+
+
+class Sprayer(Counter):
+    """Sends `k` messages in one handler (more than a mailbox holds)."""
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, Spray):
+            for _ in range(msg.k):
+                ctx.send(msg.dst, Add(1))
+        else:
+            super().handle(ctx, msg)

@@ -1,0 +1,186 @@
+"""`SqlLog`: the `LogReader` over one SQL database (an SQLite file or PostgreSQL).
+
+Steps stream: input rows come from one cursor `CHUNK` at a time, and for each chunk
+the events, outputs and snapshots of exactly those steps are fetched by step id,
+grouped into step tuples (`rows.group_steps`) and converted to `Step`s in one
+msgspec call (`to_steps`). Memory stays bounded by the chunk size whatever the
+log's length. An SQLite file's steps take a faster path through plain sqlite3
+(`sqlite.log_reader.SqliteLog`); this one serves PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import msgspec
+from sqlalchemy import Row, Select, Table, select
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql import ColumnElement, Executable
+from sqlalchemy.sql.visitors import InternalTraversal
+
+from deepserve.core.records import RunRec, SnapshotRec, Step
+
+from .api import LogReader, StepFilter
+from .errors import LogError
+from .rows import group_steps, id_range_is_dense
+from .schema import (
+    EVENT_FIELDS,
+    INPUT_FIELDS,
+    OUTPUT_FIELDS,
+    RUN_FIELDS,
+    SNAPSHOT_FIELDS,
+    events,
+    inputs,
+    outputs,
+    runs,
+    snapshots,
+)
+
+CHUNK = 1000
+
+
+class Db(Protocol):
+    """What `SqlLog` needs from a backend; errors come out as one-line `LogError`s."""
+
+    label: str
+
+    def all(self, stmt: Executable) -> Sequence[Row]: ...
+
+    def chunks(self, stmt: Executable, size: int) -> Iterator[Sequence[Row]]: ...
+
+    def close(self) -> None: ...
+
+
+# Every row read for a step ends with its step id (see `rows.group_steps`).
+RUN_COLS = [runs.c[f] for f in RUN_FIELDS]
+INPUT_COLS = [*(inputs.c[f] for f in INPUT_FIELDS), inputs.c.id]
+CHILD_COLS = {
+    t.name: [*(t.c[f] for f in fields), t.c.step_id]
+    for t, fields in (
+        (events, EVENT_FIELDS),
+        (outputs, OUTPUT_FIELDS),
+        (snapshots, SNAPSHOT_FIELDS),
+    )
+}
+
+
+def record_error(label: str, exc: Exception) -> LogError:
+    """A row that does not make a record (SQLite keeps whatever a column is given:
+    text in an integer column of a damaged or foreign file)."""
+    return LogError(f"{label}: a step's rows do not fit the log's record types ({exc})")
+
+
+def to_steps(label: str, groups: list[tuple]) -> list[Step]:
+    """Step tuples (`rows.group_steps`) as `Step`s, in one C call."""
+    try:
+        return msgspec.convert(groups, list[Step], strict=False)
+    except msgspec.ValidationError as exc:
+        raise record_error(label, exc) from None
+
+
+class _Unindexed(ColumnElement[Any]):
+    """A column SQLite must read by scanning, not look up through an index (`+col`).
+
+    Reading a whole run is `run_id = ? ORDER BY id`; without ANALYZE statistics the
+    SQLite planner takes the run_id index and then sorts the entire run in a temp
+    b-tree before the first row comes out. A rowid scan streams in order at once.
+    PostgreSQL has statistics and gets the plain column."""
+
+    inherit_cache = True
+    _traverse_internals = [("col", InternalTraversal.dp_clauseelement)]
+
+    def __init__(self, col: ColumnElement[Any]) -> None:
+        self.col = col
+        self.type = col.type
+
+
+@compiles(_Unindexed)
+def _unindexed_default(element: _Unindexed, compiler: Any, **kw: Any) -> str:
+    return compiler.process(element.col, **kw)
+
+
+@compiles(_Unindexed, "sqlite")
+def _unindexed_sqlite(element: _Unindexed, compiler: Any, **kw: Any) -> str:
+    return "+" + compiler.process(element.col, **kw)
+
+
+def input_filter(run_id: str, where: StepFilter) -> list[ColumnElement[bool]]:
+    """`where` as SQL conditions on the inputs table (both backends)."""
+    if where.whole_run:
+        return [_Unindexed(inputs.c.run_id) == run_id]
+    conds = [inputs.c.run_id == run_id]
+    if where.actor is not None:
+        conds.append(inputs.c.actor == where.actor)
+    if where.corr is not None:
+        conds.append(inputs.c.corr == where.corr)
+    if where.since is not None:
+        conds.append(inputs.c.t >= where.since)
+    if where.until is not None:
+        conds.append(inputs.c.t <= where.until)
+    return conds
+
+
+def children_query(table: Table, ids: Sequence[int]) -> Select:
+    step_id = table.c.step_id
+    cond = step_id.between(ids[0], ids[-1]) if id_range_is_dense(ids) else step_id.in_(ids)
+    return select(*CHILD_COLS[table.name]).where(cond).order_by(step_id, table.c.id)
+
+
+class SqlLog(LogReader):
+    """`LogReader` over one database. `run_id=None` means the last run begun."""
+
+    def __init__(self, db: Db) -> None:
+        self.db = db
+        self.label = db.label
+
+    def runs(self) -> list[RunRec]:
+        return [RunRec(*r) for r in self.db.all(select(*RUN_COLS).order_by(runs.c.id))]
+
+    def has_run(self, run_id: str) -> bool:
+        return bool(self.db.all(select(runs.c.id).where(runs.c.run_id == run_id).limit(1)))
+
+    def resolve_run(self, run_id: str | None) -> str | None:
+        """The run to read; None for an empty log; `LogError` for an unknown run."""
+        if run_id is None:
+            last = self.db.all(select(runs.c.run_id).order_by(runs.c.id.desc()).limit(1))
+            return last[0][0] if last else None
+        if not self.has_run(run_id):
+            raise LogError(f"{self.label}: no run {run_id!r} in this log")
+        return run_id
+
+    def actors(self, run_id: str | None = None) -> list[str]:
+        run = self.resolve_run(run_id)
+        if run is None:
+            return []
+        stmt = select(inputs.c.actor).where(inputs.c.run_id == run, inputs.c.seq >= 0).distinct()
+        return sorted(r[0] for r in self.db.all(stmt))  # Python order: collation-independent
+
+    def read_steps(self, run_id: str | None, where: StepFilter) -> Iterator[Step]:
+        run = self.resolve_run(run_id)
+        if run is None:
+            return
+        stmt = select(*INPUT_COLS).where(*input_filter(run, where)).order_by(inputs.c.id)
+        for chunk in self.db.chunks(stmt, CHUNK):
+            ids = [r[-1] for r in chunk]
+            kids = [self.db.all(children_query(t, ids)) for t in (events, outputs, snapshots)]
+            yield from to_steps(self.label, group_steps(_tuples(chunk), *map(_tuples, kids)))
+
+    def snapshots(
+        self, run_id: str | None = None, actor: str | None = None
+    ) -> Iterator[SnapshotRec]:
+        run = self.resolve_run(run_id)
+        if run is None:
+            return
+        stmt = select(*CHILD_COLS["snapshots"]).where(snapshots.c.run_id == run)
+        if actor is not None:
+            stmt = stmt.where(snapshots.c.actor == actor)
+        for chunk in self.db.chunks(stmt.order_by(snapshots.c.id), CHUNK):
+            yield from msgspec.convert(_tuples(chunk), list[SnapshotRec], strict=False)
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def _tuples(rows: Sequence[Row]) -> list[tuple]:
+    return [tuple(r) for r in rows]

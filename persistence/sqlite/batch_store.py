@@ -1,0 +1,121 @@
+"""The SQLite writer's statements and the thread writer's `BatchStore`: one batch
+per transaction, straight through stdlib sqlite3 (multi-row INSERTs, `sql.py`).
+
+SQLAlchemy compiles the statements here (it owns the schema); the writer process
+gets them compiled (`process_writer_config`), so it never imports SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from msgspec.structs import astuple
+from sqlalchemy import func, insert, select
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+
+from deepserve.core.records import RunRec, Step
+
+from ..errors import RunExists
+from ..group_commit import runs_and_steps
+from ..rows import STEP_TABLES, step_rows
+from ..schema import INSERT_COLUMNS, RUN_FIELDS, inputs, metadata
+from .files import BUSY_MS
+from .sql import RUN_EXISTS, MultiInsert, transaction
+
+# async: nothing crashes for real in sim, and a WAL commit without fsync still survives
+# a process kill (the pages are in the OS cache). outbox: NORMAL keeps the file
+# consistent across power loss too; pass synchronous="full" to also fsync every commit.
+SYNCHRONOUS = {"async": "OFF", "outbox": "NORMAL"}
+
+
+def insert_sql() -> dict[str, str]:
+    """Single-row INSERT per table, parameters in `INSERT_COLUMNS` order."""
+    dialect = sqlite_dialect.dialect()
+    sql = {}
+    for name, cols in INSERT_COLUMNS.items():
+        compiled = insert(metadata.tables[name]).compile(dialect=dialect, column_keys=list(cols))
+        if list(compiled.positiontup or ()) != list(cols):
+            raise RuntimeError(f"{name}: compiled INSERT columns differ from INSERT_COLUMNS")
+        sql[name] = str(compiled)
+    return sql
+
+
+def writer_pragmas(durability: str, synchronous: str | None = None) -> list[str]:
+    """The writer connection's settings (thread and process writers alike)."""
+    sync = (synchronous or SYNCHRONOUS[durability]).upper()
+    return [
+        f"synchronous={sync}",
+        f"busy_timeout={BUSY_MS}",
+        "cache_size=-65536",  # 64 MiB: index pages stay hot across batches
+    ]
+
+
+def max_id_sql() -> str:
+    return str(select(func.max(inputs.c.id)).compile(dialect=sqlite_dialect.dialect()))
+
+
+def process_writer_config(path: str, synchronous: str | None) -> dict[str, Any]:
+    """What the writer process needs, compiled here: it does not import SQLAlchemy."""
+    sql = insert_sql()
+    return {
+        "path": os.path.abspath(path),
+        "label": path,
+        "timeout": BUSY_MS / 1000,
+        "pragmas": writer_pragmas("async", synchronous),
+        "runs_sql": sql["runs"],
+        "runs_cols": len(INSERT_COLUMNS["runs"]),
+        "step_tables": [[sql[t], len(INSERT_COLUMNS[t])] for t in STEP_TABLES],
+        "max_id_sql": max_id_sql(),
+        "run_id_index": RUN_FIELDS.index("run_id"),
+        "process_index": RUN_FIELDS.index("process"),
+    }
+
+
+class SqliteBatchStore:
+    """Writes one batch per transaction. Lives in (and only touches) the writer thread."""
+
+    def __init__(self, path: str, durability: str, synchronous: str | None = None) -> None:
+        self.label = path
+        self.conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_MS / 1000)
+        for pragma in writer_pragmas(durability, synchronous):
+            self.conn.execute(f"PRAGMA {pragma}")
+        max_vars = self.conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+        self.inserts = {
+            name: MultiInsert(sql, len(INSERT_COLUMNS[name]), max_vars)
+            for name, sql in insert_sql().items()
+        }
+        self.max_id = max_id_sql()
+        self.run_id: str | None = None
+
+    def write(self, items: Sequence[Step | RunRec]) -> int:
+        """Commit `items` in one transaction; returns the number of steps written."""
+        steps, self.run_id = transaction(self.conn, lambda c: self._write(c, items))
+        return steps
+
+    def _write(self, c: sqlite3.Connection, items: Sequence[Step | RunRec]) -> tuple[int, str | None]:
+        # Step ids are assigned here, under the write lock, so even a second writer
+        # process on the same file (a misconfiguration) cannot collide with ours.
+        next_id = first_id = (c.execute(self.max_id).fetchone()[0] or 0) + 1
+        run_id = self.run_id
+        for part in runs_and_steps(items):
+            if isinstance(part, RunRec):
+                if c.execute(RUN_EXISTS, (part.run_id, part.process)).fetchone() is not None:
+                    raise RunExists(self.label, part.run_id, part.process)
+                self.inserts["runs"].run_flat(c, list(astuple(part)))
+                run_id = part.run_id
+                continue
+            if run_id is None:
+                raise ValueError("a step was appended before begin_run()")
+            rows = step_rows(map(astuple, part), run_id, next_id, astuple)
+            for name, params in zip(STEP_TABLES, rows, strict=True):
+                if params:
+                    self.inserts[name].run_flat(c, params)
+            next_id += len(part)
+        return next_id - first_id, run_id  # the run switches once committed
+
+    def close(self) -> None:
+        self.conn.close()
+

@@ -1,0 +1,106 @@
+"""Schema versions: create a new log, refuse what cannot be read, migrate old logs.
+
+Each migration moves a database from version v to v+1 inside the caller's
+transaction (DDL is transactional on SQLite and PostgreSQL), so a failed or
+interrupted migration leaves the log at its old version, whole.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    Connection,
+    Text,
+    false,
+    func,
+    insert,
+    inspect,
+    select,
+    text,
+)
+from sqlalchemy.schema import CreateColumn
+
+from .errors import LogError
+from .schema import SCHEMA_VERSION, TABLES, metadata, schema_version
+
+# Serializes schema creation/migration between processes sharing one PostgreSQL database.
+_PG_SCHEMA_LOCK = 0x64656570  # "deep"
+
+
+def _v1_to_v2(conn: Connection) -> None:
+    """v2 adds `runs.process`; every v1 log was written by a single process."""
+    col = Column("process", Text, nullable=False, server_default="main")
+    conn.execute(
+        text(f"ALTER TABLE runs ADD COLUMN {CreateColumn(col).compile(dialect=conn.dialect)}")
+    )
+
+
+def _v2_to_v3(conn: Connection) -> None:
+    """v3 logs the envelope's `ask` flag and the sender's HLC on every input. A v2
+    log replays as before for handlers that never read them (ask=false, src_hlc=0)."""
+    for col in (
+        Column("ask", Boolean, nullable=False, server_default=false()),
+        Column("src_hlc", BigInteger, nullable=False, server_default="0"),
+    ):
+        ddl = CreateColumn(col).compile(dialect=conn.dialect)
+        conn.execute(text(f"ALTER TABLE inputs ADD COLUMN {ddl}"))
+
+
+# version v -> the step that upgrades a v database to v+1
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
+
+
+def stored_version(conn: Connection, label: str) -> int | None:
+    """The log's schema version; None for a database with no tables at all."""
+    names = set(inspect(conn).get_table_names())
+    if not names:
+        return None
+    if "schema_version" not in names:
+        raise LogError(f"{label}: not a deepserve log (no schema_version table)")
+    version = conn.execute(select(func.max(schema_version.c.version))).scalar()
+    if version is None:
+        raise LogError(f"{label}: not a deepserve log (its schema_version table is empty)")
+    if version > SCHEMA_VERSION:
+        raise LogError(
+            f"{label}: log schema version {version} is newer than this deepserve supports "
+            f"({SCHEMA_VERSION}); upgrade deepserve to read it"
+        )
+    missing = [t for t in TABLES if t not in names]
+    if missing and version == SCHEMA_VERSION:
+        raise LogError(f"{label}: damaged log: missing table(s) {', '.join(missing)}")
+    return version
+
+
+def ensure_schema(conn: Connection, label: str, *, create: bool, upgrade: bool) -> tuple[int, int]:
+    """Make `conn`'s database a current-version log. Returns (version found, version now);
+    a new log counts as found at the current version. Run inside a transaction."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(select(func.pg_advisory_xact_lock(_PG_SCHEMA_LOCK)))
+    version = stored_version(conn, label)
+    if version is None:
+        if not create:
+            raise LogError(f"{label}: not a deepserve log (the database has no tables)")
+        metadata.create_all(conn)
+        _record(conn, SCHEMA_VERSION)
+        return SCHEMA_VERSION, SCHEMA_VERSION
+    if version < SCHEMA_VERSION and not upgrade:
+        raise LogError(
+            f"{label}: log schema version {version} is older than {SCHEMA_VERSION}; "
+            "migrate it first (deepserve replay migrate LOG)"
+        )
+    for v in range(version, SCHEMA_VERSION):
+        step = MIGRATIONS.get(v)
+        if step is None:
+            raise LogError(f"{label}: no migration from schema version {v} to {v + 1}")
+        step(conn)
+        _record(conn, v + 1)
+    return version, SCHEMA_VERSION
+
+
+def _record(conn: Connection, version: int) -> None:
+    conn.execute(insert(schema_version).values(version=version, applied_at=time.time()))
