@@ -16,7 +16,7 @@ P, D = "te/p", "te/d"
 CLIENT = "cl/0"
 
 
-class Sent(Event, frozen=True):
+class PdClientSent(Event, frozen=True):
     task: SubmitTask
 
 
@@ -28,12 +28,12 @@ class PdClient(Actor[dict]):
         return {}
 
     def evolve(self, state: dict, event: Event) -> dict:
-        assert isinstance(event, Sent)
+        assert isinstance(event, PdClientSent)
         return {**state, event.task.task_id: event.task}
 
     def handle(self, ctx: Context, msg: Message) -> None:
         if isinstance(msg, SubmitTask):
-            ctx.record(Sent(msg))
+            ctx.record(PdClientSent(msg))
             ctx.send(P, msg)
         elif isinstance(msg, TaskFinished) and msg.kv is not None:
             pre = self.state[msg.task_id]

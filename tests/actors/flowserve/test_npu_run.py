@@ -21,16 +21,16 @@ NPU = "hw/s0/npu0"
 SEQS = (SeqShape(1, 900), SeqShape(1, 3000), SeqShape(1, 40))
 
 
-class Go(Message, frozen=True):
+class StepperGo(Message, frozen=True):
     iterations: int
     gap_s: float
 
 
-class Next(Message, frozen=True):
+class StepperNext(Message, frozen=True):
     i: int
 
 
-class PassEnded(Event, frozen=True):
+class StepperPassEnded(Event, frozen=True):
     i: int
     at_s: float
 
@@ -42,20 +42,20 @@ class Stepper(Actor[tuple]):
         return (0, 0.0, 0)
 
     def evolve(self, state: tuple, event: Event) -> tuple:
-        assert isinstance(event, PassEnded)
+        assert isinstance(event, StepperPassEnded)
         return (state[0], state[1], event.i + 1)
 
     def handle(self, ctx: Context, msg: Message) -> None:
-        if isinstance(msg, Go):
+        if isinstance(msg, StepperGo):
             self.k, self.gap = msg.iterations, msg.gap_s
             self._send(ctx, 0)
-        elif isinstance(msg, Next):
+        elif isinstance(msg, StepperNext):
             self._send(ctx, msg.i)
         elif isinstance(msg, NpuForwardDone):
             i = self.state[2]
-            ctx.record(PassEnded(i, ctx.now()))
+            ctx.record(StepperPassEnded(i, ctx.now()))
             if i + 1 < self.k:
-                ctx.after(self.gap, Next(i + 1))
+                ctx.after(self.gap, StepperNext(i + 1))
 
     def _send(self, ctx: Context, i: int) -> None:
         seqs = tuple(SeqShape(1, s.context_tokens + i) for s in SEQS)
@@ -66,9 +66,9 @@ def test_a_run_is_the_stepwise_timeline() -> None:
     d = driver()
     d.spawn(NPU, Npu, npu="910b", variance=False)
     d.spawn("t/step", Stepper)
-    d.inject("t/step", Go(iterations=40, gap_s=0.002), at=0.0)
+    d.inject("t/step", StepperGo(iterations=40, gap_s=0.002), at=0.0)
     d.run()
-    stepwise = [e.at_s for e in events_of(d, "t/step", "PassEnded")]
+    stepwise = [e.at_s for e in events_of(d, "t/step", "StepperPassEnded")]
     t0 = 1.0 + stepwise[-1]
     run = NpuForwardRun(req_id="r", model="llama3-8b", seqs=SEQS, iterations=40, gap_s=0.002)
     d.inject(NPU, run, at=t0, src=TEST_SRC)
