@@ -1,7 +1,7 @@
 """`deepserve sim SCENARIO [--trace PATH] [--requests N] [--seed N] [--log PATH] [--set K=V]...
 [--json]` for FlowServe scenarios (a built-in name or a TOML file).
 
-The `sim` parser itself lives with the other commands (simcli); it calls `add_arguments` and hands
+The `sim` parser itself lives with the other commands (cli/sim.py); it calls `add_arguments` and hands
 every scenario that is not one of its own to `run`. Bad input — the scenario file, an override, the
 trace — becomes a `CliError`: exit 2, one line naming the file, the line or the key.
 """
@@ -16,11 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from deepserve.adapters.traces import TraceError, open_trace
-
-try:  # main moved the CLI helpers into the cli/ package; this branch still has cliutil.py
-    from deepserve.cli.util import CliError, print_json
-except ImportError:
-    from deepserve.cliutil import CliError, print_json
+from deepserve.cli.util import CliError, print_json
 
 from .loader import ScenarioError, builtin_names, load_scenario, trace_path
 
