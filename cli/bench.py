@@ -53,6 +53,9 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
     kernel.add_argument("--pg", metavar="URL", default=None,
                         help="also measure the store on this PostgreSQL server (checked first)")
     kernel.set_defaults(func=_run_kernel)
+    from deepserve.benchmarks.sim_cli import register_sim
+
+    register_sim(which)
     transport = which.add_parser("transport", help="ZeroMQ transport between two OS processes vs raw pyzmq")
     transport.add_argument("--json", action="store_true", help="print rows as JSON lines")
     transport.add_argument("--scale", type=_scale, default=1.0,
