@@ -43,6 +43,9 @@ def register(subparsers: Any) -> None:
 
     _command(sub, "digest", _digest, "content digest, comparable between runs")
 
+    p = _command(sub, "why", _why, "a request's path (gateway, JE, TEs) and what decided each hop")
+    p.add_argument("request_id", metavar="REQUEST_ID", help="the request's id, e.g. r12")
+
     p = _command(sub, "migrate", _migrate, "upgrade a log written by an older schema, in place")
     p.epilog = "every *.db file of a run directory is migrated; running it again changes nothing"
 
@@ -125,6 +128,18 @@ def _log(args: argparse.Namespace) -> int:
         out = sys.stdout
         for line in listing(reader, **filters):
             out.write(line + "\n")
+    return 0
+
+
+def _why(args: argparse.Namespace) -> int:
+    from .why import request_hops, why_lines
+
+    hops = request_hops(_read(args.log), args.request_id, args.run)
+    if args.json:
+        print_json({"request_id": args.request_id, "hops": hops})
+    else:
+        for line in why_lines(hops):
+            print(line)
     return 0
 
 
