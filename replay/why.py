@@ -18,7 +18,7 @@ from deepserve.persistence.api import LogReader
 from .common import ReplayError, pick_run
 
 HOP_TYPES = frozenset({
-    "GatewayRouted", "GatewayRefused", "RouteDecided", "OfferRefused", "TaskEnded", "JePrefilled",
+    "GatewayRouted", "GatewayRefused", "RouteDecided", "OfferRefused", "JeTaskEnded", "JePrefilled",
     "JobFinished", "Dispatched", "Finished",
 })  # fmt: skip
 
@@ -84,7 +84,7 @@ def _hop_lines(h: dict[str, Any]) -> Iterator[str]:
     elif ev == "OfferRefused":
         yield (f"{at}  {who}: {h['te']} refused {h['task_id']}: {h['reason']}" if h["te"]
                else f"{at}  {who}: every prefill refused this sweep; offering again after a pause")
-    elif ev == "TaskEnded" and h["status"] != "completed":
+    elif ev == "JeTaskEnded" and h["status"] != "completed":
         yield f"{at}  {who}: task {h['task_id']} on {h['te']} {h['status']}: {h['reason']}"
     elif ev == "JePrefilled":
         yield f"{at}  {who}: prefill done ({h['cached_prompt_tokens']}/{h['prompt_tokens']} prompt tokens cached)"

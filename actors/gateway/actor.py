@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from deepserve.actors.je.messages import SubmitJob
+from deepserve.actors.je.messages import JobRequest
 from deepserve.actors.workload.messages import METRICS_ADDR, Arrive, EndOfRun, RequestDone
 from deepserve.core import Actor, Context, Event, Message
 
@@ -106,7 +106,7 @@ class Gateway(Actor[GatewayState]):
         ctx.record(GatewayRouted(request_id=rid, model=model, je=je, reply_to=reply_to, arrival_s=ctx.now(),
                                  inflight=inflight + 1, limit=cfg.max_inflight_per_model,
                                  draw=JeDraw(candidates=cfg.jes, draw=k)))  # fmt: skip
-        ctx.send(je, SubmitJob(request_id=rid, model=model, prompt=prompt, sampling=sampling,
+        ctx.send(je, JobRequest(request_id=rid, model=model, prompt=prompt, sampling=sampling,
                                reply_to=ctx.self, arrival_s=ctx.now(), predicted_bucket=bucket), corr=rid)
 
     def _done(self, ctx: Context, m: RequestDone) -> None:

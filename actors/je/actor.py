@@ -41,17 +41,19 @@ from .messages import (
     JeLateMessage,
     JePrefilled,
     JeState,
+    JeTaskEnded,
     Job,
     JobAccepted,
     JobFinished,
+    JobParked,
+    JobRequest,
     MembershipChanged,
     OfferAgain,
     OfferRefused,
+    ParkTimeout,
     RouteDecided,
     SubmitBatch,
-    SubmitJob,
     TaskAcked,
-    TaskEnded,
     TaskStreamed,
     TeGroupMembership,
 )
@@ -88,7 +90,7 @@ class JobExecutor(Actor[JeState]):
             self._acked(ctx, msg)  # type: ignore[arg-type]
         elif t is TaskRejected:
             self._rejected(ctx, msg)  # type: ignore[arg-type]
-        elif t is SubmitJob:
+        elif t is JobRequest:
             self._submit(ctx, msg)  # type: ignore[arg-type]
         elif t is AcceptTimeout:
             self._timeout(ctx, msg)  # type: ignore[arg-type]
@@ -102,6 +104,10 @@ class JobExecutor(Actor[JeState]):
             ctx.record(KvEventsFolded(te=ctx.sender, batch=msg))  # type: ignore[arg-type]
         elif t is SubmitBatch:
             self._batch(ctx, msg)  # type: ignore[arg-type]
+        elif t is ParkTimeout:
+            j = self.state.jobs.get(msg.request_id)  # type: ignore[attr-defined]
+            if j is not None and msg.request_id in self.state.parked:  # type: ignore[attr-defined]
+                self._finish(ctx, msg.request_id, j, "failed", f"no TE group for model {j.model!r} was pushed in time")  # type: ignore[attr-defined]
         elif t is BatchTick:
             self._pump_batch(ctx)
         elif t is EndOfRun:
@@ -109,9 +115,9 @@ class JobExecutor(Actor[JeState]):
                 self._finish(ctx, rid, j, "failed", msg.reason)  # type: ignore[attr-defined]
 
     # ---- jobs in -------------------------------------------------------------------------------
-    def _submit(self, ctx: Context, m: SubmitJob) -> None:
+    def _submit(self, ctx: Context, m: JobRequest) -> None:
         if m.request_id in self.state.jobs:
-            ctx.record(JeLateMessage(task_id=m.request_id, what="duplicate SubmitJob"))
+            ctx.record(JeLateMessage(task_id=m.request_id, what="duplicate JobRequest"))
             return
         arrival = m.arrival_s if m.arrival_s is not None else ctx.now()
         if len(self.state.jobs) >= MAX_JOBS:
@@ -183,9 +189,14 @@ class JobExecutor(Actor[JeState]):
             decision = self.policy.select(self._route_req(rid, j), cands, self.state.turns) if cands else None
             if decision is not None:
                 phase = "prefill" if decision.subgroup == "pd" else "chat"
+        if decision is None and not last and j.model not in self.state.groups:
+            if rid not in self.state.parked:
+                ctx.record(JobParked(request_id=rid))
+                ctx.after(self.cfg.forwarding.ttft_deadline_s, ParkTimeout(request_id=rid), key=f"park/{rid}")
+            return
         if decision is None:
             why = (f"every {phase} TE of model {j.model!r} failed this job; last: {last}" if last else
-                   f"no {phase} TE for model {j.model!r} (its TE group is empty)")
+                   f"no TE for model {j.model!r} (its TE group is empty)")
             self._finish(ctx, rid, j, "failed", why)
             return
         tid = task_id(rid, phase, attempt)
@@ -272,7 +283,7 @@ class JobExecutor(Actor[JeState]):
             if m.kv is None:
                 self._task_failed(ctx, rid, j, f"prefill on {j.te} finished without its KV handle")
                 return
-            ctx.record(TaskEnded(request_id=rid, task_id=m.task_id, te=j.te, status="completed", reason=m.reason))
+            ctx.record(JeTaskEnded(request_id=rid, task_id=m.task_id, te=j.te, status="completed", reason=m.reason))
             ctx.record(JePrefilled(request_id=rid, first_token_s=m.first_token_s, kv=m.kv,
                                    cached_prompt_tokens=m.cached_prompt_tokens, prompt_tokens=m.prompt_tokens))
             self._dispatch(ctx, rid, j, "decode", 1)
@@ -284,7 +295,7 @@ class JobExecutor(Actor[JeState]):
 
     def _task_failed(self, ctx: Context, rid: str, j: Job, reason: str) -> None:
         te, phase, attempt = j.te, j.phase, j.attempt
-        ctx.record(TaskEnded(request_id=rid, task_id=j.task_id, te=te, status="failed", reason=reason))
+        ctx.record(JeTaskEnded(request_id=rid, task_id=j.task_id, te=te, status="failed", reason=reason))
         if j.streamed or phase == "decode":
             self._finish(ctx, rid, j, "failed", f"{phase} task failed after output streamed: {reason}")
         elif attempt >= self.cfg.max_attempts:
@@ -296,6 +307,9 @@ class JobExecutor(Actor[JeState]):
     def _membership(self, ctx: Context, m: TeGroupMembership) -> None:
         ctx.record(MembershipChanged(model=m.model, role=m.role, tes=m.tes))
         members = {te for tes in self.state.groups.get(m.model, {}).values() for te in tes}
+        for rid in [r for r in self.state.parked if self.state.jobs[r].model == m.model]:
+            ctx.cancel(f"park/{rid}")
+            self._dispatch(ctx, rid, self.state.jobs[rid], "chat", 1)
         for rid, j in list(self.state.jobs.items()):
             if j.model == m.model and j.te and j.te not in members:
                 self._task_failed(ctx, rid, j, f"{j.te} left the {m.role} group")

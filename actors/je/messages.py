@@ -33,7 +33,7 @@ class TeGroupMembership(Message, frozen=True, kw_only=True):
     version: int = 0
 
 
-class SubmitJob(Message, frozen=True, kw_only=True):
+class JobRequest(Message, frozen=True, kw_only=True):
     """One API request as a job (from the gateway)."""
 
     request_id: str
@@ -77,6 +77,10 @@ class OfferAgain(Message, frozen=True, kw_only=True):
 
 class BatchTick(Message, frozen=True, kw_only=True):
     pass
+
+
+class ParkTimeout(Message, frozen=True, kw_only=True):
+    request_id: str
 
 
 # ---- events ------------------------------------------------------------------------------------
@@ -134,7 +138,7 @@ class OfferRefused(Event, frozen=True, kw_only=True):
     reason: str
 
 
-class TaskEnded(Event, frozen=True, kw_only=True):
+class JeTaskEnded(Event, frozen=True, kw_only=True):
     """The current task reached a terminal state (or was given up on: no answer, TE gone)."""
 
     request_id: str
@@ -155,6 +159,13 @@ class JePrefilled(Event, frozen=True, kw_only=True):
 class JobFinished(Event, frozen=True, kw_only=True):
     done: RequestDone
     batch_id: str = ""
+
+
+class JobParked(Event, frozen=True, kw_only=True):
+    """No TE group of the job's model is known yet (the cluster manager has not pushed one):
+    the job waits for the push, at most the TTFT deadline."""
+
+    request_id: str
 
 
 class JeLateMessage(Event, frozen=True, kw_only=True):
@@ -203,6 +214,7 @@ class JeState(msgspec.Struct, kw_only=True):
     trees: dict[str, PromptTree] = {}  # model -> the global prompt tree of its TE group
     jobs: dict[str, Job] = {}
     open: dict[str, int] = {}  # TE -> current tasks on it from this JE
+    parked: list[str] = []  # jobs waiting for their model's first membership push
     batch_queue: list[str] = []  # request ids of batch items waiting for room
     batches: dict[str, Batch] = {}
     turns: int = 0  # round-robin decisions so far

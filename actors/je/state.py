@@ -11,14 +11,15 @@ from .messages import (
     JeLateMessage,
     JePrefilled,
     JeState,
+    JeTaskEnded,
     Job,
     JobAccepted,
     JobFinished,
+    JobParked,
     MembershipChanged,
     OfferRefused,
     RouteDecided,
     TaskAcked,
-    TaskEnded,
     TaskStreamed,
 )
 
@@ -27,7 +28,7 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
     t = type(e)
     if t is RouteDecided:
         _routed(s, e, max_tree_blocks)  # type: ignore[arg-type]
-    elif t is TaskEnded:
+    elif t is JeTaskEnded:
         j = s.jobs[e.request_id]  # type: ignore[attr-defined]
         _close(s, j.te)
         j.te, j.acked = "", False
@@ -62,6 +63,8 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
         from .messages import Batch
 
         s.batches[e.batch_id] = Batch(count=e.count, deadline_s=e.deadline_s, reply_to=e.reply_to)  # type: ignore[attr-defined]
+    elif t is JobParked:
+        s.parked.append(e.request_id)  # type: ignore[attr-defined]
     elif t is JeLateMessage:
         s.late += 1
     return s
@@ -74,6 +77,8 @@ def _close(s: JeState, te: str) -> None:
 
 def _routed(s: JeState, e: RouteDecided, max_tree_blocks: int) -> None:
     j = s.jobs[e.request_id]
+    if e.request_id in s.parked:
+        s.parked.remove(e.request_id)
     if j.queued:
         j.queued = False
         s.batch_queue.remove(e.request_id)
@@ -108,6 +113,8 @@ def _finished(s: JeState, e: JobFinished) -> None:
     _close(s, j.te)
     if j.queued:
         s.batch_queue.remove(rid)
+    if rid in s.parked:
+        s.parked.remove(rid)
     if not j.batch_id:
         s.online -= 1
     ok = e.done.status == "completed"

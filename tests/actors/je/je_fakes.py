@@ -15,7 +15,7 @@ from deepserve.actors.flowserve.messages import (
 from deepserve.core import Actor, Context, Message
 
 
-class Emit(Message, frozen=True):
+class ScriptedEmit(Message, frozen=True):
     task_id: str
 
 
@@ -43,8 +43,8 @@ class ScriptedTe(Actor[dict]):
                 ctx.send(msg.reply_to, TaskTokens(task_id=msg.task_id, request_id=msg.request_id,
                                                   first_index=0, token_ids=(1,), times_s=(ctx.now(),)))
             out = msg.sampling.target_output_tokens or 1
-            ctx.after(1e-4 * msg.prompt.num_tokens + self.tpot * out, Emit(msg.task_id))
-        elif isinstance(msg, Emit):
+            ctx.after(1e-4 * msg.prompt.num_tokens + self.tpot * out, ScriptedEmit(msg.task_id))
+        elif isinstance(msg, ScriptedEmit):
             t = self.tasks.pop(msg.task_id)
             now = ctx.now()
             if self.behaviour in ("fail_early", "fail_late"):

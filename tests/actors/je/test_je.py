@@ -17,8 +17,8 @@ from deepserve.actors.je.cluster import ClusterManager, RemoveTe
 from deepserve.actors.je.messages import (
     BatchDone,
     BatchItem,
+    JobRequest,
     SubmitBatch,
-    SubmitJob,
     TeGroupMembership,
 )
 from deepserve.actors.workload.messages import RequestDone
@@ -29,12 +29,12 @@ from deepserve.replay import verify
 MODEL = "m"
 
 
-def job(i: int, prompt: int = 256, out: int = 4, blocks: tuple[int, ...] = ()) -> SubmitJob:
-    return SubmitJob(request_id=f"r{i}", model=MODEL, prompt=Prompt(num_tokens=prompt, block_hashes=blocks),
+def job(i: int, prompt: int = 256, out: int = 4, blocks: tuple[int, ...] = ()) -> JobRequest:
+    return JobRequest(request_id=f"r{i}", model=MODEL, prompt=Prompt(num_tokens=prompt, block_hashes=blocks),
                      sampling=Sampling(max_tokens=out, target_output_tokens=out, seed=i), reply_to="ext/client")
 
 
-def run(tes: dict[str, dict[str, Any]], roles: dict[str, list[str]], jobs: list[SubmitJob],
+def run(tes: dict[str, dict[str, Any]], roles: dict[str, list[str]], jobs: list[JobRequest],
         config: dict[str, Any] | None = None, gap_s: float = 0.1, sink: Any = None,
         extra: list[tuple[float, str, Any]] = ()) -> tuple[SimDriver, list[Any]]:  # type: ignore[assignment]
     d = SimDriver(3, sink=sink if sink is not None else MemorySink())
@@ -118,8 +118,18 @@ def test_every_te_failing_gives_up_after_max_attempts() -> None:
 
 
 def test_no_te_in_the_group_is_a_clear_failure() -> None:
-    _, out = run({}, {}, [job(0)])
-    assert "no chat TE for model 'm'" in done_of(out)["r0"].reason
+    _, out = run({}, {"colocated": []}, [job(0)])
+    assert "no TE for model 'm' (its TE group is empty)" in done_of(out)["r0"].reason
+    _, out = run({}, {}, [job(0)], {"forwarding": {"ttft_deadline_s": 2.0}})  # never pushed
+    r = done_of(out)["r0"]
+    assert "no TE group for model 'm' was pushed in time" in r.reason and r.finish_s == 2.01
+
+
+def test_a_job_before_the_first_membership_push_waits_for_it() -> None:
+    _, out = run({"te/0": {}}, {}, [job(0)], extra=[(0.5, "je/0", TeGroupMembership(
+        model=MODEL, role="colocated", tes=("te/0",)))])
+    r = done_of(out)["r0"]
+    assert r.status == "completed" and r.first_token_s > 0.5
 
 
 def test_on_demand_offers_next_prefill_until_one_accepts() -> None:
