@@ -279,6 +279,10 @@ class JobExecutor(Actor[JeState]):
         if m.status != "completed":
             self._task_failed(ctx, rid, j, f"{m.status} on {j.te}: {m.reason}")
             return
+        if j.phase == "prefill" and m.kv is None and m.reason != "prefilled":
+            # The prefill's first token was the whole answer (a 1-token target, EOS): no decode.
+            self._finish(ctx, rid, j, "completed", m.reason, m, first=m.first_token_s, cached=m.cached_prompt_tokens)
+            return
         if j.phase == "prefill":
             if m.kv is None:
                 self._task_failed(ctx, rid, j, f"prefill on {j.te} finished without its KV handle")
