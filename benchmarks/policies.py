@@ -135,9 +135,10 @@ class Slo(msgspec.Struct, frozen=True):
 
 
 def run_cell(policy: str, trace: str, c: ClusterSpec, rps: float, requests: int, slo: Slo,
-             heatmap: str, seed: int = 0) -> dict[str, Any]:
+             heatmap: str, predictor: str = "", seed: int = 0) -> dict[str, Any]:
     """One row: the policy on the cluster at `rps`, first `requests` requests of the trace."""
-    sch = Scheduling(policy=policy, heatmap=heatmap if policy in ("pd_aware", "combined") else "")  # type: ignore[arg-type]
+    pd = policy in ("pd_aware", "combined")
+    sch = Scheduling(policy=policy, heatmap=heatmap if pd else "", predictor=predictor if pd else "")  # type: ignore[arg-type]
     scale = rps / native_rps(trace, requests)
     s = scenario_of(c, sch, trace, requests, scale, seed)
     met = [0]

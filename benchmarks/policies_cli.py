@@ -12,6 +12,9 @@ from typing import Any
 from deepserve.cliutil import CliError, positive_int, print_json
 
 DEFAULT_HEATMAP = "runs/heatmap-codellama-34b-tp4.json"
+DEFAULT_PREDICTOR = "runs/predictor.json"
+SHARED_TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
+PREDICTOR_TRACES = (str(SHARED_TRACES / "azure_llm_2023_conv.csv"), str(SHARED_TRACES / "mooncake_conversation.jsonl"))
 
 
 def float_list(text: str) -> tuple[float, ...]:
@@ -45,6 +48,8 @@ def register_policies(which: argparse._SubParsersAction) -> None:
     p.add_argument("--requests", type=positive_int, default=200, metavar="N", help="requests per run (default 200)")
     p.add_argument("--heatmap", metavar="FILE", default=DEFAULT_HEATMAP,
                    help=f"PD heatmap for pd_aware/combined (default {DEFAULT_HEATMAP}; made if missing)")
+    p.add_argument("--predictor", metavar="FILE", default=DEFAULT_PREDICTOR,
+                   help=f"decode-length predictor for pd_aware/combined (default {DEFAULT_PREDICTOR}; trained if missing)")
     p.add_argument("--slo-ttft-ms", type=float, default=2000.0, help="TTFT SLO (default 2000)")
     p.add_argument("--slo-tpot-ms", type=float, default=100.0, help="TPOT SLO (default 100)")
     p.add_argument("--png", metavar="PATH", default="runs/policies.png", help="JCT vs RPS plot (default runs/policies.png)")
@@ -63,6 +68,20 @@ def _ensure_heatmap(path: str, quiet: bool) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(data, indent=1), encoding="utf-8")
     plot_heatmap(data, str(Path(path).with_suffix(".png")))
+
+
+def _ensure_predictor(path: str, quiet: bool) -> None:
+    if Path(path).is_file():
+        return
+    if path != DEFAULT_PREDICTOR:
+        raise CliError(f"--predictor: no file {path}")
+    from .predictor import train
+
+    if not quiet:
+        print(f"no predictor at {path}: training it on {', '.join(PREDICTOR_TRACES)} ...", file=sys.stderr, flush=True)
+    data = train(PREDICTOR_TRACES)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(data, indent=1), encoding="utf-8")
 
 
 def _run_policies(args: argparse.Namespace) -> int:
@@ -91,6 +110,7 @@ def _run_policies(args: argparse.Namespace) -> int:
             if args.heatmap != DEFAULT_HEATMAP and not Path(args.heatmap).is_file():
                 raise CliError(f"--heatmap: no file {args.heatmap}")
             _ensure_heatmap(args.heatmap, args.json)
+            _ensure_predictor(args.predictor, args.json)
     except (ValueError, TraceError, ScenarioError) as exc:
         raise CliError(str(exc)) from None
     slo = Slo(args.slo_ttft_ms, args.slo_tpot_ms)
@@ -102,7 +122,7 @@ def _run_policies(args: argparse.Namespace) -> int:
                     for policy in policies:
                         if not args.json:
                             print(f"measuring {policy} on {c.name} / {trace} at {r:g} rps ...", file=sys.stderr, flush=True)
-                        rows.append(run_cell(policy, trace, c, r, args.requests, slo, args.heatmap))
+                        rows.append(run_cell(policy, trace, c, r, args.requests, slo, args.heatmap, args.predictor))
     except (ValueError, TraceError, ScenarioError) as exc:
         raise CliError(str(exc)) from None
     if args.json:
@@ -134,6 +154,42 @@ def register_profile(subparsers: argparse._SubParsersAction) -> None:
     h.add_argument("--out", default=DEFAULT_HEATMAP, help=f"data file (default {DEFAULT_HEATMAP}); PNG beside it")
     h.add_argument("--json", action="store_true", help="print the data file's content")
     h.set_defaults(func=_run_heatmap)
+    pr = which.add_parser("predictor", help="DeepServe 5.3.3: decode-length bucket classifier trained on traces")
+    pr.add_argument("--trace", action="append", default=[], metavar="PATH",
+                    help="training traces (repeatable; default the shared Azure and Mooncake conversation traces)")
+    pr.add_argument("--max-depth", type=positive_int, default=8, help="decision-tree depth (default 8)")
+    pr.add_argument("--out", default=DEFAULT_PREDICTOR, help=f"model file (default {DEFAULT_PREDICTOR})")
+    pr.add_argument("--json", action="store_true", help="print the report as JSON")
+    pr.set_defaults(func=_run_predictor)
+
+
+def _run_predictor(args: argparse.Namespace) -> int:
+    from deepserve.adapters.traces import TraceError, open_trace
+
+    from .predictor import train
+
+    traces = tuple(args.trace) or PREDICTOR_TRACES
+    try:
+        for t in traces:
+            open_trace(t)
+        data = train(traces, args.max_depth)
+    except (TraceError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    report = {k: v for k, v in data.items() if k != "predictor"}
+    if args.json:
+        print_json(report)
+        return 0
+    print(f"decode-length predictor: 128-token buckets, decision tree depth {args.max_depth}, "
+          f"trained on {data['train_requests']} requests (first 80% of each trace)")
+    print(f"{'trace':<60} {'held out':>8} {'accuracy':>9} {'majority':>9}")
+    for r in data["per_trace"]:
+        print(f"{Path(r['trace']).name:<60} {r['held_out']:>8} {r['accuracy']:>9.3f} {r['majority_baseline']:>9.3f}")
+    print(f"{'all':<60} {'':>8} {data['accuracy_held_out']:>9.3f} {data['majority_baseline']:>9.3f}")
+    print(f"model: {out}")
+    return 0
 
 
 def _run_heatmap(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ from deepserve.actors.scheduling import Candidate, Decision, Policy, RouteReques
 from deepserve.actors.scheduling.decision import ranked
 from deepserve.actors.scheduling.forwarding import next_offer
 from deepserve.actors.scheduling.least_load import select_least_load
+from deepserve.actors.scheduling.predictor import DecodeLengthTree, features
 from deepserve.actors.workload.messages import EndOfRun, RequestDone
 from deepserve.core import Actor, Context, Event, Message
 
@@ -71,6 +72,8 @@ class JobExecutor(Actor[JeState]):
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.cfg = msgspec.convert(config or {}, JeConfig)
         self.policy = Policy(self.cfg.policy, self.cfg.params, self.cfg.heatmap)
+        p = self.cfg.predictor
+        self.predictor = msgspec.convert(p, DecodeLengthTree) if p is not None else None
 
     def initial_state(self) -> JeState:
         return JeState()
@@ -124,10 +127,23 @@ class JobExecutor(Actor[JeState]):
             done = _done(m.request_id, "failed", f"JE holds {MAX_JOBS} jobs already", arrival, ctx.now())
             ctx.send(m.reply_to, done, corr=m.request_id)
             return
+        bucket = m.predicted_bucket if m.predicted_bucket is not None else self._predict(m)
         ctx.record(JobAccepted(request_id=m.request_id, model=m.model, prompt=m.prompt,
                                sampling=m.sampling, reply_to=m.reply_to, arrival_s=arrival,
-                               predicted_bucket=m.predicted_bucket))  # fmt: skip
+                               predicted_bucket=bucket))  # fmt: skip
         self._dispatch(ctx, m.request_id, self.state.jobs[m.request_id], "chat", 1)
+
+    def _predict(self, m: JobRequest) -> int | None:
+        """The decode-length bucket from what is known at arrival: the prompt length and the
+        longest prefix any TE of the model holds (the global prompt tree)."""
+        if self.predictor is None:
+            return None
+        tree = self.state.trees.get(m.model)
+        seen = 0
+        if tree is not None:
+            tes = [te for tes in self.state.groups.get(m.model, {}).values() for te in tes]
+            seen = max(tree.match(m.prompt.block_hashes, tes).values(), default=0)
+        return self.predictor.predict(features(m.prompt.num_tokens, seen * self.cfg.kv_block_tokens))
 
     def _batch(self, ctx: Context, m: SubmitBatch) -> None:
         ids = {it.request_id for it in m.items}

@@ -24,6 +24,8 @@ class JeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     batch_inflight: int = 8  # batch items dispatched at once at most
     batch_tick_s: float = 0.05
     max_tree_blocks: int = MAX_BLOCKS_DEFAULT
+    predictor: dict[str, Any] | None = None  # a DecodeLengthTree as data (`deepserve profile predictor`)
+    kv_block_tokens: int = 128  # the cluster's block size: prompt-tree matches in tokens
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -31,3 +33,7 @@ class JeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         if self.batch_inflight < 1 or self.batch_online_limit < 0 or not self.batch_tick_s > 0:
             raise ValueError("scheduling.batch_*: inflight >= 1, online_limit >= 0, tick_s > 0")
         Policy(self.policy, self.params, self.heatmap)  # validates name, params and heatmap
+        if self.predictor is not None:
+            from deepserve.actors.scheduling.predictor import DecodeLengthTree
+
+            msgspec.convert(self.predictor, DecodeLengthTree)

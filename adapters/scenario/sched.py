@@ -34,6 +34,7 @@ class Scheduling(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     policy: Literal["round_robin", "least_load", "locality", "load_aware", "pd_aware", "combined"] = "round_robin"
     params: dict[str, int | float] = {}
     heatmap: str = ""  # path of a heatmap JSON file ("" = none)
+    predictor: str = ""  # path of a decode-length predictor JSON file ("" = none)
     jes: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     max_inflight_per_model: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 1_000_000
     max_attempts: Annotated[int, msgspec.Meta(ge=1, le=16)] = 3
@@ -55,6 +56,20 @@ def load_heatmap(path: str) -> dict[str, Any]:
         raise ValueError(f"{path} is not a heatmap file: {exc}") from None
 
 
+def load_predictor(path: str) -> dict[str, Any]:
+    from deepserve.actors.scheduling.predictor import DecodeLengthTree
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        tree = data.get("predictor", data) if isinstance(data, dict) else data
+        return msgspec.to_builtins(msgspec.convert(tree, DecodeLengthTree))  # type: ignore[no-any-return]
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    except (json.JSONDecodeError, msgspec.ValidationError, ValueError) as exc:
+        raise ValueError(f"{path} is not a predictor file: {exc}") from None
+
+
 def check_scheduling(s: Any) -> list[tuple[str, str]]:
     """(key, problem) of a scenario's scheduling section; [] when absent or fine."""
     sch: Scheduling | None = s.scheduling
@@ -67,6 +82,11 @@ def check_scheduling(s: Any) -> list[tuple[str, str]]:
     except ValueError as exc:
         return [("scheduling.heatmap", str(exc))]
     try:
+        if sch.predictor:
+            load_predictor(sch.predictor)
+    except ValueError as exc:
+        return [("scheduling.predictor", str(exc))]
+    try:
         Policy(sch.policy, dict(sch.params), heat)
     except ValueError as exc:
         key, _, problem = str(exc).partition(": ")
@@ -74,11 +94,13 @@ def check_scheduling(s: Any) -> list[tuple[str, str]]:
     return []
 
 
-def je_config(sch: Scheduling) -> dict[str, Any]:
+def je_config(sch: Scheduling, kv_block_tokens: int = 128) -> dict[str, Any]:
     return {
+        "kv_block_tokens": kv_block_tokens,
         "policy": sch.policy, "params": dict(sch.params),
         "heatmap": load_heatmap(sch.heatmap) if sch.heatmap else None,
         "forwarding": msgspec.to_builtins(sch.forwarding), "max_attempts": sch.max_attempts,
+        "predictor": load_predictor(sch.predictor) if sch.predictor else None,
     }  # fmt: skip
 
 
@@ -92,7 +114,7 @@ def spawn_scheduling(driver: Any, scenario: Any, placement: Any, gateway_addr: s
     jes = [f"je/{k}" for k in range(sch.jes)]
     driver.spawn(CM_ADDR, ClusterManager, jes=jes)
     for je in jes:
-        driver.spawn(je, JobExecutor, config=je_config(sch))
+        driver.spawn(je, JobExecutor, config=je_config(sch, scenario.cluster.kv_block_tokens))
     driver.spawn(gateway_addr, Gateway, config={"jes": jes, "max_inflight_per_model": sch.max_inflight_per_model})
 
 
