@@ -23,6 +23,7 @@ from .messages import (
     ApiRequest,
     Client,
     GatewayDone,
+    GatewayDuplicate,
     GatewayRefused,
     GatewayRouted,
     GatewayState,
@@ -67,6 +68,8 @@ class Gateway(Actor[GatewayState]):
             s.cancelled += st == "cancelled"
         elif t is GatewayRefused:
             s.refused += 1
+        elif t is GatewayDuplicate:
+            s.duplicates += 1
         return s
 
     def handle(self, ctx: Context, msg: Message) -> None:
@@ -87,7 +90,8 @@ class Gateway(Actor[GatewayState]):
                bucket: int | None, api: bool) -> None:
         s, cfg = self.state, self.cfg
         if rid in s.clients:
-            return  # a duplicate arrival: already in flight
+            ctx.record(GatewayDuplicate(request_id=rid))  # already in flight: its one answer stands
+            return
         inflight = s.inflight.get(model, 0)
         if inflight >= cfg.max_inflight_per_model:
             why = f"{inflight} requests of model {model!r} in flight (limit {cfg.max_inflight_per_model})"

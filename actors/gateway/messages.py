@@ -54,6 +54,12 @@ class GatewayRefused(Event, frozen=True, kw_only=True):
     reason: str
 
 
+class GatewayDuplicate(Event, frozen=True, kw_only=True):
+    """An arrival whose request id is already in flight: counted, not admitted twice."""
+
+    request_id: str
+
+
 class GatewayDone(Event, frozen=True, kw_only=True):
     request_id: str
     status: str

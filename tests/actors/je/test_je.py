@@ -22,7 +22,7 @@ from deepserve.actors.je.messages import (
     TeGroupMembership,
 )
 from deepserve.actors.workload.messages import RequestDone
-from deepserve.core import MemorySink, SimDriver, decode
+from deepserve.core import Actor, Context, MemorySink, Message, SimDriver, decode
 from deepserve.persistence.api import MemoryLog
 from deepserve.replay import verify
 
@@ -242,3 +242,39 @@ def test_same_seed_same_log_and_replay_is_identical() -> None:
         logs.append([(s.input.actor, s.input.type, [e.payload for e in s.events]) for s in d.sink.steps])
     assert logs[0] == logs[1]
     assert {e.decision.subgroup for e in decisions(d)} == {"colocated", "pd"}
+
+
+def test_locality_follows_the_kv_events_a_te_publishes() -> None:
+    from deepserve.actors.flowserve.rtc.kv_events import BlockRemoved, BlockStored, KVEventBatch
+
+    stored = KVEventBatch(ts=0.0, events=(BlockStored(block_hashes=(11, 12, 13), parent_block_hash=None,
+                                                      token_ids=(), block_size=128, medium="HBM"),))
+    removed = KVEventBatch(ts=0.0, events=(BlockRemoved(block_hashes=(12, 13), medium="HBM"),))
+    d = SimDriver(3, sink=MemorySink())
+    out: list[Any] = []
+    d.on_external = lambda _t, env: out.append(env.msg)
+    d.spawn("je/0", JobExecutor, config={"policy": "locality"})
+    for te in ("te/0", "te/1"):
+        d.spawn(te, ScriptedTe)
+    d.spawn("te/1/dp/0", Relay, dst="je/0")  # te/1's DP master publishing its RTC's events
+    d.inject("je/0", TeGroupMembership(model=MODEL, role="colocated", tes=("te/0", "te/1")), at=0.0)
+    d.inject("te/1/dp/0", stored, at=0.001)
+    d.inject("je/0", job(0, blocks=(11, 12, 13, 14)), at=0.01)
+    d.inject("te/1/dp/0", removed, at=1.0)
+    d.inject("je/0", job(1, blocks=(11, 12, 99)), at=1.01)
+    d.run(until=5.0)
+    first, second = decisions(d)
+    assert first.decision.chosen == "te/1" and first.decision.ranked[0].prefix_blocks == 3
+    # te/1 dropped blocks 12, 13; te/0 holds nothing: te/1 still matches 1 block
+    assert second.decision.chosen == "te/1" and second.decision.ranked[0].prefix_blocks == 1
+    assert all(m.status == "completed" for m in done_of(out).values())
+
+
+class Relay(Actor[None]):
+    """Forwards whatever it is given to `dst` (a stand-in publisher under a TE's address)."""
+
+    def __init__(self, dst: str) -> None:
+        self.dst = dst
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        ctx.send(self.dst, msg)
