@@ -30,7 +30,7 @@ def test_hand_built_tree_walk() -> None:
 
 def test_trained_tree_reproduces_its_reported_accuracy_and_beats_the_majority_class() -> None:
     pytest.importorskip("sklearn")
-    from deepserve.benchmarks.predictor import train, trace_rows
+    from deepserve.benchmarks.predictor import trace_rows, train
 
     data = train(("builtin:azure_conv_500", "builtin:mooncake_conv_1k"), max_depth=4)
     tree = DecodeLengthTree(**{k: tuple(v) if isinstance(v, list) else v for k, v in data["predictor"].items()})
