@@ -12,7 +12,8 @@ records which TEs hold the block and where, as a bitmask:
   events; a BlockRemoved for the block clears it too.
 
 A bound (`max_blocks`) evicts the oldest-inserted blocks first: the tree never grows unbounded.
-Pure data (a msgspec Struct), so it lives in the JE's event-sourced state.
+Pure data (a msgspec Struct), so it lives in the JE's event-sourced state; its keys are the hashes
+in decimal text because the kernel encodes state with sorted keys, which msgpack allows for str only.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ MAX_BLOCKS_DEFAULT = 1 << 20
 
 
 class PromptTree(msgspec.Struct, kw_only=True):
-    nodes: dict[int, dict[str, int]] = {}  # chain hash -> {te: medium bits}
+    nodes: dict[str, dict[str, int]] = {}  # str(chain hash) -> {te: medium bits}
     max_blocks: int = MAX_BLOCKS_DEFAULT
 
     def insert(self, te: str, hashes: tuple[int, ...] | list[int], bits: int = ROUTED) -> None:
         nodes = self.nodes
-        for h in hashes:
+        for hh in hashes:
+            h = str(hh)
             holders = nodes.get(h)
             if holders is None:
                 nodes[h] = {te: bits}
@@ -44,7 +46,8 @@ class PromptTree(msgspec.Struct, kw_only=True):
     def remove(self, te: str, hashes: tuple[int, ...] | list[int], bits: int) -> None:
         """A TE dropped blocks from a medium: the ROUTED belief goes too (it was about them)."""
         nodes = self.nodes
-        for h in hashes:
+        for hh in hashes:
+            h = str(hh)
             holders = nodes.get(h)
             if holders is None or te not in holders:
                 continue
@@ -57,7 +60,7 @@ class PromptTree(msgspec.Struct, kw_only=True):
                     del nodes[h]
 
     def clear(self, te: str) -> None:
-        for h in [h for h, holders in self.nodes.items() if te in holders]:
+        for h in [int(h) for h, holders in self.nodes.items() if te in holders]:
             self.remove(te, (h,), HBM | DRAM)
 
     def fold_kv_event(self, te: str, event: object) -> None:
@@ -78,7 +81,7 @@ class PromptTree(msgspec.Struct, kw_only=True):
         out = dict.fromkeys(tes, 0)
         alive = list(tes)
         for i, h in enumerate(hashes):
-            holders = self.nodes.get(h)
+            holders = self.nodes.get(str(h))
             if holders is None:
                 break
             keep = [te for te in alive if te in holders]

@@ -241,6 +241,10 @@ def test_same_seed_same_log_and_replay_is_identical() -> None:
         assert result.identical, result.divergence
         logs.append([(s.input.actor, s.input.type, [e.payload for e in s.events]) for s in d.sink.steps])
     assert logs[0] == logs[1]
+    import msgspec
+
+    # The kernel on main encodes state with sorted keys (str keys only): the JE's state must encode.
+    msgspec.msgpack.Encoder(order="deterministic").encode(d.actor("je/0").state)
     assert {e.decision.subgroup for e in decisions(d)} == {"colocated", "pd"}
 
 

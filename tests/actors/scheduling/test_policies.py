@@ -107,15 +107,15 @@ def test_prompt_tree_longest_prefix_per_te_from_kv_events() -> None:
     assert t.match((1, 2, 3), ["a", "b"]) == {"a": 1, "b": 2}
     t.fold_kv_event("b", AllBlocksCleared())
     assert t.match((1, 2, 3), ["a", "b"]) == {"a": 1, "b": 0}
-    assert t.nodes[1] == {"a": HBM}
+    assert t.nodes["1"] == {"a": HBM}
     t.insert("b", (1,), DRAM)
-    assert t.nodes[1] == {"a": HBM, "b": DRAM}
+    assert t.nodes["1"] == {"a": HBM, "b": DRAM}
 
 
 def test_prompt_tree_is_bounded() -> None:
     t = PromptTree(max_blocks=3)
     t.insert("a", (1, 2, 3, 4, 5))
-    assert list(t.nodes) == [3, 4, 5]
+    assert list(t.nodes) == ["3", "4", "5"]
 
 
 def test_on_demand_offers_fewest_open_streams_first_until_deadline() -> None:
