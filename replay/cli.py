@@ -132,15 +132,9 @@ def _log(args: argparse.Namespace) -> int:
 
 
 def _why(args: argparse.Namespace) -> int:
-    from .why import request_hops, why_lines
+    from .why import run_why
 
-    hops = request_hops(_read(args.log), args.request_id, args.run)
-    if args.json:
-        print_json({"request_id": args.request_id, "hops": hops})
-    else:
-        for line in why_lines(hops):
-            print(line)
-    return 0
+    return run_why(_read(args.log), args.request_id, args.run, args.json)
 
 
 def _digest(args: argparse.Namespace) -> int:

@@ -118,3 +118,16 @@ def _decision_lines(at: str, who: str, h: dict[str, Any]) -> Iterator[str]:
     for k, r in enumerate(d["ranked"], 1):
         mark = "  <- chosen" if r["te"] == d["chosen"] else ""
         yield f"{'':16}{k:>3}. {r['te']:<12} {r['subgroup']:<9} load {r['load']:>4}  prefix {r['prefix_blocks']:>5}{mark}"
+
+
+def run_why(reader: LogReader, request_id: str, run_id: str | None, as_json: bool) -> int:
+    """The `replay why` command body (the CLI hook passes the opened reader)."""
+    from deepserve.cliutil import print_json
+
+    hops = request_hops(reader, request_id, run_id)
+    if as_json:
+        print_json({"request_id": request_id, "hops": hops})
+    else:
+        for line in why_lines(hops):
+            print(line)
+    return 0
