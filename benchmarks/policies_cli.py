@@ -9,7 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from deepserve.cliutil import CliError, positive_int, print_json
+try:  # main moved the CLI helpers into the `cli` package; this branch still has cliutil.py
+    from deepserve.cli.util import CliError, positive_int, print_json
+except ImportError:
+    from deepserve.cliutil import CliError, positive_int, print_json  # type: ignore[no-redef]
 
 DEFAULT_HEATMAP = "runs/heatmap-codellama-34b-tp4.json"
 DEFAULT_PREDICTOR = "runs/predictor.json"

@@ -122,7 +122,10 @@ def _decision_lines(at: str, who: str, h: dict[str, Any]) -> Iterator[str]:
 
 def run_why(reader: LogReader, request_id: str, run_id: str | None, as_json: bool) -> int:
     """The `replay why` command body (the CLI hook passes the opened reader)."""
-    from deepserve.cliutil import print_json
+    try:  # main moved the CLI helpers into the `cli` package; this branch still has cliutil.py
+        from deepserve.cli.util import print_json
+    except ImportError:
+        from deepserve.cliutil import print_json  # type: ignore[no-redef]
 
     hops = request_hops(reader, request_id, run_id)
     if as_json:
