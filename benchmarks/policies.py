@@ -24,10 +24,11 @@ from deepserve.adapters.scenario.builder import WORKLOAD_ADDR, spawn_te
 from deepserve.adapters.scenario.loader import trace_path
 from deepserve.adapters.scenario.placement import Placement, TePlacement
 from deepserve.adapters.scenario.run import run_scenario
-from deepserve.adapters.scenario.sched import Scheduling, announce_tes, spawn_scheduling
+from deepserve.adapters.scenario.sched import Forwarding, Scheduling, announce_tes, spawn_scheduling
 from deepserve.adapters.scenario.schema import NPUS_PER_SERVER, Cluster, Scenario, Workload, check
 from deepserve.adapters.traces import open_trace
 
+PREFILL_SLOTS = 4  # on-demand: tasks a prefill DP group holds before it refuses
 DEFAULT_TRACES = ("builtin:azure_conv_500", "builtin:mooncake_conv_1k")
 DEFAULT_POLICIES = ("round_robin", "least_load", "locality", "load_aware", "pd_aware", "combined")
 ROW_FIELDS = ("policy", "trace", "cluster", "rps", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50",
@@ -105,16 +106,25 @@ def mixed_placement(c: ClusterSpec) -> Placement:
     return Placement(server + 1, tuple(tes))
 
 
-def build_mixed(c: ClusterSpec) -> Callable[[Any, Scenario], Placement]:
+def build_mixed(c: ClusterSpec, prefill_slots: int = 0) -> Callable[[Any, Scenario], Placement]:
+    """`prefill_slots` > 0: prefill DP groups hold at most that many tasks and refuse the rest
+    (P/D-Serve's prefill without a local queue); 0: the normal bounded-but-large queue."""
     def build(driver: Any, s: Scenario) -> Placement:
+        from deepserve.actors.flowserve.te_shell import TeShell
         from deepserve.adapters.hardware.devices.topology import build as topo
         from deepserve.adapters.hardware.devices.topology import spawn_topology
+        from deepserve.adapters.scenario.builder import te_config
 
         placement = mixed_placement(c)
         spawn_topology(driver, topo(c.topology, placement.servers), variance=s.cluster.npu_variance)
         spawn_scheduling(driver, s, placement, WORKLOAD_ADDR)
         for te in placement.tes:
-            spawn_te(driver, s, te)
+            if prefill_slots and te.role == "prefill":
+                cfg = te_config(s, te)
+                cfg["dps"] = [{**dp, "max_waiting": prefill_slots} for dp in cfg["dps"]]
+                driver.spawn(te.addr, TeShell, config=cfg)
+            else:
+                spawn_te(driver, s, te)
         announce_tes(driver, s, placement)
         return placement
 
@@ -135,10 +145,15 @@ class Slo(msgspec.Struct, frozen=True):
 
 
 def run_cell(policy: str, trace: str, c: ClusterSpec, rps: float, requests: int, slo: Slo,
-             heatmap: str, predictor: str = "", seed: int = 0) -> dict[str, Any]:
-    """One row: the policy on the cluster at `rps`, first `requests` requests of the trace."""
+             heatmap: str, predictor: str = "", seed: int = 0, forwarding: str = "") -> dict[str, Any]:
+    """One row: the policy on the cluster at `rps`, first `requests` requests of the trace.
+    `forwarding` "" = the default (prefill queues locally); "on_demand" / "local_queue": the
+    P/D-Serve comparison — on_demand prefills keep `PREFILL_SLOTS` tasks and refuse the rest,
+    the JE re-offers until the TTFT SLO; the row's policy reads `policy/forwarding`."""
     pd = policy in ("pd_aware", "combined")
-    sch = Scheduling(policy=policy, heatmap=heatmap if pd else "", predictor=predictor if pd else "")  # type: ignore[arg-type]
+    fw = Forwarding(mode=forwarding or "local_queue", ttft_deadline_s=slo.ttft_ms / 1e3)  # type: ignore[arg-type]
+    sch = Scheduling(policy=policy, heatmap=heatmap if pd else "", predictor=predictor if pd else "",  # type: ignore[arg-type]
+                     forwarding=fw if forwarding else Forwarding())
     scale = rps / native_rps(trace, requests)
     s = scenario_of(c, sch, trace, requests, scale, seed)
     met = [0]
@@ -150,11 +165,12 @@ def run_cell(policy: str, trace: str, c: ClusterSpec, rps: float, requests: int,
         tpot = (d.finish_s - d.first_token_s) * 1e3 / (d.output_tokens - 1) if d.output_tokens > 1 else 0.0
         met[0] += ttft <= slo.ttft_ms and tpot <= slo.tpot_ms
 
-    r = run_scenario(s, build=build_mixed(c), requests=requests, on_done=on_done)
+    slots = PREFILL_SLOTS if forwarding == "on_demand" else 0
+    r = run_scenario(s, build=build_mixed(c, slots), requests=requests, on_done=on_done)
     m = r.summary
     name = trace.removeprefix("builtin:")
     return {
-        "policy": policy, "trace": name, "cluster": c.name, "rps": rps,
+        "policy": f"{policy}/{forwarding}" if forwarding else policy, "trace": name, "cluster": c.name, "rps": rps,
         "ttft_ms_p50": m["ttft_ms_p50"], "ttft_ms_p99": m["ttft_ms_p99"],
         "tpot_ms_p50": m["tpot_ms_p50"], "tpot_ms_p99": m["tpot_ms_p99"],
         "jct_ms_p50": m["e2e_ms_p50"], "jct_ms_p99": m["e2e_ms_p99"],

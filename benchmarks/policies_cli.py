@@ -40,6 +40,14 @@ def name_list(text: str) -> tuple[str, ...]:
     return names
 
 
+def mode_list(text: str) -> tuple[str, ...]:
+    modes = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [m for m in modes if m not in ("on_demand", "local_queue")]
+    if not modes or bad:
+        raise argparse.ArgumentTypeError(f"unknown mode {bad[0] if bad else text!r}; known: on_demand, local_queue")
+    return modes
+
+
 def register_policies(which: argparse._SubParsersAction) -> None:
     p = which.add_parser("policies", help="issue-6 scheduling policies: JCT/TTFT/TPOT, SLO, hit rate vs RPS")
     p.add_argument("--trace", action="append", default=[], metavar="PATH",
@@ -48,6 +56,9 @@ def register_policies(which: argparse._SubParsersAction) -> None:
     p.add_argument("--policies", type=name_list, metavar="A,B", help="policies (default: all)")
     p.add_argument("--cluster", action="append", default=[], metavar="NAME|FILE",
                    help="fig7, large, or a TOML file of cluster fields (repeatable; default: fig7 and large)")
+    p.add_argument("--forwarding", type=mode_list, metavar="A,B",
+                   help="also compare P/D-Serve forwarding: on_demand (prefill refuses, JE re-offers until the "
+                        "TTFT SLO) and/or local_queue; rows read policy/mode (default: prefill queues locally)")
     p.add_argument("--requests", type=positive_int, default=200, metavar="N", help="requests per run (default 200)")
     p.add_argument("--heatmap", metavar="FILE", default=DEFAULT_HEATMAP,
                    help=f"PD heatmap for pd_aware/combined (default {DEFAULT_HEATMAP}; made if missing)")
@@ -88,7 +99,7 @@ def _ensure_predictor(path: str, quiet: bool) -> None:
 
 
 def _run_policies(args: argparse.Namespace) -> int:
-    from deepserve.adapters.scenario.loader import ScenarioError
+    from deepserve.adapters.scenario.loader import ScenarioError, trace_path
     from deepserve.adapters.traces import TraceError, open_trace
 
     from .policies import (
@@ -108,7 +119,7 @@ def _run_policies(args: argparse.Namespace) -> int:
     try:
         clusters = [load_cluster(c) for c in (args.cluster or ["fig7", "large"])]
         for t in args.trace:
-            open_trace(t)
+            open_trace(trace_path(t))
         if {"pd_aware", "combined"} & set(policies):
             if args.heatmap != DEFAULT_HEATMAP and not Path(args.heatmap).is_file():
                 raise CliError(f"--heatmap: no file {args.heatmap}")
@@ -123,9 +134,12 @@ def _run_policies(args: argparse.Namespace) -> int:
             for trace in traces:
                 for r in rps:
                     for policy in policies:
-                        if not args.json:
-                            print(f"measuring {policy} on {c.name} / {trace} at {r:g} rps ...", file=sys.stderr, flush=True)
-                        rows.append(run_cell(policy, trace, c, r, args.requests, slo, args.heatmap, args.predictor))
+                        for mode in args.forwarding or ("",):
+                            if not args.json:
+                                print(f"measuring {policy}{'/' + mode if mode else ''} on {c.name} / {trace} "
+                                      f"at {r:g} rps ...", file=sys.stderr, flush=True)
+                            rows.append(run_cell(policy, trace, c, r, args.requests, slo, args.heatmap,
+                                                 args.predictor, forwarding=mode))
     except (ValueError, TraceError, ScenarioError) as exc:
         raise CliError(str(exc)) from None
     if args.json:

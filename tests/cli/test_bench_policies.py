@@ -51,6 +51,7 @@ def test_profile_heatmap_then_bench_policies_json_rows(tmp_path: Path) -> None:
     (["--cluster", "huge"], ["--cluster", "'huge' is neither a built-in cluster"]),
     (["--trace", "/nonexistent.csv"], ["/nonexistent.csv"]),
     (["--requests", "0"], ["--requests"]),
+    (["--forwarding", "eager"], ["--forwarding", "unknown mode 'eager'"]),
 ])
 def test_bench_policies_refuses_bad_arguments(tmp_path: Path, args: list[str], needles: list[str]) -> None:
     assert_one_line_error(deepserve("bench", "policies", *args, cwd=tmp_path), *needles)
