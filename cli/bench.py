@@ -56,6 +56,9 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
     from deepserve.benchmarks.sim_cli import register_sim
 
     register_sim(which)
+    from deepserve.benchmarks.policies_cli import register_policies
+
+    register_policies(which)
     transport = which.add_parser("transport", help="ZeroMQ transport between two OS processes vs raw pyzmq")
     transport.add_argument("--json", action="store_true", help="print rows as JSON lines")
     transport.add_argument("--scale", type=_scale, default=1.0,

@@ -75,9 +75,18 @@ def build_cluster(driver: Any, scenario: Scenario) -> Placement:
     c = scenario.cluster
     placement = place(c)
     spawn_topology(driver, build(c.topology, placement.servers), variance=c.npu_variance)
+    if scenario.scheduling is not None:  # issue 6: gateway + JEs at the workload's address
+        from .sched import spawn_scheduling
+
+        spawn_scheduling(driver, scenario, placement, WORKLOAD_ADDR)
     for te in placement.tes:
         spawn_te(driver, scenario, te)
-    spawn_workload(driver, scenario, placement)
+    if scenario.scheduling is None:
+        spawn_workload(driver, scenario, placement)
+    else:
+        from .sched import announce_tes
+
+        announce_tes(driver, scenario, placement)
     return placement
 
 

@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from .sched import Scheduling, check_scheduling
+
 Pos = Annotated[int, msgspec.Meta(ge=1)]
 NonNeg = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -79,6 +81,8 @@ class Scenario(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     log: str = ""  # "" = runs/<name>-<seed>.db; "none" = no log
     cluster: Cluster = msgspec.field(default_factory=Cluster)
     workload: Workload = msgspec.field(default_factory=Workload)
+    # Issue 6: gateway + JEs + a routing policy instead of the workload stand-in (sched.py).
+    scheduling: Scheduling | None = None
 
 
 HARDWARE_OF_TOPOLOGY = {"gen1": "910b", "cm384": "910c"}
@@ -128,5 +132,6 @@ def check(s: Scenario, known_models: tuple[str, ...]) -> list[tuple[str, str]]:
         ))  # fmt: skip
     if c.scheduler.max_batch_tokens < c.kv_block_tokens and not c.scheduler.chunked_prefill:
         problems.append(("cluster.scheduler.max_batch_tokens", "is below one KV block without chunked prefill"))
+    problems += check_scheduling(s)
     return problems
 
