@@ -25,6 +25,7 @@ from deepserve.replay.common import ReplayError
 OPTIONAL_GROUPS = (
     ("deepserve.benchmarks.cli", "register_bench"),
     ("deepserve.adapters.hardware.cli", "register_hw"),
+    ("deepserve.daemon.cli", "register_daemon"),
 )
 
 # Errors caused by what the user passed in (a path, a log, an argument): exit 2.
