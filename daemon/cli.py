@@ -58,7 +58,6 @@ def _load(args: argparse.Namespace) -> Any:
 
 
 def _up(args: argparse.Namespace) -> int:
-    import msgspec
 
     from deepserve.core.asyncdriver import run
 
@@ -74,7 +73,6 @@ def _up(args: argparse.Namespace) -> int:
     if (run_dir / "daemon.db").exists():
         raise CliError(f"--run-dir {run_dir} already holds a daemon log; choose a new directory")
     configure_logging(cfg.daemon.log_format)
-    _ = msgspec
     run(serve, cfg, run_dir)
     return 0
 

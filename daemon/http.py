@@ -198,7 +198,10 @@ class _Generation:
         return await self.q.get()
 
     async def pieces(self) -> AsyncIterator[str]:
-        """Text pieces until the terminal message (or a stop sequence)."""
+        """Text pieces until the terminal message (or a stop sequence). With stop sequences, the
+        last `len(longest stop) - 1` characters are held back until they cannot start a match."""
+        hold = max((len(x) for x in self.stops), default=1) - 1
+        sent = 0
         while self.done is None:
             item = await self._next()
             if isinstance(item, RequestDone):
@@ -207,28 +210,23 @@ class _Generation:
                     self.finish_reason = "length" if item.reason in ("length", "target") else "stop"
                     if item.status != "completed":
                         self.finish_reason = "stop" if item.reason == "stop sequence" else "abort"
+                if len(self.text) > sent:
+                    yield self.text[sent:]
                 return
             if not isinstance(item, TaskTokens) or self.finish_reason is not None:
                 continue
-            n = len(item.token_ids) or len(item.times_s)
-            self.tokens += n
-            piece = output_text(item.token_ids)
-            cut = self._stop_in(piece)
-            if cut is not None:
-                piece = piece[:cut]
+            self.tokens += len(item.token_ids) or len(item.times_s)
+            self.text += output_text(item.token_ids)
+            hits = [h for h in (self.text.find(x, max(0, sent - hold)) for x in self.stops) if h >= 0]
+            if hits:
+                self.text = self.text[: min(hits)]
                 self.finish_reason = "stop"
                 await self.rt.cancel(self.rid, "stop sequence")
-            self.text += piece
-            if piece:
-                yield piece
-
-    def _stop_in(self, piece: str) -> int | None:
-        if not self.stops:
-            return None
-        joined = self.text + piece
-        hits = [joined.find(s, max(0, len(self.text) - len(s))) for s in self.stops]
-        hits = [h for h in hits if h >= 0]
-        return min(hits) - len(self.text) if hits else None
+                continue
+            upto = len(self.text) - hold
+            if upto > sent:
+                yield self.text[sent:upto]
+                sent = upto
 
     def _usage(self) -> dict[str, Any]:
         d = self.done
