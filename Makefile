@@ -2,7 +2,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint bench setup clean
+.PHONY: test demo demo-sim up lint bench setup clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -18,9 +18,17 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest
 
+# The daemon's tour: deepserve up on a free port, a streamed chat completion, status, stop, replay verify.
 demo: $(STAMP)
+	$(PY) -m deepserve.examples.daemon_tour
+
+# The kernel's example scenario (the demo before the daemon).
+demo-sim: $(STAMP)
 	$(VENV)/bin/deepserve sim example --seed 0 --log runs/example-0.db
 	$(VENV)/bin/deepserve replay verify runs/example-0.db
+
+up: $(STAMP)
+	$(VENV)/bin/deepserve up
 
 bench: $(STAMP)
 	$(VENV)/bin/deepserve bench kernel

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from deepserve.actors.flowserve.messages import Prompt
-from deepserve.actors.flowserve.tokens import DEFAULT_VOCAB, chain_hashes_from_tokens
+from deepserve.actors.flowserve.tokens import DEFAULT_VOCAB, chain_hashes_from_tokens, mix64
 
 CHARS_PER_TOKEN = 4
 MAX_TEXT_CHARS = 4 << 20  # a limit on everything: 4 MiB of prompt text
@@ -109,7 +109,7 @@ def make_tokenizer(spec: str) -> Tokenizer:
 
 def token_text(token_id: int) -> str:
     """The readable word of an emulated output token (a word and a space)."""
-    return WORDS[token_id % len(WORDS)] + " "
+    return WORDS[mix64(token_id) % len(WORDS)] + " "  # mixed: ids in arithmetic runs read as prose
 
 
 def output_text(token_ids: Sequence[int]) -> str:
