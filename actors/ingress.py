@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from deepserve.actors.flowserve.messages import CancelTask, TaskTokens
 from deepserve.actors.workload.actor import Workload, task_id
+from deepserve.actors.workload.messages import Arrive
 from deepserve.core import Context, Message
 
 STREAM_ADDR = "ext/stream"  # where relayed output tokens go (the frontend)
@@ -26,6 +27,24 @@ class CancelRequest(Message, frozen=True, kw_only=True):
 
 
 class Ingress(Workload):
+    """Colocated TEs and a P/D pool side by side: each arrival goes to the next colocated TE, or
+    (with one share, like one more TE) to the P/D pool, by the count of arrivals so far."""
+
+    def __init__(self, mode: str = "colocated", tes: list[str] | None = None,
+                 prefill_tes: list[str] | None = None, decode_tes: list[str] | None = None) -> None:  # fmt: skip
+        self.has_pd = bool(prefill_tes) and bool(decode_tes)
+        base = "pd" if self.has_pd and not tes else mode
+        super().__init__(base, tes, prefill_tes, decode_tes)  # type: ignore[arg-type]
+
+    def _on_arrive(self, ctx: Context, msg: Arrive) -> None:
+        chat = len(self.roles["chat"])
+        pool = "colocated" if chat else "pd"
+        if self.has_pd and chat and self.state.arrived % (chat + 1) == chat:
+            pool = "pd"
+        # The workload's dispatch reads `mode`; it is set from recorded state only (deterministic).
+        self.mode = pool  # type: ignore[assignment]
+        super()._on_arrive(ctx, msg)
+
     def handle(self, ctx: Context, msg: Message) -> None:
         if isinstance(msg, TaskTokens):
             p = self.state.pending.get(msg.request_id)

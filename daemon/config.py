@@ -42,9 +42,28 @@ class Daemon(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1 << 30)] = 4 << 20
 
 
+class PdPool(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A P/D-disaggregated pool beside the colocated TEs (same model, hardware and scheduler)."""
+
+    prefill_tes: Annotated[int, msgspec.Meta(ge=0, le=4096)] = 0  # 0: no P/D pool
+    decode_tes: Annotated[int, msgspec.Meta(ge=0, le=4096)] = 0
+    link: Literal["roce", "hccs", "ub"] = "roce"
+    kv_transfer: Literal["contiguous", "block"] = "contiguous"
+
+
 class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     daemon: Daemon = msgspec.field(default_factory=Daemon)
     cluster: Cluster = msgspec.field(default_factory=Cluster)
+    pd: PdPool = msgspec.field(default_factory=PdPool)
+
+    def pd_scenario(self) -> Scenario | None:
+        """The P/D pool as a scenario of its own (None when there is none)."""
+        p = self.pd
+        if not (p.prefill_tes or p.decode_tes):
+            return None
+        c = msgspec.structs.replace(self.cluster, mode="pd", prefill_tes=max(p.prefill_tes, 1),
+                                    decode_tes=max(p.decode_tes, 1), link=p.link, kv_transfer=p.kv_transfer)  # fmt: skip
+        return Scenario(name="daemon-pd", seed=self.daemon.seed, cluster=c)
 
     def scenario(self) -> Scenario:
         return Scenario(name="daemon", seed=self.daemon.seed, cluster=self.cluster)
@@ -85,6 +104,14 @@ def load_config(path: str | None = None, overrides: tuple[str, ...] = ()) -> Dae
 
     for key, problem in check(cfg.scenario(), known_models()):
         raise ScenarioError(source, key, problem)
+    if bool(cfg.pd.prefill_tes) != bool(cfg.pd.decode_tes):
+        raise ScenarioError(source, "pd.decode_tes", "a P/D pool needs both prefill_tes and decode_tes >= 1")
+    if cfg.cluster.mode != "colocated":
+        raise ScenarioError(source, "cluster.mode", "the daemon's [cluster] is the colocated pool; use [pd] for P/D")
+    pd = cfg.pd_scenario()
+    if pd is not None:
+        for key, problem in check(pd, known_models()):
+            raise ScenarioError(source, key.replace("cluster.", "pd.", 1), problem)
     if not cfg.cluster.scheduler.stream_token_ids:
         raise ScenarioError(source, "cluster.scheduler.stream_token_ids", "the daemon needs token ids (true)")
     return cfg

@@ -43,12 +43,28 @@ class NoCapacity(Exception):
     """The cluster cannot take the request (HTTP 503): shutting down, or no TE."""
 
 
+def daemon_placement(cfg: DaemonConfig) -> tuple[Placement, set[str]]:
+    """The colocated pool's placement, then the P/D pool's on the servers after it (its TEs
+    numbered on), and the addresses of the P/D TEs."""
+    colo = place(cfg.cluster)
+    pd = cfg.pd_scenario()
+    if pd is None:
+        return colo, set()
+    extra = place(pd.cluster)
+    n, base = len(colo.tes), colo.servers
+    moved = []
+    for i, te in enumerate(extra.tes):
+        npus = tuple(a.replace(f"hw/s{te.server}/", f"hw/s{te.server + base}/", 1) for a in te.npus)
+        moved.append(msgspec.structs.replace(te, addr=f"te/{n + i}", server=te.server + base, npus=npus))
+    return Placement(base + extra.servers, (*colo.tes, *moved)), {t.addr for t in moved}
+
+
 class Runtime:
     def __init__(self, cfg: DaemonConfig, run_dir: Path) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
         self.log_path = run_dir / LOG_FILE
-        self.placement: Placement = place(cfg.cluster)
+        self.placement, self.pd_tes = daemon_placement(cfg)
         self.streams: dict[str, asyncio.Queue[Any]] = {}
         self.accepting = False
         self.started_wall = time.time()
@@ -70,11 +86,11 @@ class Runtime:
         d.on_external = self._on_external
         c = self.cfg.cluster
         spawn_topology(d, build(c.topology, self.placement.servers), variance=c.npu_variance)
-        scenario = self.cfg.scenario()
+        scenario, pd = self.cfg.scenario(), self.cfg.pd_scenario()
         for te in self.placement.tes:
-            spawn_te(d, scenario, te)
+            spawn_te(d, pd if te.addr in self.pd_tes and pd is not None else scenario, te)
         p = self.placement
-        d.spawn(self.cfg.daemon.ingress, Ingress, mode=c.mode, tes=p.role("colocated"),
+        d.spawn(self.cfg.daemon.ingress, Ingress, mode="colocated", tes=p.role("colocated"),
                 prefill_tes=p.role("prefill"), decode_tes=p.role("decode"))  # fmt: skip
         self.accepting = True
 
