@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from deepserve.actors.ports.faults import HbmRegionFault, LinkDegrade, LinkDown, NpuCrash, NpuHang
 
 from .api import error_body
+from .logquery import LogQueries
 from .metrics import Metrics
 from .runtime import Runtime
 
@@ -58,6 +59,20 @@ def create_admin_app(rt: Runtime, metrics: Metrics, token: str) -> FastAPI:
     @app.get("/admin/status")
     async def status() -> dict[str, Any]:
         return rt.status()
+
+    queries = LogQueries.for_sqlite(str(rt.log_path))
+
+    @app.get("/admin/requests/{request_id}")
+    async def request_timeline(request_id: str) -> JSONResponse:
+        """A request's steps and events, read from the live log (SQLAlchemy async, aiosqlite)."""
+        rows = await queries.request_timeline(request_id)
+        if not rows:
+            return JSONResponse(error_body(f"no request {request_id!r} in the log (yet)", "not_found_error"), 404)
+        return JSONResponse({"request_id": request_id, "steps": rows})
+
+    @app.get("/admin/faults")
+    async def recent_faults(limit: int = 50) -> dict[str, Any]:
+        return {"inputs": await queries.recent_admin_inputs(limit)}
 
     @app.post("/admin/fault")
     async def fault(request: Request) -> JSONResponse:

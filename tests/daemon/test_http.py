@@ -150,6 +150,21 @@ def test_200_concurrent_requests_all_complete(daemon: dict[str, Any]) -> None:
     assert all(r.usage.completion_tokens == 8 for r in results)
 
 
+def test_admin_reads_a_request_from_the_live_log(daemon: dict[str, Any]) -> None:
+    r = httpx.post(daemon["url"] + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3}, timeout=30)
+    rid = r.headers["x-request-id"]
+    end = time.monotonic() + 10
+    while time.monotonic() < end:  # the log commits a few milliseconds behind
+        got = httpx.get(f"{daemon['admin_url']}/admin/requests/{rid}", timeout=10)
+        if got.status_code == 200 and any("RequestFinished" in s["events"] for s in got.json()["steps"]):
+            break
+        time.sleep(0.05)
+    steps = got.json()["steps"]
+    assert steps[0]["input"] == "Arrive" and steps[0]["from"] == "ext/http" and steps[0]["external"]
+    assert sum(s["events"].count("RequestFinished") for s in steps) == 1
+    assert httpx.get(f"{daemon['admin_url']}/admin/requests/nope", timeout=10).status_code == 404
+
+
 def test_zz_shutdown_is_clean_and_the_log_replays(daemon: dict[str, Any]) -> None:
     out = daemon["stop"]()
     assert daemon["proc"].returncode == 0, out

@@ -42,6 +42,8 @@ def test_504_on_ttft_deadline_and_429_when_full(tmp_path: Path) -> None:
         second = httpx.post(info["url"] + "/v1/completions", json=body, timeout=30)
         assert second.status_code == 429 and second.headers["retry-after"] == "1"
         assert second.json()["error"]["type"] == "rate_limit_error"
+        faults = httpx.get(info["admin_url"] + "/admin/faults", timeout=10).json()["inputs"]
+        assert {"to": "hw/s0/npu0", "from": "ext/admin", "input": "NpuHang"}.items() <= faults[0].items()
         t.join(30)
         assert first["r"].status_code == 504 and "first token" in first["r"].json()["error"]["message"]
     finally:
