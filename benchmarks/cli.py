@@ -31,6 +31,9 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
     from deepserve.benchmarks.sim_cli import register_sim
 
     register_sim(which)
+    from deepserve.benchmarks.http_cli import register_http
+
+    register_http(which)
 
 
 def _run_kernel(args: argparse.Namespace) -> int:

@@ -233,6 +233,14 @@ class _Generation:
         prompt = d.prompt_tokens if d is not None else 0
         return usage(prompt, self.tokens, d.cached_prompt_tokens if d is not None else 0)
 
+    def _emulated(self) -> dict[str, Any]:
+        """The emulated timings of the request (the TE's token times on the daemon's clock)."""
+        d = self.done
+        if d is None or d.first_token_s is None:
+            return {}
+        tpot = (d.finish_s - d.first_token_s) / (d.output_tokens - 1) if d.output_tokens > 1 else None
+        return {"ttft_s": d.first_token_s - d.arrival_s, "tpot_s": tpot, "status": d.status}
+
     def _chunk(self, delta: str | None, finish: str | None) -> dict[str, Any]:
         if self.kind == "chat":
             choice = {"index": 0, "delta": {} if delta is None else {"content": delta}, "finish_reason": finish}
@@ -256,6 +264,7 @@ class _Generation:
             if opts is not None and opts.include_usage:
                 final = self._chunk(None, None)
                 final["choices"], final["usage"] = [], self._usage()
+                final["deepserve"] = self._emulated()  # for `deepserve bench http` (platform overhead)
                 yield b"data: " + enc(final) + b"\n\n"
             yield b"data: [DONE]\n\n"
         finally:
