@@ -146,6 +146,8 @@ class Runtime:
         elif isinstance(msg, RequestDone):
             q = self.streams.pop(msg.request_id, None)
             self.counts[msg.status] = self.counts.get(msg.status, 0) + 1
+            log.info("request finished", request_id=msg.request_id, actor=msg.te, status=msg.status,
+                     reason=msg.reason, output_tokens=msg.output_tokens)  # fmt: skip
             if self.on_done is not None:
                 self.on_done(msg)
             if q is not None:
