@@ -1,22 +1,34 @@
+PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Exit status 0 for an interpreter deepserve can run on (pyproject: requires-python >= 3.11).
+PY_OK := import sys; sys.exit(sys.version_info < (3, 11))
 
-.PHONY: test demo demo-sim up lint bench setup clean
+# Empty when .venv holds a working Python >= 3.11 with pip. Anything else (no .venv, a
+# half-made one, one left by an older Python whose pip failed, a dangling interpreter
+# link) is rebuilt from scratch: re-running pip in it would only fail the same way.
+VENV_BROKEN := $(shell $(PY) -c '$(PY_OK); import pip' >/dev/null 2>&1 || echo yes)
 
-$(PY):
-	python3 -m venv $(VENV)
+.PHONY: test demo demo-sim up lint bench setup clean venv
 
-$(STAMP): $(PY) pyproject.toml
+$(STAMP): pyproject.toml $(if $(VENV_BROKEN),venv)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev,postgres,bench]'
 	touch $(STAMP)
+
+# The interpreter is checked before anything is created: one line, and no .venv left behind.
+venv:
+	$(if $(shell $(PYTHON) -c '$(PY_OK)' >/dev/null 2>&1 && echo ok),,$(error deepserve needs Python >= 3.11 but $(PYTHON) is $(or $(shell $(PYTHON) -V 2>/dev/null),not found): run make PYTHON=python3.11 (or newer)))
+	@if [ -e $(VENV) ]; then echo "make: $(VENV) is broken or was made by another Python: rebuilding it"; fi
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
 
 setup: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest -rs
 
 # The daemon's tour: deepserve up on a free port, a streamed chat completion, status, stop, replay verify.
 demo: $(STAMP)
@@ -24,7 +36,7 @@ demo: $(STAMP)
 
 # The kernel's example scenario (the demo before the daemon).
 demo-sim: $(STAMP)
-	$(VENV)/bin/deepserve sim example --seed 0 --log runs/example-0.db
+	$(VENV)/bin/deepserve sim example --seed 0  # writes runs/example-0.db
 	$(VENV)/bin/deepserve replay verify runs/example-0.db
 
 up: $(STAMP)

@@ -1,61 +1,14 @@
-"""What every `deepserve` command shares: the argument parser and output helpers.
+"""Compatibility: the CLI helpers moved to `deepserve.cli.util` on main; modules written before the
+move (benchmarks/sim_cli.py, adapters/scenario/cli.py) import them from here."""
 
-The contract for the command line (DESIGN.md): a bad argument exits 2 with one
-line on stderr and never a traceback; `--json` prints results as JSON.
-"""
+from deepserve.cli.util import (
+    CliError,
+    CliParser,
+    one_line,
+    positive_int,
+    print_json,
+    print_pretty_json,
+    seconds,
+)
 
-from __future__ import annotations
-
-import argparse
-import math
-import sys
-from typing import Any, NoReturn
-
-import msgspec
-
-
-class CliError(Exception):
-    """A user error: printed as one line on stderr, exit status 2."""
-
-
-class CliParser(argparse.ArgumentParser):
-    """argparse, but an error is one line (no usage block), so scripts and
-    humans see exactly what was wrong. Subparsers inherit the class."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
-
-
-def one_line(text: str) -> str:
-    return " ".join(text.split())
-
-
-def seconds(text: str) -> float:
-    """argparse type for a clock time or duration in seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds as a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {text!r}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def print_json(obj: Any) -> None:
-    """One JSON document per line: easy to pipe into jq or read line by line."""
-    sys.stdout.write(msgspec.json.encode(obj, enc_hook=repr).decode() + "\n")
-
-
-def print_pretty_json(obj: Any) -> None:
-    blob = msgspec.json.encode(obj, enc_hook=repr)
-    sys.stdout.write(msgspec.json.format(blob, indent=2).decode() + "\n")
+__all__ = ["CliError", "CliParser", "one_line", "positive_int", "print_json", "print_pretty_json", "seconds"]

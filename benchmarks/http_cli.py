@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from deepserve.benchmarks.table import as_json_lines, render
-from deepserve.cliutil import positive_int
+from deepserve.cli.util import positive_int
 
 
 def register_http(which: argparse._SubParsersAction) -> None:

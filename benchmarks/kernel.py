@@ -60,7 +60,7 @@ def async_rows(scale: float) -> list[Row]:
 
 
 def store_rows(scale: float, tmp: str, pg_url: str | None) -> list[Row]:
-    from deepserve.persistence.bench import measure_store
+    from deepserve.benchmarks.store import measure_store
 
     n = int(60_000 * scale)
     m = measure_store(n, os.path.join(tmp, "store"))
@@ -82,8 +82,8 @@ def store_rows(scale: float, tmp: str, pg_url: str | None) -> list[Row]:
 
 def replay_rows(scale: float, tmp: str) -> list[Row]:
     """Verify re-executes every input; the baseline is executing them the first time."""
+    from deepserve.benchmarks.replay_workload import build_log
     from deepserve.persistence import MemoryLog, open_log, open_sink
-    from deepserve.replay.measure import build_log
     from deepserve.replay.verify import verify
 
     n = int(200_000 * scale)

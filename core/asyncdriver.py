@@ -93,6 +93,7 @@ class AsyncDriver(DriverBase):
         assert self._tg is not None
         self._tg.cancel_scope.cancel()
         result = await self._tg.__aexit__(*exc)
+        self._snapshot_live(self.clock())
         if self.transport is not None:
             self.transport.close()
         if self.sink is not None:
@@ -184,7 +185,7 @@ class AsyncDriver(DriverBase):
             else:
                 self._route(cell, cell.ctx.outputs, now)
                 if not cell.alive:
-                    self._retire(cell)
+                    self._retire(cell, now)
             self._busy -= 1
             if stats.failed != failed:
                 failed = stats.failed
@@ -221,7 +222,7 @@ class AsyncDriver(DriverBase):
             _, cell, outputs, now = held.popleft()
             self._route(cell, outputs, now)
             if not cell.alive:
-                self._retire(cell)
+                self._retire(cell, now)
 
     # ---- routing -------------------------------------------------------------------
     def _route(self, cell: Cell, outputs: list[Out], now: float) -> None:
@@ -259,12 +260,16 @@ class AsyncDriver(DriverBase):
                 self._pressure = cell
             return True
         if cell is None and self.transport is not None and self.transport.owns(dst):
-            return self.transport.send(env)
+            if self.transport.send(env):
+                return True
+            # The peer is gone or far behind: a dead letter like any other.
+            self._bounce(env, DEAD, "transport refused")
+            return False
         self._bounce(env, DEAD)
         return False
 
-    def _bounce(self, env: Envelope, kind: int) -> None:
-        fail = self._undeliverable(env, self.clock(), kind)
+    def _bounce(self, env: Envelope, kind: int, reason: str | None = None) -> None:
+        fail = self._undeliverable(env, self.clock(), kind, reason)
         if fail is not None:
             self._send(fail)
 
@@ -286,8 +291,8 @@ class AsyncDriver(DriverBase):
             elif isinstance(event, Stopped):
                 log.warning("actor stopped", actor=cell.addr, seq=cell.seq, reason=event.reason)
 
-    def _retire(self, cell: Cell) -> None:
-        super()._retire(cell)
+    def _retire(self, cell: Cell, t: float) -> None:
+        super()._retire(cell, t)
         for env in self._pending_timers(cell.addr, self._timer_heap, self._timers):  # type: ignore[arg-type]
             self._bounce(env, DEAD)
 

@@ -20,7 +20,7 @@ from .codec import encode
 from .context import Context, Out
 from .envelope import Envelope
 from .messages import ChildFailed, Event, HandlerFailed, Restarted, Started, Stop, Stopped
-from .records import DELIVERED, EventRec, InputRec, OutputRec, SnapshotRec, Step
+from .records import DELIVERED, SNAPSHOT, EventRec, InputRec, OutputRec, SnapshotRec, Step
 
 
 class ActorStats:
@@ -45,7 +45,8 @@ class Cell:
 
     __slots__ = (
         "addr", "actor", "seq", "hlc", "out_seq", "parent", "alive", "ctx", "stats",
-        "snap", "events_since_snap", "restart_times", "mailbox", "task",
+        "snap", "events_since_snap", "event_bytes_since_snap", "final_seq", "restart_times",
+        "mailbox", "task",
     )
 
     def __init__(self, addr: str, seed: int, seq: int = 0) -> None:
@@ -60,6 +61,8 @@ class Cell:
         self.stats = ActorStats()
         self.snap: tuple[Any, type, bytes] | None = None  # (state copy, type, encoding)
         self.events_since_snap: list[Event] = []
+        self.event_bytes_since_snap = 0
+        self.final_seq = -1  # seq of the last final snapshot logged (run end / stop)
         self.restart_times: list[float] = []
         self.mailbox: Any = None  # driver-specific
         self.task: Any = None
@@ -75,24 +78,36 @@ def _start(cell: Cell, started: Started) -> None:
     actor.state = actor.initial_state()
     cell.parent = started.parent
     cell.out_seq = 0
+    cell.snap = None
     _take_snapshot(cell)
     on_start = getattr(actor, "on_start", None)
     if on_start is not None:
         on_start(cell.ctx)
 
 
-def _take_snapshot(cell: Cell) -> None:
-    state = cell.actor.state  # type: ignore[union-attr]
+def _encode_state(cell: Cell, state: Any) -> bytes:
     try:
-        blob = encode(state)
+        return encode(state)
     except (TypeError, msgspec.EncodeError) as exc:
         raise TypeError(
             f"state of {type(cell.actor).__name__} at {cell.addr} is not msgpack-encodable: {exc}"
         ) from None
-    # Keep a deep copy for restarts: decoding the bytes would turn tuples into lists
-    # (msgpack has one array type), and the live state must equal the fold of its events.
-    cell.snap = (copy.deepcopy(state), type(state), blob)
+
+
+def _take_snapshot(cell: Cell) -> None:
+    """Snapshot what the events say: the last snapshot folded with the events since
+    (the live state, for an actor that changes state only through `record`). A
+    state mutated in place is not baked into snapshots, so the final snapshot
+    (the live state, see `final_snapshot`) shows it to verify."""
+    if cell.snap is None:
+        state = copy.deepcopy(cell.actor.state)  # type: ignore[union-attr]
+    else:
+        state = restore_state(cell)  # a fresh copy: never shared with the live state
+    # Kept as an object for restarts: decoding the bytes would turn tuples into
+    # lists (msgpack has one array type).
+    cell.snap = (state, type(state), _encode_state(cell, state))
     cell.events_since_snap = []
+    cell.event_bytes_since_snap = 0
 
 
 def restore_state(cell: Cell) -> Any:
@@ -132,11 +147,34 @@ def execute(cell: Cell, env: Envelope, now: float) -> bool:
         reason = f"stopped by {env.src}" if type(msg) is Stop else "stopped itself"
         ctx.events.append(Stopped(reason=reason))
         cell.alive = False
-    if ctx.events and cell.alive:
-        cell.events_since_snap.extend(e for e in ctx.events if not e.system)
-        if len(cell.events_since_snap) >= cell.actor.snapshot_every:  # type: ignore[union-attr]
-            _take_snapshot(cell)
-            return True
+    if ctx.events and cell.snap is not None:
+        return _note_events(cell, ctx.events)
+    return False
+
+
+def _note_events(cell: Cell, events: list[Event]) -> bool:
+    """Keep the committed events for restarts; take a snapshot when it pays.
+
+    Cost-aware policy: a snapshot is taken once at least `snapshot_every` events
+    *and* at least as many bytes of events as the last snapshot's size were
+    recorded since it. Snapshots then never add more to the log than the events
+    do (a large state is copied rarely), and a restart folds at most that many
+    events. Event encodings are kept for the log record (encoded once)."""
+    blobs = cell.ctx.event_blobs = [encode(e) for e in events]
+    since = cell.events_since_snap
+    n_bytes = cell.event_bytes_since_snap
+    for e, blob in zip(events, blobs, strict=True):
+        if not e.system:
+            since.append(e)
+            n_bytes += len(blob)
+    cell.event_bytes_since_snap = n_bytes
+    actor = cell.actor
+    if (
+        cell.alive and len(since) >= actor.snapshot_every  # type: ignore[union-attr]
+        and n_bytes >= len(cell.snap[2])  # type: ignore[index]
+    ):
+        _take_snapshot(cell)
+        return True
     return False
 
 
@@ -185,7 +223,10 @@ def event_records(cell: Cell, events: list[Event]) -> list[EventRec]:
     if not events:
         return []
     addr, seq = cell.addr, cell.seq
-    return [EventRec(addr, seq, i, type(e).__name__, encode(e)) for i, e in enumerate(events)]
+    blobs = cell.ctx.event_blobs
+    if events is not cell.ctx.events or len(blobs) != len(events):
+        blobs = [encode(e) for e in events]
+    return [EventRec(addr, seq, i, type(e).__name__, b) for i, (e, b) in enumerate(zip(events, blobs, strict=True))]
 
 
 def output_records(cell: Cell, outputs: list[Out]) -> list[OutputRec]:
@@ -209,6 +250,29 @@ def snapshot_record(cell: Cell) -> SnapshotRec:
     assert cell.snap is not None
     _, state_type, blob = cell.snap
     return SnapshotRec(cell.addr, cell.seq, class_path(state_type), blob)
+
+
+def final_snapshot(cell: Cell, now: float) -> Step | None:
+    """A record of the actor's live state at run end or at its stop (input kind
+    `SNAPSHOT`, seq -1: not a delivery). Replay compares it with the fold of the
+    actor's events, so a change to `evolve` alone, or a state changed outside
+    `record`, is caught however short the run."""
+    actor = cell.actor
+    if actor is None or cell.snap is None or cell.final_seq == cell.seq:
+        return None
+    cell.final_seq = cell.seq
+    state = actor.state
+    snap = SnapshotRec(cell.addr, cell.seq, class_path(type(state)), _encode_state(cell, state))
+    rec = InputRec(
+        cell.addr, -1, now, cell.hlc, SNAPSHOT, cell.addr, 0, None, None, False, "", b"", False, 0
+    )
+    return Step(rec, [], [], snap)
+
+
+def folded_snapshot(cell: Cell) -> SnapshotRec:
+    """What the events say the state is now: replay's side of a final snapshot."""
+    state = restore_state(cell)
+    return SnapshotRec(cell.addr, cell.seq, class_path(type(state)), _encode_state(cell, state))
 
 
 def make_step(cell: Cell, env: Envelope, now: float, snapshot: bool) -> Step:

@@ -8,7 +8,10 @@ import msgspec
 
 from .messages import Raw, registered
 
-_encoder = msgspec.msgpack.Encoder()
+# Deterministic order: sets and frozensets are sorted and dict keys too, so a record
+# does not depend on the process's hash seed or on how a dict was built. Every
+# record payload (message, event, state) goes through this encoder.
+_encoder = msgspec.msgpack.Encoder(order="deterministic")
 _raw_decoder = msgspec.msgpack.Decoder()
 _decoders: dict[type, msgspec.msgpack.Decoder] = {}
 

@@ -56,6 +56,7 @@ class Context:
 
     __slots__ = (
         "_cell", "_seed", "_addr_hash", "env", "_now", "events", "outputs", "_rng", "_ids", "stopping",
+        "event_blobs",
     )
 
     def __init__(self, cell: Cell, seed: int) -> None:
@@ -65,6 +66,7 @@ class Context:
         self.env: Envelope | None = None
         self._now = 0.0
         self.events: list[Event] = []
+        self.event_blobs: list[bytes] = []  # encodings of `events`, made once by the cell
         self.outputs: list[Out] = []
         self._rng: random.Random | None = None
         self._ids = 0
@@ -74,6 +76,7 @@ class Context:
         self.env = env
         self._now = now
         self.events = []
+        self.event_blobs = []
         self.outputs = []
         self._rng = None
         self._ids = 0

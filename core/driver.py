@@ -11,7 +11,7 @@ from typing import Any
 
 from .actor import class_path
 from .address import EXTERNAL_PREFIX, check_address, hlc_physical
-from .cell import Cell, input_record
+from .cell import Cell, final_snapshot, input_record
 from .envelope import Envelope
 from .messages import AskFailed, Message, Started, Stopped
 from .records import DEAD, FULL, LogSink, RunRec, Step
@@ -62,10 +62,25 @@ class DriverBase:
         self.cells[addr] = cell
         return cell
 
-    def _retire(self, cell: Cell) -> None:
+    def _retire(self, cell: Cell, t: float) -> None:
         if self.cells.get(cell.addr) is cell:
             del self.cells[cell.addr]
             self._retired_seq[cell.addr] = cell.seq
+        self._log_final(cell, t)
+
+    def _log_final(self, cell: Cell, t: float) -> None:
+        if self.sink is not None:
+            step = final_snapshot(cell, t)
+            if step is not None:
+                self.sink.append(step)
+
+    def _snapshot_live(self, t: float) -> None:
+        """Log the live state of every actor that changed since its last final
+        snapshot, so replay compares every actor's final state (run end, stop)."""
+        if self.sink is not None:
+            for cell in list(self.cells.values()):
+                if cell.alive:
+                    self._log_final(cell, t)
 
     def alive(self, addr: str) -> bool:
         cell = self.cells.get(addr)
@@ -128,7 +143,9 @@ class DriverBase:
                 self.escalations.append((cell.addr, event.reason))
 
     # ---- undeliverable ---------------------------------------------------
-    def _undeliverable(self, env: Envelope, t: float, kind: int) -> Envelope | None:
+    def _undeliverable(
+        self, env: Envelope, t: float, kind: int, reason: str | None = None
+    ) -> Envelope | None:
         """Record a dead letter or a drop; return the `AskFailed` owed to an asker."""
         if kind == DEAD:
             self.dead_letters += 1
@@ -140,7 +157,8 @@ class DriverBase:
             self.sink.append(Step(input_record(ghost, env, t, kind), [], []))
         if not env.ask:
             return None
-        reason = "target is dead" if kind == DEAD else "target mailbox is full"
+        if reason is None:
+            reason = "target is dead" if kind == DEAD else "target mailbox is full"
         fail = AskFailed(request_id=env.msg_id, target=env.dst, reason=reason)
         return Envelope(env.dst, env.src, 0, env.hlc, env.corr, fail, env.msg_id)
 

@@ -14,6 +14,7 @@ import msgspec
 DELIVERED = 0  # handed to the actor's handler
 DEAD = 1  # undeliverable: no such actor, or it had stopped
 FULL = 2  # dropped: the target's mailbox was full
+SNAPSHOT = 3  # not a delivery: the actor's live state at run end or at its stop
 
 # OutputRec.kind
 SEND = 0
@@ -22,7 +23,7 @@ CANCEL = 2
 SPAWN = 3
 STOP = 4
 
-INPUT_KIND_NAMES = {DELIVERED: "deliver", DEAD: "dead", FULL: "full"}
+INPUT_KIND_NAMES = {DELIVERED: "deliver", DEAD: "dead", FULL: "full", SNAPSHOT: "snapshot"}
 OUTPUT_KIND_NAMES = {SEND: "send", TIMER: "timer", CANCEL: "cancel", SPAWN: "spawn", STOP: "stop"}
 
 

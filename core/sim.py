@@ -32,7 +32,12 @@ class SimDriver(DriverBase):
         self._timers: dict[tuple[str, str], int] = {}
         self.deliveries = 0
         self.invariants: list[Invariant] = []
-        self._depth: dict[str, int] = {}  # pending non-timer deliveries per address
+        self._depth: dict[str, int] = {}  # due, undelivered non-timer messages per address
+        # External inputs scheduled for later: the outside world's, not yet in any
+        # mailbox. They enter the heap (and count against the target's capacity)
+        # only when virtual time reaches them, so a whole trace injected up front
+        # does not make mailboxes read as full.
+        self._scheduled: list[tuple[float, int, Envelope, str | None]] = []
 
     # ---- the outside world -------------------------------------------------
     def spawn(self, addr: str, cls: type, *, src: str = "ext/operator", **kwargs: Any) -> str:
@@ -56,22 +61,47 @@ class SimDriver(DriverBase):
         if at < self.now:
             raise ValueError(f"at={at} is in the past (now={self.now})")
         env = self._external_env(dst, msg, corr, src, at, ask)
-        self._push(at, env)
+        if at > self.now:
+            self._seq += 1  # the same order as if it had been pushed now
+            heappush(self._scheduled, (at, self._seq, env, None))
+        else:
+            self._push(at, env)
         return env.msg_id
 
     def pending(self) -> int:
-        return len(self._heap)
+        """Deliveries not yet made: due messages, timers and scheduled inputs."""
+        return len(self._heap) + len(self._scheduled)
+
+    def _next_time(self) -> float:
+        """Virtual time of the next delivery (inf when nothing is pending)."""
+        heap_t = self._heap[0][0] if self._heap else float("inf")
+        return min(heap_t, self._scheduled[0][0]) if self._scheduled else heap_t
+
+    def _admit_due(self) -> None:
+        """Move scheduled external inputs whose time has come into the heap."""
+        sched, heap, depth = self._scheduled, self._heap, self._depth
+        t = sched[0][0] if not heap or sched[0][0] < heap[0][0] else heap[0][0]
+        while sched and sched[0][0] <= t:
+            item = heappop(sched)
+            dst = item[2].dst
+            depth[dst] = depth.get(dst, 0) + 1
+            heappush(heap, item)
 
     # ---- the loop ----------------------------------------------------------
     def run(self, until: float | None = None, max_deliveries: int | None = None) -> int:
         """Deliver until the heap is empty, virtual time passes `until`, or the
         delivery budget is spent. Returns the number of deliveries made."""
         heap, cells, timers, sink, depth = self._heap, self.cells, self._timers, self.sink, self._depth
+        sched = self._scheduled
         invariants = self.invariants
         budget = -1 if max_deliveries is None else max_deliveries
         n = 0
-        while heap and n != budget:
-            if until is not None and heap[0][0] > until:
+        while n != budget:
+            if sched and (not heap or sched[0][0] <= heap[0][0]):
+                if until is not None and sched[0][0] > until:
+                    break
+                self._admit_due()
+            elif not heap or (until is not None and heap[0][0] > until):
                 break
             t, seq, env, key = heappop(heap)
             if key is not None:
@@ -101,15 +131,22 @@ class SimDriver(DriverBase):
             elif cell.ctx.outputs:
                 self._route(cell, t, None)
             if not cell.alive:
-                self._retire(cell)
+                self._retire(cell, t)
                 self._note_stop(cell)
             n += 1
             for check in invariants:
                 check(self)
-        if until is not None and (not heap or heap[0][0] > until):
+        if until is not None and self._next_time() > until:
             self.now = max(self.now, until)
         self.deliveries += n
+        if not heap and not sched:
+            self.snapshot_live()  # the run has ended: nothing is pending
         return n
+
+    def snapshot_live(self) -> None:
+        """Log every live actor's final state now (done by `run` when nothing is
+        pending; call it after a run stopped early by `until` or a budget)."""
+        self._snapshot_live(self.now)
 
     # ---- routing -------------------------------------------------------------
     def _push(self, t: float, env: Envelope, key: str | None = None) -> int:
@@ -158,10 +195,10 @@ class SimDriver(DriverBase):
                 self._send(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, Stop(by=addr)), t)
         cell.hlc = hlc
 
-    def _retire(self, cell: Cell) -> None:
-        super()._retire(cell)
+    def _retire(self, cell: Cell, t: float) -> None:
+        super()._retire(cell, t)
         for env in self._pending_timers(cell.addr, self._heap, self._timers):
-            self._bounce(env, self.now, DEAD)
+            self._bounce(env, t, DEAD)
 
     def stats(self) -> dict[str, dict[str, Any]]:
         for addr, cell in self.cells.items():

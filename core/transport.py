@@ -89,7 +89,7 @@ class Wire(msgspec.Struct, array_like=True):
     payload: bytes
 
 
-_wire_enc = msgspec.msgpack.Encoder()
+_wire_enc = msgspec.msgpack.Encoder(order="deterministic")
 _wire_dec = msgspec.msgpack.Decoder(Wire)
 
 

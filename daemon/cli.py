@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from deepserve.adapters.scenario.loader import ScenarioError
-from deepserve.cliutil import CliError, print_json
+from deepserve.cli.util import CliError, print_json
 
 FAULTS = ("kill-te", "hang-npu", "link-down", "link-degrade", "hbm-fault")
 

@@ -1,15 +1,87 @@
-"""The event store: schema, group-commit writer, streaming readers, snapshots.
+"""The event store: a log of `Step`s in SQLite (a file, or a directory of per-process
+files) or PostgreSQL (a URL). `open_sink` gives the process's writer, `open_log` a
+reader, `migrate` upgrades an old log's schema explicitly.
 
-SQLite by default (a file path, or a directory of per-process files), PostgreSQL by
-URL. `open_sink` gives the process's writer, `open_log` a reader, `migrate` upgrades
-an old log's schema explicitly.
+How a step goes from a handler to a row and back:
+
+    handler → ctx.record / ctx.send ...           core/context.py, core/cell.py
+      → Step(input, events, outputs, snapshot)    core/records.py: one per delivery
+      → sink.append(step) → ticket                a LogSink, from open_sink (factory.py):
+          GroupCommitSink  group_commit.py        a queue and a writer thread, one batch a
+            └ BatchStore.write(batch)             transaction: sqlite/batch_store.py or
+                                                  postgres.py
+          ProcessSink      sqlite/process_writer.py  batches msgpack-encoded to a child
+            └ child.py "write"                    process that commits them
+      → rows.step_rows(steps, run, first id)      THE row builder: [step id, run id,
+                                                  *fields] per record, one list a table
+      → INSERT (sqlite/sql.py) or COPY            tables: schema.py (columns = fields)
+    and back:
+    open_log(target) → LogReader (api.py)         .steps(run, actor=, corr=, since=, until=)
+      → read_steps(run, StepFilter)               THE filter (api.py); SQL: sql_reader.py
+      → rows ending with their step id            sqlite/sql.read_steps (plain sqlite3, in
+                                                  this process or child.py "read"), or
+                                                  SqlLog (SQLAlchemy, PostgreSQL)
+      → rows.group_steps(ins, evs, outs, snaps)   THE step assembly: step tuples
+      → msgspec.convert / decode → list[Step]     sql_reader.to_steps, process_reader.py
+
+Files: `api` (interfaces, `StepFilter`), `errors` (`LogError`, `one_line`), `memory`
+(the in-memory backend), `target` (parsing a target), `factory` (opening), `schema`
+and `versions` (tables; schema versions, migrations), `rows` (builder and assembly),
+`open_sinks` (sinks closed at exit, failures reported), `group_commit`
+(the thread writer), `sql_reader` and `merged_reader` (readers), `postgres`, and the
+SQLite backend in `sqlite/`: `files` (checks, schema setup, the reader's database),
+`sql` (statements), `batch_store`, `log_reader`, `child` (everything that runs in a
+child process: framing, spawning, the writer and reader loops) and its parents'
+sides `process_writer` and `process_reader`.
+
+Exports load on first use (PEP 562): a child process imports `deepserve.persistence
+.sqlite.child`, which must not pay for SQLAlchemy.
 """
 
-from .api import Durability, DurableSink, LogError, LogReader, MemoryLog, MemoryStore
-from .factory import migrate, open_log, open_sink
-from .procsink import ProcessSink
-from .schema import SCHEMA_VERSION
-from .writer import GroupCommitSink
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .api import Durability, DurableSink, LogReader, PressureSink, SinkStatistics, StepFilter
+    from .errors import LogError
+    from .factory import migrate, open_log, open_sink
+    from .group_commit import GroupCommitSink
+    from .memory import MemoryLog, MemoryStore
+    from .open_sinks import close_failures, close_open_sinks
+    from .schema import SCHEMA_VERSION
+    from .sqlite.process_writer import ProcessSink
+
+_EXPORTS = {
+    "Durability": ".api",
+    "DurableSink": ".api",
+    "LogReader": ".api",
+    "PressureSink": ".api",
+    "SinkStatistics": ".api",
+    "StepFilter": ".api",
+    "LogError": ".errors",
+    "migrate": ".factory",
+    "open_log": ".factory",
+    "open_sink": ".factory",
+    "GroupCommitSink": ".group_commit",
+    "MemoryLog": ".memory",
+    "MemoryStore": ".memory",
+    "SCHEMA_VERSION": ".schema",
+    "close_failures": ".open_sinks",
+    "close_open_sinks": ".open_sinks",
+    "ProcessSink": ".sqlite.process_writer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -20,7 +92,12 @@ __all__ = [
     "LogReader",
     "MemoryLog",
     "MemoryStore",
+    "PressureSink",
     "ProcessSink",
+    "SinkStatistics",
+    "StepFilter",
+    "close_failures",
+    "close_open_sinks",
     "migrate",
     "open_log",
     "open_sink",

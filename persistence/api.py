@@ -1,27 +1,57 @@
 """The store interface every backend implements (in-memory, SQLite, PostgreSQL).
 
 Writers are `LogSink`s (see `core.records`): drivers append `Step`s without
-blocking. Readers stream `Step`s in log order and never load a whole log.
+blocking. Readers are `LogReader`s: they stream `Step`s in log order and never load
+a whole log. The step filter is spelled once, here: `LogReader.steps` takes it as
+keywords and hands a backend one `StepFilter`.
 """
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Iterator
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
-from deepserve.core.records import LogSink, MemorySink, RunRec, SnapshotRec, Step
+import msgspec
+
+from deepserve.core.records import InputRec, LogSink, RunRec, SnapshotRec, Step
+
+from .errors import LogError
 
 Durability = Literal["async", "outbox"]
 
 
-class LogError(Exception):
-    """A log that cannot be read: corrupt, truncated, wrong schema version.
-    The message is one precise line meant for the user."""
+class StepFilter(NamedTuple):
+    """Which steps of a run to read: by input actor, correlation id and input clock
+    time in [since, until]; None selects everything."""
+
+    actor: str | None = None
+    corr: str | None = None
+    since: float | None = None
+    until: float | None = None
+
+    @property
+    def whole_run(self) -> bool:
+        return self.actor is None and self.corr is None and self.since is None and self.until is None
+
+    def matches(self, i: InputRec) -> bool:
+        return (
+            (self.actor is None or i.actor == self.actor)
+            and (self.corr is None or i.corr == self.corr)
+            and (self.since is None or i.t >= self.since)
+            and (self.until is None or i.t <= self.until)
+        )
 
 
-class LogReader(Protocol):
+class LogReader(abc.ABC):
+    """A log opened for reading. `run_id=None` means the last run begun."""
+
+    label: str
+
+    @abc.abstractmethod
     def runs(self) -> list[RunRec]: ...
 
+    @abc.abstractmethod
     def actors(self, run_id: str | None = None) -> list[str]: ...
 
     def steps(
@@ -33,13 +63,32 @@ class LogReader(Protocol):
         since: float | None = None,
         until: float | None = None,
     ) -> Iterator[Step]:
-        """Steps of one run (default: the only/last run) in log order; filters
+        """Steps of one run (default: the last run begun) in log order; filters
         select by input actor, correlation id and input clock time [since, until]."""
-        ...
+        return self.read_steps(run_id, StepFilter(actor, corr, since, until))
 
+    @abc.abstractmethod
+    def read_steps(self, run_id: str | None, where: StepFilter) -> Iterator[Step]:
+        """`steps`, with its filter as one value: what a backend implements."""
+
+    @abc.abstractmethod
     def snapshots(self, run_id: str | None = None, actor: str | None = None) -> Iterator[SnapshotRec]: ...
 
-    def close(self) -> None: ...
+    def check_integrity(self) -> None:
+        """Raise a one-line `LogError` if the log's storage is damaged (see
+        `sqlite.files.integrity_problems`); a no-op where the backend keeps its own
+        integrity (memory, PostgreSQL). Reads the whole file: call it once, before
+        answering from an incident log."""
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def __enter__(self) -> LogReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class DurableSink(LogSink, Protocol):
@@ -56,87 +105,57 @@ class DurableSink(LogSink, Protocol):
     def committed_ticket(self) -> int: ...
 
 
-class MemoryStore(MemorySink):
-    """A `MemorySink` that also remembers which run each step belongs to (so one store
-    can hold several runs, like a database) and speaks the `DurableSink` protocol:
-    a step is committed as soon as it is appended."""
+class SinkStatistics(msgspec.Struct, frozen=True):
+    """A writer's state, for the driver's edge and for operators (`statistics()`)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.step_runs: list[str] = []  # parallel to `steps`
-        self.on_commit: Callable[[int], None] | None = None
-
-    def append(self, step: Step) -> int:
-        if not self.runs:
-            raise LogError("memory: append() before begin_run()")
-        self.step_runs.append(self.runs[-1].run_id)
-        ticket = super().append(step)
-        if self.on_commit is not None:
-            self.on_commit(ticket)
-        return ticket
+    appended: int  # steps appended (the last ticket handed out)
+    committed: int  # steps committed
+    pending: int  # appended - committed: queued, buffered or in a transaction
+    peak_pending: int  # the most `pending` has been
+    high_water: int  # pending at or above this: under pressure
+    low_water: int  # `wait_for_room` returns once pending is at or below this
+    max_pending: int  # the hard bound: beyond it `append` blocks its caller's thread
+    transactions: int
+    blocked_appends: int  # appends that met the hard bound and blocked
+    blocked_s: float  # the time they spent blocked
 
     @property
-    def committed_ticket(self) -> int:
-        return len(self.steps)
+    def under_pressure(self) -> bool:
+        return self.pending >= self.high_water
 
 
-class MemoryLog:
-    """`LogReader` over a `MemorySink` — the in-memory backend. Over a plain
-    `MemorySink` every step belongs to every run (it records no association); over a
-    `MemoryStore`, `run_id=None` means the last run begun, as in the SQL backends."""
+class PressureSink(LogSink, Protocol):
+    """How a writer tells its driver that the disk is behind (see docs/kernel.md,
+    "Backpressure"). A producer at the edge (external inputs) awaits
+    `wait_for_room()` before admitting more; actors' own traffic appends freely up to
+    `max_pending`, the hard bound, where `append` blocks (last resort: memory stays
+    bounded and nothing is lost, but an event loop calling it stalls)."""
 
-    def __init__(self, sink: MemorySink) -> None:
-        self.sink = sink
+    @property
+    def under_pressure(self) -> bool:
+        """`pending >= high_water`: cheap, for a check on every admission."""
+        ...
 
-    def runs(self) -> list[RunRec]:
-        return list(self.sink.runs)
+    async def wait_for_room(self) -> None:
+        """Return at once unless under pressure; else wait, without blocking the
+        event loop, until pending is down to `low_water` (or the sink failed or
+        closed: the next append then raises)."""
+        ...
 
-    def _check_run(self, run_id: str | None) -> None:
-        if run_id is not None and all(r.run_id != run_id for r in self.sink.runs):
-            raise LogError(f"no run {run_id!r} in this log")
+    def statistics(self) -> SinkStatistics: ...
 
-    def _in_run(self, run_id: str | None) -> Iterator[Step]:
-        self._check_run(run_id)
-        step_runs = getattr(self.sink, "step_runs", None)
-        if step_runs is None:
-            yield from self.sink.steps
-            return
-        if run_id is None:
-            if not self.sink.runs:
-                return
-            run_id = self.sink.runs[-1].run_id
-        for run, step in zip(step_runs, self.sink.steps, strict=True):
-            if run == run_id:
-                yield step
 
-    def actors(self, run_id: str | None = None) -> list[str]:
-        return sorted({s.input.actor for s in self._in_run(run_id) if s.input.seq >= 0})
+__all__ = [
+    "DurableSink", "Durability", "LogError", "LogReader", "PressureSink", "SinkStatistics",
+    "StepFilter",
+]
 
-    def steps(
-        self,
-        run_id: str | None = None,
-        *,
-        actor: str | None = None,
-        corr: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-    ) -> Iterator[Step]:
-        for s in self._in_run(run_id):
-            i = s.input
-            if actor is not None and i.actor != actor:
-                continue
-            if corr is not None and i.corr != corr:
-                continue
-            if since is not None and i.t < since:
-                continue
-            if until is not None and i.t > until:
-                continue
-            yield s
 
-    def snapshots(self, run_id: str | None = None, actor: str | None = None) -> Iterator[SnapshotRec]:
-        for s in self._in_run(run_id):
-            if s.snapshot is not None and (actor is None or s.snapshot.actor == actor):
-                yield s.snapshot
+def __getattr__(name: str) -> object:
+    # The in-memory backend lives in `memory.py` (which imports this module); older
+    # imports name it from here.
+    if name in ("MemoryLog", "MemoryStore"):
+        from . import memory
 
-    def close(self) -> None:
-        return None
+        return getattr(memory, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,15 +8,16 @@ import os
 import re
 from typing import Any, Literal
 
-from .api import Durability, LogError, LogReader
-from .merge import MergedLog
-from .procsink import ProcessSink
-from .reader import SqlLog
-from .sqlite_reader import SqliteLog
-from .sqlite_store import SqliteDb, prepare_sqlite
-from .sqlite_writer import SqliteBatchStore
+from .api import Durability, LogReader
+from .errors import LogError
+from .group_commit import GroupCommitSink
+from .merged_reader import MergedLog
+from .sql_reader import SqlLog
+from .sqlite.batch_store import SqliteBatchStore
+from .sqlite.files import SqliteDb, prepare_sqlite
+from .sqlite.log_reader import SqliteLog
+from .sqlite.process_writer import ProcessSink
 from .target import Target, parse_target
-from .writer import GroupCommitSink
 
 Writer = Literal["thread", "process"]
 
@@ -29,6 +30,7 @@ def open_sink(
     synchronous: str | None = None,
     max_pending: int | None = None,
     max_batch: int | None = None,
+    high_water: int | None = None,
     writer: Writer = "thread",
 ) -> GroupCommitSink | ProcessSink:
     """The process's log writer (a `LogSink`), creating or migrating the log.
@@ -37,8 +39,10 @@ def open_sink(
     it: one file per process of a daemon run), `sqlite:///PATH` or a PostgreSQL URL.
     `synchronous`: SQLite override (off/normal/full); full fsyncs every commit.
     `max_pending` / `max_batch`: queue bound (backpressure) and steps per transaction.
+    `high_water`: pending steps at which the sink is under pressure (default
+    max_pending // 2; see `pressure.py`).
     `writer="process"`: an `async` SQLite log is written by a child process (see
-    `procsink`: for runs that end with close(), such as sim runs); a PostgreSQL target
+    `sqlite.process_writer`: for runs that end with close(), such as sim runs); a PostgreSQL target
     or a non-POSIX system keeps the thread writer.
     """
     if durability not in ("async", "outbox"):
@@ -52,10 +56,12 @@ def open_sink(
         raise ValueError(f"synchronous must be off, normal or full, not {synchronous!r}")
     tgt = parse_target(target)
     limits: dict[str, Any] = {
-        k: v for k, v in (("max_pending", max_pending), ("max_batch", max_batch)) if v is not None
+        k: v
+        for k, v in (("max_pending", max_pending), ("max_batch", max_batch), ("high_water", high_water))
+        if v is not None
     }
     if tgt.kind == "postgresql":
-        from .pg_store import PgBatchStore
+        from .postgres import PgBatchStore
 
         return GroupCommitSink(
             lambda: PgBatchStore(tgt.url, tgt.label, durability),
@@ -114,7 +120,7 @@ def _open_sqlite(path: str, upgrade: bool) -> SqliteLog:
 
 
 def _open_pg(tgt: Target, upgrade: bool) -> SqlLog:
-    from .pg_store import PgDb
+    from .postgres import PgDb
 
     db = PgDb(tgt.url, tgt.label)
     try:
@@ -130,7 +136,7 @@ def migrate(target: str) -> dict[str, tuple[int, int]]:
     one transaction per database. Returns {file or URL: (version before, after)}."""
     tgt = parse_target(target)
     if tgt.kind == "postgresql":
-        from .pg_store import PgDb
+        from .postgres import PgDb
 
         db = PgDb(tgt.url, tgt.label)
         try:

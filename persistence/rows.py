@@ -1,105 +1,110 @@
-"""Pure conversions between kernel records and table rows (the functional core).
+"""Steps to rows and rows to steps: the one row builder and the one step assembly
+(the functional core of every SQL backend). Standard library and msgspec only: the
+child processes (`sqlite/child.py`) run both.
 
-Writing: a batch of queued items (steps, and run records that switch the current
-run) becomes one tuple list per table. Reading: an ordered chunk of input rows plus
-the child rows of those steps (each list ordered by step id) become `Step`s again.
+Columns are named and ordered like the fields of the kernel's record structs
+(`schema.py`), so a record's row is its field values behind a short prefix.
+
+Writing — `step_rows`: steps become one flat parameter list per table (inputs,
+events, outputs, snapshots), each row `[step id, run id, *fields]` in
+`schema.INSERT_COLUMNS` order. A step is anything that unpacks as `(input, events,
+outputs, snapshot)` and whose records `fields` turns into their values: `Step`
+structs (`astuple`, the thread writers) or the lists msgpack decodes them into
+(`iter`, the writer process). `rows_of` cuts a flat list into row tuples (COPY).
+
+Reading — `group_steps`: input rows and the child rows of those steps, every row
+ending with its step id, become step tuples `(input row, [event rows], [output
+rows], snapshot row or None)`. `Step` and its records are array-like structs and
+msgspec ignores trailing array items, so a list of step tuples converts
+(`msgspec.convert(..., list[Step], strict=False)`) or encodes and decodes (through
+a pipe) into `Step`s in one C call, with no per-row slicing. Booleans come back from
+SQLite as 0/1: lax mode (`strict=False`) takes them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
-
-from msgspec.structs import astuple
-
-from deepserve.core.records import EventRec, InputRec, OutputRec, RunRec, SnapshotRec, Step
 
 Row = Sequence[Any]
 
 
-class BatchRows(NamedTuple):
-    runs: list[tuple]
-    inputs: list[tuple]
-    events: list[tuple]
-    outputs: list[tuple]
-    snapshots: list[tuple]
-    run_id: str | None  # current run after the batch
-    steps: int
+class StepRows(NamedTuple):
+    """INSERT parameters of a batch of steps, one flat list per table."""
+
+    inputs: list[Any]
+    events: list[Any]
+    outputs: list[Any]
+    snapshots: list[Any]
 
 
-def count_steps(items: Iterable[Step | RunRec]) -> int:
-    return sum(1 for item in items if type(item) is Step)
+STEP_TABLES = StepRows._fields  # the order `step_rows` fills them in
 
 
-def batch_rows(items: Iterable[Step | RunRec], run_id: str | None, ids: Iterator[int]) -> BatchRows:
-    """Rows for one transaction. `ids` yields the step ids (= input row ids) in order;
-    a `RunRec` item makes the following steps belong to its run."""
-    runs: list[tuple] = []
-    ins: list[tuple] = []
-    evs: list[tuple] = []
-    outs: list[tuple] = []
-    snaps: list[tuple] = []
-    n = 0
-    for item in items:
-        if type(item) is not Step:
-            runs.append(astuple(item))
-            run_id = item.run_id
-            continue
-        if run_id is None:
-            raise ValueError("a step was appended before begin_run()")
-        head = (next(ids), run_id)
-        ins.append(head + astuple(item.input))
-        for e in item.events:
-            evs.append(head + astuple(e))
-        for o in item.outputs:
-            outs.append(head + astuple(o))
-        if item.snapshot is not None:
-            snaps.append(head + astuple(item.snapshot))
-        n += 1
-    return BatchRows(runs, ins, evs, outs, snaps, run_id, n)
+def step_rows(
+    steps: Iterable[Any], run_id: str, first_id: int, fields: Callable[[Any], Iterable[Any]]
+) -> StepRows:
+    """Rows of `steps` (see the module docstring); step ids count from `first_id`.
+    Flat lists, not a tuple per row: this loop is the writer process's CPU budget."""
+    ins: list[Any] = []
+    evs: list[Any] = []
+    outs: list[Any] = []
+    snaps: list[Any] = []
+    sid = first_id
+    for inp, events, outputs, snap in steps:
+        ins.append(sid)
+        ins.append(run_id)
+        ins += fields(inp)
+        for e in events:
+            evs.append(sid)
+            evs.append(run_id)
+            evs += fields(e)
+        for o in outputs:
+            outs.append(sid)
+            outs.append(run_id)
+            outs += fields(o)
+        if snap is not None:
+            snaps.append(sid)
+            snaps.append(run_id)
+            snaps += fields(snap)
+        sid += 1
+    return StepRows(ins, evs, outs, snaps)
 
 
-def run_from_row(row: Row) -> RunRec:
-    return RunRec(*row)
+def rows_of(flat: list[Any], ncols: int) -> list[tuple]:
+    """A flat parameter list as row tuples of `ncols` values."""
+    if len(flat) % ncols:  # a record of another shape would shift every column
+        raise ValueError(f"{len(flat)} values do not make rows of {ncols} columns")
+    return list(zip(*[iter(flat)] * ncols, strict=True))
 
 
-def snapshot_from_row(row: Row) -> SnapshotRec:
-    """`row` is (step_id, *SNAPSHOT_FIELDS)."""
-    return SnapshotRec(*row[1:])
-
-
-def _children(
-    rows: Sequence[Row], pos: int, sid: int, make: Callable[..., Any]
-) -> tuple[list, int]:
-    """Records of step `sid` from rows ordered by step id, starting at `pos`; rows of
-    steps that were not selected (a dense id range fetch) are skipped."""
-    n = len(rows)
-    while pos < n and rows[pos][0] < sid:
-        pos += 1
-    found = []
-    while pos < n and rows[pos][0] == sid:
-        found.append(make(*rows[pos][1:]))
-        pos += 1
-    return found, pos
-
-
-def join_steps(
-    inputs: Sequence[Row], events: Sequence[Row], outputs: Sequence[Row], snapshots: Sequence[Row]
-) -> list[Step]:
-    """`inputs` rows are (id, *INPUT_FIELDS); child rows are (step_id, *FIELDS).
-    All four ordered by step id (children by step id, then insertion order)."""
-    steps = []
-    ep = op = sp = 0
-    for row in inputs:
-        sid = row[0]
-        evs, ep = _children(events, ep, sid, EventRec)
-        outs, op = _children(outputs, op, sid, OutputRec)
-        snap, sp = _children(snapshots, sp, sid, SnapshotRec)
-        steps.append(Step(InputRec(*row[1:]), evs, outs, snap[0] if snap else None))
-    return steps
+def group_steps(ins: Sequence[Row], evs: Sequence[Row], outs: Sequence[Row], snaps: Sequence[Row]) -> list[tuple]:
+    """Step tuples from rows whose last column is the step id; child rows ordered by
+    step id then insertion. Child rows of steps not in `ins` (a dense range fetch
+    under a filter) are never looked up."""
+    by_ev: dict[int, list[Row]] = {}
+    for r in evs:
+        got = by_ev.get(r[-1])
+        if got is None:
+            by_ev[r[-1]] = [r]
+        else:
+            got.append(r)
+    by_out: dict[int, list[Row]] = {}
+    for r in outs:
+        got = by_out.get(r[-1])
+        if got is None:
+            by_out[r[-1]] = [r]
+        else:
+            got.append(r)
+    by_snap: dict[int, Row] = {}
+    for r in snaps:
+        by_snap.setdefault(r[-1], r)
+    none: list[Row] = []  # shared: converting or encoding never mutates it
+    ev, out, snap = by_ev.get, by_out.get, by_snap.get
+    return [(r, ev(r[-1], none), out(r[-1], none), snap(r[-1])) for r in ins]
 
 
 def id_range_is_dense(ids: Sequence[int]) -> bool:
-    """Fetch children by `BETWEEN first AND last` (one index range scan) rather than
-    `IN (...)` when the selected steps are most of that range."""
+    """Fetch the children of steps `ids` (ascending) by `BETWEEN first AND last` (one
+    index range scan) rather than `IN (...)` when they are most of that range."""
     return bool(ids) and ids[-1] - ids[0] < 2 * len(ids)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -22,6 +23,33 @@ from deepserve.persistence.api import LogReader
 class ReplayError(Exception):
     """A log this code cannot re-execute or fold (unknown type, unloadable actor
     class, inconsistent numbering). The message is one precise line for the user."""
+
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+
+
+def mask_addresses(text: str) -> str:
+    """An error text without memory addresses (`<object object at 0x7f…>`): they differ
+    from process to process, and say nothing about behaviour."""
+    return _ADDRESS.sub("0x…", text)
+
+
+def some(names: list[str], limit: int = 8) -> str:
+    """A short list for an error line: the first `limit` names, then how many more."""
+    if not names:
+        return "none"
+    shown = ", ".join(names[:limit])
+    return shown + (f", … {len(names) - limit} more" if len(names) > limit else "")
+
+
+def load_hint(cls: str) -> str:
+    """What to do about an actor class replay cannot import."""
+    if cls.startswith("__main__:"):
+        return (
+            "it was defined in a script with no importable name (python -c, a REPL): "
+            "define it in a module to replay it"
+        )
+    return "give its directory with --path DIR, or put it on PYTHONPATH"
 
 
 def pick_run(reader: LogReader, run_id: str | None) -> RunRec:

@@ -2,7 +2,7 @@
 
 What legitimately differs between two runs of the same seed and inputs is left
 out: the run id (a name), the host, the process name, the wall-clock start time,
-and handler tracebacks (file paths, line numbers). Everything else — every input,
+handler tracebacks (file paths, line numbers) and memory addresses in error texts. Everything else — every input,
 event, output and snapshot, byte for byte, and the run's seed, mode, config and
 code version — goes in, in log order.
 """
@@ -16,10 +16,10 @@ from deepserve.core.messages import HandlerFailed
 from deepserve.core.records import EventRec, Step
 from deepserve.persistence.api import LogReader
 
-from .common import pick_run
+from .common import mask_addresses, pick_run
 
 # Bumped when what goes into the digest changes, so old and new digests never collide.
-DIGEST_VERSION = 1
+DIGEST_VERSION = 2  # 2: memory addresses in HandlerFailed errors masked
 
 
 def digest(reader: LogReader, run_id: str | None = None) -> str:
@@ -48,5 +48,5 @@ def _strip(ev: EventRec) -> EventRec:
     except DecodeError:
         return ev  # keep the bytes: a broken record is content too
     assert isinstance(failed, HandlerFailed)
-    payload = encode(HandlerFailed(error=failed.error))
+    payload = encode(HandlerFailed(error=mask_addresses(failed.error)))
     return EventRec(ev.actor, ev.seq, ev.idx, ev.type, payload)

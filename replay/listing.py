@@ -12,9 +12,55 @@ from typing import Any
 from deepserve.core.records import CANCEL, DELIVERED, INPUT_KIND_NAMES, SPAWN, STOP, TIMER, Step
 from deepserve.persistence.api import LogReader
 
-from .common import compact, event_view, input_view, output_view, pick_run, snapshot_view
+from .common import (
+    ReplayError,
+    compact,
+    event_view,
+    input_view,
+    output_view,
+    pick_run,
+    snapshot_view,
+    some,
+)
 
 INDENT = " " * 16  # under the actor column, so a step reads as a block
+
+
+def check_filters(
+    reader: LogReader,
+    actor: str | None = None,
+    corr: str | None = None,
+    since: float | None = None,
+    until: float | None = None,
+    run_id: str | None = None,
+) -> None:
+    """Refuse a filter that names something the run does not hold, and an empty time
+    range, with one line saying what exists: a silent empty listing reads as "nothing
+    happened", which is a wrong answer."""
+    if since is not None and until is not None and since > until:
+        raise ReplayError(f"empty time range: --since {since:g} is after --until {until:g}")
+    run = pick_run(reader, run_id)
+    if actor is not None and next(iter(reader.steps(run.run_id, actor=actor)), None) is None:
+        raise ReplayError(
+            f"no actor {actor!r} in run {run.run_id!r} (actors: {some(reader.actors(run.run_id))})"
+        )
+    if corr is not None and next(iter(reader.steps(run.run_id, corr=corr)), None) is None:
+        raise ReplayError(
+            f"no input with corr {corr!r} in run {run.run_id!r} "
+            f"(correlation ids: {some(_first_corrs(reader, run.run_id))})"
+        )
+
+
+def _first_corrs(reader: LogReader, run_id: str, limit: int = 9) -> list[str]:
+    """The first distinct correlation ids of a run, in log order (stops reading early)."""
+    seen: dict[str, None] = {}
+    for step in reader.steps(run_id):
+        corr = step.input.corr
+        if corr is not None and corr not in seen:
+            seen[corr] = None
+            if len(seen) == limit:
+                break
+    return list(seen)
 
 
 def listing_records(

@@ -20,7 +20,7 @@ from deepserve.core.messages import Raw, Started, Stopped
 from deepserve.core.records import Step
 from deepserve.persistence.api import LogReader
 
-from .common import ReplayError, pick_run
+from .common import ReplayError, load_hint, pick_run, some
 
 
 class ActorState(msgspec.Struct):
@@ -56,7 +56,9 @@ class _Fold:
         try:
             self.actor = build_actor(started)
         except UnknownActorClass as exc:
-            raise ReplayError(f"{step.input.actor}#{step.input.seq}: {exc}") from None
+            raise ReplayError(
+                f"{step.input.actor}#{step.input.seq}: {exc} ({load_hint(started.cls)})"
+            ) from None
         except Exception as exc:  # noqa: BLE001 — constructor errors are user code
             if not failed:
                 raise ReplayError(
@@ -78,7 +80,7 @@ class _Fold:
             if type(event) is Raw:
                 raise ReplayError(
                     f"{rec.actor}#{rec.seq}: event type {ev.type!r} is not registered in this "
-                    f"process (import the module that defines it)"
+                    f"process (import the module that defines it: --import MODULE, --path DIR)"
                 )
             if type(event) is Stopped:
                 self.alive = False
@@ -110,12 +112,6 @@ def state_at(
         fold.apply(step)
     if fold is None:
         when = "" if at is None else f" at or before t={at}"
-        known = _some_actors(reader, run.run_id)
+        known = some(reader.actors(run.run_id))
         raise ReplayError(f"no actor {actor!r} in run {run.run_id!r}{when} (actors: {known})")
     return ActorState(actor, at, fold.seq, fold.t, fold.alive, fold.events, fold.state)
-
-
-def _some_actors(reader: LogReader, run_id: str, limit: int = 8) -> str:
-    names = reader.actors(run_id)
-    shown = ", ".join(names[:limit])
-    return shown + (f", … {len(names) - limit} more" if len(names) > limit else "")

@@ -14,14 +14,30 @@ from typing import Any
 import msgspec
 
 from deepserve.core.actor import UnknownActorClass, load_class
-from deepserve.core.cell import Cell, event_records, execute, output_records, snapshot_record
+from deepserve.core.cell import (
+    Cell,
+    event_records,
+    execute,
+    folded_snapshot,
+    output_records,
+    snapshot_record,
+)
 from deepserve.core.codec import DecodeError, decode
 from deepserve.core.envelope import Envelope
 from deepserve.core.messages import HandlerFailed, Started, registered
-from deepserve.core.records import EventRec, Step
+from deepserve.core.records import SNAPSHOT, EventRec, Step
 from deepserve.persistence.api import LogReader
 
-from .common import ReplayError, event_view, input_view, output_view, pick_run, snapshot_view
+from .common import (
+    ReplayError,
+    event_view,
+    input_view,
+    load_hint,
+    mask_addresses,
+    output_view,
+    pick_run,
+    snapshot_view,
+)
 
 
 class Divergence(msgspec.Struct):
@@ -44,11 +60,13 @@ class VerifyResult(msgspec.Struct):
     divergence: Divergence | None = None
 
     def summary(self) -> str:
+        """One line, naming the run checked (a log may hold several)."""
         if self.identical:
-            return f"identical: {self.actors} actors, {self.inputs} inputs"
+            return f"identical: {self.actors} actors, {self.inputs} inputs (run {self.run_id!r})"
         d = self.divergence
-        assert d is not None
-        return f"diverged: {d.actor}#{d.seq} at t={d.t:.6f}, {d.what}"
+        if d is None:
+            raise ValueError("a diverged VerifyResult needs its divergence")
+        return f"diverged: {d.actor}#{d.seq} at t={d.t:.6f}, {d.what} (run {self.run_id!r})"
 
 
 def verify(reader: LogReader, run_id: str | None = None) -> VerifyResult:
@@ -63,8 +81,12 @@ def verify(reader: LogReader, run_id: str | None = None) -> VerifyResult:
     for step in reader.steps(run.run_id):
         rec = step.input
         seq = rec.seq
-        if seq < 0:
-            continue  # a dead letter or a drop: nothing was executed
+        if seq < 0:  # a dead letter or a drop: nothing was executed
+            if rec.kind == SNAPSHOT and step.snapshot is not None:
+                divergence = _final_state_difference(cells, step)
+                if divergence is not None:
+                    return VerifyResult(run.run_id, False, len(cells), inputs, divergence)
+            continue
         cell = cells.get(rec.actor)
         if cell is None or seq != cell.seq + 1 or not cell.alive or rec.type == "Started":
             cell = _cell_for(cells, step, seed)
@@ -93,6 +115,24 @@ def verify(reader: LogReader, run_id: str | None = None) -> VerifyResult:
     return VerifyResult(run.run_id, True, len(cells), inputs)
 
 
+def _final_state_difference(cells: dict[str, Cell], step: Step) -> Divergence | None:
+    """An actor's logged live state (run end, stop) against the fold of its events
+    as re-executed here: catches a changed `evolve`, and state changed outside
+    `record` (a handler mutating `self.state` in place)."""
+    rec, want = step.input, step.snapshot
+    assert want is not None
+    cell = cells.get(rec.actor)
+    if cell is None or cell.actor is None or cell.snap is None:
+        raise ReplayError(f"{rec.actor}: a final snapshot for an actor that never started")
+    got = folded_snapshot(cell)
+    if got == want:
+        return None
+    return Divergence(
+        rec.actor, want.seq, rec.t, input_view(rec), "final state",
+        snapshot_view(want), snapshot_view(got),
+    )
+
+
 def _decoder(decoders: dict[str, msgspec.msgpack.Decoder[Any]], step: Step) -> msgspec.msgpack.Decoder[Any]:
     """The decoder for an input's type, once the type is known to be registered.
     Unknown types are not cached: a later actor class import may register them."""
@@ -101,7 +141,7 @@ def _decoder(decoders: dict[str, msgspec.msgpack.Decoder[Any]], step: Step) -> m
     if cls is None:
         raise ReplayError(
             f"{rec.actor}#{rec.seq}: input type {rec.type!r} is not registered in this process "
-            f"(import the module that defines it before replaying)"
+            f"(import the module that defines it: --import MODULE, --path DIR)"
         )
     if cls is Started:
         _check_loadable(step)  # checked per Started, so not cached
@@ -145,14 +185,13 @@ def _check_loadable(step: Step) -> None:
     except UnknownActorClass as exc:
         if step.events and step.events[0].type == "HandlerFailed":
             return  # it failed to start in the original run too: re-execution will agree
-        raise ReplayError(
-            f"{rec.actor}#{rec.seq}: {exc} (is the module on PYTHONPATH?)"
-        ) from None
+        raise ReplayError(f"{rec.actor}#{rec.seq}: {exc} ({load_hint(started.cls)})") from None
 
 
 def _first_difference(cell: Cell, step: Step, snapped: bool) -> Divergence | None:
     """Locate the first differing record; None if the only differences are
-    handler tracebacks (they hold file paths and line numbers, not behaviour)."""
+    handler tracebacks (they hold file paths and line numbers, not behaviour) and
+    memory addresses in error texts."""
     rec = step.input
     events = event_records(cell, cell.ctx.events)
     outputs = output_records(cell, cell.ctx.outputs)
@@ -188,7 +227,8 @@ def _same_event(want: EventRec | None, got: EventRec | None) -> bool:
         except DecodeError:
             return False
         assert isinstance(a, HandlerFailed) and isinstance(b, HandlerFailed)
-        return a.error == b.error and (want.actor, want.seq, want.idx) == (got.actor, got.seq, got.idx)
+        same_place = (want.actor, want.seq, want.idx) == (got.actor, got.seq, got.idx)
+        return same_place and mask_addresses(a.error) == mask_addresses(b.error)
     return False
 
 

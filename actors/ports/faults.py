@@ -18,7 +18,8 @@ class NpuCrash(Message, frozen=True, kw_only=True):
 
 
 class NpuHang(Message, frozen=True, kw_only=True):
-    """The NPU hangs: it keeps accepting requests (up to its queue bound) and answers none."""
+    """The NPU hangs: it keeps accepting requests up to its queue bound and answers none of
+    them (a reset does); requests beyond the bound are refused with kind "queue_full"."""
 
     reason: str = "injected hang"
 

@@ -5,6 +5,15 @@ hit) or the SSD (a miss, which fills the cache), moves it to the rank's NPU, and
 tensors. NPU-fork copies the shards from a running TE's NPUs instead, to one or many new TEs.
 The host only moves bytes and keeps the cache; allocating the "weights" HBM region on the target
 NPUs is the caller's business.
+
+Shard sizes: without a layout (`tp` None) the targets are one TE's TP ranks and each gets
+weights / len(targets) (sources for a fork). With a layout (`tp`, `dp`, `ep`, ...), each die
+gets its expert-parallel shard — the attention slice plus its routed experts (memory.py:
+`weights_per_npu_bytes`), as `deepserve hw predict` prices it — and the targets are the dies of
+that layout this host loads (a DP32/EP32 TE spans two CloudMatrix384 servers: one load each).
+
+Every load ends: `HostLoadDone`, or `HostLoadFailed` when a transfer fails, is dropped (the
+fabric's mailbox was full) or is not answered within the host's load timeout.
 """
 
 from __future__ import annotations
@@ -13,11 +22,19 @@ from deepserve.core.messages import Message
 
 
 class HostLoad(Message, frozen=True, kw_only=True):
-    """Load `model` onto `targets` (NPU addresses on this server), one TP rank each."""
+    """Load `model` onto `targets` (NPU addresses on this server): one TP rank each, or, with
+    a layout, the dies of that layout this host loads, each its shard."""
 
     req_id: str
     model: str
     targets: tuple[str, ...]
+    # The parallel layout the weights are sharded for (mirrors NpuForward's fields); None: the
+    # targets are one TE's TP ranks and split the whole model evenly.
+    tp: int | None = None
+    dp: int = 1
+    ep: int = 1
+    shared_expert_ranks: int = 0
+    redundant_experts: int = 0
 
 
 class HostFork(Message, frozen=True, kw_only=True):
@@ -30,6 +47,11 @@ class HostFork(Message, frozen=True, kw_only=True):
     sources: tuple[str, ...]
     targets: tuple[str, ...]
     via: str | None = None  # "hccs", "roce", "ub"; None = the fabric's route
+    tp: int | None = None  # the layout, as in HostLoad; None: the sources split the model evenly
+    dp: int = 1
+    ep: int = 1
+    shared_expert_ranks: int = 0
+    redundant_experts: int = 0
 
 
 class HostLoadDone(Message, frozen=True, kw_only=True):

@@ -2,7 +2,9 @@
 
 Every request carries a `req_id` chosen by the caller; every answer echoes it (and is sent as a
 reply to the request's envelope, so `ctx.ask` works too). A healthy NPU answers every request; a
-crashed one answers `NpuError(kind="crashed")`; a hung one answers nothing.
+crashed one answers `NpuError(kind="crashed")`; a hung one answers nothing until it is reset
+(then `NpuError(kind="reset")`), except requests beyond its queue bound, refused at once with
+`NpuError(kind="queue_full")`.
 
 HBM is divided into named regions ("weights", "kv", ...). A region is bookkeeping, not an
 address range: the allocator checks the device's total capacity, and a faulted region makes the
@@ -21,7 +23,7 @@ from deepserve.core.messages import Message
 CRASHED = "crashed"  # the device crashed: every request fails until a reset
 HBM_FAULT = "hbm_fault"  # the request touches a faulted HBM region
 RESET = "reset"  # the device was reset while the request was pending
-QUEUE_FULL = "queue_full"  # the graph queue is at its bound
+QUEUE_FULL = "queue_full"  # the queue is at its bound (a hung device's too)
 BAD_REQUEST = "bad_request"  # the request cannot run (unknown model, bad layout, ...)
 
 DEFAULT_REGIONS: tuple[str, ...] = ("weights", "kv")
@@ -101,7 +103,8 @@ class NpuFreeOk(Message, frozen=True, kw_only=True):
 
 
 class NpuProbe(Message, frozen=True, kw_only=True):
-    """A health probe: answered with the device's status, or not at all when hung."""
+    """A health probe: answered with the device's status; not at all when hung (until a reset,
+    or with "queue_full" beyond the hung device's queue bound)."""
 
     req_id: str
 

@@ -92,8 +92,25 @@ def validate(model: ModelProfile, batch: Batch, par: Parallel) -> None:
         raise ValueError(f"ep: {par.ep} exceeds the dp x tp = {par.dp * par.tp} attention ranks")
     if par.shared_expert_ranks >= max(par.ep, 1) and par.shared_expert_ranks:
         raise ValueError("shared_expert_ranks: must leave at least one routed-expert rank")
+    check_experts(model, par)
     if not batch.seqs:
         raise ValueError("batch: must hold at least one sequence")
     for seq in batch.seqs:
         if seq.new_tokens < 1 or seq.context_tokens < 0:
             raise ValueError(f"batch: each seq needs new_tokens >= 1, context >= 0; got {seq}")
+
+
+def check_experts(m: ModelProfile, par: Parallel) -> None:
+    """EP wider than the experts it can host leaves ranks with nothing to run: every routed
+    rank must hold at least one routed expert or redundant replica (xDeepServe §4.5)."""
+    if m.moe is None or par.ep <= 1:
+        return
+    routed_ranks = par.ep - par.shared_expert_ranks
+    slots = m.moe.n_routed_experts + par.redundant_experts
+    if routed_ranks > slots:
+        raise ValueError(
+            f"ep: {routed_ranks} routed-expert ranks (ep {par.ep} - shared_expert_ranks "
+            f"{par.shared_expert_ranks}) exceed the {m.moe.n_routed_experts} routed experts "
+            f"(n_routed_experts, {m.source} config.json) + {par.redundant_experts} redundant "
+            f"replicas of {m.name}; lower ep or add redundant experts"
+        )

@@ -52,10 +52,13 @@ UB_PER_PEER_S = 0.26e-6
 # coefficient of variation of each DP group's compute between two barriers (launch jitter, GC,
 # uneven KV lengths): fitted to Fig. 20's average dispatch (234 us).
 DP_COMPUTE_CV = 0.071
-# Hottest EP rank's token load / mean load with EPLB active: fitted to Fig. 20's average combine
-# (312 us). Above the ~1.25 that stragglers.eplb_placement reaches on the very statistics it
-# placed from, because live routing drifts from the minute-old statistics (xDeepServe §4.5).
-EPLB_HOT_RATIO = 1.75
+# Persistent part of the hottest EP rank's token load / mean load with EPLB active (the
+# per-step sampling part, + z(ranks)/sqrt(tokens per rank), is added in moe.hot_rank_ratio):
+# fitted to Fig. 20's average combine (312 us), where the sampling part is +0.086 (1,080
+# token-expert pairs per routed rank). Above the ~1.25 that stragglers.eplb_placement reaches
+# on the very statistics it placed from: live routing drifts from the minute-old statistics
+# (xDeepServe §4.5), and that drift persists within a step.
+EPLB_HOT_RATIO = 1.66
 # Lognormal sigma of per-occurrence barrier waits: fitted so one iteration's 59 dispatches
 # spread max/min ~7x, as Fig. 20's dispatch (1231 / 185 us).
 BARRIER_JITTER_SIGMA = 1.2

@@ -18,6 +18,13 @@ from deepserve.adapters.hardware.batch import (
     logits_tokens,
     validate,
 )
+from deepserve.adapters.hardware.layout import (
+    Span,
+    check_layout,
+    group_link,
+    largest_cluster,
+    span_for,
+)
 from deepserve.adapters.hardware.models import ModelProfile
 from deepserve.adapters.hardware.moe import moe_layer_cost
 from deepserve.adapters.hardware.roofline import (
@@ -35,7 +42,7 @@ from deepserve.adapters.hardware.sizes import (
     head_params,
     moe_layers,
 )
-from deepserve.adapters.hardware.specs import LinkSpec, NpuSpec, link_spec
+from deepserve.adapters.hardware.specs import LinkSpec, NpuSpec
 from deepserve.adapters.hardware.transfer import allreduce_time_s, transfer_time_s
 
 # Kernels per decoder layer, counting fused kernels (norm, QKV/MLA prolog, RoPE, attention,
@@ -72,7 +79,7 @@ class _Layer(Struct, frozen=True):
 
 
 def _layer(
-    m: ModelProfile, npu: NpuSpec, batch: Batch, par: Parallel, link: LinkSpec, moe: bool
+    m: ModelProfile, npu: NpuSpec, batch: Batch, par: Parallel, span: Span, moe: bool
 ) -> _Layer:
     tokens = batch.tokens
     attn = attention_core_time_s(m, batch.seqs, par.tp, npu)
@@ -82,7 +89,10 @@ def _layer(
     )  # fmt: skip
     ffn_local = 0.0 if moe else m.intermediate_size / par.tp
     linear = proj + elementwise_time_s(m, tokens, ffn_local, npu)
-    allreduce = allreduce_time_s(tokens * m.hidden_size * ACT_BYTES, par.tp, link)
+    # A TP group within one server all-reduces over the intra link, a wider one over the
+    # inter-server link, its bottleneck.
+    tp_link = group_link(par.tp, span)
+    allreduce = allreduce_time_s(tokens * m.hidden_size * ACT_BYTES, par.tp, tp_link)
     collective = 2 * allreduce
     if not moe:
         linear += linear_time_s(
@@ -91,7 +101,7 @@ def _layer(
         )  # fmt: skip
         return _Layer(attn, linear, 0.0, 0.0, 0.0, collective)
     linear += linear_time_s(gate_params(m), tokens, "bf16", npu, act_elems_per_token=m.hidden_size)
-    cost = moe_layer_cost(m, npu, par, tokens, attn + linear + allreduce, link)
+    cost = moe_layer_cost(m, npu, par, tokens, attn + linear + allreduce, span)
     return _Layer(attn, linear, cost.expert_s, cost.dispatch_s, cost.combine_s, collective)
 
 
@@ -120,22 +130,28 @@ def forward_time(
     batch: Batch,
     par: Parallel = Parallel(),  # noqa: B008 - frozen struct, safe as a default
     *,
-    link: LinkSpec | None = None,
+    link: LinkSpec | Span | None = None,
     part: Literal["main", "mtp"] = "main",
 ) -> ForwardCost:
     """Time of one forward pass of `batch` (one DP group's batch) on the layout `par`.
 
     Decode-only batches run as a graph; a batch with any prefill chunk runs in single-op mode
-    (xDeepServe §2.3). `link` carries TP collectives, EP all-to-all and PP sends; it defaults to
-    the NPU's scale-up link (HCCS for 910B, UB for 910C)."""
+    (xDeepServe §2.3). Each collective is priced on the links its ranks span (layout.py): by
+    default the NPU's server (HCCS inside a Gen1 server, RoCE between servers; UB throughout
+    a CloudMatrix384). An explicit `link` puts every collective on that one link."""
     validate(m, batch, par)
-    link = link or link_spec(npu.scale_up_link)
+    # No cluster of this NPU kind holds more (predict() checks the actual cluster's size).
+    check_layout(m, par, largest_cluster(npu))
+    if link is None:
+        span = span_for(npu)
+    else:
+        span = link if isinstance(link, Span) else Span.single(link)
     totals = dict.fromkeys(_Layer.__struct_fields__, 0.0)
     ops = 0
     for is_moe, count in _layer_plan(m, part):
         if count == 0:
             continue
-        layer = _layer(m, npu, batch, par, link, is_moe)
+        layer = _layer(m, npu, batch, par, span, is_moe)
         for field in _Layer.__struct_fields__:
             totals[field] += count * getattr(layer, field)
         per_layer = OPS_MOE_LAYER if is_moe else OPS_DENSE_LAYER
@@ -146,7 +162,9 @@ def forward_time(
             2 * m.hidden_size * m.hidden_size * m.mtp_layers, batch.tokens, "bf16", npu,
             act_elems_per_token=3 * m.hidden_size,
         )  # fmt: skip
-    stage_send = transfer_time_s(batch.tokens * m.hidden_size * ACT_BYTES, link)
+    # Consecutive PP stages of TP groups: the pipeline leaves the server once tp x pp does.
+    stage_link = group_link(par.tp * par.pp, span)
+    stage_send = transfer_time_s(batch.tokens * m.hidden_size * ACT_BYTES, stage_link)
     totals["collective_s"] += (par.pp - 1) * stage_send
     ops += OPS_HEAD
     executed = sum(totals.values()) + head

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from deepserve.adapters.hardware.batch import Parallel
+from deepserve.adapters.hardware.batch import Batch, Parallel, logits_tokens
 from deepserve.adapters.hardware.models import ModelProfile
 from deepserve.adapters.hardware.sizes import (
     attention_params,
@@ -66,6 +66,38 @@ def usable_hbm_bytes(npu: NpuSpec, reserve_fraction: float = RESERVE_FRACTION) -
     if not 0.0 <= reserve_fraction < 1.0:
         raise ValueError(f"reserve_fraction: must be in [0, 1), got {reserve_fraction}")
     return npu.hbm_bytes * (1.0 - reserve_fraction)
+
+
+def activation_bytes(m: ModelProfile, batch: Batch, par: Parallel) -> float:
+    """Peak activations on one NPU while it runs `batch`: one layer's temporaries are live at a
+    time (layers run in turn), on top of the residual stream, plus the FP32 logits.
+
+    Per token: the residual stream and its normed copy (2h); then the wider of the attention
+    temporaries (q, k, v and output for the local heads; MLA decompressed to per-head K/V, the
+    naive prefill form) and the MLP temporaries (gate and up, 2 I/tp; for MoE, every token-expert
+    pair a rank receives: the dispatched hidden state plus gate and up of one expert). BF16.
+    Assumption (no kernel-level measurement in the seed papers): flash-style attention keeps no
+    score matrix; workspaces and communication buffers stay in RESERVE_FRACTION."""
+    tokens = batch.tokens
+    heads = m.n_heads / par.tp
+    if m.mla is not None:
+        a = m.mla
+        attn = heads * (2 * (a.qk_nope_head_dim + a.qk_rope_head_dim) + 2 * a.v_head_dim)
+    else:
+        kv_heads = math.ceil(m.n_kv_heads / par.tp)
+        attn = (2 * heads + 2 * kv_heads) * m.head_dim
+    mlp = 2.0 * m.intermediate_size / par.tp if dense_layers(m) else 0.0
+    if m.moe is not None:
+        picks = m.moe.top_k + m.moe.n_shared_experts
+        width = m.hidden_size + 2 * m.moe.moe_intermediate_size
+        if par.ep > 1:  # tokens of all DP groups arrive, spread over the EP ranks
+            per_token = picks * par.dp * par.tp / max(1, par.ep - par.shared_expert_ranks)
+            mlp = max(mlp, per_token * width / par.tp)
+        else:  # every TP rank runs every pick through its slice of the experts
+            mlp = max(mlp, picks * (m.hidden_size + 2 * m.moe.moe_intermediate_size / par.tp))
+    per_token = 2 * m.hidden_size + max(attn, mlp)
+    logits = logits_tokens(batch) * m.vocab_size / par.tp * 4
+    return tokens * per_token * 2 + logits
 
 
 def kv_capacity_tokens(

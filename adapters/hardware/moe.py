@@ -15,6 +15,7 @@ from msgspec import Struct
 
 from deepserve.adapters.hardware.batch import Parallel
 from deepserve.adapters.hardware.calibration import DP_COMPUTE_CV, EPLB_HOT_RATIO
+from deepserve.adapters.hardware.layout import Span, peers_split
 from deepserve.adapters.hardware.models import ModelProfile
 from deepserve.adapters.hardware.roofline import ACT_BYTES, op_time_s
 from deepserve.adapters.hardware.sizes import dtype_bytes, expert_params
@@ -44,11 +45,24 @@ def expected_max_z(n: int) -> float:
     return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
 
-def hot_rank_ratio(experts_per_rank: float, eplb: bool) -> float:
-    """Hottest rank load / mean load. Natively the 30x-hot expert lands on one rank beside
-    average experts; EPLB replicates hot experts and leaves the calibrated residual."""
+def hot_rank_ratio(
+    experts_per_rank: float, eplb: bool, assignments_per_rank: float = math.inf, ranks: int = 1
+) -> float:
+    """Hottest rank load / mean load in one step: a persistent part plus a sampling part.
+
+    Persistent: expert popularity measured over many tokens (xDeepServe Fig. 11a, the 30x-hot
+    expert lands on one rank beside average experts), or with EPLB the calibrated residual
+    (routing drifts from the minute-old statistics the placement used, §4.5). It does not even
+    out with more tokens: EPLB exists because it persists. Sampling: in one step a rank receives
+    a Poisson-like count with mean `assignments_per_rank` (tokens routed independently,
+    assumption), so the most loaded of `ranks` ranks exceeds the mean by about z(ranks) standard
+    deviations: + z(ranks) / sqrt(mean). A decode step of a few tokens is lumpy; a prefill step
+    routing thousands of tokens per rank is not."""
     native = 1.0 + (NATIVE_HOT_EXPERT_RATIO - 1.0) / max(experts_per_rank, 1.0)
-    return min(native, EPLB_HOT_RATIO) if eplb else native
+    persistent = min(native, EPLB_HOT_RATIO) if eplb else native
+    if assignments_per_rank <= 0:
+        raise ValueError(f"assignments_per_rank: must be > 0, got {assignments_per_rank}")
+    return persistent + expected_max_z(ranks) / math.sqrt(assignments_per_rank)
 
 
 def touched_fraction(m: ModelProfile, tokens: float) -> float:
@@ -70,12 +84,32 @@ def _expert_time_s(
     return op_time_s(flops, nbytes, npu, int8=m.weight_dtype == "int8")
 
 
-def a2a_base_s(bytes_per_rank: float, ranks: int, link: LinkSpec) -> float:
-    """XCCL all-to-all (xDeepServe §3.2): two phases (token counts to every rank, then data),
-    a control cost per peer (metadata field write and poll), bytes at link bandwidth."""
-    peers = ranks - 1
-    bw = effective_bw_bytes_per_s(link)
-    return 2 * link.latency_s + peers * link.per_message_s + bytes_per_rank / bw
+def a2a_base_s(bytes_per_rank: float, ranks: int, link: LinkSpec | Span) -> float:
+    """XCCL/HCCL all-to-all (xDeepServe §3.2): two phases (token counts to every rank, then
+    data), a control cost per peer (metadata field write and poll), and `bytes_per_rank` (what
+    one rank sends to the others, split evenly over them) on the links the peers sit behind.
+
+    Peers in the rank's server are reached over the intra link (a full mesh drives up to
+    `ports` links at once), peers in other servers over the inter link. When both are the same
+    kind (UB: one port per die) the bytes share it; otherwise (HCCS mesh and RoCE NIC) the two
+    parts run in parallel and the slower one sets the time."""
+    span = link if isinstance(link, Span) else Span.single(link)
+    local, remote = peers_split(ranks, span)
+    if local + remote == 0:
+        return 0.0
+    per_peer_bytes = bytes_per_rank / (local + remote)
+    intra, inter = span.intra, span.inter
+    fixed = local * intra.per_message_s + remote * inter.per_message_s
+    latency = 2 * max(intra.latency_s if local else 0.0, inter.latency_s if remote else 0.0)
+    if intra.kind == inter.kind:
+        lanes = min(intra.ports, local + remote)
+        stream = bytes_per_rank / (effective_bw_bytes_per_s(intra) * lanes)
+    else:
+        intra_bw = effective_bw_bytes_per_s(intra) * min(intra.ports, max(local, 1))
+        t_intra = local * per_peer_bytes / intra_bw
+        t_inter = remote * per_peer_bytes / effective_bw_bytes_per_s(inter)
+        stream = max(t_intra, t_inter)
+    return latency + fixed + stream
 
 
 def _tp_sliced_moe(m: ModelProfile, npu: NpuSpec, par: Parallel, tokens: int) -> MoeLayerCost:
@@ -94,7 +128,7 @@ def _tp_sliced_moe(m: ModelProfile, npu: NpuSpec, par: Parallel, tokens: int) ->
 
 
 def _a2a_bases(
-    m: ModelProfile, npu: NpuSpec, par: Parallel, own_tokens: float, dests: int, link: LinkSpec
+    m: ModelProfile, npu: NpuSpec, par: Parallel, own_tokens: float, dests: int, link: Span
 ) -> tuple[float, float]:
     """Dispatch and combine with nobody late. Dispatch of an INT8 model sends INT8 tokens plus a
     scale, quantized in the kernel (§3.2, §4.7); combine returns BF16 expert outputs."""
@@ -114,13 +148,18 @@ def moe_layer_cost(
     par: Parallel,
     tokens_per_dp: int,
     pre_dispatch_s: float,
-    link: LinkSpec,
+    link: LinkSpec | Span,
 ) -> MoeLayerCost:
-    """One MoE layer as seen by a typical EP rank; the waits make the slowest rank set the pace."""
+    """One MoE layer as seen by a typical EP rank; the waits make the slowest rank set the pace.
+
+    `link` is one link for every peer, or the Span of the layout (intra-server and
+    inter-server links): EP ranks are placed server-major, so an EP group wider than a server
+    reaches its remote peers over the inter-server link."""
     if m.moe is None:
         raise ValueError(f"model: {m.name} has no MoE layers")
     if par.ep == 1:
         return _tp_sliced_moe(m, npu, par, tokens_per_dp)
+    span = link if isinstance(link, Span) else Span.single(link)
     moe = m.moe
     global_tokens = tokens_per_dp * par.dp
     own_tokens = tokens_per_dp / par.tp  # a DP group's tokens are split over its TP ranks
@@ -130,7 +169,8 @@ def moe_layer_cost(
     touched = touched_fraction(m, global_tokens)
     # A rank cannot receive more than every token's picks among the experts it hosts.
     cap = global_tokens * min(per_rank, moe.top_k) / assignments
-    hot = max(1.0, min(hot_rank_ratio(per_rank, par.redundant_experts > 0), cap))
+    eplb = par.redundant_experts > 0
+    hot = max(1.0, min(hot_rank_ratio(per_rank, eplb, assignments, routed_ranks), cap))
     own = _expert_time_s(m, npu, assignments, math.ceil(per_rank), touched)
     pace = _expert_time_s(m, npu, assignments * hot, math.ceil(per_rank), touched)
     dests = moe.top_k
@@ -141,7 +181,7 @@ def moe_layer_cost(
     else:  # every rank runs the shared experts for its own tokens, in full
         local = _expert_time_s(m, npu, own_tokens * moe.n_shared_experts, moe.n_shared_experts, 1.0)
         own, pace = own + local, pace + local
-    dispatch_base, combine_base = _a2a_bases(m, npu, par, own_tokens, dests, link)
+    dispatch_base, combine_base = _a2a_bases(m, npu, par, own_tokens, dests, span)
     dispatch_wait = expected_max_z(par.dp) * DP_COMPUTE_CV * pre_dispatch_s
     combine_wait = (pace - own) + expected_max_z(par.ep) * DP_COMPUTE_CV * own
     return MoeLayerCost(

@@ -11,6 +11,7 @@ from msgspec import Struct
 
 from deepserve.adapters.hardware.batch import Parallel, decode_batch
 from deepserve.adapters.hardware.compute import forward_time, sampling_time_s
+from deepserve.adapters.hardware.layout import Span
 from deepserve.adapters.hardware.models import ModelProfile
 from deepserve.adapters.hardware.specs import LinkSpec, NpuSpec
 
@@ -48,7 +49,7 @@ def mtp_decode_iteration(
     acceptance: float,
     draft_tokens: int = 1,
     gap_s: float = 0.0,
-    link: LinkSpec | None = None,
+    link: LinkSpec | Span | None = None,
 ) -> MtpIteration:
     """One MTP decode iteration for a DP group decoding batch_size sequences.
 

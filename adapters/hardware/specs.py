@@ -80,6 +80,7 @@ class ClusterSpec(Struct, frozen=True, kw_only=True):
     server: str
     servers: int
     scale_up_servers: int  # servers in one scale-up domain
+    max_servers: int  # the most servers one cluster of this kind can have
     global_shared_memory: bool  # any die reads/writes any die's HBM and any CPU's DRAM
 
 
@@ -203,6 +204,9 @@ CLUSTERS: dict[str, ClusterSpec] = {
         server="gen1-910b",
         servers=8,  # assumption: a small scaled-out cluster; the size is a config choice
         scale_up_servers=1,  # HCCS does not leave the server
+        # P/D-Serve §2, §3.7: a region holds thousands of NPUs (RoCE IPs per region "in
+        # thousands"); 1024 servers = 8,192 NPUs. Assumption within that bound.
+        max_servers=1024,
         global_shared_memory=False,
     ),
     "cm384": ClusterSpec(
@@ -210,6 +214,7 @@ CLUSTERS: dict[str, ClusterSpec] = {
         server="cm384-910c",
         servers=48,  # DeepServe §2, xDeepServe §2.2: 48 servers, 384 chips, 768 dies
         scale_up_servers=48,
+        max_servers=48,  # one SuperPod (DeepServe §2)
         global_shared_memory=True,  # DeepServe §2, xDeepServe §2.2
     ),
 }

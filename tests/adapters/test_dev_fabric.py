@@ -15,6 +15,7 @@ from dev_harness import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from maxmin_reference import Q, simulate
 
 from deepserve.actors.ports.faults import LinkDegrade, LinkDown, LinkFlap, LinkUp
 from deepserve.actors.ports.link import (
@@ -148,6 +149,10 @@ def test_fair_sharing_matches_the_pure_model_and_delivers_exactly_once(flows):
             path=tuple(path), nbytes=nbytes, start_s=at + fixed_cost_s(kind, 1)
         )
     expected = completion_times_s(fabric_caps, expected_flows)
+    exact = _reference(fabric_caps, expected_flows)
+    assert exact.keys() == expected.keys()
+    for k, t in exact.items():  # the independent exact simulator agrees with both
+        assert float(t) == pytest.approx(expected[k], rel=1e-6, abs=1e-9)
     got = answers(d)
     assert len(got) == len(flows)  # exactly once each
     assert sorted(m.req_id for _, m in got) == sorted(expected)
@@ -304,3 +309,13 @@ def test_topologies_route_over_the_documented_links():
     assert len(cm.npus()) == 768 and cm.npu_kind == "910c"
     with pytest.raises(ValueError, match="servers: cm384 takes 1 to 48"):
         cloudmatrix384(49)
+
+def _reference(caps, flows, changes=()):
+    """Completion times from the independent exact simulator (tests/adapters/maxmin_reference)."""
+    used = {r for f in flows.values() for r in f.path}
+    return simulate(
+        {r: Q(caps[r]) for r in used},
+        {k: (f.path, Q(f.nbytes), Q(f.start_s)) for k, f in flows.items()},
+        [(Q(t), r, Q(c)) for t, r, c in changes if r in used],
+    )
+

@@ -26,6 +26,8 @@ from deepserve.adapters.hardware.loading import TENSOR_INIT_S, local_load, npu_f
 from deepserve.adapters.hardware.models import model_profile
 from deepserve.adapters.hardware.sizes import weight_bytes
 from deepserve.adapters.hardware.specs import link_spec, server_spec
+from deepserve.core import Actor, MemorySink, SimDriver
+from deepserve.core.asyncdriver import AsyncDriver
 
 HOST = "hw/s0/host"
 SERVER = server_spec("gen1-910b")
@@ -192,3 +194,71 @@ def test_a_file_larger_than_dram_is_read_through_without_caching():
     d.run()
     assert answer_for(d, "l")[1].path == "ssd"
     assert d.actor(HOST).state.cache == () and d.actor(HOST).state.misses == 1
+
+
+class Void(Actor[None]):
+    """A fabric that never answers (hung, or its answers are lost)."""
+
+    def handle(self, ctx, msg) -> None:
+        return
+
+
+def test_a_transfer_the_fabric_mailbox_drops_fails_the_load_at_once():
+    """One fabric for a whole SuperPod has a bounded mailbox: a load whose transfer is dropped
+    must still end (it used to wait forever)."""
+    d = SimDriver(seed=0, sink=MemorySink(), mailbox_capacity=4)
+    d.spawn(FABRIC, Fabric, cluster="gen1", servers=1)
+    d.spawn(HOST, Host, server=0)
+    send(d, HOST, HostLoad(req_id="l", model="llama3-70b", targets=_npus(8)))
+    d.run()
+    t, msg = answer_for(d, "l")  # exactly one answer
+    assert isinstance(msg, HostLoadFailed) and t == 0.0
+    assert "no answer from hw/fabric: target mailbox is full" in msg.reason
+    assert d.actor(HOST).state.jobs == {} and d.actor(HOST).state.loads_failed == 1
+    assert d.actor(FABRIC).state.xfers == {}  # the transfers that got in were cancelled
+    assert_state_is_fold(d, HOST)
+
+
+def test_a_fabric_that_never_answers_times_the_load_out():
+    d = make_driver()
+    d.spawn("hw/void", Void)
+    d.spawn(HOST, Host, server=0, fabric="hw/void", load_timeout_s=30.0)
+    d.spawn("hw/s1/host", Host, server=1, fabric="hw/nobody")  # no actor there at all
+    send(d, HOST, HostLoad(req_id="l", model="llama2-7b", targets=_npus(2)))
+    send(d, HOST, HostFork(req_id="f", model="llama2-7b", sources=_npus(1), targets=_npus(1, first=1)))
+    send(d, "hw/s1/host", HostLoad(req_id="dead", model="llama2-7b", targets=_npus(1, server=1)))
+    d.run()
+    for req in ("l", "f"):
+        t, msg = answer_for(d, req)
+        assert isinstance(msg, HostLoadFailed) and t == 30.0
+        assert msg.reason.endswith("no answer from hw/void: timeout after 30.0s")
+    t, msg = answer_for(d, "dead")
+    assert t == 0.0 and msg.reason.endswith("no answer from hw/nobody: target is dead")
+    assert d.actor(HOST).state.jobs == {}
+
+
+def test_the_default_load_timeout_leaves_slow_shared_loads_alone():
+    """Eight TP1 loads of one model share the server's SSD: each takes ~8x its lone time, and
+    none is cut short by the default timeout."""
+    d = _driver()
+    for j in range(8):
+        send(d, HOST, HostLoad(req_id=f"l{j}", model="llama3-8b", targets=_npus(1, first=j)))
+    d.run()
+    done = [answer_for(d, f"l{j}")[1] for j in range(8)]
+    assert all(isinstance(m, HostLoadDone) for m in done)
+    alone = local_load(model_profile("llama3-8b"), SERVER, 1, dram_hit=False)
+    assert min(m.duration_s for m in done) > 7 * alone.transfer_s
+
+
+async def test_under_asyncdriver_a_load_whose_transfers_are_dropped_still_answers():
+    """The daemon's driver: one fabric, bounded mailboxes, a 16-die load that overflows it."""
+    dies = tuple(npu_addr(0, j) for j in range(16))
+    async with AsyncDriver(seed=1, mailbox_capacity=8) as d:
+        d.spawn(FABRIC, Fabric, cluster="cm384", servers=1)
+        d.spawn(HOST, Host, server=0, server_kind="cm384-910c")
+        await d.idle()
+        reply = await d.ask(HOST, HostLoad(req_id="l", model="llama3-8b", targets=dies), 5.0)
+        await d.idle()
+        assert d.actor(FABRIC).state.xfers == {}  # what got in was cancelled
+    assert isinstance(reply, HostLoadFailed), reply
+    assert "target mailbox is full" in reply.reason

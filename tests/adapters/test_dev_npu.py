@@ -141,8 +141,12 @@ def test_hang_never_answers_asks_time_out_queue_is_bounded_and_reset_recovers():
     send(d, "client/0", DevAsk(NPU, NpuProbe(req_id="p"), 1.0), at=0.002)
     d.run(until=5.0)
     got = d.actor("client/0").state
-    assert [g.kind for g in got] == ["AskFailed"] * 7
-    assert all(g.detail == "timeout after 1.0s" for g in got)
+    # beyond the bound: refused at once; within it: kept, never answered, the asks time out
+    assert [(g.kind, g.req_id, g.at_s) for g in got[:3]] == [
+        ("NpuError", "f4", 0.002), ("NpuError", "f5", 0.002), ("NpuError", "p", 0.002),
+    ]  # fmt: skip
+    assert [g.kind for g in got[3:]] == ["AskFailed"] * 4
+    assert all(g.detail == "timeout after 1.0s" for g in got[3:])
     st_ = d.actor(NPU).state
     assert st_.status == "hung" and len(st_.queue) == 3 and st_.overflowed == 3
     assert [e.req_id for e in events(d, NPU) if type(e).__name__ == "NpuOverflowed"] == [
@@ -150,16 +154,35 @@ def test_hang_never_answers_asks_time_out_queue_is_bounded_and_reset_recovers():
         "f5",
         "p",
     ]
-    send(d, NPU, NpuAlloc(req_id="w", region="weights", nbytes=GB), at=5.0)  # swallowed? bound full
+    send(d, NPU, NpuAlloc(req_id="w", region="weights", nbytes=GB), at=5.0)  # bound full
     send(d, NPU, NpuReset(), at=6.0)
     send(d, NPU, _fwd("after"), at=7.0)
     d.run()
+    t, refused = answer_for(d, "w")
+    assert t == 5.0 and isinstance(refused, NpuError) and refused.kind == "queue_full"
     st_ = d.actor(NPU).state
     assert st_.status == "healthy" and st_.regions == {} and st_.queue == ()
     # the reset answers what the hung device had kept (late: the askers gave up)
-    kinds = [g.kind for g in d.actor("client/0").state[7:]]
-    assert kinds == ["NpuError"] * 4
+    kinds = [(g.kind, g.req_id) for g in d.actor("client/0").state[7:]]
+    assert kinds == [("NpuError", f"f{i}") for i in range(4)]
     assert isinstance(answer_for(d, "after")[1], NpuForwardDone)
+    assert_state_is_fold(d, NPU)
+
+
+def test_every_request_to_a_hung_npu_is_answered_once_by_the_end():
+    """Whatever the bound and however many requests arrive while hung, each one gets exactly
+    one answer: refused at once beyond the bound, or failed by the reset."""
+    d = _driver(queue_limit=4)
+    send(d, NPU, NpuHang())
+    reqs = [f"r{i}" for i in range(12)]
+    for i, r in enumerate(reqs):
+        msg = _fwd(r) if i % 3 else NpuProbe(req_id=r)
+        send(d, NPU, msg, at=0.1 + i * 0.01)
+    send(d, NPU, NpuReset(), at=10.0)
+    d.run()
+    kinds = {r: answer_for(d, r)[1].kind for r in reqs}  # exactly one answer each
+    assert list(kinds.values()) == ["reset"] * 4 + ["queue_full"] * 8
+    assert d.actor(NPU).state.overflowed == 8
     assert_state_is_fold(d, NPU)
 
 

@@ -1,8 +1,18 @@
 """Max-min fair sharing and completion times of concurrent flows."""
 
-import pytest
+import random
 
-from deepserve.adapters.hardware.fairshare import Flow, completion_times_s, max_min_rates
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from maxmin_reference import Q, max_min
+
+from deepserve.adapters.hardware.fairshare import (
+    Flow,
+    MaxMinShare,
+    completion_times_s,
+    max_min_rates,
+)
 
 
 def test_single_link_is_split_evenly():
@@ -61,3 +71,98 @@ def test_bad_input_names_the_field(caps, flows, message):
 def test_negative_flow_size_rejected():
     with pytest.raises(ValueError, match="flows: flow 'x'"):
         completion_times_s({"a": 1.0}, {"x": Flow(path=("a",), nbytes=-1.0)})
+
+
+# ---- the incremental allocator against the independent exact simulator ---------------------
+
+_LINKS = [f"l{i}" for i in range(6)]
+_op = st.one_of(
+    st.tuples(st.just("add"), st.lists(st.sampled_from(_LINKS), min_size=1, max_size=3, unique=True)),
+    st.tuples(st.just("remove"), st.integers(0, 40)),
+    st.tuples(st.just("cap"), st.sampled_from(_LINKS), st.sampled_from([0.0, 0.5, 1.0, 3.0, 10.0])),
+    st.tuples(st.just("burst"), st.lists(
+        st.lists(st.sampled_from(_LINKS), min_size=1, max_size=3, unique=True), min_size=1, max_size=4,
+    )),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    caps=st.lists(st.sampled_from([1.0, 2.0, 5.0, 7.5, 10.0]), min_size=6, max_size=6),
+    ops=st.lists(_op, min_size=1, max_size=25),
+)
+def test_incremental_share_is_the_max_min_allocation_after_every_change(caps, ops):
+    nominal = dict(zip(_LINKS, caps, strict=True))
+    share = MaxMinShare()
+    live: dict[str, tuple[str, ...]] = {}
+    for n, op in enumerate(ops):
+        before = dict(share.rates)
+        if op[0] == "add":
+            live[f"f{n}"] = tuple(op[1])
+            changed = share.add(f"f{n}", op[1], lambda link: nominal[link])
+        elif op[0] == "remove" and live:
+            gone = sorted(live)[op[1] % len(live)]
+            del live[gone]
+            changed = share.remove(gone)
+            before.pop(gone)
+        elif op[0] == "burst":  # several flows start at the same instant: one repair
+            batch = [(f"f{n}.{i}", tuple(p)) for i, p in enumerate(op[1])]
+            live.update(batch)
+            changed = share.add_many(batch, lambda link: nominal[link])
+        elif op[0] == "cap":
+            nominal[op[1]] = op[2]
+            changed = share.set_capacity(op[1], op[2])
+        else:
+            continue
+        exact = max_min({k: Q(v) for k, v in nominal.items()}, live)
+        assert share.rates.keys() == live.keys()
+        for f, rate in share.rates.items():
+            assert rate == pytest.approx(float(exact[f]), rel=1e-9, abs=1e-12), (f, op)
+        # `changed` names exactly the flows whose rate moved (the caller re-anchors those)
+        moved = {f for f, r in share.rates.items() if before.get(f) != r}
+        assert moved <= changed.keys() and all(share.rates[f] == r for f, r in changed.items())
+        assert set(share.users) == {link for p in live.values() for link in p}
+
+
+def test_a_change_touches_only_the_flows_that_share_links_with_it(monkeypatch):
+    """Per-event work follows what changed: 2,000 flows on disjoint pairs of links, then one
+    more on one pair: the repair water-fills only that pair's flows."""
+    share = MaxMinShare()
+    for i in range(2000):
+        share.add(f"f{i}", (f"tx{i}", f"rx{i}"), lambda link: 10.0)
+    filled: list[int] = []
+    real_fill = MaxMinShare._fill
+
+    def spy(self: MaxMinShare, region: dict[str, None]) -> dict[str, float]:
+        filled.append(len(region))
+        return real_fill(self, region)
+
+    monkeypatch.setattr(MaxMinShare, "_fill", spy)
+    changed = share.add("new", ("tx7", "rx7"), lambda link: 10.0)
+    assert changed == {"f7": 5.0, "new": 5.0} and filled == [2]
+    filled.clear()
+    assert share.remove("f7") == {"new": 10.0} and filled == [1]
+    filled.clear()
+    assert share.set_capacity("tx9", 4.0) == {"f9": 4.0} and filled == [1]
+
+
+def test_random_large_cases_agree_with_a_full_recompute():
+    """Hundreds of flows on a UB-like fabric (each crosses a tx and an rx port): after a
+    random history the incremental rates equal a from-scratch water-filling."""
+    rng = random.Random(7)
+    share = MaxMinShare()
+    paths: dict[str, tuple[str, ...]] = {}
+    for n in range(1500):
+        if paths and rng.random() < 0.3:
+            gone = rng.choice(sorted(paths))
+            del paths[gone]
+            share.remove(gone)
+        else:
+            s, t = rng.sample(range(192), 2)
+            paths[f"f{n}"] = (f"{s}:tx", f"{t}:rx")
+            share.add(f"f{n}", paths[f"f{n}"], lambda link: 50.0)
+    caps = {link: 50.0 for p in paths.values() for link in p}
+    full = max_min_rates(caps, paths)
+    assert len(paths) > 300
+    for f, rate in full.items():
+        assert share.rates[f] == pytest.approx(rate, rel=1e-9)

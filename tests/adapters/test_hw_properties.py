@@ -32,6 +32,12 @@ SETUPS = {
         npu_spec("910c"),
         Parallel(dp=288, ep=288, shared_expert_ranks=32, redundant_experts=256),
     ),
+    # EP across four Gen1 servers: all-to-all over HCCS and RoCE, native routing (no EPLB)
+    "deepseek-v3/910b/tp8-dp4-ep32": (
+        model_profile("deepseek-v3"),
+        npu_spec("910b"),
+        Parallel(tp=8, dp=4, ep=32),
+    ),
 }
 
 seqs = st.lists(
@@ -169,3 +175,24 @@ def test_seeded_stragglers_are_deterministic(seed, base, wait, n):
     assert a == sample_barrier_latencies_s(base, wait, n, seed)
     assert len(a) == n and all(base <= x <= 10 * base * (1 + 1e-12) for x in a)
     assert sample_expert_popularity(64, seed) == sample_expert_popularity(64, seed)
+
+
+@FAST
+@given(
+    st.floats(0.0, 1e9), st.floats(0.0, 1e9), st.integers(2, 768), st.sampled_from([1, 8, 16]),
+    st.floats(1.0, 8.0),
+)
+def test_all_to_all_on_spanned_links_is_monotone(b1, b2, ranks, server_npus, factor):
+    """More bytes never cost less; a faster inter-server link never costs more; pricing every
+    peer on the (faster) intra link never costs more than sending remote peers over RoCE."""
+    from deepserve.adapters.hardware.layout import Span
+    from deepserve.adapters.hardware.moe import a2a_base_s
+
+    hccs, roce = link_spec("hccs"), link_spec("roce")
+    span = Span(intra=hccs, inter=roce, server_npus=server_npus)
+    small, big = sorted((b1, b2))
+    assert a2a_base_s(big, ranks, span) >= a2a_base_s(small, ranks, span)
+    faster = Span(intra=hccs, server_npus=server_npus,
+                  inter=msgspec.structs.replace(roce, bw_bytes_per_s=roce.bw_bytes_per_s * factor))
+    assert a2a_base_s(big, ranks, faster) <= a2a_base_s(big, ranks, span) * (1 + 1e-12)
+    assert a2a_base_s(big, ranks, Span.single(hccs)) <= a2a_base_s(big, ranks, span) * (1 + 1e-12)

@@ -25,7 +25,7 @@ def deepserve(*args: str, cwd: Path, hashseed: str = "0") -> subprocess.Complete
 
 def assert_one_line_error(res: subprocess.CompletedProcess[str], *needles: str) -> str:
     """Exit 2, exactly one line on stderr, no traceback; returns that line."""
-    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    assert res.returncode == 2, (res.returncode, res.stdout[:500], res.stderr[-2000:])
     assert "Traceback" not in res.stderr
     lines = res.stderr.splitlines()
     assert len(lines) == 1, res.stderr

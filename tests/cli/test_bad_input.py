@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import msgspec
@@ -41,6 +43,16 @@ def good_log(tmp_path_factory) -> Path:
         (("replay", "verify", "GOOD", "--run", "nope"), ["no run 'nope'"]),
         (("replay", "state", "GOOD", "--actor", "nobody"), ["no actor 'nobody'", "dispatch"]),
         (("replay", "verify", "missing.db"), ["missing.db"]),
+        # A filter naming something the run does not hold lists what exists.
+        (("replay", "log", "GOOD", "--actor", "nobody"), ["no actor 'nobody'", "dispatch", "worker/0"]),
+        (("replay", "log", "GOOD", "--corr", "nope"), ["no input with corr 'nope'", "job-0"]),
+        (("replay", "log", "GOOD", "--since", "50", "--until", "10"), ["empty time range", "--since 50"]),
+        (("replay", "migrate", "GOOD", "--run", "X"), ["unrecognized arguments", "--run"]),
+        (("sim", "example", "--seed", str(2**63)), ["--seed", "2**63-1", str(2**63)]),
+        (("sim", "example", "--seed", str(-(2**63) - 1)), ["--seed", "-2**63"]),
+        (("bench", "kernel", "--scale", "1e-5"), ["--scale", "between 0.001 and 100", "1e-5"]),
+        (("bench", "kernel", "--pg", "notaurl"), ["--pg notaurl", "not a PostgreSQL URL"]),
+        (("bench", "kernel", "--pg", "postgresql://u@127.0.0.1:1/db"), ["--pg", "cannot connect"]),
     ],
 )
 def test_bad_arguments(good_log: Path, args, needles) -> None:
@@ -109,3 +121,102 @@ def test_unknown_message_type(tmp_path: Path, monkeypatch) -> None:
     assert deepserve("replay", "digest", str(log), cwd=tmp_path).returncode == 0
     res = deepserve("replay", "state", str(log), "--actor", "counter", "--at", "1.5", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
+
+
+def test_filters_that_match_something_still_list(good_log: Path) -> None:
+    res = deepserve("replay", "log", str(good_log), "--actor", "worker/0", "--corr", "job-0", cwd=good_log.parent)
+    assert res.returncode == 0 and "worker/0#2" in res.stdout, res.stderr
+
+
+def test_a_refused_seed_writes_nothing(tmp_path: Path) -> None:
+    assert_one_line_error(deepserve("sim", "example", "--seed", str(2**64), cwd=tmp_path), "--seed")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_log_in_a_missing_directory_is_refused_not_created(tmp_path: Path) -> None:
+    target = tmp_path / "no" / "such" / "x.db"
+    res = deepserve("sim", "example", "--log", str(target), cwd=tmp_path)
+    assert_one_line_error(res, f"no such directory {target.parent}")
+    assert not (tmp_path / "no").exists()
+
+
+def test_default_log_directory_is_still_created(tmp_path: Path) -> None:
+    res = deepserve("sim", "example", *EXAMPLE_ARGS, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "runs" / "example-0.db").is_file()
+
+
+def test_bench_checks_the_pg_url_before_measuring(tmp_path: Path) -> None:
+    """Before: every other suite ran first (minutes), then the URL failed."""
+    res = deepserve("bench", "kernel", "--pg", "postgresql://u@127.0.0.1:1/db", cwd=tmp_path)
+    assert_one_line_error(res, "cannot connect")
+    assert "measuring" not in res.stderr
+
+
+@pytest.mark.parametrize("command", [("replay", "verify"), ("replay", "log"), ("replay", "migrate")])
+def test_postgres_without_asyncpg_names_the_extra(tmp_path: Path, command) -> None:
+    url = "postgresql://u@127.0.0.1:1/db"
+    code = (
+        "import sys; sys.modules['asyncpg'] = None\n"  # as if the extra were not installed
+        "from deepserve.cli import main\n"
+        f"raise SystemExit(main({[*command, url]!r}))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert_one_line_error(res, "asyncpg", "pip install 'deepserve[postgres]'")
+
+
+def test_sim_to_postgres_without_asyncpg_names_the_extra(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['asyncpg'] = None\n"
+        "from deepserve.cli import main\n"
+        "raise SystemExit(main(['sim', 'example', '--log', 'postgresql://u:pw@127.0.0.1:1/db']))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    line = assert_one_line_error(res, "deepserve[postgres]")
+    assert "pw" not in line  # the password stays out of the message
+
+
+def _run_dir(tmp_path: Path, seeds: tuple[int, ...]) -> Path:
+    run_dir = tmp_path / "runs"
+    run_dir.mkdir()
+    for seed in seeds:
+        res = deepserve("sim", "example", *EXAMPLE_ARGS, "--seed", str(seed), "--log", f"runs/s{seed}.db", cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+    return run_dir
+
+
+def test_verify_of_a_directory_names_the_run_and_refuses_to_guess(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path, (4, 5))
+    for command in ("verify", "digest", "log"):
+        line = assert_one_line_error(deepserve("replay", command, str(run_dir), cwd=tmp_path))
+        assert "2 runs" in line and "sim-4" in line and "sim-5" in line and "--run" in line, line
+    res = deepserve("replay", "verify", str(run_dir), "--run", "sim-5", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("identical") and "(run 'sim-5')" in res.stdout
+
+
+def test_verify_of_a_one_run_directory_names_it(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path, (6,))
+    res = deepserve("replay", "verify", str(run_dir), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "(run 'sim-6')" in res.stdout
+
+
+def test_a_log_whose_last_writes_fail_at_exit_sets_the_exit_status(tmp_path: Path) -> None:
+    """A sink left open whose close fails: before, the command exited 0 and only an
+    at-exit report said the log had lost its last writes."""
+    code = (
+        "from deepserve.core.records import InputRec, RunRec, Step\n"
+        "from deepserve.persistence import open_sink\n"
+        "from deepserve.cli import main\n"
+        "sink = open_sink('left.db')\n"
+        "sink.begin_run(RunRec('r', 'sim', 1, '{}', 'v', 'h', 0.0))\n"
+        "bad = InputRec('a/1', 0, 0.0, 1, 0, 'ext/x', 1, None, None, True, 'M', object())\n"
+        "sink.append(Step(bad, [], []))  # a value SQLite does not take: the last write fails\n"
+        "raise SystemExit(main(['sim', 'example', '--requests', '5', '--log', 'ok.db']))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    assert "log: ok.db" in res.stdout  # the command itself did its work
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "log sink failed at close" in lines[0] and "left.db" in lines[0], res.stderr

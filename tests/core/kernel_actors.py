@@ -140,3 +140,57 @@ class DictState(Actor[dict]):
             ctx.record(Added(msg.n))
         elif isinstance(msg, Boom):
             raise RuntimeError("boom")
+
+
+class Sloppy(Actor[list]):
+    """Breaks the rule: mutates `self.state` in place; its events change nothing."""
+
+    def initial_state(self) -> list:
+        return []
+
+    def evolve(self, state: list, event: Event) -> list:
+        return state
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, Add):
+            self.state.append(msg.n)
+            ctx.record(Added(msg.n))
+
+
+class Appender(Actor[list]):
+    """Keeps the rule although `evolve` appends in place: state == fold of events."""
+
+    def initial_state(self) -> list:
+        return []
+
+    def evolve(self, state: list, event: Event) -> list:
+        assert isinstance(event, Added)
+        state.append(event.n)
+        return state
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, Add):
+            ctx.record(Added(msg.n))
+        elif isinstance(msg, StopSelf):
+            ctx.stop()
+
+
+class Hoard(Actor[tuple]):
+    """A large state changed by small events: snapshots must stay rare."""
+
+    snapshot_every = 4
+
+    def initial_state(self) -> tuple:
+        return tuple(f"item-{i:05d}" for i in range(5000))
+
+    def evolve(self, state: tuple, event: Event) -> tuple:
+        assert isinstance(event, Added)
+        return (*state[1:], f"item-{event.n:05d}")
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, Add):
+            ctx.record(Added(msg.n))
+
+
+class Frequent(Counter):
+    snapshot_every = 4

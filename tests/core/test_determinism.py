@@ -103,3 +103,14 @@ def test_runs_in_other_processes_verify_and_digest_equal(tmp_path: Path) -> None
         assert dig.returncode == 0, dig.stderr
         digests.append(dig.stdout.strip())
     assert digests[0] == digests[1] and len(digests[0]) == 64
+
+
+def test_set_and_dict_payloads_encode_the_same_under_any_hash_seed(tmp_path: Path) -> None:
+    """Messages, events and states holding sets/frozensets and dicts of strings: the
+    log's digest is the same whatever PYTHONHASHSEED the run had."""
+    digests = set()
+    for hashseed in ("0", "1", "2", "3"):
+        out = _python("import setactors; setactors.print_digest()", hashseed, tmp_path)
+        assert out.returncode == 0, out.stderr
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1 and len(digests.pop()) == 64

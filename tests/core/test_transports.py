@@ -50,3 +50,44 @@ async def test_zeromq_sockets_connect_two_drivers():
     a, b, _ = await _exchange(t_a, t_b)
     assert b.actor("b/0").state.total == 7 and a.actor("a/0").state.total == 7
     assert t_a.sent == 4 and t_b.sent == 1  # three tells and an ask out; one reply back
+
+
+class RefusingTransport:
+    """Owns `far/`, but every send is refused (a peer gone or far behind)."""
+
+    def __init__(self) -> None:
+        self.refused = 0
+
+    def owns(self, addr: str) -> bool:
+        return addr.startswith("far/")
+
+    def send(self, env) -> bool:
+        self.refused += 1
+        return False
+
+    def attach(self, deliver) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+async def test_a_send_the_transport_refuses_is_a_recorded_dead_letter():
+    from deepserve.core.asyncdriver import AskError
+    from deepserve.core.records import DEAD
+
+    sink = MemorySink()
+    transport = RefusingTransport()
+    async with AsyncDriver(sink=sink, transport=transport) as d:
+        d.spawn("a/0", Counter)
+        await d.inject("a/0", Forward("far/1", 1))  # a tell: recorded
+        await d.inject("a/0", AskIt("far/1", 5.0))  # an ask: AskFailed back at once
+        await d.idle()
+        with pytest.raises(AskError, match="transport refused"):
+            await d.ask("far/2", Forward("a/0", 1), timeout_s=5.0)
+    assert transport.refused == 3 and d.dead_letters == 3
+    dead = [s.input for s in sink.steps if s.input.kind == DEAD]
+    assert [(i.actor, i.src, i.type) for i in dead] == [
+        ("far/1", "a/0", "Add"), ("far/1", "a/0", "Add"), ("far/2", "ext/ask", "Forward"),
+    ]
+    assert d.actor("a/0").state.notes == ("askfailed:transport refused",)

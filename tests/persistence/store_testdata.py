@@ -150,7 +150,7 @@ def encoded(steps: list[Step]) -> bytes:
 def force_reader_process(monkeypatch: Any, lead: int = 2) -> None:
     """Make every unfiltered SQLite `steps()` read all but its first `lead` steps
     through a reader process (normally only runs of 20k steps and more do)."""
-    from deepserve.persistence import sqlite_reader
+    from deepserve.persistence.sqlite import log_reader as sqlite_reader
 
     monkeypatch.setattr(sqlite_reader, "PREFETCH_MIN_STEPS", 0)
     monkeypatch.setattr(sqlite_reader, "PREFETCH_LEAD", lead)

@@ -16,7 +16,7 @@ from store_testdata import edge_steps, encoded, expected, run_rec
 
 from deepserve.core.records import InputRec, Step
 from deepserve.persistence import LogError, open_log, open_sink
-from deepserve.persistence.procsink import ProcessSink
+from deepserve.persistence.sqlite.process_writer import ProcessSink
 
 
 def _step(i: int, hlc: int | None = None) -> Step:

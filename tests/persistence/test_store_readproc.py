@@ -14,8 +14,10 @@ import pytest
 from store_testdata import encoded, expected, force_reader_process, run_rec
 
 from deepserve.core.records import EventRec, InputRec, Step
-from deepserve.persistence import LogError, open_log, open_sink, procread, sqlite_reader
-from deepserve.persistence.procread import ReaderProcess, live_readers
+from deepserve.persistence import LogError, open_log, open_sink
+from deepserve.persistence.sqlite import log_reader as sqlite_reader
+from deepserve.persistence.sqlite import process_reader as procread
+from deepserve.persistence.sqlite.process_reader import ReaderProcess, live_readers
 
 
 def _write(target: str, requests: int = 300, run_id: str | None = None) -> list[Step]:

@@ -2,56 +2,75 @@
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
+import msgspec
 import pytest
-from store_testdata import edge_steps, encoded, expected, run_rec
+from msgspec.structs import astuple
+from store_testdata import edge_steps, encoded, expected
 
+from deepserve.benchmarks.store import measure_store
+from deepserve.core.records import Step
 from deepserve.persistence import LogError
-from deepserve.persistence.bench import measure_store
-from deepserve.persistence.rows import batch_rows, id_range_is_dense, join_steps
+from deepserve.persistence.rows import (
+    STEP_TABLES,
+    group_steps,
+    id_range_is_dense,
+    rows_of,
+    step_rows,
+)
 from deepserve.persistence.schema import INSERT_COLUMNS, check_columns
-from deepserve.persistence.sqlite_writer import chunk_sizes
-from deepserve.persistence.target import SQLITE_MAGIC, header_problem, parse_target
+from deepserve.persistence.sqlite.files import SQLITE_MAGIC, header_problem
+from deepserve.persistence.sqlite.sql import chunk_sizes
+from deepserve.persistence.target import parse_target
 
 
 def test_schema_has_a_column_for_every_record_field() -> None:
     assert check_columns() == []
 
 
+def _built(steps: list, first_id: int = 100) -> list[list[tuple]]:
+    """Rows as a reader selects them: (*fields, step id), run id dropped."""
+    flat = step_rows(map(astuple, steps), "r", first_id, astuple)
+    out = []
+    for table, data in zip(STEP_TABLES, flat, strict=True):
+        rows = rows_of(data, len(INSERT_COLUMNS[table]))
+        assert all(r[1] == "r" for r in rows)
+        out.append([(*r[2:], r[0]) for r in rows])
+    return out
+
+
 def test_rows_round_trip() -> None:
-    run, steps = expected()
+    """The one row builder and the one step assembly are inverses, through both
+    ways a reader makes `Step`s (convert in-process, msgpack through a pipe)."""
+    _, steps = expected()
     steps = steps + edge_steps()
-    rows = batch_rows([run, *steps], None, itertools.count(100))
-    assert rows.runs == [tuple(getattr(run, f) for f in run.__struct_fields__)]
-    assert rows.run_id == run.run_id and rows.steps == len(steps)
-    assert all(len(r) == len(INSERT_COLUMNS["outputs"]) for r in rows.outputs)
-    back = join_steps(
-        [(r[0], *r[2:]) for r in rows.inputs],  # (id, *fields): drop run_id as a reader selects
-        [(r[0], *r[2:]) for r in rows.events],
-        [(r[0], *r[2:]) for r in rows.outputs],
-        [(r[0], *r[2:]) for r in rows.snapshots],
-    )
+    ins, evs, outs, snaps = _built(steps)
+    assert [r[-1] for r in ins] == list(range(100, 100 + len(steps)))
+    groups = group_steps(ins, evs, outs, snaps)
+    assert encoded(msgspec.convert(groups, list[Step], strict=False)) == encoded(steps)
+    back = msgspec.msgpack.decode(msgspec.msgpack.encode(groups), type=list[Step], strict=False)
     assert encoded(back) == encoded(steps)
 
 
-def test_join_skips_children_of_unselected_steps() -> None:
+def test_builder_takes_decoded_lists_as_the_writer_process_does() -> None:
+    _, steps = expected()
+    lists = msgspec.msgpack.decode(encoded(steps))
+    from_structs = step_rows(map(astuple, steps), "r", 1, astuple)
+    assert step_rows(lists, "r", 1, iter) == from_structs
+
+
+def test_assembly_skips_children_of_unselected_steps() -> None:
     steps = edge_steps()
-    rows = batch_rows([run_rec("r"), *steps], None, itertools.count(1))
-    chosen = [(r[0], *r[2:]) for r in rows.inputs if r[0] != 2]  # step 2 filtered out
-    back = join_steps(
-        chosen,
-        [(r[0], *r[2:]) for r in rows.events],
-        [(r[0], *r[2:]) for r in rows.outputs],
-        [(r[0], *r[2:]) for r in rows.snapshots],
-    )
+    ins, evs, outs, snaps = _built(steps, first_id=1)
+    chosen = [r for r in ins if r[-1] != 2]  # step 2 filtered out
+    back = msgspec.convert(group_steps(chosen, evs, outs, snaps), list[Step], strict=False)
     assert encoded(back) == encoded([steps[0], steps[2], steps[3]])
 
 
-def test_step_before_any_run_is_refused() -> None:
-    with pytest.raises(ValueError, match="before begin_run"):
-        batch_rows(edge_steps(), None, itertools.count(1))
+def test_rows_of_refuses_a_ragged_list() -> None:
+    with pytest.raises(ValueError, match="do not make rows of 3 columns"):
+        rows_of([1, 2, 3, 4], 3)
 
 
 def test_dense_ranges() -> None:
@@ -133,13 +152,13 @@ def test_sqlite_reads_a_whole_run_without_sorting(tmp_path: Path) -> None:
     from sqlalchemy import select
     from sqlalchemy.dialects import sqlite
 
-    from deepserve.persistence import open_sink
-    from deepserve.persistence.reader import _INPUT_COLS, input_filter
+    from deepserve.persistence import StepFilter, open_sink
     from deepserve.persistence.schema import inputs
+    from deepserve.persistence.sql_reader import INPUT_COLS, input_filter
 
     p = str(tmp_path / "plan.db")
     open_sink(p).close()
-    stmt = select(*_INPUT_COLS).where(*input_filter("r", None, None, None, None))
+    stmt = select(*INPUT_COLS).where(*input_filter("r", StepFilter()))
     sql = str(stmt.order_by(inputs.c.id).compile(dialect=sqlite.dialect()))
     plan = " ".join(r[3] for r in sqlite3.connect(p).execute("EXPLAIN QUERY PLAN " + sql, ("r",)))
     assert plan == "SCAN inputs"

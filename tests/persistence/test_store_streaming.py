@@ -10,7 +10,8 @@ import pytest
 from store_testdata import force_reader_process, run_rec
 
 from deepserve.core.records import EventRec, InputRec, OutputRec, Step
-from deepserve.persistence import open_log, open_sink, sqlite_reader
+from deepserve.persistence import open_log, open_sink
+from deepserve.persistence.sqlite import log_reader as sqlite_reader
 
 PAYLOAD = bytes(range(256)) * 8  # 2 KiB per record
 

@@ -68,4 +68,5 @@ def test_well_behaved_actors_before_the_culprit_verify(tmp_path):
     log = _write(tmp_path, "set")
     res = _run([sys.executable, "-m", "deepserve", "replay", "verify", str(log)], "101", tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert res.stdout.strip() == "identical: 2 actors, 48 inputs"  # 12 ticks and starts, 36 items
+    # 12 ticks and starts, 36 items
+    assert res.stdout.strip() == "identical: 2 actors, 48 inputs (run 'sim-3')"

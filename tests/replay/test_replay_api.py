@@ -5,12 +5,12 @@ from __future__ import annotations
 import msgspec
 import pytest
 
+from deepserve.benchmarks.replay_workload import measure_verify
 from deepserve.core import Actor, Context, Event, HandlerFailed, Message, SimDriver
 from deepserve.core.records import EventRec, InputRec, MemorySink, OutputRec, Step
 from deepserve.examples.pipeline import DispatchState, run_scenario
 from deepserve.persistence.api import MemoryLog
 from deepserve.replay import ReplayError, digest, listing, listing_records, state_at, verify
-from deepserve.replay.measure import measure_verify
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,8 @@ def test_example_verifies(example: MemorySink) -> None:
     assert result.identical and result.divergence is None
     assert result.actors == 6
     assert result.inputs == sum(1 for s in example.steps if s.input.seq >= 0)
-    assert result.summary() == f"identical: 6 actors, {result.inputs} inputs"
+    run_id = example.runs[-1].run_id
+    assert result.summary() == f"identical: 6 actors, {result.inputs} inputs (run {run_id!r})"
 
 
 def test_missing_output_and_changed_input_are_reported_precisely(example: MemorySink) -> None:

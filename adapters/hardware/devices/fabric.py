@@ -2,12 +2,15 @@
 
 One actor per topology domain, so max-min sharing over multi-hop paths is computed in one place
 (flows.py, with fairshare.py). One timer ("tick") is pending at a time: the next completion; it
-is replaced whenever a transfer starts or ends or a link changes. Link faults arrive as external
+is re-armed after every handler that changed something and after every tick, so a completion
+can never be left without a timer. Link faults arrive as external
 inputs: down (in-flight and new transfers fail), degraded (capacity x factor), flapping (down/up
 toggles on timers), up (repaired).
 """
 
 from __future__ import annotations
+
+import functools
 
 from deepserve.actors.ports.faults import LinkDegrade, LinkDown, LinkFlap, LinkUp
 from deepserve.actors.ports.link import (
@@ -29,15 +32,14 @@ from deepserve.adapters.hardware.devices.flows import (
     FabricXferAccepted,
     FabricXferDelivered,
     FabricXferFailed,
-    FabricXferFlowing,
+    FabricXfersFlowing,
     Flap,
     LinkCond,
     Xfer,
     capacity,
-    check_conservation,
+    done_slack_s,
     evolve_fabric,
-    finished,
-    next_completion_s,
+    setup_end_s,
 )
 from deepserve.adapters.hardware.devices.topology import build, resource_link, route
 from deepserve.adapters.hardware.specs import LINKS, link_spec
@@ -48,8 +50,12 @@ from deepserve.adapters.hardware.transfer import (
 )
 from deepserve.core import Actor, Context, Event, Message
 
+ROUTE_CACHE_LIMIT = 1 << 16  # memoised routes (a CloudMatrix384 has 768 x 767 die pairs)
+
 
 class FabricSetupDone(Message, frozen=True):
+    """No longer sent (setups end on the tick); kept so older logs still decode."""
+
     key: str
 
 
@@ -61,6 +67,7 @@ class FabricFlapToggle(Message, frozen=True):
     link: str
 
 
+@functools.lru_cache(maxsize=1024)
 def fixed_cost_s(link_kind: str, messages: int) -> float:
     """Setup latency + per-message control cost of one transfer (transfer.py); the host side
     and the SSD have no link spec and cost only their bandwidth."""
@@ -98,19 +105,26 @@ class Fabric(Actor[FabricState]):
             for link in self.topo.links
             for d in link.directions
         }
+        self._routes: dict[tuple[str, str, str | None], tuple[tuple[str, ...], str]] = {}
+        self.directions = {
+            link.name: tuple(f"{link.name}:{d}" for d in link.directions) for link in self.topo.links
+        }
 
     def initial_state(self) -> FabricState:
         return FabricState()
 
     def evolve(self, state: FabricState, event: Event) -> FabricState:
-        return evolve_fabric(state, event, self.nominal)
+        return evolve_fabric(state, event, self.nominal, self.directions)
 
     def handle(self, ctx: Context, msg: Message) -> None:
         if isinstance(msg, FabricTick):
             self._tick(ctx)
-        elif isinstance(msg, FabricSetupDone):
-            self._setup_done(ctx, msg.key)
-        elif isinstance(msg, LinkTransfer | LinkBroadcast):
+            self._reschedule(ctx)  # always: a tick that delivered nothing must not end the clock
+            return
+        # The armed tick is the state's next completion (both roll back together if a handler
+        # fails), so a handler that leaves the next completion alone leaves the timer alone.
+        armed = self.state.next_event_s()
+        if isinstance(msg, LinkTransfer | LinkBroadcast):
             self._accept(ctx, msg)
         elif isinstance(msg, LinkCancel):
             x = self.state.xfers.get(f"{ctx.sender}|{msg.req_id}")
@@ -122,9 +136,8 @@ class Fabric(Actor[FabricState]):
             self._fault(ctx, msg)
         else:
             return
-        if ctx.events:
+        if ctx.events and self.state.next_event_s() != armed:
             self._reschedule(ctx)
-            check_conservation(self.state, self.nominal)
 
     # ---- transfers ---------------------------------------------------------
     def _accept(self, ctx: Context, msg: LinkTransfer | LinkBroadcast) -> None:
@@ -135,16 +148,16 @@ class Fabric(Actor[FabricState]):
         except ValueError as exc:
             answer(ctx, to, LinkTransferFailed(req_id=msg.req_id, reason=str(exc)))
             return
-        down = next(
-            (r for r in xfer.resources if capacity(self.nominal, self.state.conds, r) <= 0), None
-        )
+        conds = self.state.conds
+        down = None
+        if conds:  # all links at nominal condition: nothing can be down
+            down = next((r for r in xfer.resources if capacity(self.nominal, conds, r) <= 0), None)
         if down is not None:
             link = resource_link(down)
             reason = f"link {link} is down"
             answer(ctx, to, LinkTransferFailed(req_id=msg.req_id, reason=reason, link=link))
             return
-        ctx.record(FabricXferAccepted(xfer))
-        ctx.after(xfer.fixed_s, FabricSetupDone(key), key=f"setup:{key}")
+        ctx.record(FabricXferAccepted(xfer))  # its setup ends on a tick (flows.starts)
 
     def _xfer(self, ctx: Context, msg: LinkTransfer | LinkBroadcast, key: str, to: ReplyTo) -> Xfer:
         if key in self.state.xfers:
@@ -167,14 +180,24 @@ class Fabric(Actor[FabricState]):
 
     def _path(self, msg: LinkTransfer) -> tuple[tuple[str, ...], str]:
         if not msg.path:
-            r = route(self.topo, msg.src, msg.dst, msg.via)
-            return r.resources, r.link_kind
+            return self._route(msg.src, msg.dst, msg.via)
         for r in msg.path:
             if r not in self.nominal:
                 raise ValueError(f"path: unknown link direction {r!r} (expected 'link:dir')")
         if len(set(msg.path)) != len(msg.path):
             raise ValueError(f"path: crosses a link direction twice: {list(msg.path)}")
         return msg.path, self.links[resource_link(msg.path[0])].kind
+
+    def _route(self, src: str, dst: str, via: str | None) -> tuple[tuple[str, ...], str]:
+        """`topology.route`, memoised: a pure function of the endpoints, parsed per transfer."""
+        key = (src, dst, via)
+        hit = self._routes.get(key)
+        if hit is None:
+            r = route(self.topo, src, dst, via)
+            if len(self._routes) >= ROUTE_CACHE_LIMIT:
+                self._routes.clear()
+            hit = self._routes[key] = (r.resources, r.link_kind)
+        return hit
 
     def _chain(self, msg: LinkBroadcast) -> tuple[tuple[str, ...], str]:
         """Each target forwards to the next: the chain's hops all carry the stream at once."""
@@ -192,18 +215,42 @@ class Fabric(Actor[FabricState]):
             raise ValueError(f"src: a broadcast runs between NPUs, not over {kind!r}")
         return resources, kind
 
-    def _setup_done(self, ctx: Context, key: str) -> None:
-        x = self.state.xfers.get(key)
-        if x is None or x.flowing:
-            return  # failed during setup
-        ctx.record(FabricXferFlowing(key, ctx.now()))
-        if x.nbytes == 0:
-            self._deliver(ctx, x)
-
     def _tick(self, ctx: Context) -> None:
-        st, now = self.state, ctx.now()
-        for x in [x for x in st.xfers.values() if x.flowing and finished(x, now, st.now_s)]:
-            self._deliver(ctx, x)
+        """Deliver every transfer due now, then start every transfer whose setup ends now,
+        together (one repair of the allocation for a burst). Each delivery re-rates the flows
+        it shared links with (they may become due too), so take the heap's top each time."""
+        st = self.state
+        horizon = ctx.now() + done_slack_s(ctx.now())
+        self._deliver_due(ctx, horizon)
+        keys = self._starting(horizon)
+        if keys:
+            ctx.record(FabricXfersFlowing(keys, ctx.now()))
+            for key in keys:
+                if st.xfers[key].nbytes == 0:
+                    self._deliver(ctx, st.xfers[key])
+            self._deliver_due(ctx, horizon)  # a few bytes late in a long run: due already
+
+    def _deliver_due(self, ctx: Context, horizon: float) -> None:
+        st = self.state
+        while (top := st.next_due()) is not None and top[0] <= horizon:
+            self._deliver(ctx, st.xfers[top[1]])
+
+    def _starting(self, horizon: float) -> tuple[str, ...]:
+        """Transfers whose setup ends by `horizon`: the heap's entries up to it, found by
+        walking down from the root (no pops: the handler does not change the state)."""
+        heap, xfers, found = self.state.starts, self.state.xfers, []
+        if not heap or heap[0][0] > horizon:
+            return ()
+        stack = [0]
+        while stack:
+            i = stack.pop()
+            if i < len(heap) and heap[i][0] <= horizon:
+                t, key = heap[i]
+                x = xfers.get(key)
+                if x is not None and not x.flowing and setup_end_s(x) == t:
+                    found.append(heap[i])
+                stack += (2 * i + 1, 2 * i + 2)
+        return tuple(dict.fromkeys(key for _, key in sorted(found)))
 
     def _deliver(self, ctx: Context, x: Xfer) -> None:
         now = ctx.now()
@@ -223,17 +270,14 @@ class Fabric(Actor[FabricState]):
 
     def _fail(self, ctx: Context, x: Xfer, reason: str, link: str | None) -> None:
         ctx.record(FabricXferFailed(x.key, ctx.now(), reason))
-        if not x.flowing:
-            ctx.cancel(f"setup:{x.key}")
         answer(ctx, x.to, LinkTransferFailed(req_id=x.req_id, reason=reason, link=link))
 
     def _reschedule(self, ctx: Context) -> None:
-        st = self.state
-        delay = next_completion_s(st)
-        if delay is None:
+        at = self.state.next_event_s()
+        if at is None:
             ctx.cancel("tick")
         else:
-            ctx.after(max(0.0, st.now_s + delay - ctx.now()), FabricTick(), key="tick")
+            ctx.after(max(0.0, at - ctx.now()), FabricTick(), key="tick")
 
     # ---- links -------------------------------------------------------------
     def _probe(self, ctx: Context, msg: LinkProbe) -> None:
@@ -245,11 +289,7 @@ class Fabric(Actor[FabricState]):
             )
             return
         cond = self.state.conds.get(msg.link, LinkCond())
-        active = sum(
-            1
-            for x in self.state.xfers.values()
-            if any(resource_link(r) == msg.link for r in x.resources)
-        )
+        active = len(self._crossing(msg.link))
         status = LinkStatus(
             req_id=msg.req_id, link=msg.link, kind=desc.kind, up=cond.up,
             bw_factor=cond.bw_factor, active_transfers=active,
@@ -300,6 +340,12 @@ class Fabric(Actor[FabricState]):
         ctx.record(FabricLinkSet(link, up, bw_factor, ctx.now()))
         if up:
             return
-        for x in list(self.state.xfers.values()):
-            if any(resource_link(r) == link for r in x.resources):
-                self._fail(ctx, x, f"link {link} went down", link)
+        for key in self._crossing(link):
+            self._fail(ctx, self.state.xfers[key], f"link {link} went down", link)
+
+    def _crossing(self, link: str) -> list[str]:
+        """Transfers (in setup or flowing) that cross either direction of `link`."""
+        keys: dict[str, None] = {}
+        for r in self.directions[link]:
+            keys.update(self.state.on.get(r, {}))
+        return list(keys)

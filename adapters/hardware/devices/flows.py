@@ -1,26 +1,41 @@
-"""The fabric's state and its pure evolution: transfers in flight and the condition of links.
+"""The fabric's state and its evolution: transfers in flight and the condition of links.
 
 A transfer first pays its fixed cost (setup latency + per-message control, from transfer.py),
-then flows: its bytes cross every link direction of its path at the max-min fair rate
-(fairshare.py), recomputed whenever a flow starts or ends or a link changes. Every event carries
-its time; `evolve` first advances the bytes of every flow to that time at the rates in force,
-then applies the change, then recomputes the rates — so the state is a fold of the events.
+then flows: its bytes cross every link direction of its path at the max-min fair rate, kept by
+`fairshare.MaxMinShare`, which repairs the allocation locally when a flow starts or ends or a
+link changes. Bytes are lazy: each flowing transfer keeps `bytes_left` at `since_s` and its
+rate, so an event re-anchors only the transfers whose rate it changed, and their projected
+finish times go on a heap (`due`). Per-event work follows what changed, not how many flows are
+in flight.
+
+The state is owned by the fabric actor and updated in place by `evolve_fabric` (copying every
+in-flight record per event is what made the fabric cubic); it is still exactly the fold of the
+recorded events, deterministic (insertion-ordered dicts, no sets), and msgpack-encodable.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Mapping
 
 import msgspec
 
 from deepserve.adapters.hardware.devices.common import RTOL, ReplyTo
 from deepserve.adapters.hardware.devices.topology import resource_link
-from deepserve.adapters.hardware.fairshare import max_min_rates
+from deepserve.adapters.hardware.fairshare import MaxMinShare
 from deepserve.core import Event
 
-# A flow with less than this much transfer time left is complete: timers fire at float times,
-# so the last bytes may be a rounding error away from zero.
-DONE_EPS_S = 1e-9
+# A flow whose projected finish is this close to the clock is complete: the tick fires at
+# now + (finish - now), which rounds to within an ulp of the finish, and re-anchoring at large
+# times loses a few ulps more. The slack is relative to the clock (a fixed 1 ns said "not yet"
+# forever to 1 GB injected at t = 1e8 s, where one ulp is 15 ns).
+DONE_ULPS = 8
+DONE_EPS_S = 1e-15  # floor near t = 0
+
+
+def done_slack_s(now_s: float) -> float:
+    return max(DONE_EPS_S, DONE_ULPS * math.ulp(now_s))
 
 
 class Xfer(msgspec.Struct, frozen=True, kw_only=True):
@@ -37,8 +52,10 @@ class Xfer(msgspec.Struct, frozen=True, kw_only=True):
     accepted_at_s: float
     fixed_s: float
     flowing: bool = False
-    bytes_left: float = 0.0
+    bytes_left: float = 0.0  # at `since_s`
+    since_s: float = 0.0
     rate: float = 0.0  # bytes per second while flowing
+    finish_s: float | None = None  # projected at the current rate; None while not progressing
 
 
 class LinkCond(msgspec.Struct, frozen=True):
@@ -52,14 +69,41 @@ class Flap(msgspec.Struct, frozen=True):
     downs_left: int  # down periods still to come after the current one
 
 
-class FabricState(msgspec.Struct, frozen=True):
-    now_s: float = 0.0  # the time `bytes_left` values refer to
+class FabricState(msgspec.Struct):
     xfers: dict[str, Xfer] = {}
+    on: dict[str, dict[str, None]] = {}  # link direction -> transfers crossing it (any phase)
+    share: MaxMinShare = msgspec.field(default_factory=MaxMinShare)
+    due: list[tuple[float, str]] = []  # heap of (finish_s, key); the top is always current
+    starts: list[tuple[float, str]] = []  # heap of (end of setup, key) of transfers in setup
     conds: dict[str, LinkCond] = {}  # links not at nominal condition
     flaps: dict[str, Flap] = {}
     delivered: int = 0
     delivered_bytes: int = 0
     failed: int = 0
+
+    def __deepcopy__(self, memo: dict) -> FabricState:
+        """The kernel deep-copies states for snapshots: the records inside are immutable, so
+        copying the containers is a deep copy (and far cheaper than copy's generic walk)."""
+        return FabricState(
+            xfers=dict(self.xfers), on={r: dict(keys) for r, keys in self.on.items()},
+            share=self.share.__deepcopy__(memo), due=list(self.due), starts=list(self.starts),
+            conds=dict(self.conds),
+            flaps=dict(self.flaps), delivered=self.delivered,
+            delivered_bytes=self.delivered_bytes, failed=self.failed,
+        )  # fmt: skip
+
+    def next_due(self) -> tuple[float, str] | None:
+        """(finish time, key) of the transfer that completes first, if any progresses."""
+        return self.due[0] if self.due else None
+
+    def next_start(self) -> tuple[float, str] | None:
+        """(time, key) of the transfer whose setup ends first."""
+        return self.starts[0] if self.starts else None
+
+    def next_event_s(self) -> float | None:
+        """When the fabric next has something to do on its own: a setup ends or a flow ends."""
+        times = [h[0][0] for h in (self.due, self.starts) if h]
+        return min(times) if times else None
 
 
 # ---- events ----------------------------------------------------------------
@@ -70,7 +114,16 @@ class FabricXferAccepted(Event, frozen=True):
 
 
 class FabricXferFlowing(Event, frozen=True):
+    """One transfer starts sharing (older logs; the fabric now records FabricXfersFlowing)."""
+
     key: str
+    at_s: float
+
+
+class FabricXfersFlowing(Event, frozen=True):
+    """Transfers whose setup ended at the same instant start sharing together (one repair)."""
+
+    keys: tuple[str, ...]
     at_s: float
 
 
@@ -103,7 +156,7 @@ class FabricFaultRejected(Event, frozen=True):
     reason: str
 
 
-# ---- pure functions ----------------------------------------------------------
+# ---- evolution ---------------------------------------------------------------
 
 
 def capacity(nominal: Mapping[str, float], conds: Mapping[str, LinkCond], resource: str) -> float:
@@ -113,103 +166,142 @@ def capacity(nominal: Mapping[str, float], conds: Mapping[str, LinkCond], resour
     return nominal[resource] * cond.bw_factor if cond.up else 0.0
 
 
-def advance(state: FabricState, at_s: float) -> FabricState:
-    """Move every flow's bytes forward to `at_s` at the current rates."""
-    dt = at_s - state.now_s
-    assert dt >= -RTOL * max(1.0, abs(at_s)), f"fabric time went back: {state.now_s} -> {at_s}"
-    if dt <= 0:
-        return state
-    xfers = {}
-    for k, x in state.xfers.items():
-        if x.flowing and x.rate > 0:
-            x = msgspec.structs.replace(x, bytes_left=max(0.0, x.bytes_left - x.rate * dt))
-        xfers[k] = x
-    return msgspec.structs.replace(state, now_s=at_s, xfers=xfers)
+def bytes_left_at(x: Xfer, at_s: float) -> float:
+    return max(0.0, x.bytes_left - x.rate * (at_s - x.since_s))
 
 
-def rerate(state: FabricState, nominal: Mapping[str, float]) -> FabricState:
-    """Max-min fair rates for the flowing transfers under the current link capacities.
-
-    A transfer crossing a down link gets rate 0 here; the handler that took the link down
-    fails it before anything else happens."""
-    caps: dict[str, float] = {}
-    flows: dict[str, tuple[str, ...]] = {}
-    for k, x in state.xfers.items():
-        if not x.flowing or x.bytes_left <= 0:
-            continue
-        for r in x.resources:
-            if r not in caps:
-                caps[r] = capacity(nominal, state.conds, r)
-        if all(caps[r] > 0 for r in x.resources):
-            flows[k] = x.resources
-    used = {r for path in flows.values() for r in path}
-    rates = max_min_rates({r: caps[r] for r in used}, flows) if flows else {}
-    xfers = {k: msgspec.structs.replace(x, rate=rates.get(k, 0.0)) for k, x in state.xfers.items()}
-    return msgspec.structs.replace(state, xfers=xfers)
+def _rerated(st: FabricState, changed: Mapping[str, float], at_s: float) -> None:
+    """Re-anchor the transfers whose rate changed at `at_s` and queue their new finish."""
+    xfers, due = st.xfers, st.due
+    for key, rate in changed.items():
+        x = xfers[key]
+        left = bytes_left_at(x, at_s)
+        finish = at_s + left / rate if rate > 0 else None
+        xfers[key] = msgspec.structs.replace(
+            x, bytes_left=left, since_s=at_s, rate=rate, finish_s=finish
+        )
+        if finish is not None:
+            heapq.heappush(due, (finish, key))
 
 
-def evolve_fabric(state: FabricState, event: Event, nominal: Mapping[str, float]) -> FabricState:
-    if isinstance(event, FabricFlapSet):
-        flaps = dict(state.flaps)
-        if event.flap is None:
-            flaps.pop(event.link, None)
-        else:
-            flaps[event.link] = event.flap
-        return msgspec.structs.replace(state, flaps=flaps)
-    if isinstance(event, FabricFaultRejected):
-        return state
+def setup_end_s(x: Xfer) -> float:
+    return x.accepted_at_s + x.fixed_s
+
+
+def _tidy_starts(st: FabricState) -> None:
+    starts, xfers = st.starts, st.xfers
+
+    def live(entry: tuple[float, str]) -> bool:
+        x = xfers.get(entry[1])
+        return x is not None and not x.flowing and setup_end_s(x) == entry[0]
+
+    while starts and not live(starts[0]):
+        heapq.heappop(starts)
+
+
+def _tidy_due(st: FabricState) -> None:
+    """Drop superseded heap entries from the top (so `next_due` is current); rebuild the heap
+    when stale entries outnumber live ones (amortised O(1) per push, bounded memory)."""
+    due, xfers = st.due, st.xfers
+
+    def live(entry: tuple[float, str]) -> bool:
+        x = xfers.get(entry[1])
+        return x is not None and x.finish_s == entry[0]
+
+    if len(due) > 2 * len(st.share.rates) + 64:
+        due[:] = [e for e in due if live(e)]
+        heapq.heapify(due)
+    while due and not live(due[0]):
+        heapq.heappop(due)
+
+
+def _unlink(st: FabricState, x: Xfer) -> None:
+    for r in x.resources:
+        on = st.on[r]
+        del on[x.key]
+        if not on:
+            del st.on[r]
+
+
+def _end(st: FabricState, key: str, at_s: float) -> Xfer:
+    x = st.xfers.pop(key)
+    _unlink(st, x)
+    if key in st.share.paths:
+        _rerated(st, st.share.remove(key), at_s)
+    return x
+
+
+def evolve_fabric(
+    st: FabricState, event: Event, nominal: Mapping[str, float],
+    directions: Mapping[str, tuple[str, ...]],
+) -> FabricState:  # fmt: skip
+    """Apply one event in place; `directions` maps a link to its "link:dir" resources."""
     if isinstance(event, FabricXferAccepted):
         x = event.xfer
-        state = advance(state, x.accepted_at_s)
-        return msgspec.structs.replace(state, xfers={**state.xfers, x.key: x})
-    state = advance(state, event.at_s)  # type: ignore[attr-defined]
-    xfers = dict(state.xfers)
-    if isinstance(event, FabricXferFlowing):
-        x = xfers[event.key]
-        xfers[event.key] = msgspec.structs.replace(x, flowing=True, bytes_left=float(x.nbytes))
-        state = msgspec.structs.replace(state, xfers=xfers)
+        st.xfers[x.key] = x
+        for r in x.resources:
+            st.on.setdefault(r, {})[x.key] = None
+        heapq.heappush(st.starts, (setup_end_s(x), x.key))
+        return st
+    if isinstance(event, FabricXfersFlowing | FabricXferFlowing):
+        keys = event.keys if isinstance(event, FabricXfersFlowing) else (event.key,)
+        at, sharing = event.at_s, []
+        for key in keys:
+            x = st.xfers[key]
+            st.xfers[key] = msgspec.structs.replace(
+                x, flowing=True, bytes_left=float(x.nbytes), since_s=at
+            )
+            if x.nbytes > 0:  # a zero-byte transfer is delivered at once, sharing nothing
+                sharing.append((key, x.resources))
+
+        def cap(r: str) -> float:
+            return capacity(nominal, st.conds, r)
+
+        if sharing:
+            _rerated(st, st.share.add_many(sharing, cap), at)
     elif isinstance(event, FabricXferDelivered):
-        x = xfers.pop(event.key)
-        state = msgspec.structs.replace(
-            state, xfers=xfers, delivered=state.delivered + 1,
-            delivered_bytes=state.delivered_bytes + x.nbytes * len(x.targets),
-        )  # fmt: skip
+        x = _end(st, event.key, event.at_s)
+        st.delivered += 1
+        st.delivered_bytes += x.nbytes * len(x.targets)
     elif isinstance(event, FabricXferFailed):
-        del xfers[event.key]
-        state = msgspec.structs.replace(state, xfers=xfers, failed=state.failed + 1)
+        _end(st, event.key, event.at_s)
+        st.failed += 1
     elif isinstance(event, FabricLinkSet):
-        conds = dict(state.conds)
         if event.up and event.bw_factor == 1.0:
-            conds.pop(event.link, None)
+            st.conds.pop(event.link, None)
         else:
-            conds[event.link] = LinkCond(event.up, event.bw_factor)
-        state = msgspec.structs.replace(state, conds=conds)
+            st.conds[event.link] = LinkCond(event.up, event.bw_factor)
+        for r in directions[event.link]:
+            changed = st.share.set_capacity(r, capacity(nominal, st.conds, r))
+            _rerated(st, changed, event.at_s)
+    elif isinstance(event, FabricFlapSet):
+        if event.flap is None:
+            st.flaps.pop(event.link, None)
+        else:
+            st.flaps[event.link] = event.flap
+        return st
+    elif isinstance(event, FabricFaultRejected):
+        return st
     else:
         raise AssertionError(f"fabric: unknown event {type(event).__name__}")
-    return rerate(state, nominal)
-
-
-def finished(x: Xfer, now_s: float, state_now_s: float) -> bool:
-    """Whether a flowing transfer has (within rounding) no bytes left at `now_s`."""
-    left = x.bytes_left - x.rate * (now_s - state_now_s)
-    return left <= max(x.rate * DONE_EPS_S, 0.0)
-
-
-def next_completion_s(state: FabricState) -> float | None:
-    """Delay from `state.now_s` until the first flowing transfer completes."""
-    delays = [x.bytes_left / x.rate for x in state.xfers.values() if x.flowing and x.rate > 0]
-    return max(0.0, min(delays)) if delays else None
+    _tidy_due(st)
+    _tidy_starts(st)
+    return st
 
 
 def check_conservation(state: FabricState, nominal: Mapping[str, float]) -> None:
-    """No link direction carries more than its capacity; every flow progresses."""
+    """No link direction carries more than its capacity; every flow on live links progresses.
+    O(flows): for tests and debugging (the fabric checks the links each change touches)."""
     load: dict[str, float] = {}
     for x in state.xfers.values():
-        if not x.flowing or x.bytes_left <= 0:
+        if not x.flowing or x.nbytes == 0:
             continue
-        assert x.rate > 0, f"transfer {x.key} is flowing at rate 0"
+        caps = [capacity(nominal, state.conds, r) for r in x.resources]
+        if min(caps) > 0 and x.rate <= 0:
+            raise AssertionError(f"transfer {x.key} is flowing at rate 0")
         for r in x.resources:
             load[r] = load.get(r, 0.0) + x.rate
     for r, total in load.items():
         cap = capacity(nominal, state.conds, r)
-        assert total <= cap * (1 + RTOL), f"link {r} carries {total} B/s > capacity {cap} B/s"
+        if total > cap * (1 + RTOL):
+            raise AssertionError(f"link {r} carries {total} B/s > capacity {cap} B/s")

@@ -4,6 +4,9 @@ Loads move bytes through the fabric (so the SSD, the shared host side and each N
 are shared max-min fairly with everything else crossing them), then pay tensor initialisation
 (loading.py, DeepServe §6.2). This mirrors loading.local_load / loading.npu_fork, which compute
 the same thing for a fixed set of concurrent loads.
+
+Every load ends. Transfers are asks with the load's timeout: one the fabric's full mailbox drops,
+or that gets no answer in time, fails the load (its other transfers are cancelled).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from deepserve.actors.ports.link import (
     LinkTransferDone,
     LinkTransferFailed,
 )
+from deepserve.adapters.hardware.batch import Parallel, decode_batch, validate
 from deepserve.adapters.hardware.devices.common import answer, reply_to, respond
 from deepserve.adapters.hardware.devices.host_state import (
     FORK,
@@ -45,10 +49,18 @@ from deepserve.adapters.hardware.devices.host_state import (
 )
 from deepserve.adapters.hardware.devices.topology import FABRIC, host_addr, ssd_addr
 from deepserve.adapters.hardware.loading import TENSOR_INIT_S
-from deepserve.adapters.hardware.models import model_profile
+from deepserve.adapters.hardware.memory import weights_per_npu_bytes
+from deepserve.adapters.hardware.models import ModelProfile, model_profile
 from deepserve.adapters.hardware.sizes import weight_bytes
-from deepserve.adapters.hardware.specs import server_spec
-from deepserve.core import Actor, Context, Event, Message
+from deepserve.adapters.hardware.specs import link_spec, npu_spec, server_spec
+from deepserve.adapters.hardware.transfer import effective_bw_bytes_per_s
+from deepserve.core import Actor, AskFailed, Context, Event, Message
+
+# A load that takes this many times its bytes pushed one after another through the server's
+# slowest path (SSD, host side, scale-out link), plus a minute, has failed: far beyond any
+# sharing the fabric does, short of forever. Assumption (a limit on everything), not a figure.
+LOAD_TIMEOUT_FACTOR = 4.0
+LOAD_TIMEOUT_MIN_S = 60.0
 
 
 class HostInitDone(Message, frozen=True):
@@ -58,13 +70,21 @@ class HostInitDone(Message, frozen=True):
 class Host(Actor[HostState]):
     def __init__(
         self, server: int = 0, server_kind: str = "gen1-910b", fabric: str = FABRIC,
-        dram_bytes: int | None = None,
+        dram_bytes: int | None = None, load_timeout_s: float | None = None,
     ) -> None:  # fmt: skip
         self.server = server
         self.spec = server_spec(server_kind)
         self.fabric = fabric
         self.dram_bytes = self.spec.dram_bytes if dram_bytes is None else dram_bytes
         self.addr = host_addr(server)
+        if load_timeout_s is not None and not load_timeout_s > 0:
+            raise ValueError(f"load_timeout_s: must be > 0, got {load_timeout_s}")
+        self.load_timeout_s = load_timeout_s
+        spec = self.spec
+        self.slowest_bw = min(
+            spec.ssd_read_bw_bytes_per_s, spec.host_aggregate_bw_bytes_per_s,
+            effective_bw_bytes_per_s(link_spec(npu_spec(spec.npu).scale_out_link)),
+        )  # fmt: skip
 
     def initial_state(self) -> HostState:
         return HostState()
@@ -81,7 +101,9 @@ class Host(Actor[HostState]):
         elif isinstance(msg, LinkTransferDone | LinkBroadcastDone):
             self._part_done(ctx, msg.req_id, msg.link_kind)
         elif isinstance(msg, LinkTransferFailed):
-            self._part_failed(ctx, msg)
+            self._part_failed(ctx, msg.req_id, msg.reason)
+        elif isinstance(msg, AskFailed):
+            self._ask_failed(ctx, msg)
         elif isinstance(msg, HostInitDone):
             self._finish(ctx, msg.key)
         elif isinstance(msg, HostEvict):
@@ -106,7 +128,8 @@ class Host(Actor[HostState]):
 
     # ---- starting ----------------------------------------------------------
     def _start(self, ctx: Context, msg: HostLoad | HostFork | HostPreload) -> None:
-        nbytes = weight_bytes(model_profile(msg.model))
+        m = model_profile(msg.model)
+        nbytes = weight_bytes(m)
         key = f"{ctx.sender}|{msg.req_id}"
         if key in self.state.jobs:
             raise ValueError(f"req_id: {msg.req_id!r} is already loading")
@@ -114,13 +137,13 @@ class Host(Actor[HostState]):
             self._preload(ctx, msg, key, nbytes)
             return
         targets = msg.targets
-        tp = len(msg.sources) if isinstance(msg, HostFork) else len(targets)
-        if tp < 1 or not targets or len(targets) % tp:
-            raise ValueError(f"targets: need k x {tp} target NPUs, got {len(targets)}")
         if len(set(targets)) != len(targets):
             raise ValueError("targets: an NPU appears twice")
-        per_npu = nbytes // tp
         if isinstance(msg, HostFork):
+            tp = len(msg.sources)
+            if tp < 1 or not targets or len(targets) % tp:
+                raise ValueError(f"targets: need k x {tp} target NPUs, got {len(targets)}")
+            per_npu = self._shard(m, msg, tp)
             parts = [
                 LinkBroadcast(
                     req_id=f"{key}#{r}", src=msg.sources[r], targets=targets[r::tp],
@@ -130,8 +153,13 @@ class Host(Actor[HostState]):
             ]  # fmt: skip
             self._begin(ctx, msg, key, FORK, per_npu, parts, None)
             return
-        if tp > self.spec.npus:
-            raise ValueError(f"targets: server has {self.spec.npus} NPUs, got {tp} targets")
+        if not targets:
+            raise ValueError("targets: need at least one target NPU")
+        if len(targets) > self.spec.npus:
+            raise ValueError(
+                f"targets: server has {self.spec.npus} NPUs, got {len(targets)} targets"
+            )
+        per_npu = self._shard(m, msg, len(targets))
         hit = self.state.cached(msg.model) is not None
         if hit:
             ctx.record(HostCacheTouched(msg.model))
@@ -141,6 +169,23 @@ class Host(Actor[HostState]):
             for i, t in enumerate(targets)
         ]  # fmt: skip
         self._begin(ctx, msg, key, "dram-hit" if hit else "ssd", per_npu, parts, hit)
+
+    @staticmethod
+    def _shard(m: ModelProfile, msg: HostLoad | HostFork, ranks: int) -> int:
+        """Bytes each die receives: an even split over `ranks` TP ranks, or the layout's shard
+        (attention slice + this die's routed experts), as `hw predict` prices it."""
+        if msg.tp is None:
+            return weight_bytes(m) // ranks
+        par = Parallel(
+            tp=msg.tp, dp=msg.dp, ep=msg.ep, shared_expert_ranks=msg.shared_expert_ranks,
+            redundant_experts=msg.redundant_experts,
+        )  # fmt: skip
+        validate(m, decode_batch(1, 1), par)
+        if ranks > par.tp * par.dp:
+            raise ValueError(
+                f"targets: the layout has {par.tp * par.dp} dies (tp x dp), got {ranks}"
+            )
+        return int(weights_per_npu_bytes(m, par))
 
     def _preload(self, ctx: Context, msg: HostPreload, key: str, nbytes: int) -> None:
         if self.state.cached(msg.model) is not None:
@@ -166,14 +211,17 @@ class Host(Actor[HostState]):
         per_npu: int, parts: list[LinkTransfer] | list[LinkBroadcast], hit: bool | None,
     ) -> None:  # fmt: skip
         targets = () if isinstance(msg, HostPreload) else msg.targets
+        moved = per_npu * max(1, len(targets))
+        timeout = self.load_timeout_s or (
+            LOAD_TIMEOUT_MIN_S + LOAD_TIMEOUT_FACTOR * (moved / self.slowest_bw + TENSOR_INIT_S)
+        )
+        asks = tuple((ctx.ask(self.fabric, p, timeout), p.req_id) for p in parts)
         job = Job(
             key=key, req_id=msg.req_id, model=msg.model, to=reply_to(ctx), path=path,
             targets=targets, bytes_per_npu=per_npu, accepted_at_s=ctx.now(),
-            waiting=tuple(p.req_id for p in parts),
+            waiting=tuple(p.req_id for p in parts), asks=asks,
         )  # fmt: skip
         ctx.record(HostJobStarted(job, hit))
-        for part in parts:
-            ctx.send(self.fabric, part)
 
     # ---- progress ----------------------------------------------------------
     def _part_done(self, ctx: Context, part: str, link_kind: str) -> None:
@@ -231,14 +279,27 @@ class Host(Actor[HostState]):
             )  # fmt: skip
         answer(ctx, job.to, done)
 
-    def _part_failed(self, ctx: Context, msg: LinkTransferFailed) -> None:
-        key = msg.req_id.rpartition("#")[0]
+    def _part_failed(self, ctx: Context, part: str, reason: str) -> None:
+        key = part.rpartition("#")[0]
         job = self.state.jobs.get(key)
-        if job is None:
+        if job is None or part not in job.waiting:
             return
         ctx.record(HostJobEnded(key, False))
-        for part in job.waiting:  # the rest of this load would only hold bandwidth now
-            if part != msg.req_id:
-                ctx.send(self.fabric, LinkCancel(req_id=part))
-        reason = f"transfer {msg.req_id.rpartition('#')[2]} failed: {msg.reason}"
+        for other in job.waiting:  # the rest of this load would only hold bandwidth now
+            if other != part:
+                ctx.send(self.fabric, LinkCancel(req_id=other))
+        reason = f"transfer {part.rpartition('#')[2]} failed: {reason}"
         answer(ctx, job.to, HostLoadFailed(req_id=job.req_id, model=job.model, reason=reason))
+
+    def _ask_failed(self, ctx: Context, msg: AskFailed) -> None:
+        """A transfer the fabric dropped (mailbox full, fabric gone) or never answered in time:
+        the load fails now instead of waiting forever; a late answer finds no job."""
+        for job in self.state.jobs.values():  # loads in flight on one host: a handful
+            part = next((p for rid, p in job.asks if rid == msg.request_id), None)
+            if part is None:
+                continue
+            if part in job.waiting:
+                if msg.reason.startswith("timeout"):  # it may still be in flight: free it
+                    ctx.send(self.fabric, LinkCancel(req_id=part))
+                self._part_failed(ctx, part, f"no answer from {msg.target}: {msg.reason}")
+            return

@@ -27,6 +27,7 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     accepted_at_s: float
     waiting: tuple[str, ...]  # transfer req_ids not yet completed
     initialising: bool = False
+    asks: tuple[tuple[int, str], ...] = ()  # (ask id, transfer req_id): who failed, on AskFailed
 
 
 class HostState(msgspec.Struct, frozen=True):

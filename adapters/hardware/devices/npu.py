@@ -2,7 +2,9 @@
 pass at a time from a FIFO queue, with durations from the performance model (compute.py).
 
 States: healthy; crashed (every request, pending or new, fails with kind "crashed"); hung
-(accepts requests up to the queue bound and answers none — the running graph never finishes);
+(accepts requests up to the queue bound and answers none — the running graph never finishes —
+while requests beyond the bound are refused at once with "queue_full", as the driver's full
+submission queue would: nothing is dropped unanswered);
 and, orthogonally, faulted HBM regions (requests touching them fail naming the region). A reset
 returns to healthy with empty HBM; what was pending fails with kind "reset".
 """
@@ -327,10 +329,14 @@ class Npu(Actor[NpuState]):
     def _swallow(
         self, ctx: Context, msg: NpuForward | NpuForwardRun | NpuAlloc | NpuFree | NpuProbe
     ) -> None:
-        """Hung: keep the request (a reset answers it), never reply; bounded."""
+        """Hung: keep the request (a reset answers it), never reply. Bounded: beyond the bound
+        the request is refused at once — a dropped request would never be answered, not even
+        by a reset, since the device keeps no handle to it."""
         st = self.state
         if len(st.queue) + len(st.ignored) >= self.queue_limit:
             ctx.record(NpuOverflowed(msg.req_id))
+            reason = f"request queue is full ({self.queue_limit} waiting)"
+            self._error(ctx, reply_to(ctx), msg.req_id, QUEUE_FULL, reason)
         elif isinstance(msg, NpuForward | NpuForwardRun):
             ctx.record(NpuForwardQueued(Pending(msg, reply_to(ctx), ctx.now())))
         else:

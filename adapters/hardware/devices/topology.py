@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from deepserve.adapters.hardware.specs import link_spec, server_spec
+from deepserve.adapters.hardware.specs import link_spec, npu_spec, server_spec
 from deepserve.adapters.hardware.transfer import effective_bw_bytes_per_s
 
 FABRIC = "hw/fabric"
@@ -134,22 +134,29 @@ def build(cluster: str, servers: int) -> Topology:
     raise ValueError(f"cluster: unknown cluster {cluster!r}; known: cm384, gen1")
 
 
-def _endpoint(topo: Topology, addr: str) -> tuple[int, str, int]:
-    """(server, kind, npu index) of an endpoint address."""
+@functools.lru_cache(maxsize=8192)
+def _parse_endpoint(addr: str) -> tuple[int, str, int] | None:
     m = _ENDPOINT.match(addr)
     if m is None:
+        return None
+    if m.group(2) is None:
+        return int(m.group(1)), "host" if m.group(3) else "ssd", -1
+    return int(m.group(1)), "npu", int(m.group(2))
+
+
+def _endpoint(topo: Topology, addr: str) -> tuple[int, str, int]:
+    """(server, kind, npu index) of an endpoint address."""
+    parsed = _parse_endpoint(addr)
+    if parsed is None:
         raise ValueError(f"endpoint: {addr!r} is not hw/s<i>/npu<j>, hw/s<i>/host or hw/s<i>/ssd")
-    server = int(m.group(1))
+    server, kind, npu = parsed
     if server >= topo.servers:
         raise ValueError(
             f"endpoint: {addr!r}: the {topo.cluster} topology has {topo.servers} servers"
         )
-    if m.group(2) is None:
-        return server, "host" if m.group(3) else "ssd", -1
-    npu = int(m.group(2))
-    if npu >= topo.npus_per_server:
+    if kind == "npu" and npu >= topo.npus_per_server:
         raise ValueError(f"endpoint: {addr!r}: a server has {topo.npus_per_server} NPUs")
-    return server, "npu", npu
+    return parsed
 
 
 def route(topo: Topology, src: str, dst: str, via: str | None = None) -> Route:
@@ -190,6 +197,28 @@ def _npu_route(topo: Topology, s: int, i: int, t: int, j: int, via: str | None) 
     if via == "hccs":
         raise ValueError(f"via: HCCS does not leave a gen1 server (s{s} -> s{t})")
     return Route((f"s{s}/npu{i}/roce:tx", f"s{t}/npu{j}/roce:rx"), "roce")
+
+
+def fork_link_kinds(server_kind: str) -> tuple[str, ...]:
+    """The link kinds an NPU-fork can use between NPUs of this server kind's cluster, scale-up
+    first: those `route` accepts as `via` (a CloudMatrix384 SuperPod moves NPU data over UB
+    only; its RoCE to other SuperPods is not modeled)."""
+    spec = server_spec(server_kind)
+    build_topo = {"gen1-910b": gen1_cluster, "cm384-910c": cloudmatrix384}.get(spec.kind)
+    if build_topo is None:
+        raise ValueError(f"server_kind: no topology is modeled for {spec.kind!r}")
+    topo = build_topo(2)
+    npu = npu_spec(spec.npu)
+    kinds = []
+    for kind in dict.fromkeys((npu.scale_up_link, npu.scale_out_link)):
+        for dst in (npu_addr(0, 1), npu_addr(1, 0)):
+            try:
+                if route(topo, npu_addr(0, 0), dst, via=kind).link_kind == kind:
+                    kinds.append(kind)
+                    break
+            except ValueError:
+                continue
+    return tuple(kinds)
 
 
 def resource_link(resource: str) -> str:

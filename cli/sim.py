@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from deepserve.adapters.scenario import cli as scenario_cli
-from deepserve.cliutil import CliError, CliParser, positive_int, print_json
+from deepserve.cli.util import CliError, CliParser, positive_int, print_json, require_driver
 from deepserve.persistence import open_log, open_sink
 from deepserve.persistence.api import LogError
 
@@ -37,15 +37,31 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("scenario", metavar="SCENARIO",
                    help=f"one of: {', '.join([*SCENARIOS, *scenario_cli.builtin_names()])}, or a TOML file")
-    p.add_argument("--seed", type=int, default=None, help="run seed (default: the scenario's; 0)")
+    p.add_argument("--seed", type=seed, default=None,
+                   help="run seed, a 64-bit signed integer (default: the scenario's; 0)")
     p.add_argument("--requests", type=positive_int, metavar="N", help="jobs or requests to run")
     p.add_argument(
         "--log", metavar="PATH",
-        help="log file (default runs/<scenario>-<seed>.db; an existing log is replaced)",
+        help="log file, in an existing directory (default runs/<scenario>-<seed>.db, runs/ "
+        "created if needed; an existing log is replaced) or a PostgreSQL URL",
     )
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     scenario_cli.add_arguments(p)
     p.set_defaults(func=_sim)
+
+
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # stored as a 64-bit signed integer
+
+
+def seed(text: str) -> int:
+    """argparse type for a run seed: an integer that fits the log's 64-bit column."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not SEED_MIN <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be between -2**63 and 2**63-1, got {text}")
+    return value
 
 
 def _scenario(name: str) -> Callable[..., dict[str, Any]]:
@@ -64,8 +80,10 @@ def _sim(args: argparse.Namespace) -> int:
     args.seed = 0 if args.seed is None else args.seed
     run = _scenario(args.scenario)
     target = args.log or f"runs/{args.scenario}-{args.seed}.db"
+    require_driver(target)
     if "://" not in target:  # a database URL is the store's business, not a file to replace
-        _prepare(Path(target))
+        # Only our own default directory is created: a typo in --log must not grow a tree.
+        _prepare(Path(target), create_parent=args.log is None)
     # The writer process: the run ends with close(), and logging stays off the driver's core.
     sink = open_sink(target, "async", writer="process")
     t0 = time.perf_counter()
@@ -83,12 +101,15 @@ def _sim(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prepare(path: Path) -> None:
+def _prepare(path: Path, *, create_parent: bool) -> None:
     """Make room for a fresh log — but never delete a file that is not one."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CliError(f"cannot create {path.parent}: {exc.strerror}") from None
+    if create_parent:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CliError(f"cannot create {path.parent}: {exc.strerror}") from None
+    elif not path.parent.is_dir():
+        raise CliError(f"--log {path}: no such directory {path.parent} (create it first)")
     if path.is_dir():
         raise CliError(f"--log {path} is a directory")
     if not path.exists():

@@ -1,21 +1,30 @@
-"""`deepserve replay verify|state|log|digest LOG ...`"""
+"""`deepserve replay verify|state|log|digest|migrate LOG ...`"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
 import msgspec
 
-from deepserve.cliutil import CliParser, print_json, print_pretty_json, seconds
+from deepserve.cli.usercode import add_user_code_arguments, load_user_code
+from deepserve.cli.util import (
+    CliError,
+    CliParser,
+    print_json,
+    print_pretty_json,
+    require_driver,
+    seconds,
+)
 from deepserve.persistence import LogReader, migrate, open_log
-
-from .common import compact
-from .digest import digest
-from .listing import listing, listing_records
-from .state import state_at
-from .verify import Divergence, verify
+from deepserve.replay.common import compact
+from deepserve.replay.digest import digest
+from deepserve.replay.integrity import check_integrity
+from deepserve.replay.listing import check_filters, listing, listing_records
+from deepserve.replay.state import state_at
+from deepserve.replay.verify import Divergence, verify
 
 EXIT_DIVERGED = 1
 
@@ -43,26 +52,58 @@ def register(subparsers: Any) -> None:
 
     _command(sub, "digest", _digest, "content digest, comparable between runs")
 
-    p = _command(sub, "migrate", _migrate, "upgrade a log written by an older schema, in place")
+    p = _command(
+        sub, "migrate", _migrate, "upgrade a log written by an older schema, in place", reads=False
+    )
     p.epilog = "every *.db file of a run directory is migrated; running it again changes nothing"
 
 
-def _command(sub: Any, name: str, func: Any, help_text: str) -> CliParser:
+def _command(sub: Any, name: str, func: Any, help_text: str, *, reads: bool = True) -> CliParser:
+    """A replay command's parser. `reads`: it answers from one run, so it takes `--run`
+    and the user's code (`--path`, `--import`); `migrate` rewrites every run and takes neither."""
     p: CliParser = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
-    p.add_argument("log", metavar="LOG", help="path of the run's log")
-    p.add_argument("--run", metavar="RUN_ID", help="which run of the log (default: the last)")
+    p.add_argument("log", metavar="LOG", help="the log: a file, a run directory or a PostgreSQL URL")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    if reads:
+        p.add_argument(
+            "--run", metavar="RUN_ID",
+            help="which run of the log (default: the last; required for a directory holding several)",
+        )
+        add_user_code_arguments(p)
     p.set_defaults(func=func)
     return p
 
 
-def _read(path: str) -> LogReader:
+def _read(args: argparse.Namespace) -> LogReader:
     """Open for reading without changing the file: an incident log is evidence. An older
-    schema gets a one-line error that names `deepserve replay migrate`."""
-    return open_log(path, upgrade=False)
+    schema gets a one-line error that names `deepserve replay migrate`; a damaged file
+    is refused before anything is answered from it."""
+    load_user_code(args)
+    require_driver(args.log)
+    reader = open_log(args.log, upgrade=False)
+    try:
+        reader.check_integrity()
+        _check_run_choice(args, reader)
+    except BaseException:
+        reader.close()
+        raise
+    return reader
+
+
+def _check_run_choice(args: argparse.Namespace, reader: LogReader) -> None:
+    """A run directory holding more than one run has no obvious default: refuse to pick."""
+    if args.run is not None or not os.path.isdir(args.log):
+        return
+    run_ids = list(dict.fromkeys(run.run_id for run in reader.runs()))
+    if len(run_ids) > 1:
+        raise CliError(
+            f"{args.log} holds {len(run_ids)} runs ({', '.join(run_ids)}): choose one with --run"
+        )
 
 
 def _migrate(args: argparse.Namespace) -> int:
+    require_driver(args.log)
+    check_integrity(args.log)  # never rewrite a damaged file: it would hide the damage
     done = migrate(args.log)
     if args.json:
         print_json({target: {"from": a, "to": b} for target, (a, b) in done.items()})
@@ -74,7 +115,7 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    result = verify(_read(args.log), args.run)
+    result = verify(_read(args), args.run)
     if args.json:
         print_json(result)
     else:
@@ -101,7 +142,7 @@ def _describe(view: Any) -> str:
 
 
 def _state(args: argparse.Namespace) -> int:
-    st = state_at(_read(args.log), args.actor, args.at, args.run)
+    st = state_at(_read(args), args.actor, args.at, args.run)
     data = st.state_data()
     if args.json:
         fields = msgspec.structs.asdict(st)
@@ -116,8 +157,11 @@ def _state(args: argparse.Namespace) -> int:
 
 
 def _log(args: argparse.Namespace) -> int:
-    reader = _read(args.log)
+    if args.since is not None and args.until is not None and args.since > args.until:
+        raise CliError(f"empty time range: --since {args.since:g} is after --until {args.until:g}")
+    reader = _read(args)
     filters = dict(actor=args.actor, corr=args.corr, since=args.since, until=args.until, run_id=args.run)
+    check_filters(reader, **filters)
     if args.json:
         for record in listing_records(reader, **filters):
             print_json(record)
@@ -129,7 +173,7 @@ def _log(args: argparse.Namespace) -> int:
 
 
 def _digest(args: argparse.Namespace) -> int:
-    value = digest(_read(args.log), args.run)
+    value = digest(_read(args), args.run)
     if args.json:
         print_json({"digest": value})
     else:

@@ -6,25 +6,29 @@ to `max_batch`), commits it as one transaction, then advances `committed_ticket`
 calls `on_commit(ticket)`. While a transaction is in flight new steps pile up and go
 into the next one: batches grow with load, commits stay few.
 
-Backpressure: at most `max_pending` items wait in the queue (plus one batch in
-flight). When the queue is full, `append` blocks until the writer takes a batch, so
-a driver that outruns the disk slows down instead of growing memory without bound.
-The bound also caps outbox release latency at about max_pending / write rate, hence
-the smaller default for `outbox` (a few thousand steps: ~100 ms at saturation).
+Backpressure (`pressure.py`, docs/kernel.md): at `high_water` pending steps the sink
+is under pressure and `await wait_for_room()` holds a producer at the driver's edge;
+at most `max_pending` items wait in the queue (plus one batch in flight), where
+`append` blocks until the writer takes a batch — the last resort, counted in
+`statistics()`. The bound also caps outbox release latency at about max_pending /
+write rate, hence the smaller default for `outbox` (a few thousand steps: ~100 ms at
+saturation).
 """
 
 from __future__ import annotations
 
-import atexit
+import contextlib
 import threading
-import weakref
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from deepserve.core.records import RunRec, Step
 
-from .api import Durability, LogError
-from .target import one_line
+from . import open_sinks
+from .api import Durability
+from .errors import LogError, one_line
+from .pressure import Pressure
 
 DEFAULT_MAX_PENDING = {"async": 32_768, "outbox": 4_096}
 DEFAULT_MAX_BATCH = 2_048
@@ -40,7 +44,7 @@ class BatchStore(Protocol):
     def close(self) -> None: ...
 
 
-class GroupCommitSink:
+class GroupCommitSink(Pressure):
     """A `LogSink` writing through one background thread, one batch per transaction.
 
     `on_commit`: optional callable set by the driver, called *from the writer thread*
@@ -58,6 +62,7 @@ class GroupCommitSink:
         durability: Durability = "async",
         max_pending: int | None = None,
         max_batch: int = DEFAULT_MAX_BATCH,
+        high_water: int | None = None,
     ) -> None:
         if durability not in ("async", "outbox"):
             raise ValueError(f"durability must be 'async' or 'outbox', not {durability!r}")
@@ -74,6 +79,8 @@ class GroupCommitSink:
         self._work = threading.Condition(self._lock)  # writer waits for items
         self._room = threading.Condition(self._lock)  # appenders wait for queue space
         self._done = threading.Condition(self._lock)  # flushers wait for commits
+        self._commit_cond = self._done
+        self._init_pressure(max_pending, high_water)
         self._queue: list[Step | RunRec] = []
         self._idle = False
         self._room_waiters = 0
@@ -97,22 +104,37 @@ class GroupCommitSink:
         if self._error is not None:
             self._thread.join()
             raise LogError(self._error)
-        _open_sinks.add(self)
+        open_sinks.track(self)  # closed at exit if nobody closes it
 
     # ---- the driver's side ---------------------------------------------------
     def begin_run(self, run: RunRec) -> None:
-        with self._lock:
-            self._put(run)
-            self._has_run = True
+        """Start a run: its record is committed before this returns, so that a run
+        already in the log (same run id and process) is refused here, with a
+        `LogError`; the sink is then closed, having written nothing of the run."""
+        if self._in_writer():
+            raise RuntimeError("begin_run() from on_commit would wait for itself")
+        try:
+            with self._lock:
+                # the previous run's steps commit on their own, not with a refused run
+                self._wait_done(self._items_in)
+                self._put(run)
+                self._wait_done(self._items_in)
+                self._has_run = True
+        except LogError:
+            with contextlib.suppress(LogError):
+                self.close()
+            raise
 
     def append(self, step: Step) -> int:
         """Queue a step (no I/O); returns its ticket. Blocks only while the queue is
         full (backpressure). Safe from several threads: tickets follow queue order."""
         with self._lock:
             if not self._has_run:
+                self._check_open()  # a refused run closed the sink: say that first
                 raise LogError(f"{self.label}: append() before begin_run()")
             self._put(step)
             self._ticket += 1
+            self._note_pending()
             return self._ticket
 
     def _put(self, item: Step | RunRec) -> None:
@@ -121,12 +143,14 @@ class GroupCommitSink:
         # An on_commit callback that appends runs in the writer thread, which must not
         # wait for itself: it may overshoot the bound by what one callback appends.
         if len(self._queue) >= self._max_pending and not self._in_writer():
+            since = time.perf_counter()
             self._room_waiters += 1
             while (
                 len(self._queue) >= self._max_pending and self._error is None and not self._closing
             ):
                 self._room.wait()
             self._room_waiters -= 1
+            self._note_blocked(since)
             self._check_open()
         self._queue.append(item)
         self._items_in += 1
@@ -159,10 +183,13 @@ class GroupCommitSink:
         if self._in_writer():
             raise RuntimeError("flush() from on_commit would wait for itself")
         with self._lock:
-            target = self._items_in
-            self._done.wait_for(lambda: self._items_done >= target or self._error is not None)
-            if self._error is not None:
-                raise LogError(self._error)
+            self._wait_done(self._items_in)
+
+    def _wait_done(self, items: int) -> None:
+        """Under the lock: until `items` queued items are committed."""
+        self._done.wait_for(lambda: self._items_done >= items or self._error is not None)
+        if self._error is not None:
+            raise LogError(self._error)
 
     def close(self) -> None:
         """Flush, stop the writer, release the database. Idempotent."""
@@ -171,9 +198,10 @@ class GroupCommitSink:
             self._closing = True
             self._work.notify()
             self._room.notify_all()  # blocked appenders give up: nothing after close
+            self._done.notify_all()  # and so do producers waiting for room
         if not already:
             self._thread.join()
-            _open_sinks.discard(self)
+            open_sinks.untrack(self)
         if self._error is not None:
             raise LogError(self._error)
 
@@ -182,6 +210,9 @@ class GroupCommitSink:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _transactions(self) -> int:
+        return self.transactions
 
     # ---- the writer thread -----------------------------------------------------
     def _run(self, store_factory: Callable[[], BatchStore]) -> None:
@@ -252,15 +283,22 @@ class GroupCommitSink:
             self._room.notify_all()
 
 
-# A sink left open at interpreter exit still gets its queue written: the writer is a
-# daemon thread (it must not keep a crashed program alive), so flush it explicitly.
-_open_sinks: weakref.WeakSet[GroupCommitSink] = weakref.WeakSet()
+def runs_and_steps(items: Sequence[Step | RunRec]) -> list[RunRec | list[Step]]:
+    """A writer's batch cut into its run records and the runs of steps between them."""
+    parts: list[RunRec | list[Step]] = []
+    steps: list[Step] = []
+    for item in items:
+        if type(item) is Step:
+            steps.append(item)
+            continue
+        if steps:
+            parts.append(steps)
+            steps = []
+        parts.append(item)
+    if steps:
+        parts.append(steps)
+    return parts
 
 
-@atexit.register
-def _close_open_sinks() -> None:
-    for sink in list(_open_sinks):
-        try:
-            sink.close()
-        except LogError:
-            pass
+def count_steps(items: Sequence[Step | RunRec]) -> int:
+    return sum(1 for item in items if type(item) is Step)

@@ -25,7 +25,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.schema import CreateColumn
 
-from .api import LogError
+from .errors import LogError
 from .schema import SCHEMA_VERSION, TABLES, metadata, schema_version
 
 # Serializes schema creation/migration between processes sharing one PostgreSQL database.

@@ -16,9 +16,8 @@ from deepserve.core.actor import Actor
 from deepserve.core.messages import Event, Message
 from deepserve.core.records import MemorySink
 from deepserve.core.sim import SimDriver
-from deepserve.persistence.api import MemoryLog
-
-from .verify import verify
+from deepserve.persistence import MemoryLog
+from deepserve.replay.verify import verify
 
 
 class BenchToken(Message, frozen=True):

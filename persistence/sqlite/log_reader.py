@@ -2,15 +2,15 @@
 
 Runs, actors and snapshots come through `SqlLog` (SQLAlchemy Core). Steps, the one
 hot path (`replay verify` reads every step), use the file's sqlite3 connection
-directly: `readproc.read_groups` fetches plain tuples and `msgspec.convert` builds a
+directly: `sql.read_steps` fetches plain tuples and `msgspec.convert` builds a
 chunk's `Step`s in one C call. Per step of the replay benchmark's log (one input, one
 event, one output): ~3.9 µs to fetch the rows (~0.1 µs a column value), ~0.9 µs to
 group them, ~0.5-0.8 µs to convert, against ~7.4 µs through SQLAlchemy rows,
-three queries and `rows.join_steps`.
+three queries and SQLAlchemy's row objects.
 
 Even so, fetching is as costly as what `verify` does with a step (~6 µs), so a whole
 run of a large log (no filters: verify, digests) is read by a child process on the
-other core (`procread`): this process reads the first `PREFETCH_LEAD` steps itself,
+other core (`process_reader`): this process reads the first `PREFETCH_LEAD` steps itself,
 covering the child's start (~40 ms), and the child streams the rest. `deepserve bench
 kernel --scale 0.5` (2 cores): `replay_inputs_per_s_sqlite` ~64k -> ~140k inputs/s
 (~90k with the in-process path alone), against ~160k verifying an in-memory log.
@@ -24,17 +24,17 @@ import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import msgspec
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from deepserve.core.records import Step
 
-from .procread import ReaderProcess, live_readers, record_error
-from .reader import SqlLog, input_filter
-from .readproc import FRAME_BYTES, read_groups
-from .schema import EVENT_FIELDS, INPUT_FIELDS, OUTPUT_FIELDS, SNAPSHOT_FIELDS, inputs
-from .sqlite_store import BUSY_MS, SqliteDb
+from ..api import StepFilter
+from ..schema import inputs
+from ..sql_reader import CHILD_COLS, INPUT_COLS, SqlLog, input_filter, to_steps
+from .files import BUSY_MS, SqliteDb
+from .process_reader import FRAME_BYTES, ReaderProcess, live_readers
+from .sql import read_steps
 
 
 def _spare_cores() -> int:
@@ -55,23 +55,17 @@ PREFETCH_LEAD = 4096  # read in-process while the reader process starts
 # would only add to ours.
 MAX_READERS = _spare_cores()
 
-# Input rows end with the step id, child rows with their step id (see `readproc`).
-_INPUT_COLS = [*(inputs.c[f] for f in INPUT_FIELDS), inputs.c.id]
-_CHILD_HEADS = [
-    f"SELECT {', '.join(fields)}, step_id FROM {table}"
-    for table, fields in (
-        ("events", EVENT_FIELDS),
-        ("outputs", OUTPUT_FIELDS),
-        ("snapshots", SNAPSHOT_FIELDS),
-    )
-]
 _DIALECT = sqlite_dialect.dialect()
+# `SELECT <fields>, step_id FROM <table>` per child table (see `sql.Children`)
+_CHILD_HEADS = [
+    str(select(*cols).compile(dialect=_DIALECT)).replace("\n", " ") for cols in CHILD_COLS.values()
+]
 
 
-def input_sql(where: Sequence[ColumnElement[bool]]) -> tuple[str, list[Any]]:
-    """The inputs query for `where` as SQLite SQL and positional parameters: the
-    filters stay defined once (`reader.input_filter`), for both backends."""
-    compiled = select(*_INPUT_COLS).where(*where).order_by(inputs.c.id).compile(dialect=_DIALECT)
+def input_sql(conds: Sequence[ColumnElement[bool]]) -> tuple[str, list[Any]]:
+    """The inputs query for `conds` as SQLite SQL and positional parameters: the
+    filters stay defined once (`sql_reader.input_filter`), for both backends."""
+    compiled = select(*INPUT_COLS).where(*conds).order_by(inputs.c.id).compile(dialect=_DIALECT)
     return str(compiled), [compiled.params[name] for name in compiled.positiontup or ()]
 
 
@@ -84,48 +78,35 @@ class SqliteLog(SqlLog):
         super().__init__(db)
         self._readers: weakref.WeakSet[ReaderProcess] = weakref.WeakSet()
 
-    def steps(
-        self,
-        run_id: str | None = None,
-        *,
-        actor: str | None = None,
-        corr: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-    ) -> Iterator[Step]:
+    def read_steps(self, run_id: str | None, where: StepFilter) -> Iterator[Step]:
         run = self.resolve_run(run_id)
         if run is None:
             return
-        where = input_filter(run, actor, corr, since, until)
-        whole_run = actor is None and corr is None and since is None and until is None
-        span = self._prefetch_span(run) if whole_run else None
-        reader = None if span is None else self._start_reader(where, span[1])
+        span = self._prefetch_span(run) if where.whole_run else None
+        conds = input_filter(run, where)
+        reader = None if span is None else self._start_reader(conds, span[1])
         if reader is None:
-            yield from self._local(where)
+            yield from self._local(conds)
             return
         try:
-            yield from self._local([*where, inputs.c.id.between(*span)])
+            yield from self._local([*conds, inputs.c.id.between(*span)])
             yield from reader.steps()
         finally:
             reader.stop()
 
-    def _local(self, where: Sequence[ColumnElement[bool]]) -> Iterator[Step]:
+    def _local(self, conds: Sequence[ColumnElement[bool]]) -> Iterator[Step]:
         """Steps read and built in this process."""
         db = self.db
-        sql, params = input_sql(where)
+        sql, params = input_sql(conds)
         with db.errors():
-            groups = read_groups(db.raw, sql, params, _CHILD_HEADS, CHUNK)
+            groups = read_steps(db.raw, sql, params, _CHILD_HEADS, CHUNK)
         try:
             while True:
                 with db.errors():
                     chunk = next(groups, None)
                 if chunk is None:
                     return
-                try:
-                    steps = msgspec.convert(chunk, list[Step], strict=False)
-                except msgspec.ValidationError as exc:
-                    raise record_error(self.label, exc) from None
-                yield from steps
+                yield from to_steps(self.label, chunk)
         finally:
             groups.close()
 
@@ -146,10 +127,10 @@ class SqliteLog(SqlLog):
         return first[0], first[0] + PREFETCH_LEAD - 1
 
     def _start_reader(
-        self, where: Sequence[ColumnElement[bool]], split: int
+        self, conds: Sequence[ColumnElement[bool]], split: int
     ) -> ReaderProcess | None:
         """A reader process for the run's steps after `split`; None if none starts."""
-        sql, params = input_sql([*where, inputs.c.id > split])
+        sql, params = input_sql([*conds, inputs.c.id > split])
         cfg = {
             "path": os.fsencode(self.db.path),
             "timeout": BUSY_MS / 1000,
@@ -165,6 +146,9 @@ class SqliteLog(SqlLog):
             return None  # no process to be had (limits): read in-process, just slower
         self._readers.add(reader)
         return reader
+
+    def check_integrity(self) -> None:
+        self.db.check_integrity()
 
     def close(self) -> None:
         for reader in list(self._readers):

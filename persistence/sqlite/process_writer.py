@@ -4,7 +4,7 @@ The thread writer (`GroupCommitSink`) builds rows and binds them to SQLite while
 holding the GIL, ~6 µs a step that the simulation cannot use, so a logged SimDriver
 runs on one core. Here the driver only buffers steps and, every `max_batch` of them,
 encodes the batch with msgpack (~0.3 µs a step) and writes it to a pipe; the writer
-process (`logproc`, on the other core) decodes and commits it, one transaction per
+process (`child.py`, "write", on the other core) decodes and commits it, one transaction per
 batch, and acknowledges. A reader thread takes the acknowledgements (it wakes once
 per batch). See docs/decisions.md (2026-11-23) for where it is used.
 
@@ -19,12 +19,11 @@ end of file, having committed everything it received, and exits.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import subprocess
 import threading
-import weakref
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,11 +31,12 @@ import msgspec
 
 from deepserve.core.records import RunRec, Step
 
-from . import logproc
-from .api import LogError
-from .logproc import ACK, ACK_BODY, CONFIG, ERROR, HEADER, RUN, STEPS
-from .sqlite_writer import process_writer_config
-from .target import one_line
+from .. import open_sinks
+from ..errors import LogError, one_line
+from ..pressure import Pressure
+from . import child
+from .batch_store import process_writer_config
+from .child import ACK, ACK_BODY, CONFIG, ERROR, RUN, STEPS
 
 DEFAULT_BATCH = 1024
 DEFAULT_PENDING = 16 * DEFAULT_BATCH
@@ -46,7 +46,7 @@ class _WriterGone(Exception):
     """A write to the pipe failed: the writer process has exited."""
 
 
-class ProcessSink:
+class ProcessSink(Pressure):
     """A `LogSink` whose writer is a child process. See the module docstring."""
 
     def __init__(
@@ -56,6 +56,7 @@ class ProcessSink:
         synchronous: str | None = None,
         max_pending: int | None = None,
         max_batch: int | None = None,
+        high_water: int | None = None,
     ) -> None:
         batch = DEFAULT_BATCH if max_batch is None else max_batch
         pending = max(DEFAULT_PENDING, batch) if max_pending is None else max_pending
@@ -68,6 +69,8 @@ class ProcessSink:
         self._max_frames = max(1, pending // batch)  # unacknowledged frames
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
+        self._commit_cond = self._cond
+        self._init_pressure(pending, high_water)
         self._buf: list[Step] = []
         self._ok = False  # append allowed: begun, not closed, no error
         self._closing = False
@@ -76,7 +79,7 @@ class ProcessSink:
         self._committed = 0  # steps committed
         self._sent = 0  # frames written to the pipe (runs and batches)
         self._acked = 0  # frames the writer committed
-        self._encode_into = msgspec.msgpack.Encoder().encode_into
+        self._frames = child.FrameEncoder()
         self._eof = threading.Event()  # the reader is done: the writer has exited
         self._owner = os.getpid()
         self._proc, self._out, self._ack_fd = self._start(process_writer_config(path, synchronous))
@@ -85,26 +88,38 @@ class ProcessSink:
             target=self._read_acks, name=f"deepserve-log-acks:{path}", daemon=True
         )
         self._reader.start()
-        _open_sinks.add(self)
+        open_sinks.track(self)  # closed at exit if nobody closes it
 
     def _start(self, cfg: dict[str, Any]) -> tuple[subprocess.Popen[bytes], int, int]:
         try:
-            proc, data_w, ack_r = logproc.spawn()
+            proc, (data_w, ack_r) = child.spawn("write")
         except OSError as exc:
             raise LogError(f"{self.label}: cannot start the log writer process: {exc}") from None
         with contextlib.suppress(OSError):  # a writer dead already: the reader reports it
-            logproc.write_all(data_w, logproc.frame(CONFIG, msgspec.msgpack.encode(cfg)))
+            child.write_all(data_w, child.frame(CONFIG, msgspec.msgpack.encode(cfg)))
         return proc, data_w, ack_r
 
     # ---- the driver's side ---------------------------------------------------
     def begin_run(self, run: RunRec) -> None:
-        with self._sending(), self._lock:
-            if self._error is not None or self._closing:
-                self._raise_state()
-            if self._buf:
-                self._send_steps()
-            self._send_frame(RUN, run)
-            self._ok = True
+        """Start a run: its record is committed before this returns, so that a run
+        already in the log (same run id and process) is refused here, with a
+        `LogError`; the sink is then closed, having written nothing of the run."""
+        try:
+            with self._sending(), self._lock:
+                if self._error is not None or self._closing:
+                    self._raise_state()
+                if self._buf:
+                    self._send_steps()
+                self._send_frame(RUN, run)
+                target = self._sent
+                self._cond.wait_for(lambda: self._acked >= target or self._error is not None)
+                if self._error is not None:
+                    raise LogError(self._error)
+                self._ok = True
+        except LogError:
+            with contextlib.suppress(LogError):
+                self.close()
+            raise
 
     def append(self, step: Step) -> int:
         """Buffer a step (no I/O); returns its ticket. Every `max_batch` steps the
@@ -119,6 +134,7 @@ class ProcessSink:
             if not self._ok:
                 self._raise_state()
             if len(self._buf) >= self._max_batch:
+                self._note_pending()  # pending peaks as a full buffer leaves
                 self._send_steps()
             self._buf.append(step)
             self._ticket += 1
@@ -127,6 +143,9 @@ class ProcessSink:
     @property
     def committed_ticket(self) -> int:
         return self._committed
+
+    def _transactions(self) -> int:
+        return self._acked  # one frame, one transaction
 
     def flush(self) -> None:
         """Send the buffer; return once everything appended so far is committed."""
@@ -156,7 +175,7 @@ class ProcessSink:
         if first:
             os.close(self._out)  # end of file: the writer commits what it has and exits
             self._reader.join()
-            _open_sinks.discard(self)
+            open_sinks.untrack(self)
         if self._error is not None:
             raise LogError(self._error)
 
@@ -192,25 +211,27 @@ class ProcessSink:
     def _send_steps(self, closing: bool = False) -> None:
         # Wait for room before taking the buffer: whoever holds the lock after the
         # wait sends everything buffered, so frames leave in append order.
+        since = time.perf_counter()
+        blocked = False
         while self._sent - self._acked >= self._max_frames:
             if self._error is not None or (self._closing and not closing):
                 self._raise_state()
+            blocked = True
             self._cond.wait()
+        if blocked:
+            self._note_blocked(since)
         batch, self._buf = self._buf, []
         if batch:
             self._send_frame(STEPS, batch)
 
     def _send_frame(self, kind: int, obj: object) -> None:
-        data = bytearray(HEADER.size + 1)
         try:
-            self._encode_into(obj, data, HEADER.size + 1)
+            data = self._frames.encode(kind, obj)
         except Exception as exc:  # a malformed record: as the thread writer, a LogError
             self._fail(f"{self.label}: log writer failed: {type(exc).__name__}: {exc}")
             raise LogError(self._error) from None
-        HEADER.pack_into(data, 0, len(data) - HEADER.size)
-        data[HEADER.size] = kind
         try:
-            logproc.write_all(self._out, data)
+            child.write_all(self._out, data)
         except OSError as exc:
             self._ok = False
             raise _WriterGone(one_line(exc)) from None
@@ -227,7 +248,7 @@ class ProcessSink:
     def _read_acks(self) -> None:
         try:
             with open(self._ack_fd, "rb") as acks:
-                while (payload := logproc.read_frame(acks)) is not None:
+                while (payload := child.read_frame(acks)) is not None:
                     if payload[0] == ACK:
                         self._acked_frames(*ACK_BODY.unpack_from(payload, 1))
                     elif payload[0] == ERROR:
@@ -241,7 +262,7 @@ class ProcessSink:
             if self._error is None and (not self._closing or self._acked < self._sent):
                 self._fail(
                     f"{self.label}: the log writer process exited unexpectedly "
-                    f"({logproc.exit_text(code)}); steps after #{self._committed} may be lost"
+                    f"({child.exit_text(code)}); steps after #{self._committed} may be lost"
                 )
             self._cond.notify_all()
         self._eof.set()  # after the last words are recorded: `_sending` waits for them
@@ -263,32 +284,20 @@ class ProcessSink:
                     )
 
 
-# A sink left open at interpreter exit still gets its buffer written (as the thread
-# writer's queue is): close it explicitly.
-_open_sinks: weakref.WeakSet[ProcessSink] = weakref.WeakSet()
-
-
 def _abandon_in_child() -> None:
     """After a bare fork (no exec): the child's copies of our sinks must neither write
     (the parent's buffered steps a second time) nor hold the pipe open (the writer
     would never see end of file, and the parent's close() would wait for the child)."""
-    for sink in list(_open_sinks):
+    for sink in open_sinks.tracked():
+        if not isinstance(sink, ProcessSink):
+            continue
         sink._error = f"{sink.label}: this log sink belongs to process {sink._owner}"
         sink._ok = False
         sink._closing = True
         for fd in (sink._out, sink._ack_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
-    _open_sinks.clear()
+        open_sinks.untrack(sink)
 
 
 os.register_at_fork(after_in_child=_abandon_in_child)
-
-
-@atexit.register
-def _close_open_sinks() -> None:
-    for sink in list(_open_sinks):
-        try:
-            sink.close()
-        except LogError:
-            pass

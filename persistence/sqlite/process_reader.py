@@ -1,4 +1,4 @@
-"""`ReaderProcess`: the parent's side of the log reader process (`readproc`).
+"""`ReaderProcess`: the parent's side of the log reader process (`child.py`, "read").
 
 The child runs one query's SQLite reading on the other core and streams msgpack
 frames of step tuples through a pipe; here each frame becomes a `list[Step]` in one
@@ -26,23 +26,15 @@ import msgspec
 
 from deepserve.core.records import Step
 
-from . import readproc
-from .api import LogError
-from .readproc import END, ERROR, HEADER, STEPS
-from .sqlite_store import sqlite_error
+from ..errors import LogError
+from ..sql_reader import record_error
+from . import child
+from .child import END, ERROR, HEADER, PIPE_BYTES, STEPS, exit_text
+from .files import sqlite_error
 
-# strict=False: SQLite hands booleans back as 0/1 (see `readproc`)
+# strict=False: SQLite hands booleans back as 0/1 (see `rows.group_steps`)
 _DECODER = msgspec.msgpack.Decoder(list[Step], strict=False)
-
-
-def record_error(label: str, exc: Exception) -> LogError:
-    """A row that does not make a record (SQLite keeps whatever a column is given:
-    text in an integer column of a damaged or foreign file)."""
-    return LogError(f"{label}: a step's rows do not fit the log's record types ({exc})")
-
-
-def exit_text(code: int) -> str:
-    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+FRAME_BYTES = 1 << 20  # a frame's size the reader process aims at
 
 
 class ReaderProcess:
@@ -51,8 +43,8 @@ class ReaderProcess:
 
     def __init__(self, label: str, cfg: dict[str, Any]) -> None:
         self.label = label
-        self._proc, fd = readproc.spawn(cfg)
-        self._src = open(fd, "rb", buffering=readproc.PIPE_BYTES)  # noqa: SIM115 — closed in stop()
+        self._proc, (fd,) = child.spawn("read", stdin=msgspec.msgpack.encode(cfg))
+        self._src = open(fd, "rb", buffering=PIPE_BYTES)  # noqa: SIM115 — closed in stop()
         self._owner = os.getpid()
         self._head = bytearray(HEADER.size)
         self._buf = bytearray(1 << 16)

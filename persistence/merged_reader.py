@@ -13,15 +13,16 @@ from collections.abc import Iterator
 
 from deepserve.core.records import RunRec, SnapshotRec, Step
 
-from .api import LogError
-from .reader import SqlLog
+from .api import LogReader, StepFilter
+from .errors import LogError
+from .sql_reader import SqlLog
 
 
 def _hlc(step: Step) -> int:
     return step.input.hlc
 
 
-class MergedLog:
+class MergedLog(LogReader):
     def __init__(self, label: str, logs: list[SqlLog]) -> None:
         self.label = label
         self.logs = logs  # in file-name order
@@ -50,17 +51,9 @@ class MergedLog:
         run, logs = self._logs_with(run_id)
         return sorted({a for log in logs for a in log.actors(run)})
 
-    def steps(
-        self,
-        run_id: str | None = None,
-        *,
-        actor: str | None = None,
-        corr: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-    ) -> Iterator[Step]:
+    def read_steps(self, run_id: str | None, where: StepFilter) -> Iterator[Step]:
         run, logs = self._logs_with(run_id)
-        streams = [log.steps(run, actor=actor, corr=corr, since=since, until=until) for log in logs]
+        streams = [log.read_steps(run, where) for log in logs]
         yield from heapq.merge(*streams, key=_hlc)
 
     def snapshots(
@@ -70,12 +63,10 @@ class MergedLog:
         for log in logs:
             yield from log.snapshots(run, actor)
 
+    def check_integrity(self) -> None:
+        for log in self.logs:
+            log.check_integrity()
+
     def close(self) -> None:
         for log in self.logs:
             log.close()
-
-    def __enter__(self) -> MergedLog:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -1,10 +1,12 @@
 """`deepserve hw ...`: the emulated hardware's predictions, from the command line.
 
-    deepserve hw predict --model llama3-70b --npu 910b --tp 8 [--json]
+    deepserve hw predict --model llama3-70b --npu 910b --tp 8 [--mtp 0.9] [--pd-link roce] [--json]
 
 prints predicted prefill and decode latency over a grid of batch sizes and context lengths, the
 KV capacity in tokens, and the load time by path (SSD, DRAM hit, NPU-fork over the scale-up and
-scale-out links). The numbers are predict.py's; this module only parses and prints.
+scale-out links); with --mtp, MTP decode; with --pd-link, the TTFT of a PD pair. Layouts the
+cluster cannot hold exit 2 naming the limit. The numbers are predict.py's; this module only
+parses and prints.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from deepserve.adapters.hardware.models import known_models
 from deepserve.adapters.hardware.predict import (
     DEFAULT_BATCH_SIZES,
     DEFAULT_CONTEXT_TOKENS,
+    PD_LINKS,
     predict,
     render,
 )
-from deepserve.adapters.hardware.specs import NPUS
+from deepserve.adapters.hardware.specs import CLUSTERS, NPUS
 
 EXIT_BAD_INPUT = 2
 
@@ -65,6 +68,16 @@ def register_hw(subparsers: Any) -> None:
         "--contexts", type=_int_list, default=DEFAULT_CONTEXT_TOKENS, metavar="N,N,...",
         help=f"context lengths of the grid (default: {','.join(map(str, DEFAULT_CONTEXT_TOKENS))})",
     )  # fmt: skip
+    p.add_argument("--cluster", choices=sorted(CLUSTERS), default=None,
+                   help="cluster the layout must fit (default: gen1 for 910b, cm384 for 910c)")
+    p.add_argument("--servers", type=int, default=None, metavar="N",
+                   help="servers in the cluster (default: the cluster's; gen1 8, cm384 48)")
+    p.add_argument("--mtp", type=float, default=None, metavar="ACCEPTANCE",
+                   help="add MTP decode with one draft accepted at this rate (xDeepServe §4.6)")
+    p.add_argument("--pd-link", choices=PD_LINKS, default=None,
+                   help="add the TTFT of a PD pair whose KV moves over this link")
+    p.add_argument("--fork-targets", type=int, default=1, metavar="N",
+                   help="new TEs forked at once (an HCCL broadcast) in the npu-fork rows")
     p.add_argument("--json", action="store_true", help="print the prediction as JSON")
     p.set_defaults(func=run_predict)
 
@@ -81,6 +94,11 @@ def run_predict(args: argparse.Namespace) -> int:
             redundant_experts=args.redundant_experts,
             batch_sizes=args.batch_sizes,
             context_tokens=args.contexts,
+            cluster=args.cluster,
+            servers=args.servers,
+            mtp_acceptance=args.mtp,
+            pd_link=args.pd_link,
+            fork_targets=args.fork_targets,
         )
     except (ValueError, KeyError) as exc:
         message = " ".join(str(exc.args[0] if exc.args else exc).split())

@@ -8,7 +8,6 @@ before any clock starts. Records = input + event + output rows.
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 import sqlite3
@@ -16,19 +15,19 @@ import time
 from typing import Any
 
 import msgspec
+from msgspec.structs import astuple
 
 from deepserve.core.actor import Actor
 from deepserve.core.context import Context
 from deepserve.core.messages import Event, Message
 from deepserve.core.records import MemorySink, RunRec, Step
 from deepserve.core.sim import SimDriver
-
-from .factory import open_log, open_sink
-from .rows import batch_rows
-from .schema import INSERT_COLUMNS
-from .sqlite_store import prepare_sqlite
-from .sqlite_writer import insert_sql
-from .target import parse_target
+from deepserve.persistence import open_log, open_sink
+from deepserve.persistence.rows import STEP_TABLES, rows_of, step_rows
+from deepserve.persistence.schema import INSERT_COLUMNS
+from deepserve.persistence.sqlite.batch_store import insert_sql
+from deepserve.persistence.sqlite.files import prepare_sqlite
+from deepserve.persistence.target import parse_target
 
 
 class LogBenchToken(Message, frozen=True):
@@ -94,14 +93,16 @@ def _time_sink(target: str, durability: str, run: RunRec, steps: list[Step]) -> 
 def _time_raw(path: str, run: RunRec, steps: list[Step]) -> float:
     """The same rows, pre-built, into the same schema: one executemany per table."""
     prepare_sqlite(path, create=True, upgrade=True)
-    rows = batch_rows([run, *steps], None, itertools.count(1))
+    flat = step_rows(map(astuple, steps), run.run_id, 1, astuple)
+    rows = {"runs": [astuple(run)]}
+    rows.update({t: rows_of(f, len(INSERT_COLUMNS[t])) for t, f in zip(STEP_TABLES, flat, strict=True)})
     sql = insert_sql()
     t0 = time.perf_counter()
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA synchronous=OFF")
     conn.execute("PRAGMA cache_size=-65536")  # as the writer's connection
     conn.execute("BEGIN")
-    for name, data in zip(INSERT_COLUMNS, rows[:5], strict=True):
+    for name, data in rows.items():
         if data:
             conn.executemany(sql[name], data)
     conn.execute("COMMIT")

@@ -1,29 +1,29 @@
-"""The SQLite writer's hot path: one batch per transaction, straight through stdlib sqlite3.
+"""The SQLite writer's statements and the thread writer's `BatchStore`: one batch
+per transaction, straight through stdlib sqlite3 (multi-row INSERTs, `sql.py`).
 
-SQLAlchemy compiles the INSERT statements (it owns the schema); the rows go to the
-DBAPI as multi-row `INSERT ... VALUES (...), (...), ...` statements of up to a few
-thousand rows. Compared with `executemany` (one sqlite3_step per row) that is ~20 %
-faster, and it releases the GIL once per few thousand rows instead of once per row,
-so a busy driver thread slows the writer down much less.
+SQLAlchemy compiles the statements here (it owns the schema); the writer process
+gets them compiled (`process_writer_config`), so it never imports SQLAlchemy.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
+from msgspec.structs import astuple
 from sqlalchemy import func, insert, select
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from deepserve.core.records import RunRec, Step
 
-from .logproc import MultiInsert, chunk_sizes  # noqa: F401 — chunk_sizes: re-exported
-from .rows import batch_rows
-from .schema import INSERT_COLUMNS, RUN_FIELDS, inputs, metadata
-from .sqlite_store import BUSY_MS
+from ..errors import RunExists
+from ..group_commit import runs_and_steps
+from ..rows import STEP_TABLES, step_rows
+from ..schema import INSERT_COLUMNS, RUN_FIELDS, inputs, metadata
+from .files import BUSY_MS
+from .sql import RUN_EXISTS, MultiInsert, transaction
 
 # async: nothing crashes for real in sim, and a WAL commit without fsync still survives
 # a process kill (the pages are in the OS cache). outbox: NORMAL keeps the file
@@ -37,7 +37,8 @@ def insert_sql() -> dict[str, str]:
     sql = {}
     for name, cols in INSERT_COLUMNS.items():
         compiled = insert(metadata.tables[name]).compile(dialect=dialect, column_keys=list(cols))
-        assert list(compiled.positiontup or ()) == list(cols), name
+        if list(compiled.positiontup or ()) != list(cols):
+            raise RuntimeError(f"{name}: compiled INSERT columns differ from INSERT_COLUMNS")
         sql[name] = str(compiled)
     return sql
 
@@ -56,14 +57,6 @@ def max_id_sql() -> str:
     return str(select(func.max(inputs.c.id)).compile(dialect=sqlite_dialect.dialect()))
 
 
-_chain = itertools.chain.from_iterable
-
-# The writer process (`logproc.flat_rows`) unpacks each decoded step as
-# [input, events, outputs, snapshot] and fills these tables in this order.
-STEP_TABLES = ("inputs", "events", "outputs", "snapshots")
-assert Step.__struct_fields__ == ("input", "events", "outputs", "snapshot"), Step.__struct_fields__
-
-
 def process_writer_config(path: str, synchronous: str | None) -> dict[str, Any]:
     """What the writer process needs, compiled here: it does not import SQLAlchemy."""
     sql = insert_sql()
@@ -77,6 +70,7 @@ def process_writer_config(path: str, synchronous: str | None) -> dict[str, Any]:
         "step_tables": [[sql[t], len(INSERT_COLUMNS[t])] for t in STEP_TABLES],
         "max_id_sql": max_id_sql(),
         "run_id_index": RUN_FIELDS.index("run_id"),
+        "process_index": RUN_FIELDS.index("process"),
     }
 
 
@@ -98,23 +92,30 @@ class SqliteBatchStore:
 
     def write(self, items: Sequence[Step | RunRec]) -> int:
         """Commit `items` in one transaction; returns the number of steps written."""
-        c = self.conn
-        c.execute("BEGIN IMMEDIATE")
-        try:
-            # Step ids are assigned here, under the write lock, so even a second writer
-            # process on the same file (a misconfiguration) cannot collide with ours.
-            base = c.execute(self.max_id).fetchone()[0] or 0
-            rows = batch_rows(items, self.run_id, itertools.count(base + 1))
-            for name, data in zip(INSERT_COLUMNS, rows[:5], strict=True):
-                if data:
-                    self.inserts[name].run_flat(c, list(_chain(data)))
-            c.execute("COMMIT")
-        except BaseException:
-            if c.in_transaction:
-                c.execute("ROLLBACK")
-            raise
-        self.run_id = rows.run_id
-        return rows.steps
+        steps, self.run_id = transaction(self.conn, lambda c: self._write(c, items))
+        return steps
+
+    def _write(self, c: sqlite3.Connection, items: Sequence[Step | RunRec]) -> tuple[int, str | None]:
+        # Step ids are assigned here, under the write lock, so even a second writer
+        # process on the same file (a misconfiguration) cannot collide with ours.
+        next_id = first_id = (c.execute(self.max_id).fetchone()[0] or 0) + 1
+        run_id = self.run_id
+        for part in runs_and_steps(items):
+            if isinstance(part, RunRec):
+                if c.execute(RUN_EXISTS, (part.run_id, part.process)).fetchone() is not None:
+                    raise RunExists(self.label, part.run_id, part.process)
+                self.inserts["runs"].run_flat(c, list(astuple(part)))
+                run_id = part.run_id
+                continue
+            if run_id is None:
+                raise ValueError("a step was appended before begin_run()")
+            rows = step_rows(map(astuple, part), run_id, next_id, astuple)
+            for name, params in zip(STEP_TABLES, rows, strict=True):
+                if params:
+                    self.inserts[name].run_flat(c, params)
+            next_id += len(part)
+        return next_id - first_id, run_id  # the run switches once committed
 
     def close(self) -> None:
         self.conn.close()
+

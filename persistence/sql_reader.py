@@ -1,10 +1,11 @@
 """`SqlLog`: the `LogReader` over one SQL database (an SQLite file or PostgreSQL).
 
 Steps stream: input rows come from one cursor `CHUNK` at a time, and for each chunk
-the events, outputs and snapshots of exactly those steps are fetched by step id and
-joined in Python (`rows.join_steps`). Memory stays bounded by the chunk size
-whatever the log's length. An SQLite file's steps take a faster path
-(`sqlite_reader.SqliteLog`); this one serves PostgreSQL.
+the events, outputs and snapshots of exactly those steps are fetched by step id,
+grouped into step tuples (`rows.group_steps`) and converted to `Step`s in one
+msgspec call (`to_steps`). Memory stays bounded by the chunk size whatever the
+log's length. An SQLite file's steps take a faster path through plain sqlite3
+(`sqlite.log_reader.SqliteLog`); this one serves PostgreSQL.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
+import msgspec
 from sqlalchemy import Row, Select, Table, select
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import ColumnElement, Executable
@@ -19,8 +21,9 @@ from sqlalchemy.sql.visitors import InternalTraversal
 
 from deepserve.core.records import RunRec, SnapshotRec, Step
 
-from .api import LogError
-from .rows import id_range_is_dense, join_steps, run_from_row, snapshot_from_row
+from .api import LogReader, StepFilter
+from .errors import LogError
+from .rows import group_steps, id_range_is_dense
 from .schema import (
     EVENT_FIELDS,
     INPUT_FIELDS,
@@ -49,17 +52,31 @@ class Db(Protocol):
     def close(self) -> None: ...
 
 
-def _cols(table: Table, head: str, fields: Sequence[str]) -> list:
-    return [table.c[head], *(table.c[f] for f in fields)]
-
-
-_RUN_COLS = [runs.c[f] for f in RUN_FIELDS]
-_INPUT_COLS = _cols(inputs, "id", INPUT_FIELDS)
-_CHILD_COLS = {
-    "events": _cols(events, "step_id", EVENT_FIELDS),
-    "outputs": _cols(outputs, "step_id", OUTPUT_FIELDS),
-    "snapshots": _cols(snapshots, "step_id", SNAPSHOT_FIELDS),
+# Every row read for a step ends with its step id (see `rows.group_steps`).
+RUN_COLS = [runs.c[f] for f in RUN_FIELDS]
+INPUT_COLS = [*(inputs.c[f] for f in INPUT_FIELDS), inputs.c.id]
+CHILD_COLS = {
+    t.name: [*(t.c[f] for f in fields), t.c.step_id]
+    for t, fields in (
+        (events, EVENT_FIELDS),
+        (outputs, OUTPUT_FIELDS),
+        (snapshots, SNAPSHOT_FIELDS),
+    )
 }
+
+
+def record_error(label: str, exc: Exception) -> LogError:
+    """A row that does not make a record (SQLite keeps whatever a column is given:
+    text in an integer column of a damaged or foreign file)."""
+    return LogError(f"{label}: a step's rows do not fit the log's record types ({exc})")
+
+
+def to_steps(label: str, groups: list[tuple]) -> list[Step]:
+    """Step tuples (`rows.group_steps`) as `Step`s, in one C call."""
+    try:
+        return msgspec.convert(groups, list[Step], strict=False)
+    except msgspec.ValidationError as exc:
+        raise record_error(label, exc) from None
 
 
 class _Unindexed(ColumnElement[Any]):
@@ -88,34 +105,29 @@ def _unindexed_sqlite(element: _Unindexed, compiler: Any, **kw: Any) -> str:
     return "+" + compiler.process(element.col, **kw)
 
 
-def input_filter(
-    run_id: str,
-    actor: str | None,
-    corr: str | None,
-    since: float | None,
-    until: float | None,
-) -> list[ColumnElement[bool]]:
-    if actor is None and corr is None and since is None and until is None:
+def input_filter(run_id: str, where: StepFilter) -> list[ColumnElement[bool]]:
+    """`where` as SQL conditions on the inputs table (both backends)."""
+    if where.whole_run:
         return [_Unindexed(inputs.c.run_id) == run_id]
-    where = [inputs.c.run_id == run_id]
-    if actor is not None:
-        where.append(inputs.c.actor == actor)
-    if corr is not None:
-        where.append(inputs.c.corr == corr)
-    if since is not None:
-        where.append(inputs.c.t >= since)
-    if until is not None:
-        where.append(inputs.c.t <= until)
-    return where
+    conds = [inputs.c.run_id == run_id]
+    if where.actor is not None:
+        conds.append(inputs.c.actor == where.actor)
+    if where.corr is not None:
+        conds.append(inputs.c.corr == where.corr)
+    if where.since is not None:
+        conds.append(inputs.c.t >= where.since)
+    if where.until is not None:
+        conds.append(inputs.c.t <= where.until)
+    return conds
 
 
 def children_query(table: Table, ids: Sequence[int]) -> Select:
     step_id = table.c.step_id
     cond = step_id.between(ids[0], ids[-1]) if id_range_is_dense(ids) else step_id.in_(ids)
-    return select(*_CHILD_COLS[table.name]).where(cond).order_by(step_id, table.c.id)
+    return select(*CHILD_COLS[table.name]).where(cond).order_by(step_id, table.c.id)
 
 
-class SqlLog:
+class SqlLog(LogReader):
     """`LogReader` over one database. `run_id=None` means the last run begun."""
 
     def __init__(self, db: Db) -> None:
@@ -123,7 +135,7 @@ class SqlLog:
         self.label = db.label
 
     def runs(self) -> list[RunRec]:
-        return [run_from_row(r) for r in self.db.all(select(*_RUN_COLS).order_by(runs.c.id))]
+        return [RunRec(*r) for r in self.db.all(select(*RUN_COLS).order_by(runs.c.id))]
 
     def has_run(self, run_id: str) -> bool:
         return bool(self.db.all(select(runs.c.id).where(runs.c.run_id == run_id).limit(1)))
@@ -144,24 +156,15 @@ class SqlLog:
         stmt = select(inputs.c.actor).where(inputs.c.run_id == run, inputs.c.seq >= 0).distinct()
         return sorted(r[0] for r in self.db.all(stmt))  # Python order: collation-independent
 
-    def steps(
-        self,
-        run_id: str | None = None,
-        *,
-        actor: str | None = None,
-        corr: str | None = None,
-        since: float | None = None,
-        until: float | None = None,
-    ) -> Iterator[Step]:
+    def read_steps(self, run_id: str | None, where: StepFilter) -> Iterator[Step]:
         run = self.resolve_run(run_id)
         if run is None:
             return
-        where = input_filter(run, actor, corr, since, until)
-        stmt = select(*_INPUT_COLS).where(*where).order_by(inputs.c.id)
+        stmt = select(*INPUT_COLS).where(*input_filter(run, where)).order_by(inputs.c.id)
         for chunk in self.db.chunks(stmt, CHUNK):
-            ids = [r[0] for r in chunk]
+            ids = [r[-1] for r in chunk]
             kids = [self.db.all(children_query(t, ids)) for t in (events, outputs, snapshots)]
-            yield from join_steps(chunk, *kids)
+            yield from to_steps(self.label, group_steps(_tuples(chunk), *map(_tuples, kids)))
 
     def snapshots(
         self, run_id: str | None = None, actor: str | None = None
@@ -169,18 +172,15 @@ class SqlLog:
         run = self.resolve_run(run_id)
         if run is None:
             return
-        stmt = select(*_CHILD_COLS["snapshots"]).where(snapshots.c.run_id == run)
+        stmt = select(*CHILD_COLS["snapshots"]).where(snapshots.c.run_id == run)
         if actor is not None:
             stmt = stmt.where(snapshots.c.actor == actor)
         for chunk in self.db.chunks(stmt.order_by(snapshots.c.id), CHUNK):
-            for row in chunk:
-                yield snapshot_from_row(row)
+            yield from msgspec.convert(_tuples(chunk), list[SnapshotRec], strict=False)
 
     def close(self) -> None:
         self.db.close()
 
-    def __enter__(self) -> SqlLog:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+def _tuples(rows: Sequence[Row]) -> list[tuple]:
+    return [tuple(r) for r in rows]

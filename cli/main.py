@@ -1,0 +1,99 @@
+"""The `deepserve` command: wires the command groups, owns error handling.
+
+Each command group is a module of this package and registers itself on the
+subparsers: `sim.register`, `replay.register`, `bench.register_bench`,
+`hw.register_hw`. A command is a function `(args) -> int` stored as `func` in
+its parser's defaults; its return value is the exit status.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from deepserve.cli.util import CliError, CliParser, missing_extra, one_line
+from deepserve.core.driver import CODE_VERSION
+from deepserve.persistence import close_open_sinks
+from deepserve.persistence.api import LogError
+from deepserve.replay.common import ReplayError
+
+# Errors caused by what the user passed in (a path, a log, an argument), and a log that
+# could not be written: exit 2.
+BAD_INPUT = (CliError, LogError, ReplayError, sqlite3.DatabaseError)
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 3  # a bug in deepserve itself; 1 is reserved for "verify found a divergence"
+
+
+def build_parser() -> CliParser:
+    from deepserve.cli import bench, hw, replay, sim
+
+    parser = CliParser(
+        prog="deepserve",
+        description="Serverless LLM serving as an event-logged actor system. Documentation: "
+        "README.md and docs/ in the source tree (docs/kernel.md: actors, the log, replay).",
+    )
+    parser.add_argument("--version", action="version", version=f"deepserve {CODE_VERSION}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sim.register(sub)
+    replay.register(sub)
+    bench.register_bench(sub)
+    hw.register_hw(sub)
+    from deepserve.daemon.cli import register_daemon
+
+    register_daemon(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    status = _run(args)
+    # A log sink still open (a command's, or one opened by user code loaded with
+    # --import) is closed now, while the exit status can still say that its last
+    # writes were lost: by atexit time it is fixed. persistence reports each failure
+    # on stderr, one line.
+    if close_open_sinks() and status == 0:
+        status = EXIT_BAD_INPUT
+    return status
+
+
+def _run(args: Any) -> int:
+    try:
+        return int(args.func(args))
+    except BAD_INPUT as exc:
+        print(f"deepserve: error: {one_line(str(exc))}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ModuleNotFoundError as exc:
+        advice = missing_extra(exc.name)
+        if advice is None:
+            return _internal_error(exc)
+        print(f"deepserve: error: {advice}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("deepserve: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and keep the interpreter
+        # from failing again while flushing stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except Exception as exc:  # noqa: BLE001 — the promise is: never a traceback
+        return _internal_error(exc)
+
+
+def _internal_error(exc: Exception) -> int:
+    if os.environ.get("DEEPSERVE_DEBUG"):
+        raise exc
+    print(
+        f"deepserve: internal error: {type(exc).__name__}: {one_line(str(exc))} "
+        f"(set DEEPSERVE_DEBUG=1 for the traceback)",
+        file=sys.stderr,
+    )
+    return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
