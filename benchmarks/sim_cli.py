@@ -6,7 +6,11 @@ import argparse
 import sys
 
 from deepserve.benchmarks.table import as_json_lines, render
-from deepserve.cliutil import positive_int
+
+try:  # main moved the CLI helpers into the cli/ package; this branch still has cliutil.py
+    from deepserve.cli.util import positive_int
+except ImportError:
+    from deepserve.cliutil import positive_int
 
 
 def register_sim(which: argparse._SubParsersAction) -> None:
@@ -23,7 +27,10 @@ def _run_sim(args: argparse.Namespace) -> int:
     from deepserve.adapters.scenario.loader import ScenarioError
     from deepserve.adapters.traces import TraceError
     from deepserve.benchmarks.sim import sim_bench
-    from deepserve.cliutil import CliError
+    try:
+        from deepserve.cli.util import CliError
+    except ImportError:  # before the cli/ package
+        from deepserve.cliutil import CliError
 
     def progress(label: str) -> None:
         if not args.json:

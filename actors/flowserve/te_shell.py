@@ -64,11 +64,12 @@ class ShellState(msgspec.Struct, kw_only=True):
     round: int = 0  # id of the gather round in flight (0: none)
     round_tasks: int = 0
     rounds: int = 0
-    answers: dict[int, DpMatch | None] = {}  # dp -> its answer (None: it failed to answer)
+    # str keys: the kernel encodes records with sorted keys, which msgspec allows for str only
+    answers: dict[str, DpMatch | None] = {}  # str(dp) -> its answer (None: it did not answer)
     rr_next: int = 0
     contexts: dict[str, int] = {}  # context id -> DP group holding it
     dispatched: list[int] = []  # tasks sent to each group
-    report: dict[int, DpLoad | None] = {}  # the load report being gathered
+    report: dict[str, DpLoad | None] = {}  # str(dp) -> its load, for the report being gathered
     reporting: bool = False
 
 
@@ -124,7 +125,7 @@ def _evolve(st: ShellState, e: Event) -> ShellState:
     elif isinstance(e, RoundStarted):
         st.round, st.rounds, st.answers, st.round_tasks = e.round, e.round, {}, e.tasks
     elif isinstance(e, RoundAnswer):
-        st.answers[e.dp] = e.answer
+        st.answers[str(e.dp)] = e.answer
     elif isinstance(e, RoundAssigned):
         n = len(e.groups)
         for g in e.groups:
@@ -140,7 +141,7 @@ def _evolve(st: ShellState, e: Event) -> ShellState:
     elif isinstance(e, ReportStarted):
         st.reporting, st.report = True, {}
     elif isinstance(e, ReportAnswer):
-        st.report[e.dp] = e.load
+        st.report[str(e.dp)] = e.load
     elif isinstance(e, ReportSent):
         st.reporting, st.report = False, {}
     else:
@@ -226,16 +227,16 @@ class TeShell(Actor[ShellState]):
 
     def _assign(self, ctx: Context) -> None:
         st, cfg = self.state, self.cfg
-        live = sorted(g for g, a in st.answers.items() if a is not None)
+        live = sorted(int(g) for g, a in st.answers.items() if a is not None)
         tasks = st.pending[: st.round_tasks]
         if not live:
             ctx.record(RoundAssigned(tuple(-1 for _ in tasks)))
             for t in tasks:
                 ctx.send(t.reply_to, TaskRejected(task_id=t.task_id, reason="no DP group answered"))
             return
-        loads = [st.answers[g].load for g in live]  # type: ignore[union-attr]
+        loads = [st.answers[str(g)].load for g in live]  # type: ignore[union-attr]
         pend = [
-            Pending(t.prompt.num_tokens, _reserve(t), tuple(st.answers[g].hit_blocks[i] for g in live),  # type: ignore[union-attr]
+            Pending(t.prompt.num_tokens, _reserve(t), tuple(st.answers[str(g)].hit_blocks[i] for g in live),  # type: ignore[union-attr]
                     decode=t.kind == "decode" or cfg.role == "decode")
             for i, t in enumerate(tasks)
         ]  # fmt: skip

@@ -16,7 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from deepserve.adapters.traces import TraceError, open_trace
-from deepserve.cliutil import CliError, print_json
+
+try:  # main moved the CLI helpers into the cli/ package; this branch still has cliutil.py
+    from deepserve.cli.util import CliError, print_json
+except ImportError:
+    from deepserve.cliutil import CliError, print_json
 
 from .loader import ScenarioError, builtin_names, load_scenario, trace_path
 
