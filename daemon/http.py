@@ -133,13 +133,30 @@ def create_app(rt: Runtime, metrics: Metrics) -> FastAPI:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(rt.started_wall),
                                             "owned_by": "deepserve"}]}  # fmt: skip
 
-    @app.post("/v1/chat/completions")
+    (chat_schema, cmpl_schema), components = msgspec.json.schema_components(
+        (ChatRequest, CompletionRequest), ref_template="#/components/schemas/{name}")
+
+    def body_doc(schema: dict[str, Any]) -> dict[str, Any]:
+        return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+    def openapi() -> dict[str, Any]:  # the msgspec request schemas in the OpenAPI document
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            doc.setdefault("components", {}).setdefault("schemas", {}).update(components)
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+    @app.post("/v1/chat/completions", openapi_extra=body_doc(chat_schema))
     async def chat(request: Request) -> Response:
         req, stops = await body_of(request, ChatRequest)
         text = chat_text([{"role": m.role, "content": m.content} for m in req.messages])
         return await run(request, req, stops, text, "chat")
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=body_doc(cmpl_schema))
     async def completions(request: Request) -> Response:
         req, stops = await body_of(request, CompletionRequest)
         if isinstance(req.prompt, list):

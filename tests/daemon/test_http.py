@@ -165,6 +165,18 @@ def test_admin_reads_a_request_from_the_live_log(daemon: dict[str, Any]) -> None
     assert httpx.get(f"{daemon['admin_url']}/admin/requests/nope", timeout=10).status_code == 404
 
 
+def test_health_metrics_and_openapi(daemon: dict[str, Any]) -> None:
+    assert httpx.get(daemon["url"] + "/health", timeout=10).json() == {"status": "ok"}
+    metrics = httpx.get(daemon["url"] + "/metrics", timeout=10).text
+    for name in ("vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count",
+                 "vllm:e2e_request_latency_seconds_count", "vllm:num_requests_running",
+                 "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_hits",
+                 'deepserve_requests_total{status="completed"}'):  # fmt: skip
+        assert name in metrics, name
+    doc = httpx.get(daemon["url"] + "/openapi.json", timeout=10).json()
+    assert "messages" in doc["components"]["schemas"]["ChatRequest"]["properties"]
+
+
 def test_zz_shutdown_is_clean_and_the_log_replays(daemon: dict[str, Any]) -> None:
     out = daemon["stop"]()
     assert daemon["proc"].returncode == 0, out
