@@ -71,6 +71,11 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
     devices.add_argument("--flows", type=_flow_count, default=1000,
                          help="concurrent transfers (default 1000; the baseline runs a tenth)")
     devices.set_defaults(func=_run_devices)
+    from deepserve.benchmarks.http_cli import register_http
+    from deepserve.benchmarks.sim_cli import register_sim
+
+    register_sim(which)
+    register_http(which)
 
 
 def check_pg(url: str) -> None:

@@ -44,6 +44,9 @@ def build_parser() -> CliParser:
     from deepserve.benchmarks.policies_cli import register_profile
 
     register_profile(sub)
+    from deepserve.daemon.cli import register_daemon
+
+    register_daemon(sub)
     return parser
 
 
