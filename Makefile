@@ -10,7 +10,7 @@ PY_OK := import sys; sys.exit(sys.version_info < (3, 11))
 # link) is rebuilt from scratch: re-running pip in it would only fail the same way.
 VENV_BROKEN := $(shell $(PY) -c '$(PY_OK); import pip' >/dev/null 2>&1 || echo yes)
 
-.PHONY: test demo lint bench setup clean venv
+.PHONY: test demo demo-sim up lint bench setup clean venv
 
 $(STAMP): pyproject.toml $(if $(VENV_BROKEN),venv)
 	$(PY) -m pip install -q --upgrade pip
@@ -30,9 +30,17 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -rs
 
+# The daemon's tour: deepserve up on a free port, a streamed chat completion, status, stop, replay verify.
 demo: $(STAMP)
+	$(PY) -m deepserve.examples.daemon_tour
+
+# The kernel's example scenario (the demo before the daemon).
+demo-sim: $(STAMP)
 	$(VENV)/bin/deepserve sim example --seed 0  # writes runs/example-0.db
 	$(VENV)/bin/deepserve replay verify runs/example-0.db
+
+up: $(STAMP)
+	$(VENV)/bin/deepserve up
 
 bench: $(STAMP)
 	$(VENV)/bin/deepserve bench kernel

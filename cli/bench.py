@@ -14,6 +14,13 @@ from deepserve.cli.util import CliError, one_line, require_driver
 # `--scale 0.0005` still runs, `1e-5` divided by zero.
 SCALE_MIN, SCALE_MAX = 0.001, 100.0
 PG_CONNECT_S = 15.0
+ROUNDS_MAX = 20
+
+
+def _rounds(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= ROUNDS_MAX:
+        raise argparse.ArgumentTypeError(f"must be an integer from 1 to {ROUNDS_MAX}, got {text!r}")
+    return int(text)
 
 
 def _scale(text: str) -> float:
@@ -46,11 +53,29 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
     kernel.add_argument("--pg", metavar="URL", default=None,
                         help="also measure the store on this PostgreSQL server (checked first)")
     kernel.set_defaults(func=_run_kernel)
+    from deepserve.benchmarks.sim_cli import register_sim
+
+    register_sim(which)
+    from deepserve.benchmarks.policies_cli import register_policies
+
+    register_policies(which)
+    transport = which.add_parser("transport", help="ZeroMQ transport between two OS processes vs raw pyzmq")
+    transport.add_argument("--json", action="store_true", help="print rows as JSON lines")
+    transport.add_argument("--scale", type=_scale, default=1.0,
+                           help=f"multiply every workload size, {SCALE_MIN:g} to {SCALE_MAX:g} (default 1.0)")
+    transport.add_argument("--rounds", type=_rounds, default=3,
+                           help=f"runs of each workload, best kept, 1 to {ROUNDS_MAX} (default 3)")
+    transport.set_defaults(func=_run_transport)
     devices = which.add_parser("devices", help="emulated fabric under many concurrent transfers")
     devices.add_argument("--json", action="store_true", help="print rows as JSON lines")
     devices.add_argument("--flows", type=_flow_count, default=1000,
                          help="concurrent transfers (default 1000; the baseline runs a tenth)")
     devices.set_defaults(func=_run_devices)
+    from deepserve.benchmarks.http_cli import register_http
+    from deepserve.benchmarks.sim_cli import register_sim
+
+    register_sim(which)
+    register_http(which)
 
 
 def check_pg(url: str) -> None:
@@ -93,6 +118,18 @@ def _run_kernel(args: argparse.Namespace) -> int:
             print(f"measuring {label} ...", file=sys.stderr, flush=True)
 
     title, rows = kernel_bench(args.scale, args.pg, progress)
+    print(as_json_lines(rows) if args.json else render(title, rows))
+    return 0
+
+
+def _run_transport(args: argparse.Namespace) -> int:
+    from deepserve.benchmarks.transport import transport_bench
+
+    def progress(label: str) -> None:
+        if not args.json:
+            print(f"measuring {label} ...", file=sys.stderr, flush=True)
+
+    title, rows = transport_bench(args.scale, progress, args.rounds)
     print(as_json_lines(rows) if args.json else render(title, rows))
     return 0
 

@@ -41,6 +41,12 @@ def build_parser() -> CliParser:
     replay.register(sub)
     bench.register_bench(sub)
     hw.register_hw(sub)
+    from deepserve.benchmarks.policies_cli import register_profile
+
+    register_profile(sub)
+    from deepserve.daemon.cli import register_daemon
+
+    register_daemon(sub)
     return parser
 
 

@@ -52,6 +52,9 @@ def register(subparsers: Any) -> None:
 
     _command(sub, "digest", _digest, "content digest, comparable between runs")
 
+    p = _command(sub, "why", _why, "a request's path (gateway, JE, TEs) and what decided each hop")
+    p.add_argument("request_id", metavar="REQUEST_ID", help="the request's id, e.g. r12")
+
     p = _command(
         sub, "migrate", _migrate, "upgrade a log written by an older schema, in place", reads=False
     )
@@ -170,6 +173,12 @@ def _log(args: argparse.Namespace) -> int:
         for line in listing(reader, **filters):
             out.write(line + "\n")
     return 0
+
+
+def _why(args: argparse.Namespace) -> int:
+    from deepserve.replay.why import run_why
+
+    return run_why(_read(args), args.request_id, args.run, args.json)
 
 
 def _digest(args: argparse.Namespace) -> int:

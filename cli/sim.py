@@ -1,4 +1,7 @@
-"""`deepserve sim SCENARIO [--seed N] [--requests N] [--log PATH] [--json]`"""
+"""`deepserve sim SCENARIO [--seed N] [--requests N] [--log PATH] [--json]`
+
+FlowServe scenarios (built-in names and TOML files, with --trace and --set) are run by
+`deepserve.adapters.scenario.cli`; this module keeps the kernel's own example scenarios."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from deepserve.adapters.scenario import cli as scenario_cli
 from deepserve.cli.util import CliError, CliParser, positive_int, print_json, require_driver
 from deepserve.persistence import open_log, open_sink
 from deepserve.persistence.api import LogError
@@ -31,8 +35,10 @@ def register(subparsers: Any) -> None:
         help="run a scenario in virtual time and write its log",
         description=f"Run a scenario in virtual time and write its log. Scenarios: {known}.",
     )
-    p.add_argument("scenario", metavar="SCENARIO", help=f"one of: {', '.join(SCENARIOS)}")
-    p.add_argument("--seed", type=seed, default=0, help="run seed, a 64-bit signed integer (default 0)")
+    p.add_argument("scenario", metavar="SCENARIO",
+                   help=f"one of: {', '.join([*SCENARIOS, *scenario_cli.builtin_names()])}, or a TOML file")
+    p.add_argument("--seed", type=seed, default=None,
+                   help="run seed, a 64-bit signed integer (default: the scenario's; 0)")
     p.add_argument("--requests", type=positive_int, metavar="N", help="jobs or requests to run")
     p.add_argument(
         "--log", metavar="PATH",
@@ -40,6 +46,7 @@ def register(subparsers: Any) -> None:
         "created if needed; an existing log is replaced) or a PostgreSQL URL",
     )
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    scenario_cli.add_arguments(p)
     p.set_defaults(func=_sim)
 
 
@@ -59,12 +66,18 @@ def seed(text: str) -> int:
 
 def _scenario(name: str) -> Callable[..., dict[str, Any]]:
     if name not in SCENARIOS:
-        raise CliError(f"unknown scenario {name!r}; known scenarios: {', '.join(SCENARIOS)}")
+        known = ", ".join([*SCENARIOS, *scenario_cli.builtin_names()])
+        raise CliError(f"unknown scenario {name!r}; known scenarios: {known}, or a TOML file")
     module, _, function = SCENARIOS[name][0].partition(":")
     return getattr(importlib.import_module(module), function)  # type: ignore[no-any-return]
 
 
 def _sim(args: argparse.Namespace) -> int:
+    if args.scenario not in SCENARIOS and scenario_cli.handles(args.scenario):
+        return scenario_cli.run(args, lambda path: _prepare(path, create_parent=args.log is None))
+    if args.trace or args.overrides:
+        raise CliError(f"--trace and --set apply to FlowServe scenarios, not {args.scenario!r}")
+    args.seed = 0 if args.seed is None else args.seed
     run = _scenario(args.scenario)
     target = args.log or f"runs/{args.scenario}-{args.seed}.db"
     require_driver(target)

@@ -73,6 +73,12 @@ class AsyncDriver(DriverBase):
         # A sender that filled a mailbox past half waits this many yields at most:
         # pressure, never a deadlock (two actors flooding each other still progress).
         self.max_backpressure_yields = 10_000
+        # Flow control over a transport that offers it (`attach_admit`, `congestion`,
+        # `aclose`; adapters/zmq): a sender whose peer is behind waits this long at
+        # most per handler, and so does a remote envelope for a mailbox past half.
+        self.max_remote_wait_s = 5.0
+        self._flow: Any = None
+        self._remote_pressure: Any = None
 
     # ---- lifecycle ---------------------------------------------------------
     async def __aenter__(self) -> AsyncDriver:
@@ -86,7 +92,11 @@ class AsyncDriver(DriverBase):
         await self._tg.__aenter__()
         self._tg.start_soon(self._timer_loop)
         if self.transport is not None:
-            self.transport.attach(self._deliver_remote)
+            if hasattr(self.transport, "attach_admit"):
+                self._flow = self.transport
+                self.transport.attach_admit(self._admit_remote)
+            else:
+                self.transport.attach(self._deliver_remote)
         if self.outbox:
             self.sink.on_commit = self._committed_threadsafe  # type: ignore[union-attr]
         return self
@@ -98,7 +108,7 @@ class AsyncDriver(DriverBase):
         result = await self._tg.__aexit__(*exc)
         self._snapshot_live(self.clock())
         if self.transport is not None:
-            self.transport.close()
+            await self._close_transport()
         if self.sink is not None:
             self.sink.flush()
         return result
@@ -238,11 +248,13 @@ class AsyncDriver(DriverBase):
                 failed = stats.failed
                 self._report_failure(cell)
             burst += 1
-            if self._pressure is not None or burst >= self.burst:
+            if self._pressure is not None or burst >= self.burst or self._remote_pressure is not None:
                 # Fairness and backpressure: let other actors (and the receiver we
                 # just filled past its high-water mark) run before we go on.
                 burst = 0
                 await self._yield_to(self._pressure)
+                if self._remote_pressure is not None:
+                    await self._wait_remote()
         self._drain_dead(cell)
 
     async def _yield_to(self, target: Cell | None) -> None:
@@ -286,6 +298,10 @@ class AsyncDriver(DriverBase):
         transport = self.transport
         if cell is None and transport is not None and transport.owns(dst):
             if transport.send(env):
+                if self._flow is not None:
+                    room = self._flow.congestion()
+                    if room is not None:
+                        self._remote_pressure = room
                 return True
             # The peer is gone or far behind: a dead letter like any other.
             self._bounce(env, t, DEAD, TRANSPORT_REFUSED)
@@ -318,6 +334,40 @@ class AsyncDriver(DriverBase):
 
     def _deliver_remote(self, env: Envelope) -> None:
         self._send(env, self.clock())
+
+    # ---- transport flow control (optional; see __init__) ------------------------------
+    def _admit_remote(self, env: Envelope) -> Any:
+        """Deliver now, or return an awaitable that delivers once the mailbox is
+        below its high-water mark: the transport stops reading its socket meanwhile."""
+        cell = self.cells.get(env.dst)
+        if cell is not None and cell.alive and cell.stats.mailbox_depth >= self._high_water:
+            return self._admit_later(cell, env)
+        self._send(env, self.clock())
+        return None
+
+    async def _admit_later(self, cell: Cell, env: Envelope) -> None:
+        with anyio.move_on_after(self.max_remote_wait_s):
+            while cell.alive and cell.stats.mailbox_depth >= self._high_water:
+                await anyio.sleep(0.0005)
+        self._send(env, self.clock())  # still full after the wait: handled like any full mailbox
+
+    async def _wait_remote(self) -> None:
+        room, self._remote_pressure = self._remote_pressure, None
+        with anyio.move_on_after(self.max_remote_wait_s):
+            await room.wait()
+
+    async def _close_transport(self) -> None:
+        """Flush and wait for acks; what a peer never acknowledged is a dead letter."""
+        transport = self.transport
+        if transport is None:
+            return
+        if self._flow is None:
+            transport.close()
+            return
+        with anyio.CancelScope(shield=True):
+            left = await self._flow.aclose()
+        for env in left:
+            self._undeliverable(env, self.clock(), DEAD, "peer did not acknowledge before close")
 
     # ---- timers --------------------------------------------------------------------
     def _set_timer(self, deadline: float, env: Envelope, key: str) -> None:

@@ -12,10 +12,20 @@ from .messages import Raw, registered
 # does not depend on the process's hash seed or on how a dict was built. Every
 # record payload (message, event, state) goes through this encoder.
 _encoder = msgspec.msgpack.Encoder(order="deterministic")
+# msgspec sorts str keys only and refuses other dict keys in that mode. A state with int-keyed
+# dicts (the RTC's block pool: keyed by block id or chain hash, insertion order = LRU order) is
+# encoded in insertion order instead: deterministic for a deterministic actor (int hashes are not
+# salted per process), and it keeps the order the state depends on.
+_insertion_encoder = msgspec.msgpack.Encoder()
 _raw_decoder = msgspec.msgpack.Decoder()
 _decoders: dict[type, msgspec.msgpack.Decoder] = {}
 
-encode = _encoder.encode
+
+def encode(obj: Any) -> bytes:
+    try:
+        return _encoder.encode(obj)
+    except TypeError:
+        return _insertion_encoder.encode(obj)
 
 
 class DecodeError(ValueError):

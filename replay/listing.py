@@ -9,7 +9,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from deepserve.core.records import CANCEL, DELIVERED, INPUT_KIND_NAMES, SPAWN, STOP, TIMER, Step
+from deepserve.core.records import (
+    CANCEL,
+    DEAD,
+    DELIVERED,
+    FULL,
+    LATE,
+    SNAPSHOT,
+    SPAWN,
+    STOP,
+    TIMER,
+    Step,
+)
 from deepserve.persistence.api import LogReader
 
 from .common import (
@@ -24,6 +35,22 @@ from .common import (
 )
 
 INDENT = " " * 16  # under the actor column, so a step reads as a block
+
+# What a non-delivered input was, in words: one label per `InputKind`, so a new kind
+# shows as its number rather than as some other kind's label.
+INPUT_LABELS = {
+    DEAD: "dead letter",
+    FULL: "dropped: mailbox full",
+    SNAPSHOT: "final state: snapshot at run end or stop",
+    LATE: "late answer: its ask had already settled, not delivered",
+}
+
+
+def input_label(kind: int) -> str | None:
+    """The listing's note for an input of this kind (None for a delivery)."""
+    if kind == DELIVERED:
+        return None
+    return INPUT_LABELS.get(kind, f"unknown input kind {kind}")
 
 
 def check_filters(
@@ -75,6 +102,9 @@ def listing_records(
     run = pick_run(reader, run_id)
     for step in reader.steps(run.run_id, actor=actor, corr=corr, since=since, until=until):
         view = input_view(step.input)
+        label = input_label(step.input.kind)
+        if label is not None:
+            view["label"] = label
         view["events"] = [event_view(ev) for ev in step.events]
         view["outputs"] = [output_view(o) for o in step.outputs]
         if step.snapshot is not None:
@@ -104,8 +134,9 @@ def _step_lines(step: Step) -> Iterator[str]:
     line = f"{rec.t:12.6f}  {where}  {rec.src}→{rec.actor}  {rec.type} {compact(view['payload'])}"
     if rec.corr is not None:
         line += f"  corr={rec.corr}"
-    if rec.kind != DELIVERED:
-        line += f"  ({'dead letter' if view['kind'] == INPUT_KIND_NAMES[1] else 'dropped: mailbox full'})"
+    label = input_label(rec.kind)
+    if label is not None:
+        line += f"  ({label})"
     yield line
     for ev in step.events:
         e = event_view(ev)

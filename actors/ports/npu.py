@@ -132,3 +132,50 @@ class NpuError(Message, frozen=True, kw_only=True):
 
 
 NPU_REQUESTS = (NpuForward, NpuAlloc, NpuFree, NpuProbe)
+
+
+# ---- aggregated decode runs (simulation fast path; additive) ------------------------------
+
+
+class NpuForwardRun(Message, frozen=True, kw_only=True):
+    """Run `iterations` consecutive forward passes of the same batch, each sequence appending its
+    `new_tokens` to its context after every pass, with `gap_s` idle between passes (the host's
+    launch gap). Equivalent to `iterations` NpuForwards sent `gap_s` after each previous answer,
+    answered once (`NpuForwardRunDone`) — the simulation's fast path when nothing changes a batch.
+    `NpuForwardTruncate` ends it early, after the pass that is running (or next to run)."""
+
+    req_id: str
+    model: str
+    seqs: tuple[SeqShape, ...]
+    iterations: int
+    gap_s: float = 0.0
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    shared_expert_ranks: int = 0
+    redundant_experts: int = 0
+    part: Literal["main", "mtp"] = "main"
+    sample: bool = False
+    regions: tuple[str, ...] = DEFAULT_REGIONS
+
+
+class NpuForwardTruncate(Message, frozen=True, kw_only=True):
+    """End the run `req_id` after its pass running now (or, in a gap, the one about to start).
+    Unknown or finished runs are ignored (the answer may be on its way). Not answered itself."""
+
+    req_id: str
+
+
+class NpuForwardRunDone(Message, frozen=True, kw_only=True):
+    """The answer to a run: pass i ran from `starts_s[i]` to `ends_s[i]` (run clock times)."""
+
+    req_id: str
+    starts_s: tuple[float, ...]
+    ends_s: tuple[float, ...]
+    queued_s: float
+    mode: str
+    tokens: int  # tokens of one pass
+    truncated: bool
+
+NPU_REQUESTS = (*NPU_REQUESTS, NpuForwardRun)

@@ -258,7 +258,9 @@ async def test_under_asyncdriver_a_load_whose_transfers_are_dropped_still_answer
         d.spawn(HOST, Host, server=0, server_kind="cm384-910c")
         await d.idle()
         reply = await d.ask(HOST, HostLoad(req_id="l", model="llama3-8b", targets=dies), 5.0)
-        await d.idle()
-        assert d.actor(FABRIC).state.xfers == {}  # what got in was cancelled
+        await d.idle(timers=True)
+        # What got in was cancelled, or (a cancel dropped at the full mailbox: the host is told
+        # with `Undelivered`) ran to its end: either way the fabric holds nothing afterwards.
+        assert d.actor(FABRIC).state.xfers == {}
     assert isinstance(reply, HostLoadFailed), reply
     assert "target mailbox is full" in reply.reason

@@ -17,16 +17,16 @@ class Emit(Message, frozen=True):
     n: int
 
 
-class Go(Message, frozen=True):
+class CrashGo(Message, frozen=True):
     n: int
 
 
 class Producer(Actor[None]):
     def handle(self, ctx: Context, msg: Message) -> None:
-        if isinstance(msg, Go):
+        if isinstance(msg, CrashGo):
             for i in range(20):
                 ctx.send("rx/0", Emit(msg.n * 20 + i))
-            ctx.after(0.001, Go(msg.n + 1))
+            ctx.after(0.001, CrashGo(msg.n + 1))
 
 
 async def main(log: str, endpoint: str, durability: str) -> None:
@@ -34,7 +34,7 @@ async def main(log: str, endpoint: str, durability: str) -> None:
     transport = ZmqTransport(bind=None, routes={"rx/": endpoint})
     async with AsyncDriver(sink=sink, outbox=durability == "outbox", transport=transport) as d:
         d.spawn("p/0", Producer)
-        d.inject_nowait("p/0", Go(0))
+        d.inject_nowait("p/0", CrashGo(0))
         print("started", flush=True)
         await anyio.sleep(3600)
 

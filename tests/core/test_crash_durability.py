@@ -12,16 +12,17 @@ from pathlib import Path
 
 import zmq
 
-from deepserve.core.transport import wire_decode
+from deepserve.adapters.zmq.frames import receive_and_ack
 from deepserve.persistence import open_log
 
 HERE = Path(__file__).parent
 
 
 def _receive_then_kill(tmp_path: Path, durability: str, want: int) -> tuple[set, set]:
-    ctx = zmq.Context.instance()
-    pull = ctx.socket(zmq.PULL)
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.ROUTER)  # the ZeroMQ transport's inbox: data frames in, acks out
     port = pull.bind_to_random_port("tcp://127.0.0.1")
+
     log = tmp_path / f"sender-{durability}.db"
     env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     child = subprocess.Popen(
@@ -33,17 +34,16 @@ def _receive_then_kill(tmp_path: Path, durability: str, want: int) -> tuple[set,
     try:
         while len(received) < want and time.monotonic() < deadline:
             if pull.poll(100):
-                e = wire_decode(pull.recv())
-                received.add((e.src, e.msg_id))
+                received.update((w.src, w.msg_id) for w in receive_and_ack(pull))
         os.kill(child.pid, signal.SIGKILL)  # mid-stream, no warning
         child.wait(timeout=10)
         while pull.poll(200):  # whatever was already on the wire still arrives
-            e = wire_decode(pull.recv())
-            received.add((e.src, e.msg_id))
+            received.update((w.src, w.msg_id) for w in receive_and_ack(pull))
     finally:
         if child.poll() is None:
             child.kill()
-        pull.close()
+        pull.close(linger=0)
+        ctx.term()
     assert child.returncode == -signal.SIGKILL, child.stderr.read().decode()[-2000:]
     reader = open_log(str(log))
     logged = {(o.actor, o.msg_id) for s in reader.steps() for o in s.outputs if o.dst == "rx/0"}

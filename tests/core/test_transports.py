@@ -46,7 +46,7 @@ async def test_in_process_hub_connects_two_drivers():
 async def test_zeromq_sockets_connect_two_drivers():
     t_a = ZmqTransport(bind="tcp://127.0.0.1:*", routes={})
     t_b = ZmqTransport(bind="tcp://127.0.0.1:*", routes={"a/": t_a.endpoint})
-    t_a.routes["b/"] = t_b.endpoint
+    t_a.directory.set("b/", t_b.endpoint)
     a, b, _ = await _exchange(t_a, t_b)
     assert b.actor("b/0").state.total == 7 and a.actor("a/0").state.total == 7
     assert t_a.sent == 4 and t_b.sent == 1  # three tells and an ask out; one reply back

@@ -7,7 +7,7 @@ import pytest
 
 from deepserve.benchmarks.replay_workload import measure_verify
 from deepserve.core import Actor, Context, Event, HandlerFailed, Message, SimDriver
-from deepserve.core.records import EventRec, InputRec, MemorySink, OutputRec, Step
+from deepserve.core.records import EventRec, InputKind, InputRec, MemorySink, OutputRec, Step
 from deepserve.examples.pipeline import DispatchState, run_scenario
 from deepserve.persistence.api import MemoryLog
 from deepserve.replay import ReplayError, digest, listing, listing_records, state_at, verify
@@ -170,3 +170,30 @@ def test_a_file_log_reads_back_with_the_same_digest(example: MemorySink, tmp_pat
     assert digest(log) == digest(MemoryLog(example))
     assert verify(log).identical
     assert state_at(log, "dispatch").state == state_at(MemoryLog(example), "dispatch").state
+
+
+@pytest.mark.parametrize(
+    ("kind", "label"),
+    [
+        (InputKind.DEAD, "(dead letter)"),
+        (InputKind.FULL, "(dropped: mailbox full)"),
+        (InputKind.SNAPSHOT, "(final state: snapshot at run end or stop)"),
+        (InputKind.LATE, "(late answer: its ask had already settled, not delivered)"),
+    ],
+)
+def test_listing_labels_every_input_kind(kind: InputKind, label: str) -> None:
+    """Each kind of non-delivered input gets its own note, in text and `--json`: a
+    snapshot or a late answer is not a drop at a full mailbox."""
+    sink = MemorySink()
+    driver = SimDriver(0, sink=sink)
+    driver.spawn("napper", Napper)
+    driver.inject("nobody", Nap(), at=2.0)
+    driver.run()
+    i = next(n for n, s in enumerate(sink.steps) if s.input.actor == "nobody")
+    sink.steps[i].input = msgspec.structs.replace(sink.steps[i].input, kind=int(kind))
+    line = next(x for x in listing(MemoryLog(sink)) if x.split()[1].startswith("nobody#"))
+    assert line.endswith(label)
+    row = next(r for r in listing_records(MemoryLog(sink)) if r["actor"] == "nobody")
+    assert (row["kind"], row["label"]) == (kind.name.lower(), label[1:-1])
+    delivered = next(r for r in listing_records(MemoryLog(sink)) if r["kind"] == "deliver")
+    assert "label" not in delivered

@@ -21,9 +21,9 @@ import zmq
 from cliproc import deepserve
 from kernel_actors import Add, AskIt, Boom, CancelTimer, Counter, DictState, Forward, SetTimer
 
+from deepserve.adapters.zmq.frames import receive_and_ack
 from deepserve.adapters.zmq_transport import ZmqTransport
 from deepserve.core.asyncdriver import AsyncDriver
-from deepserve.core.transport import wire_decode
 from deepserve.persistence import open_log, open_sink
 from deepserve.replay import verify
 
@@ -141,8 +141,8 @@ async def test_two_drivers_over_zeromq_verify_from_their_merged_logs(tmp_path: P
 def _kill_mid_stream(log: str, tmp_path: Path, want: int = 2000) -> set[tuple[str, int]]:
     """Run tests/core/crash_child.py (outbox, sending over ZeroMQ to us), kill -9 it
     once `want` messages arrived; returns what the outside saw."""
-    ctx = zmq.Context.instance()
-    pull = ctx.socket(zmq.PULL)
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.ROUTER)  # the ZeroMQ transport's inbox: data frames in, acks out
     port = pull.bind_to_random_port("tcp://127.0.0.1")
     child = subprocess.Popen(
         [sys.executable, str(CORE_TESTS / "crash_child.py"), log, f"tcp://127.0.0.1:{port}", "outbox"],
@@ -153,17 +153,16 @@ def _kill_mid_stream(log: str, tmp_path: Path, want: int = 2000) -> set[tuple[st
     try:
         while len(received) < want and time.monotonic() < deadline:
             if pull.poll(100):
-                env = wire_decode(pull.recv())
-                received.add((env.src, env.msg_id))
+                received.update((w.src, w.msg_id) for w in receive_and_ack(pull))
         os.kill(child.pid, signal.SIGKILL)
         child.wait(timeout=10)
         while pull.poll(200):
-            env = wire_decode(pull.recv())
-            received.add((env.src, env.msg_id))
+            received.update((w.src, w.msg_id) for w in receive_and_ack(pull))
     finally:
         if child.poll() is None:
             child.kill()
-        pull.close()
+        pull.close(linger=0)
+        ctx.term()
     assert child.returncode == -signal.SIGKILL, child.stderr.read().decode()[-2000:]
     assert len(received) >= want
     return received

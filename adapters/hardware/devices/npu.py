@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 
+import msgspec
+
 from deepserve.actors.ports.faults import HbmRegionFault, NpuCrash, NpuHang, NpuReset
 from deepserve.actors.ports.npu import (
     BAD_REQUEST,
@@ -26,6 +28,9 @@ from deepserve.actors.ports.npu import (
     NpuError,
     NpuForward,
     NpuForwardDone,
+    NpuForwardRun,
+    NpuForwardRunDone,
+    NpuForwardTruncate,
     NpuFree,
     NpuFreeOk,
     NpuProbe,
@@ -35,6 +40,13 @@ from deepserve.adapters.hardware.batch import Batch, Parallel, Seq, logits_token
 from deepserve.adapters.hardware.calibration import DP_COMPUTE_CV
 from deepserve.adapters.hardware.compute import forward_time, sampling_time_s
 from deepserve.adapters.hardware.devices.common import ReplyTo, answer, reply_to, respond
+from deepserve.adapters.hardware.devices.npu_run import (
+    check_run,
+    next_chunk,
+    pass_costs,
+    run_times,
+    truncation_point,
+)
 from deepserve.adapters.hardware.devices.npu_state import (
     HEALTHY,
     HUNG,
@@ -48,6 +60,9 @@ from deepserve.adapters.hardware.devices.npu_state import (
     NpuHung,
     NpuOverflowed,
     NpuReqIgnored,
+    NpuRunExtended,
+    NpuRunStarted,
+    NpuRunTruncated,
     NpuState,
     NpuWasReset,
     Pending,
@@ -64,7 +79,7 @@ class NpuGraphDone(Message, frozen=True):
     req_id: str
 
 
-def forward_cost_s(npu: str, msg: NpuForward) -> tuple[float, str, int]:
+def forward_cost_s(npu: str, msg: NpuForward | NpuForwardRun) -> tuple[float, str, int]:
     """(expected duration, mode, tokens) of a forward from the performance model."""
     m, spec = model_profile(msg.model), npu_spec(npu)
     batch = Batch(seqs=tuple(Seq(s.new_tokens, s.context_tokens) for s in msg.seqs))
@@ -111,14 +126,16 @@ class Npu(Actor[NpuState]):
             self._graph_done(ctx, msg)
         elif isinstance(msg, NpuCrash | NpuHang | HbmRegionFault | NpuReset):
             self._fault(ctx, msg)
-        elif not isinstance(msg, NpuForward | NpuAlloc | NpuFree | NpuProbe):
+        elif isinstance(msg, NpuForwardTruncate):
+            self._truncate(ctx, msg)
+        elif not isinstance(msg, NpuForward | NpuForwardRun | NpuAlloc | NpuFree | NpuProbe):
             return
         elif st.status == HUNG:
             self._swallow(ctx, msg)
         elif st.status != HEALTHY:
             reason = f"{ctx.self} crashed: {st.reason}"
             respond(ctx, NpuError(req_id=msg.req_id, device=ctx.self, kind=CRASHED, reason=reason))
-        elif isinstance(msg, NpuForward):
+        elif isinstance(msg, NpuForward | NpuForwardRun):
             self._enqueue(ctx, msg)
         elif isinstance(msg, NpuAlloc):
             self._alloc(ctx, msg)
@@ -189,11 +206,15 @@ class Npu(Actor[NpuState]):
         )  # fmt: skip
 
     # ---- graphs ------------------------------------------------------------
-    def _enqueue(self, ctx: Context, msg: NpuForward) -> None:
+    def _enqueue(self, ctx: Context, msg: NpuForward | NpuForwardRun) -> None:
         to = reply_to(ctx)
         bad = next((r for r in msg.regions if r in self.state.faulted), None)
         if bad is not None:
             self._error(ctx, to, msg.req_id, HBM_FAULT, f"HBM region {bad!r} is faulted", bad)
+            return
+        malformed = check_run(msg) if isinstance(msg, NpuForwardRun) else None
+        if malformed is not None:
+            self._error(ctx, to, msg.req_id, BAD_REQUEST, malformed)
             return
         try:  # reject what can never run now, not when it reaches the head of the queue
             forward_cost_s(self.npu, msg)
@@ -212,6 +233,9 @@ class Npu(Actor[NpuState]):
         if st.running is not None or not st.queue or st.status != HEALTHY:
             return
         head = st.queue[0]
+        if isinstance(head.req, NpuForwardRun):
+            self._start_run(ctx, head.req)
+            return
         expected_s, mode, tokens = forward_cost_s(self.npu, head.req)
         factor = variance_factor(ctx.rng.gauss(0.0, 1.0)) if self.variance else 1.0
         duration = expected_s * factor
@@ -222,8 +246,20 @@ class Npu(Actor[NpuState]):
         run = self.state.running
         if run is None or run.pending.req.req_id != msg.req_id or self.state.status != HEALTHY:
             return  # a stale timer: the graph was aborted
+        if isinstance(run.pending.req, NpuForwardRun) and len(run.ends_s) < run.limit:
+            self._extend_run(ctx, run.pending.req, len(run.ends_s), run.limit, run.ends_s[-1])
+            return
         ctx.record(NpuForwardEnded(ctx.now(), None))
         queued = run.started_at_s - run.pending.accepted_at_s
+        if isinstance(run.pending.req, NpuForwardRun):
+            done_run = NpuForwardRunDone(
+                req_id=msg.req_id, starts_s=run.starts_s, ends_s=run.ends_s, queued_s=queued,
+                mode=run.mode, tokens=run.tokens,
+                truncated=run.limit < run.pending.req.iterations,
+            )  # fmt: skip
+            answer(ctx, run.pending.to, done_run)
+            self._start_next(ctx)
+            return
         done = NpuForwardDone(
             req_id=msg.req_id, duration_s=run.duration_s, queued_s=queued, mode=run.mode,
             tokens=run.tokens,
@@ -231,13 +267,68 @@ class Npu(Actor[NpuState]):
         answer(ctx, run.pending.to, done)
         self._start_next(ctx)
 
+    def _run_passes(
+        self, ctx: Context, req: NpuForwardRun, lo: int, hi: int, start_s: float
+    ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Draw passes lo..hi-1 of a run (one variance draw per pass, in order)."""
+
+        def cost(shapes: tuple) -> float:
+            return forward_cost_s(self.npu, msgspec.structs.replace(req, seqs=shapes))[0]
+
+        if self.variance:
+            gauss, exp = ctx.rng.gauss, math.exp
+            sigma = math.sqrt(math.log1p(DP_COMPUTE_CV**2))
+            half = sigma * sigma / 2
+
+            def factor() -> float:  # variance_factor's arithmetic, its constants hoisted
+                return exp(sigma * gauss(0.0, 1.0) - half)
+        else:
+
+            def factor() -> float:
+                return 1.0
+
+        return run_times(req.gap_s, start_s, pass_costs(self.npu, req, cost, lo, hi), factor)
+
+    def _start_run(self, ctx: Context, req: NpuForwardRun) -> None:
+        """Draw the run's first chunk of passes and arm the one timer at its last pass's end."""
+        _, mode, tokens = forward_cost_s(self.npu, req)
+        hi = next_chunk(0, req.iterations)
+        starts, ends = self._run_passes(ctx, req, 0, hi, ctx.now())
+        ctx.record(NpuRunStarted(ctx.now(), starts, ends, mode, tokens, req.iterations))
+        ctx.after(ends[-1] - ctx.now(), NpuGraphDone(req.req_id), key=GRAPH_KEY)
+
+    def _extend_run(self, ctx: Context, req: NpuForwardRun, done: int, limit: int, last_end: float) -> None:
+        hi = done + next_chunk(done, limit)
+        starts, ends = self._run_passes(ctx, req, done, hi, last_end + req.gap_s)
+        ctx.record(NpuRunExtended(starts, ends))
+        ctx.after(ends[-1] - ctx.now(), NpuGraphDone(req.req_id), key=GRAPH_KEY)
+
+    def _truncate(self, ctx: Context, msg: NpuForwardTruncate) -> None:
+        st = self.state
+        if st.status != HEALTHY:
+            return
+        run = st.running
+        if run is not None and run.pending.req.req_id == msg.req_id and run.ends_s:
+            keep = truncation_point(run.ends_s, ctx.now())
+            if keep < run.limit:
+                ctx.record(NpuRunTruncated(msg.req_id, keep))
+                if keep < len(run.ends_s):  # else the armed timer already ends that pass
+                    end = self.state.running.ends_s[-1]  # type: ignore[union-attr]
+                    ctx.after(end - ctx.now(), NpuGraphDone(msg.req_id), key=GRAPH_KEY)
+            return
+        queued = next((p for p in st.queue if p.req.req_id == msg.req_id), None)
+        if queued is not None and isinstance(queued.req, NpuForwardRun) and queued.req.iterations > 1:
+            ctx.record(NpuRunTruncated(msg.req_id, 1))
+
     def _error(self, ctx: Context, to: ReplyTo, req_id: str, kind: str, reason: str,
                region: str | None = None) -> None:  # fmt: skip
         error = NpuError(req_id=req_id, device=ctx.self, kind=kind, reason=reason, region=region)
         answer(ctx, to, error)
 
     # ---- faults ------------------------------------------------------------
-    def _swallow(self, ctx: Context, msg: NpuForward | NpuAlloc | NpuFree | NpuProbe) -> None:
+    def _swallow(
+        self, ctx: Context, msg: NpuForward | NpuForwardRun | NpuAlloc | NpuFree | NpuProbe
+    ) -> None:
         """Hung: keep the request (a reset answers it), never reply. Bounded: beyond the bound
         the request is refused at once — a dropped request would never be answered, not even
         by a reset, since the device keeps no handle to it."""
@@ -246,7 +337,7 @@ class Npu(Actor[NpuState]):
             ctx.record(NpuOverflowed(msg.req_id))
             reason = f"request queue is full ({self.queue_limit} waiting)"
             self._error(ctx, reply_to(ctx), msg.req_id, QUEUE_FULL, reason)
-        elif isinstance(msg, NpuForward):
+        elif isinstance(msg, NpuForward | NpuForwardRun):
             ctx.record(NpuForwardQueued(Pending(msg, reply_to(ctx), ctx.now())))
         else:
             ctx.record(NpuReqIgnored(msg.req_id, reply_to(ctx)))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from deepserve.actors.ports.npu import NpuForward
+from deepserve.actors.ports.npu import NpuForward, NpuForwardRun
 from deepserve.adapters.hardware.devices.common import ReplyTo
 from deepserve.core import Event
 
@@ -14,7 +14,7 @@ HUNG = "hung"
 
 
 class Pending(msgspec.Struct, frozen=True, array_like=True):
-    req: NpuForward
+    req: NpuForward | NpuForwardRun
     to: ReplyTo
     accepted_at_s: float
 
@@ -25,6 +25,9 @@ class Running(msgspec.Struct, frozen=True):
     duration_s: float
     mode: str
     tokens: int
+    ends_s: tuple[float, ...] = ()  # a run (NpuForwardRun): when each pass drawn so far ends
+    starts_s: tuple[float, ...] = ()
+    limit: int = 0  # a run: the passes it will run (its iterations, or fewer once truncated)
 
 
 class NpuState(msgspec.Struct, frozen=True):
@@ -51,6 +54,31 @@ class NpuForwardStarted(Event, frozen=True):
     duration_s: float
     mode: str
     tokens: int
+
+
+class NpuRunStarted(Event, frozen=True):
+    """The queue's head is a run of passes; its first passes' times are drawn here, once."""
+
+    at_s: float
+    starts_s: tuple[float, ...]
+    ends_s: tuple[float, ...]
+    mode: str
+    tokens: int
+    limit: int = 0
+
+
+class NpuRunExtended(Event, frozen=True):
+    """The running run's next passes, drawn when the previous ones ended."""
+
+    starts_s: tuple[float, ...]
+    ends_s: tuple[float, ...]
+
+
+class NpuRunTruncated(Event, frozen=True):
+    """The run `req_id` (running or queued) now ends after `iterations` passes."""
+
+    req_id: str
+    iterations: int
 
 
 class NpuForwardEnded(Event, frozen=True):
@@ -105,6 +133,20 @@ def _resize(regions: dict[str, int], region: str, delta: int) -> dict[str, int]:
     return out
 
 
+def _truncate(st: NpuState, e: NpuRunTruncated) -> NpuState:
+    replace = msgspec.structs.replace
+    run = st.running
+    if run is not None and run.pending.req.req_id == e.req_id:
+        n = e.iterations
+        run = replace(run, ends_s=run.ends_s[:n], starts_s=run.starts_s[:n], limit=n)
+        return replace(st, running=replace(run, duration_s=run.ends_s[-1] - run.started_at_s))
+    queue = tuple(
+        replace(p, req=replace(p.req, iterations=e.iterations)) if p.req.req_id == e.req_id else p
+        for p in st.queue
+    )
+    return replace(st, queue=queue)
+
+
 def evolve_npu(st: NpuState, e: Event) -> NpuState:
     replace = msgspec.structs.replace
     if isinstance(e, NpuForwardQueued):
@@ -113,6 +155,22 @@ def evolve_npu(st: NpuState, e: Event) -> NpuState:
         assert st.running is None and st.queue, "a graph started while another runs"
         run = Running(st.queue[0], e.at_s, e.duration_s, e.mode, e.tokens)
         return replace(st, running=run, queue=st.queue[1:])
+    if isinstance(e, NpuRunStarted):
+        assert st.running is None and st.queue, "a run started while another graph runs"
+        run = Running(
+            st.queue[0], e.at_s, e.ends_s[-1] - e.at_s, e.mode, e.tokens, e.ends_s, e.starts_s,
+            e.limit or st.queue[0].req.iterations,  # type: ignore[union-attr]
+        )
+        return replace(st, running=run, queue=st.queue[1:])
+    if isinstance(e, NpuRunExtended):
+        run = st.running
+        assert run is not None, "no run to extend"
+        ends = run.ends_s + e.ends_s
+        run = replace(run, ends_s=ends, starts_s=run.starts_s + e.starts_s,
+                      duration_s=ends[-1] - run.started_at_s)  # fmt: skip
+        return replace(st, running=run)
+    if isinstance(e, NpuRunTruncated):
+        return _truncate(st, e)
     if isinstance(e, NpuForwardEnded):
         assert st.running is not None, "no graph to end"
         return replace(st, running=None, completed=st.completed + (e.aborted_region is None))

@@ -1,0 +1,356 @@
+"""The DP-group master actor: FlowServe's scheduler loop for one DP group, driven only through
+the NPU port (`NpuForward`/`NpuForwardDone`, or `NpuForwardRun` on the simulation fast path).
+
+Loop: a batch is planned when the previous one ends (or on arrival when idle) and handed to the
+NPU after the launch gap (`Launch` timer) — with asynchronous execution the host's scheduling work
+overlaps the running forward, so only `sched_gap_s` separates two passes. When the batch ends, its
+tokens go straight to each task's `reply_to` (output short-circuiting), finished tasks end, and the
+next batch is planned. With `aggregate`, a pure-decode batch runs k passes as one NPU request; an
+arrival (or anything else that may change the batch) truncates the run after its current pass, so
+the per-token times equal the stepwise path's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import msgspec
+
+from deepserve.actors.flowserve import rtc
+from deepserve.actors.flowserve.master import context, pd
+from deepserve.actors.flowserve.master.evolve import evolve_master
+from deepserve.actors.flowserve.master.messages import (
+    DpMatch,
+    DpMatchQuery,
+    DpStatus,
+    DpStatusQuery,
+    Launch,
+)
+from deepserve.actors.flowserve.master.output import finished_message, token_message
+from deepserve.actors.flowserve.master.prefetch import should_populate
+from deepserve.actors.flowserve.master.scheduler import schedule
+from deepserve.actors.flowserve.master.state import (
+    LOADING,
+    WAITING,
+    BatchEnded,
+    BatchInterrupted,
+    BatchLaunched,
+    MasterConfig,
+    MasterState,
+    Req,
+    TaskCancelMarked,
+    TaskEnded,
+    TaskQueued,
+    TaskStatus,
+    new_state,
+)
+from deepserve.actors.flowserve.master.status import dp_load
+from deepserve.actors.flowserve.messages import (
+    MAX_OUTPUT_TOKENS,
+    CancelTask,
+    CreateContext,
+    DeleteContext,
+    GetContext,
+    SubmitTask,
+    TaskAccepted,
+    TaskRejected,
+)
+from deepserve.actors.flowserve.tokens import blocks_needed, output_length
+from deepserve.actors.ports.link import LinkTransfer, LinkTransferDone, LinkTransferFailed
+from deepserve.actors.ports.npu import (
+    NpuError,
+    NpuForward,
+    NpuForwardDone,
+    NpuForwardRun,
+    NpuForwardRunDone,
+    NpuForwardTruncate,
+    SeqShape,
+)
+from deepserve.core import Actor, AskFailed, Context, Event, Message
+
+COPY = "copy:"  # LinkTransfer ids of tier copies (populate, swap-out)
+
+
+class DpMaster(Actor[MasterState]):
+    """One DP group's master. `config` is a `MasterConfig` (or its dict form)."""
+
+    # The state embeds the whole block pool: a snapshot deep-copies it, so take them rarely.
+    snapshot_every: ClassVar[int] = 8192
+
+    def __init__(self, config: Any) -> None:
+        self.cfg = config if isinstance(config, MasterConfig) else msgspec.convert(config, MasterConfig)
+        self.npu = self.cfg.npus[0]
+
+    def initial_state(self) -> MasterState:
+        return new_state(self.cfg)
+
+    def evolve(self, state: MasterState, event: Event) -> MasterState:
+        return evolve_master(state, event)
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, NpuForwardDone | NpuForwardRunDone):
+            self._done(ctx, msg)
+        elif isinstance(msg, Launch):
+            self._launch(ctx, msg)
+        elif isinstance(msg, SubmitTask):
+            self._submit(ctx, msg)
+        elif isinstance(msg, LinkTransferDone | LinkTransferFailed) and msg.req_id.startswith(COPY):
+            self._copy_done(ctx, msg)
+        elif isinstance(msg, CancelTask):
+            self._cancel(ctx, msg)
+        elif isinstance(msg, NpuError):
+            fl = self.state.in_flight
+            if fl is not None and msg.req_id == f"fwd:{fl.step}":
+                self._device_failed(ctx, f"{msg.device}: {msg.kind}: {msg.reason}")
+        elif isinstance(msg, AskFailed) and msg.target == self.npu:
+            self._device_failed(ctx, f"{msg.target}: no answer ({msg.reason})")
+        elif isinstance(msg, DpMatchQuery):
+            hits = tuple(len(rtc.match_by_prefix(self.state.rtc, p).hbm_blocks) for p in msg.prompts)
+            ctx.reply(DpMatch(req_id=msg.req_id, hit_blocks=hits, load=dp_load(self.state, self.cfg)))
+        elif isinstance(msg, CreateContext | GetContext | DeleteContext):
+            context.handle(self, ctx, msg)
+        elif isinstance(msg, DpStatusQuery):
+            load = dp_load(self.state, self.cfg)
+            status = DpStatus(req_id=msg.req_id, load=load, max_num_seqs=self.cfg.max_num_seqs,
+                              block_tokens=self.cfg.block_tokens)  # fmt: skip
+            ctx.send(ctx.sender, status)
+        elif pd.handles(msg):
+            pd.handle(self, ctx, msg)
+
+    # ---- arrivals ---------------------------------------------------------------------
+    def _submit(self, ctx: Context, msg: SubmitTask) -> None:
+        st, cfg = self.state, self.cfg
+        reason = self.check(msg)
+        if reason is not None:
+            ctx.send(msg.reply_to, TaskRejected(task_id=msg.task_id, reason=reason))
+            return
+        s = msg.sampling
+        out_len, stop = output_length(s.seed, s.max_tokens, s.target_output_tokens, s.ignore_eos,
+                                      cfg.eos_rate)  # fmt: skip
+        accepted = TaskAccepted(task_id=msg.task_id, te=cfg.te, dp=cfg.dp, master=ctx.self)
+        if msg.kind == "decode":
+            ctx.send(msg.reply_to, accepted)
+            pd.submit_decode(self, ctx, msg, out_len, stop)
+            return
+        if msg.kind == "prefill" and out_len > 1:
+            out_len, stop = 1, "prefilled"
+        ctx.send(msg.reply_to, accepted)
+        hashes = msg.prompt.block_hashes
+        m = rtc.match_by_prefix(st.rtc, hashes) if cfg.dram_blocks else rtc.NO_MATCH
+        load = m.dram_blocks and should_populate(
+            len(m.dram_blocks), cfg.block_tokens, cfg.kv_block_bytes, cfg.populate_bytes_per_s,
+            st.prefill_tokens_per_s,
+        ) and rtc.can_allocate(st.rtc, len(m.dram_blocks), m.hbm_blocks)  # fmt: skip
+        status = LOADING if load else WAITING
+        ctx.record(TaskQueued(task=msg, out_len=out_len, stop=stop, status=status))
+        if load:
+            copy = rtc.populate(st.rtc, msg.task_id, hashes, m)
+            assert copy is not None
+            ctx.record(copy)
+            self._move(ctx, copy)
+        self.advance(ctx)
+
+    def check(self, msg: SubmitTask) -> str | None:
+        """Why the task cannot be accepted (naming the field), or None."""
+        cfg, st = self.cfg, self.state
+        p, B = msg.prompt, cfg.block_tokens
+        if msg.model != cfg.model:
+            return f"model: this TE serves {cfg.model!r}, not {msg.model!r}"
+        if msg.task_id in st.reqs or msg.task_id in st.rtc.seqs:
+            return f"task_id: {msg.task_id!r} is already running here"
+        if p.num_tokens < 1:
+            return f"prompt.num_tokens: must be >= 1, got {p.num_tokens}"
+        if len(p.block_hashes) != p.num_tokens // B:
+            return (f"prompt.block_hashes: {p.num_tokens} tokens of {B}-token blocks need "
+                    f"{p.num_tokens // B} hashes, got {len(p.block_hashes)}")  # fmt: skip
+        if not 1 <= msg.sampling.max_tokens <= MAX_OUTPUT_TOKENS:
+            return f"sampling.max_tokens: must be in [1, {MAX_OUTPUT_TOKENS}]"
+        if blocks_needed(p.num_tokens + 1, B) > cfg.hbm_blocks:
+            return (f"prompt.num_tokens: {p.num_tokens} tokens need more KV blocks than the DP "
+                    f"group has ({cfg.hbm_blocks} of {B} tokens)")  # fmt: skip
+        if msg.kind == "decode" and msg.kv_source is None:
+            return "kv_source: a decode task needs the prefill side's KV handle"
+        if len(st.reqs) >= cfg.max_waiting:
+            return f"queue full: {len(st.reqs)} tasks (max_waiting={cfg.max_waiting})"
+        return None
+
+    def _cancel(self, ctx: Context, msg: CancelTask) -> None:
+        r = self.state.reqs.get(msg.task_id)
+        if r is None or r.cancelled is not None:
+            return  # finished already: its one terminal message is on its way
+        fl = self.state.in_flight
+        busy = fl is not None and any(e.task_id == msg.task_id for e in fl.entries)
+        if busy or r.status in (LOADING, pd.RECEIVING):
+            ctx.record(TaskCancelMarked(task_id=msg.task_id, reason=msg.reason, at_s=ctx.now()))
+            self.advance(ctx)
+        else:
+            self.end(ctx, r, "cancelled", msg.reason)
+
+    # ---- the loop -----------------------------------------------------------------------
+    def advance(self, ctx: Context) -> None:
+        """Plan the next batch when none is in flight; otherwise make a run end after its
+        current pass, so whatever just changed is seen at the next pass boundary."""
+        st = self.state
+        if st.deferred:
+            pd.try_receive(self, ctx)  # blocks may have been freed: deferred receives first
+        fl = st.in_flight
+        if fl is not None:
+            if fl.iterations > 1 and not fl.interrupt:
+                ctx.record(BatchInterrupted(step=fl.step))
+                if fl.launched:
+                    ctx.send(self.npu, NpuForwardTruncate(req_id=f"fwd:{fl.step}"))
+            return
+        plan = schedule(st, self.cfg, ctx.record)
+        for copy in plan.copies:
+            self._move(ctx, copy)
+        if plan.batch is None:
+            return
+        ctx.record(plan.batch)
+        if not plan.batch.entries:  # only preemptions: a task larger than the pool alone
+            self._fail_unfit(ctx, plan.batch.preempted)
+            return
+        ctx.after(self.cfg.launch_gap_s(), Launch(plan.batch.step), key="launch")
+
+    def _fail_unfit(self, ctx: Context, preempted: tuple[str, ...]) -> None:
+        if self.state.running:
+            self.advance(ctx)
+            return
+        for tid in preempted:
+            r = self.state.reqs[tid]
+            self.end(ctx, r, "failed", f"needs more KV blocks than the DP group has "
+                     f"({self.cfg.hbm_blocks}) at {r.num_tokens} tokens")  # fmt: skip
+        self.advance(ctx)
+
+    def _launch(self, ctx: Context, msg: Launch) -> None:
+        st, cfg = self.state, self.cfg
+        fl = st.in_flight
+        if fl is None or fl.step != msg.step or fl.launched:
+            return
+        iterations = 1 if fl.interrupt else fl.iterations
+        ctx.record(BatchLaunched(step=fl.step, iterations=iterations))
+        reqs = st.reqs
+        seqs = tuple(
+            SeqShape(e.n, reqs[e.task_id].num_computed) for e in fl.entries if e.task_id in reqs
+        )
+        if not seqs:  # everything in it was cancelled meanwhile
+            self._finish_batch(ctx, (ctx.now(),), 0.0)
+            return
+        req_id = f"fwd:{fl.step}"
+        if iterations == 1:
+            fwd: NpuForward | NpuForwardRun = NpuForward(
+                req_id=req_id, model=cfg.model, seqs=seqs, tp=cfg.tp, sample=True
+            )
+        else:
+            fwd = NpuForwardRun(req_id=req_id, model=cfg.model, seqs=seqs, tp=cfg.tp, sample=True,
+                                iterations=iterations, gap_s=cfg.launch_gap_s())  # fmt: skip
+        ctx.ask(self.npu, fwd, cfg.npu_timeout_s)
+
+    def _done(self, ctx: Context, msg: NpuForwardDone | NpuForwardRunDone) -> None:
+        fl = self.state.in_flight
+        if fl is None or msg.req_id != f"fwd:{fl.step}":
+            return  # a late answer to a batch already failed
+        if isinstance(msg, NpuForwardRunDone):
+            self._finish_batch(ctx, msg.ends_s, 0.0)
+        else:
+            prefill = any(e.n > 1 for e in fl.entries)
+            self._finish_batch(ctx, (ctx.now(),), msg.duration_s if prefill else 0.0)
+
+    def _finish_batch(self, ctx: Context, ends_s: tuple[float, ...], prefill_s: float) -> None:
+        st, cfg = self.state, self.cfg
+        fl = st.in_flight
+        assert fl is not None
+        reqs = st.reqs
+        before = {e.task_id: reqs[e.task_id].emitted for e in fl.entries if e.task_id in reqs}
+        ctx.record(BatchEnded(step=fl.step, ends_s=ends_s, prefill_s=prefill_s))
+        B = cfg.block_tokens
+        for tid, first in before.items():
+            r = reqs.get(tid)
+            if r is None:
+                continue
+            got = r.emitted - first
+            if got:
+                times = ends_s[:got] if len(ends_s) > 1 else ends_s * got
+                ctx.send(r.task.reply_to, token_message(r, first, times, cfg))
+            full = min(r.num_computed, r.task.prompt.num_tokens) // B
+            sb = st.rtc.seqs.get(tid)
+            if sb is not None and full > sb.num_cached:  # newly computed prompt blocks
+                ev = rtc.cache_blocks(st.rtc, tid, r.task.prompt.block_hashes[:full])
+                if ev is not None:
+                    ctx.record(ev)
+            if r.cancelled is not None:
+                self.end(ctx, r, "cancelled", r.cancelled)
+            elif r.emitted >= r.out_len:
+                if r.stop == "prefilled":
+                    pd.hold(self, ctx, r)
+                elif r.stop == context.CONTEXT:
+                    context.created(self, ctx, r)
+                else:
+                    self.end(ctx, r, "completed", r.stop)
+        self._background_copies(ctx)
+        self.advance(ctx)
+
+    def _background_copies(self, ctx: Context) -> None:
+        """Once a pass: swap cold blocks out under pressure; prefetch queued prompts' DRAM runs."""
+        st = self.state
+        if not self.cfg.dram_blocks:
+            return
+        swap = rtc.plan_swap_out(st.rtc)
+        if swap is not None:
+            ctx.record(swap)
+            self._move(ctx, swap)
+        if st.waiting:
+            scan = st.rtc.config.prefetch_scan
+            queued = [st.reqs[t].task.prompt.block_hashes for t in st.waiting[:scan]]
+            fetch = rtc.plan_prefetch(st.rtc, queued)
+            if fetch is not None:
+                ctx.record(fetch)
+                self._move(ctx, fetch)
+
+    def _device_failed(self, ctx: Context, reason: str) -> None:
+        fl = self.state.in_flight
+        if fl is None or not fl.launched:
+            return
+        ctx.record(BatchEnded(step=fl.step, ends_s=(), failed=reason))
+        for e in fl.entries:
+            r = self.state.reqs.get(e.task_id)
+            if r is not None:
+                self.end(ctx, r, "failed", f"forward failed: {reason}")
+        self.advance(ctx)
+
+    def end(self, ctx: Context, r: Req, status: str, reason: str) -> None:
+        """The task's one terminal state: release its blocks, record it, tell the requester."""
+        tid = r.task.task_id
+        if tid in self.state.rtc.seqs:
+            ctx.record(rtc.free(self.state.rtc, tid))
+        src = r.task.kv_source
+        if src is not None and r.status in (pd.ARRIVED, pd.DEFERRED):  # never pulled: P may free
+            ctx.send(src.src, pd.KvRelease(transfer_id=src.transfer_id))
+        msg = finished_message(r, status, reason, ctx.now(), self.cfg)
+        ctx.record(TaskEnded(task_id=tid, status=status, reason=reason))
+        ctx.send(r.task.reply_to, msg)
+
+    # ---- tier copies (the RTC executor's byte moves) ---------------------------------------
+    def _move(self, ctx: Context, copy: rtc.RtcCopyStarted) -> None:
+        cfg = self.cfg
+        nbytes = len(copy.hbm) * cfg.kv_block_bytes
+        src, dst = (self.npu, cfg.host) if copy.kind == rtc.SWAP_OUT else (cfg.host, self.npu)
+        ctx.send(cfg.fabric, LinkTransfer(req_id=COPY + copy.copy_id, src=src, dst=dst,
+                                          nbytes=max(nbytes, 1)))  # fmt: skip
+
+    def _copy_done(self, ctx: Context, msg: LinkTransferDone | LinkTransferFailed) -> None:
+        st = self.state
+        copy_id = msg.req_id[len(COPY):]
+        c = st.rtc.copies.get(copy_id)
+        if c is None:
+            return
+        ok = isinstance(msg, LinkTransferDone)
+        ctx.record(rtc.finish_copy(st.rtc, copy_id, ok, "" if ok else msg.reason))
+        r = st.reqs.get(c.seq) if c.seq is not None else None
+        if r is not None and r.status == LOADING:
+            if r.cancelled is not None:
+                self.end(ctx, r, "cancelled", r.cancelled)
+            else:
+                table = len(rtc.block_table(st.rtc, c.seq))
+                computed = min(table * self.cfg.block_tokens, r.num_tokens - 1)
+                ctx.record(TaskStatus(task_id=c.seq, status=WAITING, num_computed=computed))
+        self.advance(ctx)

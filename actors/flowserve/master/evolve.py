@@ -1,0 +1,174 @@
+"""`evolve` of the DP-group master: folds its events (and the RTC's) into the state, in place."""
+
+from __future__ import annotations
+
+from deepserve.actors.flowserve import rtc
+from deepserve.actors.flowserve.master.state import (
+    DEFERRED,
+    HELD,
+    RUNNING,
+    WAITING,
+    BatchEnded,
+    BatchInterrupted,
+    BatchLaunched,
+    BatchPlanned,
+    ChannelOpened,
+    CorruptionArmed,
+    CorruptionUsed,
+    InFlight,
+    MasterState,
+    Req,
+    TaskCancelMarked,
+    TaskEnded,
+    TaskQueued,
+    TaskStatus,
+    TransferHeld,
+    TransferReleased,
+)
+from deepserve.core import Event
+
+PREFILL_RATE_WEIGHT = 0.2  # EWMA weight of the newest prefill throughput sample
+
+
+def _drop(queue: list[str], task_id: str) -> None:
+    if task_id in queue:
+        queue.remove(task_id)
+
+
+def _queued(st: MasterState, e: TaskQueued) -> None:
+    st.reqs[e.task.task_id] = Req(
+        task=e.task, out_len=e.out_len, stop=e.stop, status=e.status, emitted=e.emitted
+    )
+    if e.status == WAITING:
+        st.waiting.append(e.task.task_id)
+    elif e.status == DEFERRED:
+        st.deferred.append(e.task.task_id)
+
+
+def _status(st: MasterState, e: TaskStatus) -> None:
+    r = st.reqs[e.task_id]
+    _drop(st.waiting, e.task_id)
+    _drop(st.deferred, e.task_id)
+    if r.status == RUNNING:
+        _drop(st.running, e.task_id)
+    r.status = e.status
+    if e.num_computed is not None:
+        r.num_computed = e.num_computed
+    r.copy_id = e.copy_id
+    if e.status == WAITING:
+        st.waiting.insert(0, e.task_id) if e.front else st.waiting.append(e.task_id)
+    elif e.status == DEFERRED:
+        st.deferred.append(e.task_id)
+    elif e.status == RUNNING:
+        st.running.append(e.task_id)
+
+
+def _planned(st: MasterState, e: BatchPlanned) -> None:
+    for i, tid in enumerate(e.preempted):
+        r = st.reqs[tid]
+        _drop(st.running, tid)
+        r.status, r.num_computed = WAITING, 0
+        r.preemptions += 1
+        st.waiting.insert(i, tid)
+    for tid, computed in e.admitted:
+        r = st.reqs[tid]
+        _drop(st.waiting, tid)
+        st.running.append(tid)
+        r.status = RUNNING
+        r.num_computed = max(r.num_computed, computed)
+        if not r.admitted and r.task.kind == "decode":
+            r.admitted = True  # its prompt KV came from the prefill side: no cache statistics
+        elif not r.admitted:
+            r.admitted = True
+            r.cached_tokens = r.num_computed
+            st.prompt_tokens += r.task.prompt.num_tokens
+            st.cached_prompt_tokens += r.num_computed
+    if e.entries:
+        st.in_flight = InFlight(step=e.step, entries=e.entries, iterations=e.iterations)
+    st.step = e.step + 1
+
+
+def _ended(st: MasterState, e: BatchEnded) -> None:
+    fl = st.in_flight
+    st.in_flight = None
+    if fl is None or e.failed:
+        return
+    passes = len(e.ends_s)
+    reqs = st.reqs
+    prefill_tokens = 0
+    for entry in fl.entries:
+        r = reqs.get(entry.task_id)
+        if r is None or r.status != RUNNING:
+            continue
+        if passes > 1:  # a run: every entry decodes one token per pass
+            k = passes if r.cancelled_at is None else _before(e.ends_s, r.cancelled_at)
+            r.num_computed += k
+            r.emitted += k
+            continue
+        if r.cancelled_at is not None and e.ends_s[0] >= r.cancelled_at:
+            continue  # cancelled while this pass ran: its token is not delivered
+        if entry.n > 1:
+            prefill_tokens += entry.n
+        r.num_computed += entry.n
+        if r.num_computed >= r.num_tokens:
+            r.emitted += 1
+            if r.first_token_s is None:
+                r.first_token_s = e.ends_s[0]
+    if e.prefill_s > 0 and prefill_tokens:
+        sample = prefill_tokens / e.prefill_s
+        w = PREFILL_RATE_WEIGHT
+        st.prefill_tokens_per_s = (1 - w) * st.prefill_tokens_per_s + w * sample
+
+
+def _before(ends_s: tuple[float, ...], t: float) -> int:
+    return sum(1 for x in ends_s if x < t)
+
+
+def _task_ended(st: MasterState, e: TaskEnded) -> None:
+    st.reqs.pop(e.task_id, None)
+    _drop(st.waiting, e.task_id)
+    _drop(st.running, e.task_id)
+    _drop(st.deferred, e.task_id)
+    st.finished += 1
+
+
+def evolve_master(st: MasterState, e: Event) -> MasterState:
+    if rtc.is_rtc_event(e):
+        rtc.apply(st.rtc, e)
+    elif isinstance(e, BatchEnded):
+        _ended(st, e)
+    elif isinstance(e, BatchPlanned):
+        _planned(st, e)
+    elif isinstance(e, TaskQueued):
+        _queued(st, e)
+    elif isinstance(e, TaskStatus):
+        _status(st, e)
+    elif isinstance(e, TaskEnded):
+        _task_ended(st, e)
+    elif isinstance(e, BatchLaunched):
+        assert st.in_flight is not None and st.in_flight.step == e.step
+        st.in_flight.launched = True
+        st.in_flight.iterations = e.iterations
+    elif isinstance(e, BatchInterrupted):
+        assert st.in_flight is not None and st.in_flight.step == e.step
+        st.in_flight.interrupt = True
+    elif isinstance(e, TaskCancelMarked):
+        r = st.reqs[e.task_id]
+        r.cancelled, r.cancelled_at = e.reason, e.at_s
+    elif isinstance(e, TransferHeld):
+        st.held[e.handle.transfer_id] = e.handle
+        r = st.reqs.get(e.task_id)
+        if r is not None:
+            _drop(st.running, e.task_id)
+            r.status = HELD
+    elif isinstance(e, TransferReleased):
+        st.held.pop(e.transfer_id, None)
+    elif isinstance(e, ChannelOpened):
+        st.channels.append(e.addr)
+    elif isinstance(e, CorruptionArmed):
+        st.corrupt.append((e.task_id, e.block_index))
+    elif isinstance(e, CorruptionUsed):
+        del st.corrupt[e.index]
+    else:
+        raise AssertionError(f"dp master: unknown event {type(e).__name__}")
+    return st

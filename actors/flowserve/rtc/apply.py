@@ -1,0 +1,200 @@
+"""`apply(rtc, event)`: the ONLY code that changes an `Rtc`.
+
+The owner's `evolve` calls it for every RTC event, in place: `ctx.record(event)` is therefore
+the one way the block pool, the ref counts, the index and the tiers change, and replaying the
+recorded events rebuilds the state exactly (no copying on the hot path). The events carry the
+block ids the decision functions picked; `apply` re-checks them against the state (a mismatch
+means a log and a state that diverged, and raises instead of corrupting the pool).
+"""
+
+from __future__ import annotations
+
+from .events import (
+    RtcBlocksAllocated,
+    RtcBlocksCached,
+    RtcCacheCreated,
+    RtcCacheDeleted,
+    RtcCleared,
+    RtcCopyFinished,
+    RtcCopyStarted,
+    RtcFreed,
+)
+from .pool import (
+    Diverged,
+    _index_hbm,
+    _pin_dram,
+    _ref_dec,
+    _ref_inc,
+    _take_dram,
+    _take_hbm,
+    _unpin_dram,
+)
+from .state import CopyOp, NamedCache, Rtc, SeqBlocks, new_rtc
+
+SWAP_OUT = "swap_out"
+POPULATE = "populate"
+PREFETCH = "prefetch"
+
+
+# ---- events ----------------------------------------------------------------------
+
+
+def _seq(rtc: Rtc, seq: str) -> SeqBlocks:
+    sb = rtc.seqs.get(seq)
+    if sb is None:
+        sb = rtc.seqs[seq] = SeqBlocks([])
+    return sb
+
+
+def _allocated(rtc: Rtc, ev: RtcBlocksAllocated) -> None:
+    sb = _seq(rtc, ev.seq)
+    table = sb.blocks
+    if ev.shared:
+        # _ref_inc inlined: a prefix hit shares tens of blocks per request
+        ref, lru = rtc.ref, rtc.lru_hbm
+        for b in ev.shared:
+            r = ref[b]
+            if r == 0:
+                if rtc.hbm_hash[b] is None:
+                    raise Diverged(f"HBM block {b} is free: it cannot be shared")
+                del lru[b]
+            ref[b] = r + 1
+        table.extend(ev.shared)
+        sb.num_cached = len(table)
+    free, hbm_hash, ref = rtc.free_hbm, rtc.hbm_hash, rtc.ref
+    for b in ev.blocks:
+        if hbm_hash[b] is None and free and free[-1] == b:
+            free.pop()  # _take_hbm's common case, inlined
+            ref[b] = 1
+        else:
+            _take_hbm(rtc, b)
+    table.extend(ev.blocks)
+
+
+def _cached(rtc: Rtc, ev: RtcBlocksCached) -> None:
+    sb = rtc.seqs[ev.seq]
+    for b, h, p in zip(ev.blocks, ev.hashes, ev.parents, strict=True):
+        _index_hbm(rtc, h, p, b)
+    sb.num_cached = ev.num_cached
+
+
+def _freed(rtc: Rtc, ev: RtcFreed) -> None:
+    sb = rtc.seqs.pop(ev.seq)
+    if sb.loading:
+        # Its populate copies still hold their own references; they no longer fill a table (a
+        # later sequence with the same id must not be touched when they end).
+        for c in rtc.copies.values():
+            if c.seq == ev.seq:
+                c.seq = None
+    ref, hbm_hash, lru, free = rtc.ref, rtc.hbm_hash, rtc.lru_hbm, rtc.free_hbm
+    # Tail blocks first: they are the least likely to be shared, so they are evicted first.
+    # (_ref_dec inlined: a request frees all its blocks at once.)
+    for b in reversed(sb.blocks):
+        r = ref[b] - 1
+        if r < 0:
+            raise Diverged(f"HBM block {b}: reference count would go negative (double free)")
+        ref[b] = r
+        if r == 0:
+            if hbm_hash[b] is None:
+                free.append(b)
+            else:
+                lru[b] = None
+
+
+def _copy_started(rtc: Rtc, ev: RtcCopyStarted) -> None:
+    rtc.copies[ev.copy_id] = CopyOp(ev.kind, ev.seq, list(ev.hashes), list(ev.hbm), list(ev.dram))
+    rtc.next_copy += 1
+    if ev.kind == SWAP_OUT:
+        for b in ev.hbm:
+            _ref_inc(rtc, b)
+        for d in ev.dram:
+            _take_dram(rtc, d)
+        return
+    for d in ev.dram:
+        _pin_dram(rtc, d)
+    sb = _seq(rtc, ev.seq) if ev.seq is not None else None
+    if sb is not None:
+        for b in ev.shared:
+            _ref_inc(rtc, b)
+            sb.blocks.append(b)
+    for b in ev.hbm:
+        _take_hbm(rtc, b)  # the copy's reference
+    if sb is not None:
+        for b in ev.hbm:
+            rtc.ref[b] += 1  # the sequence's reference
+            sb.blocks.append(b)
+        sb.loading += 1
+        sb.num_cached = len(sb.blocks)
+
+
+def _copy_finished(rtc: Rtc, ev: RtcCopyFinished) -> None:
+    c = rtc.copies.pop(ev.copy_id)
+    stored = dict(zip(ev.stored, ev.parents, strict=True))
+    if c.kind == SWAP_OUT:
+        # Reversed, so that the blocks keep their order at the LRU front.
+        for h, b, d in reversed(list(zip(c.hashes, c.hbm, c.dram, strict=True))):
+            if ev.ok and h in stored:
+                rtc.nodes[h].dram = d
+                rtc.dram_hash[d] = h
+            _unpin_dram(rtc, d)
+            _ref_dec(rtc, b, cold=ev.ok)
+    else:
+        sb = rtc.seqs.get(c.seq) if c.seq is not None else None
+        if sb is not None:
+            sb.loading -= 1
+        for h, b, d in zip(c.hashes, c.hbm, c.dram, strict=True):
+            if ev.ok and h in stored:
+                _index_hbm(rtc, h, stored[h], b)
+            _unpin_dram(rtc, d)
+        if not ev.ok and sb is not None:
+            # The sequence keeps only the part of its prefix that was in HBM already.
+            keep = len(sb.blocks) - len(c.hbm)
+            for b in reversed(sb.blocks[keep:]):
+                _ref_dec(rtc, b)
+            del sb.blocks[keep:]
+            sb.num_cached = keep
+        for b in c.hbm:
+            _ref_dec(rtc, b)
+    rtc.finished[ev.copy_id] = ev.ok
+    if len(rtc.finished) > rtc.config.max_copies_in_flight:
+        rtc.finished.popitem(last=False)  # type: ignore[call-arg]
+
+
+def _cache_created(rtc: Rtc, ev: RtcCacheCreated) -> None:
+    for b in ev.blocks:
+        _ref_inc(rtc, b)
+    rtc.caches[ev.cache_id] = NamedCache(list(ev.hashes), list(ev.blocks))
+
+
+def _cache_deleted(rtc: Rtc, ev: RtcCacheDeleted) -> None:
+    for b in reversed(rtc.caches.pop(ev.cache_id).blocks):
+        _ref_dec(rtc, b)
+
+
+def _cleared(rtc: Rtc, ev: RtcCleared) -> None:
+    fresh = new_rtc(rtc.config)
+    for name in rtc.__struct_fields__:
+        if name not in ("config", "next_copy"):
+            setattr(rtc, name, getattr(fresh, name))
+
+
+_APPLY = {
+    RtcBlocksAllocated: _allocated,
+    RtcBlocksCached: _cached,
+    RtcFreed: _freed,
+    RtcCopyStarted: _copy_started,
+    RtcCopyFinished: _copy_finished,
+    RtcCacheCreated: _cache_created,
+    RtcCacheDeleted: _cache_deleted,
+    RtcCleared: _cleared,
+}
+
+
+def apply(rtc: Rtc, event: object) -> Rtc:
+    """Fold one RTC event into `rtc` in place and return it (so `evolve` can return it)."""
+    _APPLY[type(event)](rtc, event)  # type: ignore[index]
+    return rtc
+
+
+def is_rtc_event(event: object) -> bool:
+    return type(event) in _APPLY

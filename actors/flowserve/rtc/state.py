@@ -1,0 +1,192 @@
+"""The RTC master's state: the paged block table, reference counts, the hybrid index, the tiers.
+
+Everything here is plain lists, dicts and mutable msgspec Structs so that the state is
+msgpack-encodable (actor snapshots) and cheap to read on the scheduler's hot path.
+
+- HBM blocks `0..hbm_blocks-1` and DRAM blocks `0..dram_blocks-1` are two separate pools.
+- `ref[b]` counts the holders of HBM block b: sequences, named caches and copies in flight.
+- An HBM block with `ref == 0` is either *free* (no content: `free_hbm`, a stack) or *cached*
+  (it holds the KV of an indexed block: `lru_hbm`, ordered least recently used first). Allocation
+  takes free blocks first, then evicts from the LRU front (vLLM's block pool keeps a single queue;
+  preferring never-cached blocks keeps the cache longer at the same cost).
+- The prefix index (DeepServe's radix tree over token blocks) is `nodes`, keyed by the block's
+  64-bit *chain hash* (`Prompt.block_hashes`): a chain hash names its whole prefix, so the tree is
+  stored as a parent-pointer table and a prefix walk is one dict lookup per block. A node points
+  at its HBM copy, its DRAM copy, or both (DeepServe §4.3: "each index node can point to data
+  stored either in the NPU or in local DRAM").
+- The ID index (explicit context caching) maps a cache id to the chain hashes it pins.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import msgspec
+
+NONE = -1  # "no block" in the int fields below (cheaper than Optional on the hot path)
+
+HBM = "HBM"  # KV-event medium names (vLLM uses "GPU"/"CPU"; ours are the NPU's tiers)
+DRAM = "DRAM"
+
+
+class RtcConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Sizes of one DP group's KV pools (block counts, not bytes: the executor converts)."""
+
+    hbm_blocks: int
+    dram_blocks: int = 0
+    block_tokens: int = 128  # tokens per block (one cluster-wide size, `kv_block_tokens`)
+    max_seqs: int = 65_536  # limits on everything: owners of block tables
+    max_named_caches: int = 4_096
+    max_copies_in_flight: int = 1_024
+    swap_low_watermark: float = 0.10  # swap cold blocks out when less than this HBM is free
+    swap_batch_blocks: int = 64  # at most this many blocks per background swap-out
+    prefetch_min_free: float = 0.25  # background prefetch only while more HBM than this is free
+    prefetch_scan: int = 16  # queued prompts a prefetch plan looks at
+
+    def __post_init__(self) -> None:
+        if self.hbm_blocks <= 0:
+            raise ValueError(f"RtcConfig.hbm_blocks must be > 0, got {self.hbm_blocks}")
+        if self.dram_blocks < 0:
+            raise ValueError(f"RtcConfig.dram_blocks must be >= 0, got {self.dram_blocks}")
+        if self.block_tokens <= 0:
+            raise ValueError(f"RtcConfig.block_tokens must be > 0, got {self.block_tokens}")
+        if not 0.0 <= self.prefetch_min_free < 1.0:
+            raise ValueError(
+                f"RtcConfig.prefetch_min_free must be in [0, 1), got {self.prefetch_min_free}"
+            )
+        if not 0.0 <= self.swap_low_watermark < 1.0:
+            raise ValueError(
+                f"RtcConfig.swap_low_watermark must be in [0, 1), got {self.swap_low_watermark}"
+            )
+        for name in ("max_seqs", "max_named_caches", "max_copies_in_flight", "swap_batch_blocks",
+                     "prefetch_scan"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"RtcConfig.{name} must be > 0, got {getattr(self, name)}")
+
+
+class Node(msgspec.Struct, gc=False, array_like=True):
+    """One indexed block: its parent's chain hash and where its KV lives."""
+
+    parent: int | None
+    hbm: int = NONE  # HBM block id, or NONE
+    dram: int = NONE  # DRAM block id, or NONE
+
+
+class SeqBlocks(msgspec.Struct, gc=False, array_like=True):
+    """A sequence's block table: HBM block ids in token order; the first `num_cached` are indexed."""
+
+    blocks: list[int]
+    num_cached: int = 0
+    loading: int = 0  # copies in flight that fill blocks of this table (populate)
+
+
+class NamedCache(msgspec.Struct, gc=False, array_like=True):
+    """An explicit context cache: the chain hashes and the HBM blocks it holds a reference on."""
+
+    hashes: list[int]
+    blocks: list[int]
+
+
+class CopyOp(msgspec.Struct, gc=False, array_like=True):
+    """A copy in flight between tiers. It holds a reference on its HBM blocks and pins its DRAM
+    blocks, so neither is reused while the bytes move."""
+
+    kind: str  # "swap_out" (HBM -> DRAM), "populate" / "prefetch" (DRAM -> HBM)
+    seq: str | None
+    hashes: list[int]
+    hbm: list[int]
+    dram: list[int]
+
+
+class Rtc(msgspec.Struct, kw_only=True):
+    """The RTC master's whole state (one per DP group). Mutated only by `apply.apply`."""
+
+    config: RtcConfig
+    ref: list[int]
+    hbm_hash: list[int | None]  # chain hash held by each HBM block (None: no indexed content)
+    free_hbm: list[int]
+    # OrderedDicts at run time (O(1) move/pop at both ends); typed `dict` so snapshots decode.
+    lru_hbm: dict[int, None]  # cached, unreferenced HBM blocks; LRU first
+    dram_hash: list[int | None]
+    free_dram: list[int]
+    lru_dram: dict[int, None]  # unpinned DRAM blocks holding KV; LRU first
+    dram_pins: list[int]
+    nodes: dict[int, Node]
+    seqs: dict[str, SeqBlocks]
+    caches: dict[str, NamedCache]
+    copies: dict[str, CopyOp]
+    finished: dict[str, bool]  # outcome of recent copies (QueryPopulate), bounded
+    next_copy: int = 0
+
+    def __post_init__(self) -> None:
+        # A snapshot decoded from msgpack comes back with plain dicts: keep the LRU order type.
+        if type(self.lru_hbm) is not OrderedDict:
+            self.lru_hbm = OrderedDict(self.lru_hbm)
+        if type(self.lru_dram) is not OrderedDict:
+            self.lru_dram = OrderedDict(self.lru_dram)
+        if type(self.finished) is not OrderedDict:
+            self.finished = OrderedDict(self.finished)
+
+
+    def __deepcopy__(self, memo: dict) -> Rtc:
+        """The kernel deep-copies actor states at every snapshot; the generic deepcopy visits
+        every int of the pool (~300 ms for a 60k-block pool). The lists hold immutable ints,
+        so slicing copies them exactly; only the small mutable Structs are rebuilt."""
+        return Rtc(
+            config=self.config,
+            ref=self.ref[:],
+            hbm_hash=self.hbm_hash[:],
+            free_hbm=self.free_hbm[:],
+            lru_hbm=OrderedDict(self.lru_hbm),
+            dram_hash=self.dram_hash[:],
+            free_dram=self.free_dram[:],
+            lru_dram=OrderedDict(self.lru_dram),
+            dram_pins=self.dram_pins[:],
+            nodes={h: Node(n.parent, n.hbm, n.dram) for h, n in self.nodes.items()},
+            seqs={k: SeqBlocks(v.blocks[:], v.num_cached, v.loading) for k, v in self.seqs.items()},
+            caches={k: NamedCache(v.hashes[:], v.blocks[:]) for k, v in self.caches.items()},
+            copies={k: CopyOp(c.kind, c.seq, c.hashes[:], c.hbm[:], c.dram[:])
+                    for k, c in self.copies.items()},
+            finished=OrderedDict(self.finished),
+            next_copy=self.next_copy,
+        )
+
+
+def new_rtc(config: RtcConfig) -> Rtc:
+    """An empty RTC: every block free. Free stacks pop from the end, so block 0 is used first."""
+    h, d = config.hbm_blocks, config.dram_blocks
+    return Rtc(
+        config=config,
+        ref=[0] * h,
+        hbm_hash=[None] * h,
+        free_hbm=list(range(h - 1, -1, -1)),
+        lru_hbm=OrderedDict(),
+        dram_hash=[None] * d,
+        free_dram=list(range(d - 1, -1, -1)),
+        lru_dram=OrderedDict(),
+        dram_pins=[0] * d,
+        nodes={},
+        seqs={},
+        caches={},
+        copies={},
+        finished=OrderedDict(),
+    )
+
+
+def hbm_free_blocks(rtc: Rtc) -> int:
+    """HBM blocks an allocation can take now (free + cached-unreferenced)."""
+    return len(rtc.free_hbm) + len(rtc.lru_hbm)
+
+
+def hbm_used_blocks(rtc: Rtc) -> int:
+    """HBM blocks held by someone (sequences, named caches, copies)."""
+    return rtc.config.hbm_blocks - hbm_free_blocks(rtc)
+
+
+def kv_usage(rtc: Rtc) -> float:
+    """Fraction of HBM blocks in use (what the TE shell reports as KV usage)."""
+    return hbm_used_blocks(rtc) / rtc.config.hbm_blocks
+
+
+class RtcError(ValueError):
+    """A call the RTC cannot honour (unknown sequence, over a limit, bad argument)."""

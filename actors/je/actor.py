@@ -1,0 +1,361 @@
+"""The Job Executor (DeepServe §3): request → job → tasks on TEs, tracked to a terminal state.
+
+A chat job on a colocated TE is one `chat` task; on a PD pair a `prefill` task, then a `decode`
+task carrying the prefill's KV handle (xDeepServe §5.1). The policy (by name, actors/scheduling)
+picks the TE; every pick is a recorded `RouteDecided` with the inputs it saw. A failed task is
+retried on another TE while nothing has streamed (at most `max_attempts`), otherwise the request
+fails with the reason. With on-demand forwarding (P/D-Serve §3.5) a prefill refusal is not a
+failure: the JE offers the task to the next prefill (fewest open streams first) until the TTFT
+deadline. Group membership comes from the cluster manager (`TeGroupMembership`, pushed).
+Batch jobs wait in a queue and are dispatched only while online traffic leaves room.
+Tokens are not forwarded: the timings arrive with `TaskFinished` (the simulator's need).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from deepserve.actors.flowserve.messages import (
+    SubmitTask,
+    TaskAccepted,
+    TaskFinished,
+    TaskRejected,
+    TaskTokens,
+)
+from deepserve.actors.flowserve.rtc.kv_events import KVEventBatch
+from deepserve.actors.scheduling import Candidate, Decision, Policy, RouteRequest
+from deepserve.actors.scheduling.decision import ranked
+from deepserve.actors.scheduling.forwarding import next_offer
+from deepserve.actors.scheduling.least_load import select_least_load
+from deepserve.actors.scheduling.predictor import DecodeLengthTree, features
+from deepserve.actors.workload.messages import EndOfRun, RequestDone
+from deepserve.core import Actor, Context, Event, Message
+
+from .config import MAX_BATCH_ITEMS, MAX_JOBS, JeConfig
+from .messages import (
+    AcceptTimeout,
+    BatchAccepted,
+    BatchDone,
+    BatchTick,
+    JeLateMessage,
+    JePrefilled,
+    JeState,
+    JeTaskEnded,
+    Job,
+    JobAccepted,
+    JobFinished,
+    JobParked,
+    JobRequest,
+    MembershipChanged,
+    OfferAgain,
+    OfferRefused,
+    ParkTimeout,
+    RouteDecided,
+    SubmitBatch,
+    TaskAcked,
+    TaskStreamed,
+    TeGroupMembership,
+)
+from .state import evolve
+from .trees import KvEventsFolded, fold_kv_batch
+
+
+def task_id(request_id: str, phase: str, attempt: int) -> str:
+    return f"{request_id}/{phase}.{attempt}"
+
+
+class JobExecutor(Actor[JeState]):
+    snapshot_every = 4096
+
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        self.cfg = msgspec.convert(config or {}, JeConfig)
+        self.policy = Policy(self.cfg.policy, self.cfg.params, self.cfg.heatmap)
+        p = self.cfg.predictor
+        self.predictor = msgspec.convert(p, DecodeLengthTree) if p is not None else None
+
+    def initial_state(self) -> JeState:
+        return JeState()
+
+    def evolve(self, s: JeState, e: Event) -> JeState:
+        if type(e) is KvEventsFolded:
+            return fold_kv_batch(s, e, self.cfg.max_tree_blocks)  # type: ignore[arg-type]
+        return evolve(s, e, self.cfg.max_tree_blocks)
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        t = type(msg)
+        if t is TaskTokens:
+            self._tokens(ctx, msg)  # type: ignore[arg-type]
+        elif t is TaskFinished:
+            self._task_finished(ctx, msg)  # type: ignore[arg-type]
+        elif t is TaskAccepted:
+            self._acked(ctx, msg)  # type: ignore[arg-type]
+        elif t is TaskRejected:
+            self._rejected(ctx, msg)  # type: ignore[arg-type]
+        elif t is JobRequest:
+            self._submit(ctx, msg)  # type: ignore[arg-type]
+        elif t is AcceptTimeout:
+            self._timeout(ctx, msg)  # type: ignore[arg-type]
+        elif t is OfferAgain:
+            j = self.state.jobs.get(msg.request_id)  # type: ignore[attr-defined]
+            if j is not None and not j.te:
+                self._dispatch(ctx, msg.request_id, j, j.phase or "chat", j.attempt)  # type: ignore[attr-defined]
+        elif t is TeGroupMembership:
+            self._membership(ctx, msg)  # type: ignore[arg-type]
+        elif t is KVEventBatch:
+            ctx.record(KvEventsFolded(te=ctx.sender, batch=msg))  # type: ignore[arg-type]
+        elif t is SubmitBatch:
+            self._batch(ctx, msg)  # type: ignore[arg-type]
+        elif t is ParkTimeout:
+            j = self.state.jobs.get(msg.request_id)  # type: ignore[attr-defined]
+            if j is not None and msg.request_id in self.state.parked:  # type: ignore[attr-defined]
+                self._finish(ctx, msg.request_id, j, "failed", f"no TE group for model {j.model!r} was pushed in time")  # type: ignore[attr-defined]
+        elif t is BatchTick:
+            self._pump_batch(ctx)
+        elif t is EndOfRun:
+            for rid, j in list(self.state.jobs.items()):
+                self._finish(ctx, rid, j, "failed", msg.reason)  # type: ignore[attr-defined]
+
+    # ---- jobs in -------------------------------------------------------------------------------
+    def _submit(self, ctx: Context, m: JobRequest) -> None:
+        if m.request_id in self.state.jobs:
+            ctx.record(JeLateMessage(task_id=m.request_id, what="duplicate JobRequest"))
+            return
+        arrival = m.arrival_s if m.arrival_s is not None else ctx.now()
+        if len(self.state.jobs) >= MAX_JOBS:
+            done = _done(m.request_id, "failed", f"JE holds {MAX_JOBS} jobs already", arrival, ctx.now())
+            ctx.send(m.reply_to, done, corr=m.request_id)
+            return
+        bucket = m.predicted_bucket if m.predicted_bucket is not None else self._predict(m)
+        ctx.record(JobAccepted(request_id=m.request_id, model=m.model, prompt=m.prompt,
+                               sampling=m.sampling, reply_to=m.reply_to, arrival_s=arrival,
+                               predicted_bucket=bucket))  # fmt: skip
+        self._dispatch(ctx, m.request_id, self.state.jobs[m.request_id], "chat", 1)
+
+    def _predict(self, m: JobRequest) -> int | None:
+        """The decode-length bucket from what is known at arrival: the prompt length and the
+        longest prefix any TE of the model holds (the global prompt tree)."""
+        if self.predictor is None:
+            return None
+        tree = self.state.trees.get(m.model)
+        seen = 0
+        if tree is not None:
+            tes = [te for tes in self.state.groups.get(m.model, {}).values() for te in tes]
+            seen = max(tree.match(m.prompt.block_hashes, tes).values(), default=0)
+        return self.predictor.predict(features(m.prompt.num_tokens, seen * self.cfg.kv_block_tokens))
+
+    def _batch(self, ctx: Context, m: SubmitBatch) -> None:
+        ids = {it.request_id for it in m.items}
+        clash = len(ids) < len(m.items) or any(i in self.state.jobs for i in ids)
+        if len(m.items) > MAX_BATCH_ITEMS or m.batch_id in self.state.batches or not m.items or clash:
+            why = ("empty" if not m.items else "too large" if len(m.items) > MAX_BATCH_ITEMS
+                   else "a request id is already in flight" if clash else "duplicate batch id")
+            ctx.record(JeLateMessage(task_id=m.batch_id, what=f"batch refused: {why}"))
+            ctx.send(m.reply_to, BatchDone(batch_id=m.batch_id, completed=0, failed=len(m.items)))
+            return
+        ctx.record(BatchAccepted(batch_id=m.batch_id, count=len(m.items), deadline_s=m.deadline_s,
+                                 reply_to=m.reply_to))  # fmt: skip
+        for it in m.items:
+            ctx.record(JobAccepted(request_id=it.request_id, model=m.model, prompt=it.prompt,
+                                   sampling=it.sampling, reply_to=m.reply_to, arrival_s=ctx.now(),
+                                   batch_id=m.batch_id))  # fmt: skip
+        self._pump_batch(ctx)
+
+    def _pump_batch(self, ctx: Context) -> None:
+        """Best effort behind online traffic: dispatch queued batch items while there is room."""
+        s, cfg = self.state, self.cfg
+        for rid in list(s.batch_queue):
+            j = s.jobs[rid]
+            deadline = s.batches[j.batch_id].deadline_s
+            if ctx.now() >= deadline:
+                self._finish(ctx, rid, j, "failed", f"batch deadline {deadline:g}s passed before dispatch")
+        busy = sum(1 for j in s.jobs.values() if j.batch_id and not j.queued)
+        while s.batch_queue and s.online < cfg.batch_online_limit and busy < cfg.batch_inflight:
+            rid = s.batch_queue[0]
+            self._dispatch(ctx, rid, s.jobs[rid], "chat", 1)
+            busy += 1
+        if s.batch_queue:
+            ctx.after(cfg.batch_tick_s, BatchTick(), key="batch")
+
+    # ---- routing -------------------------------------------------------------------------------
+    def _candidates(self, j: Job, roles: tuple[str, ...]) -> tuple[Candidate, ...]:
+        s = self.state
+        group = s.groups.get(j.model, {})
+        tree = s.trees.get(j.model)
+        out: list[Candidate] = []
+        for role in roles:
+            tes = [te for te in group.get(role, []) if te not in j.excluded]
+            match = tree.match(j.prompt.block_hashes, tes) if tree is not None and role != "decode" else {}
+            sub = "colocated" if role == "colocated" else "pd"
+            out += [Candidate(te=te, subgroup=sub, load=s.open.get(te, 0),  # type: ignore[arg-type]
+                              prefix_blocks=match.get(te, 0)) for te in tes]
+        return tuple(out)
+
+    def _dispatch(self, ctx: Context, rid: str, j: Job, phase: str, attempt: int, last: str = "") -> None:
+        if phase == "decode":
+            cands = self._candidates(j, ("decode",))
+            decision = select_least_load(self._route_req(rid, j), cands) if cands else None
+        elif phase == "prefill" and self.cfg.forwarding.mode == "on_demand" and j.refused:
+            decision = self._offer(ctx, rid, j)
+            if decision is None:
+                return
+        else:
+            cands = self._candidates(j, ("colocated", "prefill"))
+            decision = self.policy.select(self._route_req(rid, j), cands, self.state.turns) if cands else None
+            if decision is not None:
+                phase = "prefill" if decision.subgroup == "pd" else "chat"
+        if decision is None and not last and j.model not in self.state.groups:
+            if rid not in self.state.parked:
+                ctx.record(JobParked(request_id=rid))
+                ctx.after(self.cfg.forwarding.ttft_deadline_s, ParkTimeout(request_id=rid), key=f"park/{rid}")
+            return
+        if decision is None:
+            why = (f"every {phase} TE of model {j.model!r} failed this job; last: {last}" if last else
+                   f"no TE for model {j.model!r} (its TE group is empty)")
+            self._finish(ctx, rid, j, "failed", why)
+            return
+        tid = task_id(rid, phase, attempt)
+        ctx.record(RouteDecided(request_id=rid, task_id=tid, phase=phase, attempt=attempt,  # type: ignore[arg-type]
+                                decision=decision))  # fmt: skip
+        ctx.send(decision.chosen, SubmitTask(
+            task_id=tid, request_id=rid, kind=phase, model=j.model, prompt=j.prompt,  # type: ignore[arg-type]
+            sampling=j.sampling, reply_to=ctx.self, arrival_s=j.arrival_s,
+            kv_source=j.kv if phase == "decode" else None,
+        ), corr=rid)  # fmt: skip
+        ctx.after(self.cfg.forwarding.accept_timeout_s, AcceptTimeout(task_id=tid), key=f"acc/{tid}")
+
+    def _offer(self, ctx: Context, rid: str, j: Job) -> Decision | None:
+        """On-demand forwarding: the next prefill after a refusal, or a wait, or the timeout."""
+        cands = self._candidates(j, ("prefill",))
+        fw = self.cfg.forwarding
+        offer = next_offer(cands, tuple(j.refused), ctx.now(), j.arrival_s, fw)
+        if offer.stop:
+            self._finish(ctx, rid, j, "failed", f"timeout: {offer.stop}")
+            return None
+        if offer.te is None:
+            ctx.record(OfferRefused(request_id=rid, task_id="", te="", reason="sweep done"))
+            ctx.after(offer.wait_s, OfferAgain(request_id=rid), key=f"offer/{rid}")
+            return None
+        order = sorted((c for c in cands if c.te not in j.refused), key=lambda c: (c.load, c.te))
+        return Decision(policy="on_demand", params={"ttft_deadline_s": fw.ttft_deadline_s},
+                        chosen=offer.te, subgroup="pd", ranked=ranked(order),
+                        reason=f"refused by {', '.join(j.refused)}: next fewest open streams")
+
+    def _route_req(self, rid: str, j: Job) -> RouteRequest:
+        return RouteRequest(request_id=rid, prompt_tokens=j.prompt.num_tokens,
+                            prompt_blocks=len(j.prompt.block_hashes), predicted_bucket=j.predicted_bucket)
+
+    # ---- task answers --------------------------------------------------------------------------
+    def _current(self, ctx: Context, tid: str, what: str) -> tuple[str, Job] | None:
+        rid = tid.rpartition("/")[0]
+        j = self.state.jobs.get(rid)
+        if j is None or j.task_id != tid or not j.te:
+            ctx.record(JeLateMessage(task_id=tid, what=what))
+            return None
+        return rid, j
+
+    def _acked(self, ctx: Context, m: TaskAccepted) -> None:
+        cur = self._current(ctx, m.task_id, "TaskAccepted")
+        if cur is not None and not cur[1].acked:
+            ctx.record(TaskAcked(task_id=m.task_id))
+            ctx.cancel(f"acc/{m.task_id}")
+
+    def _tokens(self, ctx: Context, m: TaskTokens) -> None:
+        rid = m.task_id.rpartition("/")[0]
+        j = self.state.jobs.get(rid)
+        if j is not None and j.task_id == m.task_id and j.te and not j.streamed:
+            ctx.record(TaskStreamed(task_id=m.task_id))
+
+    def _rejected(self, ctx: Context, m: TaskRejected) -> None:
+        cur = self._current(ctx, m.task_id, "TaskRejected")
+        if cur is None:
+            return
+        rid, j = cur
+        ctx.cancel(f"acc/{m.task_id}")
+        if j.phase == "prefill" and self.cfg.forwarding.mode == "on_demand":
+            ctx.record(OfferRefused(request_id=rid, task_id=m.task_id, te=j.te, reason=m.reason))
+            self._dispatch(ctx, rid, j, "prefill", j.attempt + 1)
+            return
+        self._task_failed(ctx, rid, j, f"rejected by {j.te}: {m.reason}")
+
+    def _timeout(self, ctx: Context, m: AcceptTimeout) -> None:
+        rid = m.task_id.rpartition("/")[0]
+        j = self.state.jobs.get(rid)
+        if j is None or j.task_id != m.task_id or not j.te or j.acked:
+            return  # answered in time, or no longer current
+        self._task_failed(ctx, rid, j, f"{j.te} did not answer within {self.cfg.forwarding.accept_timeout_s:g}s")
+
+    def _task_finished(self, ctx: Context, m: TaskFinished) -> None:
+        cur = self._current(ctx, m.task_id, f"TaskFinished {m.status}")
+        if cur is None:
+            return
+        rid, j = cur
+        ctx.cancel(f"acc/{m.task_id}")
+        if m.status != "completed":
+            self._task_failed(ctx, rid, j, f"{m.status} on {j.te}: {m.reason}")
+            return
+        if j.phase == "prefill" and m.kv is None and m.reason != "prefilled":
+            # The prefill's first token was the whole answer (a 1-token target, EOS): no decode.
+            self._finish(ctx, rid, j, "completed", m.reason, m, first=m.first_token_s, cached=m.cached_prompt_tokens)
+            return
+        if j.phase == "prefill":
+            if m.kv is None:
+                self._task_failed(ctx, rid, j, f"prefill on {j.te} finished without its KV handle")
+                return
+            ctx.record(JeTaskEnded(request_id=rid, task_id=m.task_id, te=j.te, status="completed", reason=m.reason))
+            ctx.record(JePrefilled(request_id=rid, first_token_s=m.first_token_s, kv=m.kv,
+                                   cached_prompt_tokens=m.cached_prompt_tokens, prompt_tokens=m.prompt_tokens))
+            self._dispatch(ctx, rid, j, "decode", 1)
+            return
+        pd = j.phase == "decode"
+        self._finish(ctx, rid, j, "completed", m.reason, m,
+                     first=j.first_token_s if pd else m.first_token_s,
+                     cached=j.cached_prompt_tokens if pd else m.cached_prompt_tokens)  # fmt: skip
+
+    def _task_failed(self, ctx: Context, rid: str, j: Job, reason: str) -> None:
+        te, phase, attempt = j.te, j.phase, j.attempt
+        ctx.record(JeTaskEnded(request_id=rid, task_id=j.task_id, te=te, status="failed", reason=reason))
+        if j.streamed or phase == "decode":
+            self._finish(ctx, rid, j, "failed", f"{phase} task failed after output streamed: {reason}")
+        elif attempt >= self.cfg.max_attempts:
+            self._finish(ctx, rid, j, "failed", f"gave up after {attempt} attempts: {reason}")
+        else:
+            self._dispatch(ctx, rid, j, phase, attempt + 1, reason)
+
+    # ---- membership and ends -------------------------------------------------------------------
+    def _membership(self, ctx: Context, m: TeGroupMembership) -> None:
+        ctx.record(MembershipChanged(model=m.model, role=m.role, tes=m.tes))
+        members = {te for tes in self.state.groups.get(m.model, {}).values() for te in tes}
+        for rid in [r for r in self.state.parked if self.state.jobs[r].model == m.model]:
+            ctx.cancel(f"park/{rid}")
+            self._dispatch(ctx, rid, self.state.jobs[rid], "chat", 1)
+        for rid, j in list(self.state.jobs.items()):
+            if j.model == m.model and j.te and j.te not in members:
+                self._task_failed(ctx, rid, j, f"{j.te} left the {m.role} group")
+
+    def _finish(self, ctx: Context, rid: str, j: Job, status: str, reason: str,
+                m: TaskFinished | None = None, first: float | None = None, cached: int = 0) -> None:
+        if j.te:
+            ctx.cancel(f"acc/{j.task_id}")
+        done = RequestDone(
+            request_id=rid, status=status, reason=reason, arrival_s=j.arrival_s,  # type: ignore[arg-type]
+            first_token_s=first if m is not None else j.first_token_s, finish_s=ctx.now() if m is None else m.finish_s,
+            prompt_tokens=m.prompt_tokens if m is not None else j.prompt_tokens,
+            cached_prompt_tokens=cached, output_tokens=m.output_tokens if m is not None else 0,
+            te=(m.te or j.te) if m is not None else j.te,
+        )  # fmt: skip
+        batch = j.batch_id
+        b = self.state.batches.get(batch) if batch else None
+        ctx.record(JobFinished(done=done, batch_id=batch))  # evolve counts it into `b` in place
+        ctx.send(j.reply_to, done, corr=rid)
+        if b is not None and batch not in self.state.batches:  # that was the batch's last item
+            ctx.send(j.reply_to, BatchDone(batch_id=batch, completed=b.completed, failed=b.failed))
+        if not batch and self.state.batch_queue:
+            self._pump_batch(ctx)
+
+
+def _done(rid: str, status: str, reason: str, arrival: float, now: float) -> RequestDone:
+    return RequestDone(request_id=rid, status=status, reason=reason, arrival_s=arrival,  # type: ignore[arg-type]
+                       first_token_s=None, finish_s=now, prompt_tokens=0, cached_prompt_tokens=0,
+                       output_tokens=0, te="")

@@ -1,0 +1,39 @@
+"""The JE's configuration (a scenario's `scheduling` section feeds it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from deepserve.actors.scheduling import Policy
+from deepserve.actors.scheduling.forwarding import ForwardingParams
+from deepserve.actors.scheduling.locality import MAX_BLOCKS_DEFAULT
+
+MAX_JOBS = 1 << 20  # a limit on everything: jobs one JE holds at once
+MAX_BATCH_ITEMS = 100_000
+
+
+class JeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    policy: str = "round_robin"
+    params: dict[str, int | float] = {}
+    heatmap: dict[str, Any] | None = None  # a PdHeatmap as data (`deepserve profile heatmap`)
+    forwarding: ForwardingParams = msgspec.field(default_factory=ForwardingParams)
+    max_attempts: int = 3  # tasks tried per phase before the request fails
+    batch_online_limit: int = 64  # batch items wait while this many online jobs are in flight
+    batch_inflight: int = 8  # batch items dispatched at once at most
+    batch_tick_s: float = 0.05
+    max_tree_blocks: int = MAX_BLOCKS_DEFAULT
+    predictor: dict[str, Any] | None = None  # a DecodeLengthTree as data (`deepserve profile predictor`)
+    kv_block_tokens: int = 128  # the cluster's block size: prompt-tree matches in tokens
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("scheduling.max_attempts: must be >= 1")
+        if self.batch_inflight < 1 or self.batch_online_limit < 0 or not self.batch_tick_s > 0:
+            raise ValueError("scheduling.batch_*: inflight >= 1, online_limit >= 0, tick_s > 0")
+        Policy(self.policy, self.params, self.heatmap)  # validates name, params and heatmap
+        if self.predictor is not None:
+            from deepserve.actors.scheduling.predictor import DecodeLengthTree
+
+            msgspec.convert(self.predictor, DecodeLengthTree)

@@ -1,0 +1,224 @@
+"""The JE's messages (from the gateway, the cluster manager, timers) and its recorded events.
+
+Requests keep the workload stand-in's terminal record (`RequestDone`, sent to the job's
+`reply_to`), so the scenario run loop's metrics collector reads both the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from deepserve.actors.flowserve.messages import KvHandle, Prompt, Sampling
+from deepserve.actors.scheduling.decision import Decision
+from deepserve.actors.scheduling.locality import PromptTree
+from deepserve.actors.workload.messages import RequestDone
+from deepserve.core.messages import Event, Message
+
+GroupRole = Literal["colocated", "prefill", "decode"]
+Phase = Literal["chat", "prefill", "decode"]
+
+
+# ---- inputs ------------------------------------------------------------------------------------
+
+
+class TeGroupMembership(Message, frozen=True, kw_only=True):
+    """Pushed by the cluster manager whenever a TE group changes (no polling lag): the whole
+    current membership of the (model, role) group, replacing what the JE knew."""
+
+    model: str
+    role: GroupRole
+    tes: tuple[str, ...]
+    version: int = 0
+
+
+class JobRequest(Message, frozen=True, kw_only=True):
+    """One API request as a job (from the gateway)."""
+
+    request_id: str
+    model: str
+    prompt: Prompt
+    sampling: Sampling
+    reply_to: str  # receives the one RequestDone
+    arrival_s: float | None = None  # None: now
+    predicted_bucket: int | None = None  # decode-length bucket from the predictor, if any
+
+
+class BatchItem(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str
+    prompt: Prompt
+    sampling: Sampling
+
+
+class SubmitBatch(Message, frozen=True, kw_only=True):
+    """A batch-inference job: many requests, a deadline, best-effort behind online traffic."""
+
+    batch_id: str
+    model: str
+    items: tuple[BatchItem, ...]
+    deadline_s: float  # absolute virtual time
+    reply_to: str  # receives a RequestDone per item and one BatchDone
+
+
+class BatchDone(Message, frozen=True, kw_only=True):
+    batch_id: str
+    completed: int
+    failed: int
+
+
+class AcceptTimeout(Message, frozen=True, kw_only=True):
+    task_id: str
+
+
+class OfferAgain(Message, frozen=True, kw_only=True):
+    request_id: str
+
+
+class BatchTick(Message, frozen=True, kw_only=True):
+    pass
+
+
+class ParkTimeout(Message, frozen=True, kw_only=True):
+    request_id: str
+
+
+# ---- events ------------------------------------------------------------------------------------
+
+
+class JobAccepted(Event, frozen=True, kw_only=True):
+    request_id: str
+    model: str
+    prompt: Prompt
+    sampling: Sampling
+    reply_to: str
+    arrival_s: float
+    predicted_bucket: int | None = None
+    batch_id: str = ""  # "" = online
+
+
+class BatchAccepted(Event, frozen=True, kw_only=True):
+    batch_id: str
+    count: int
+    deadline_s: float
+    reply_to: str
+
+
+class MembershipChanged(Event, frozen=True, kw_only=True):
+    model: str
+    role: GroupRole
+    tes: tuple[str, ...]
+
+
+class RouteDecided(Event, frozen=True, kw_only=True):
+    """A task of the request was sent to `decision.chosen` (the decision's inputs included):
+    what `deepserve replay why` reads."""
+
+    request_id: str
+    task_id: str
+    phase: Phase
+    attempt: int
+    decision: Decision
+
+
+class TaskAcked(Event, frozen=True, kw_only=True):
+    task_id: str
+
+
+class TaskStreamed(Event, frozen=True, kw_only=True):
+    """The current task's first output reached the client: retrying it is no longer safe."""
+
+    task_id: str
+
+
+class OfferRefused(Event, frozen=True, kw_only=True):
+    request_id: str
+    task_id: str
+    te: str
+    reason: str
+
+
+class JeTaskEnded(Event, frozen=True, kw_only=True):
+    """The current task reached a terminal state (or was given up on: no answer, TE gone)."""
+
+    request_id: str
+    task_id: str
+    te: str
+    status: str
+    reason: str
+
+
+class JePrefilled(Event, frozen=True, kw_only=True):
+    request_id: str
+    first_token_s: float | None
+    cached_prompt_tokens: int
+    prompt_tokens: int
+    kv: KvHandle
+
+
+class JobFinished(Event, frozen=True, kw_only=True):
+    done: RequestDone
+    batch_id: str = ""
+
+
+class JobParked(Event, frozen=True, kw_only=True):
+    """No TE group of the job's model is known yet (the cluster manager has not pushed one):
+    the job waits for the push, at most the TTFT deadline."""
+
+    request_id: str
+
+
+class JeLateMessage(Event, frozen=True, kw_only=True):
+    """A message about a task that is not current (an earlier attempt, a finished job)."""
+
+    task_id: str
+    what: str
+
+
+# ---- state -------------------------------------------------------------------------------------
+
+
+class Job(msgspec.Struct, kw_only=True):
+    model: str
+    prompt: Prompt
+    sampling: Sampling
+    reply_to: str
+    arrival_s: float
+    predicted_bucket: int | None = None
+    batch_id: str = ""
+    queued: bool = False  # a batch item not dispatched yet
+    phase: str = ""
+    task_id: str = ""
+    te: str = ""
+    attempt: int = 0
+    acked: bool = False
+    streamed: bool = False
+    excluded: list[str] = []  # TEs that failed this job (not offered again)
+    refused: list[str] = []  # on-demand: prefills that refused in the current sweep
+    first_token_s: float | None = None
+    cached_prompt_tokens: int = 0
+    prompt_tokens: int = 0
+    kv: KvHandle | None = None
+
+
+class Batch(msgspec.Struct, kw_only=True):
+    count: int
+    deadline_s: float
+    reply_to: str
+    completed: int = 0
+    failed: int = 0
+
+
+class JeState(msgspec.Struct, kw_only=True):
+    groups: dict[str, dict[str, list[str]]] = {}  # model -> role -> TEs
+    trees: dict[str, PromptTree] = {}  # model -> the global prompt tree of its TE group
+    jobs: dict[str, Job] = {}
+    open: dict[str, int] = {}  # TE -> current tasks on it from this JE
+    parked: list[str] = []  # jobs waiting for their model's first membership push
+    batch_queue: list[str] = []  # request ids of batch items waiting for room
+    batches: dict[str, Batch] = {}
+    turns: int = 0  # round-robin decisions so far
+    online: int = 0  # online jobs in flight
+    completed: int = 0
+    failed: int = 0
+    late: int = 0

@@ -1,0 +1,128 @@
+"""The JE's `evolve`: every state change comes from a recorded event (in place: the kernel
+rebuilds from snapshot + events after a failed handler)."""
+
+from __future__ import annotations
+
+from deepserve.actors.scheduling.locality import PromptTree
+from deepserve.core import Event
+
+from .messages import (
+    BatchAccepted,
+    JeLateMessage,
+    JePrefilled,
+    JeState,
+    JeTaskEnded,
+    Job,
+    JobAccepted,
+    JobFinished,
+    JobParked,
+    MembershipChanged,
+    OfferRefused,
+    RouteDecided,
+    TaskAcked,
+    TaskStreamed,
+)
+
+
+def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
+    t = type(e)
+    if t is RouteDecided:
+        _routed(s, e, max_tree_blocks)  # type: ignore[arg-type]
+    elif t is JeTaskEnded:
+        j = s.jobs[e.request_id]  # type: ignore[attr-defined]
+        _close(s, j.te)
+        j.te, j.acked = "", False
+        if e.status != "completed" and e.te not in j.excluded:  # type: ignore[attr-defined]
+            j.excluded.append(e.te)  # type: ignore[attr-defined]
+    elif t is TaskAcked:
+        s.jobs[e.task_id.rpartition("/")[0]].acked = True  # type: ignore[attr-defined]
+    elif t is TaskStreamed:
+        s.jobs[e.task_id.rpartition("/")[0]].streamed = True  # type: ignore[attr-defined]
+    elif t is OfferRefused:
+        j = s.jobs[e.request_id]  # type: ignore[attr-defined]
+        _close(s, j.te)
+        j.te = ""
+        if e.te:  # type: ignore[attr-defined]
+            j.refused.append(e.te)  # type: ignore[attr-defined]
+        else:  # a whole sweep refused: the next offer starts again from the best
+            j.refused = []
+    elif t is JePrefilled:
+        j = s.jobs[e.request_id]  # type: ignore[attr-defined]
+        j.first_token_s, j.kv = e.first_token_s, e.kv  # type: ignore[attr-defined]
+        j.cached_prompt_tokens, j.prompt_tokens = e.cached_prompt_tokens, e.prompt_tokens  # type: ignore[attr-defined]
+        _close(s, j.te)
+        j.te = ""
+    elif t is JobAccepted:
+        _accepted(s, e)  # type: ignore[arg-type]
+    elif t is JobFinished:
+        _finished(s, e)  # type: ignore[arg-type]
+    elif t is MembershipChanged:
+        s.groups.setdefault(e.model, {})[e.role] = list(e.tes)  # type: ignore[attr-defined]
+        s.trees.setdefault(e.model, PromptTree(max_blocks=max_tree_blocks))  # type: ignore[attr-defined]
+    elif t is BatchAccepted:
+        from .messages import Batch
+
+        s.batches[e.batch_id] = Batch(count=e.count, deadline_s=e.deadline_s, reply_to=e.reply_to)  # type: ignore[attr-defined]
+    elif t is JobParked:
+        s.parked.append(e.request_id)  # type: ignore[attr-defined]
+    elif t is JeLateMessage:
+        s.late += 1
+    return s
+
+
+def _close(s: JeState, te: str) -> None:
+    if te and s.open.get(te, 0) > 0:
+        s.open[te] -= 1
+
+
+def _routed(s: JeState, e: RouteDecided, max_tree_blocks: int) -> None:
+    j = s.jobs[e.request_id]
+    if e.request_id in s.parked:
+        s.parked.remove(e.request_id)
+    if j.queued:
+        j.queued = False
+        s.batch_queue.remove(e.request_id)
+    te = e.decision.chosen
+    if j.phase != e.phase:
+        j.refused = []
+    j.phase, j.task_id, j.te, j.attempt, j.acked = e.phase, e.task_id, te, e.attempt, False
+    j.streamed = j.streamed and e.phase == "decode"
+    s.open[te] = s.open.get(te, 0) + 1
+    if e.decision.policy == "round_robin":
+        s.turns += 1
+    if e.phase != "decode":  # the TE will compute (or already holds) these blocks: ROUTED
+        tree = s.trees.setdefault(j.model, PromptTree(max_blocks=max_tree_blocks))
+        tree.insert(te, j.prompt.block_hashes)
+
+
+def _accepted(s: JeState, e: JobAccepted) -> None:
+    s.jobs[e.request_id] = Job(
+        model=e.model, prompt=e.prompt, sampling=e.sampling, reply_to=e.reply_to,
+        arrival_s=e.arrival_s, predicted_bucket=e.predicted_bucket, batch_id=e.batch_id,
+        queued=bool(e.batch_id),
+    )  # fmt: skip
+    if e.batch_id:
+        s.batch_queue.append(e.request_id)
+    else:
+        s.online += 1
+
+
+def _finished(s: JeState, e: JobFinished) -> None:
+    rid = e.done.request_id
+    j = s.jobs.pop(rid)
+    _close(s, j.te)
+    if j.queued:
+        s.batch_queue.remove(rid)
+    if rid in s.parked:
+        s.parked.remove(rid)
+    if not j.batch_id:
+        s.online -= 1
+    ok = e.done.status == "completed"
+    s.completed += ok
+    s.failed += not ok
+    b = s.batches.get(j.batch_id) if j.batch_id else None
+    if b is not None:
+        b.completed += ok
+        b.failed += not ok
+        if b.completed + b.failed == b.count:
+            del s.batches[j.batch_id]

@@ -1,0 +1,69 @@
+"""Distributed scheduling policies of the JE (DeepServe §5, Algorithm 1), pure and unit-tested.
+
+A module per paper concept: `round_robin`, `least_load`, `locality` (global prompt tree,
+longest common prefix), `load_aware`, `pd_aware` (PD heatmap), `combined` (Algorithm 1), and
+`forwarding` (P/D-Serve §3.5 on-demand offers). `Policy` selects one by name from config.
+Every policy returns a `Decision` carrying the inputs it saw; the JE records it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from .combined import select_combined
+from .decision import Candidate, Decision, HeatmapCell, Ranked, RouteRequest
+from .least_load import select_least_load
+from .load_aware import LoadAwareParams, select_load_aware
+from .locality import PromptTree, select_locality
+from .pd_aware import PdAwareParams, PdHeatmap, select_pd_aware
+from .round_robin import select_round_robin
+
+POLICIES = ("round_robin", "least_load", "locality", "load_aware", "pd_aware", "combined")
+PARAMS_OF = {"load_aware": (LoadAwareParams,), "pd_aware": (PdAwareParams,),
+             "combined": (PdAwareParams, LoadAwareParams)}
+
+
+class Policy:
+    """A named policy with its validated parameters (and the heatmap pd_aware/combined use)."""
+
+    def __init__(self, name: str, params: dict[str, Any] | None = None,
+                 heatmap: PdHeatmap | dict[str, Any] | None = None) -> None:
+        if name not in POLICIES:
+            raise ValueError(f"scheduling.policy: unknown policy {name!r}; known: {', '.join(POLICIES)}")
+        params = dict(params or {})
+        allowed = {f for cls in PARAMS_OF.get(name, ()) for f in cls.__struct_fields__}
+        extra = sorted(set(params) - allowed)
+        if extra:
+            raise ValueError(f"scheduling.params.{extra[0]}: not a parameter of {name} "
+                             f"(it has: {', '.join(sorted(allowed)) or 'none'})")
+        try:
+            self.load = msgspec.convert({k: v for k, v in params.items()
+                                         if k in LoadAwareParams.__struct_fields__}, LoadAwareParams)
+            self.pd = msgspec.convert({k: v for k, v in params.items()
+                                       if k in PdAwareParams.__struct_fields__}, PdAwareParams)
+            self.heatmap = msgspec.convert(heatmap, PdHeatmap) if isinstance(heatmap, dict) else heatmap
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"scheduling.params: {exc}") from None
+        self.name = name
+
+    def select(self, req: RouteRequest, cands: tuple[Candidate, ...], turn: int) -> Decision:
+        n = self.name
+        if n == "round_robin":
+            return select_round_robin(req, cands, turn)
+        if n == "least_load":
+            return select_least_load(req, cands)
+        if n == "locality":
+            return select_locality(req, cands)
+        if n == "load_aware":
+            return select_load_aware(req, cands, self.load)
+        if n == "pd_aware":
+            return select_pd_aware(req, cands, self.heatmap, self.pd)
+        return select_combined(req, cands, self.heatmap, self.pd, self.load)
+
+
+__all__ = [
+    "POLICIES", "Candidate", "Decision", "HeatmapCell", "LoadAwareParams", "PdAwareParams",
+    "PdHeatmap", "Policy", "PromptTree", "Ranked", "RouteRequest",
+]

@@ -1,0 +1,22 @@
+"""`combined`: DeepServe Algorithm 1 — pd_aware narrows the group to a subgroup, then load_aware
+over locality picks the TE: the longest prefix when load is balanced, else the least loaded."""
+
+from __future__ import annotations
+
+import msgspec
+
+from .decision import Candidate, Decision, RouteRequest, need_candidates
+from .load_aware import LoadAwareParams, select_load_aware
+from .pd_aware import PdAwareParams, PdHeatmap, choose_subgroup
+
+
+def select_combined(req: RouteRequest, cands: tuple[Candidate, ...], heatmap: PdHeatmap | None,
+                    pd: PdAwareParams, load: LoadAwareParams) -> Decision:
+    need_candidates(cands, "combined")
+    sub, cell, ratio, why = choose_subgroup(req, cands, heatmap, pd)
+    inner = select_load_aware(req, tuple(c for c in cands if c.subgroup == sub), load, "combined")
+    params = dict(inner.params, default_decode_tokens=float(pd.default_decode_tokens))
+    return msgspec.structs.replace(
+        inner, params=params, reason=f"{why}; {inner.reason}", heatmap_cell=cell,
+        predicted_bucket=req.predicted_bucket, decode_ratio=ratio,
+    )  # fmt: skip

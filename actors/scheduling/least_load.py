@@ -1,0 +1,16 @@
+"""`least_load`: the candidate with the fewest open tasks (ties: name order, deterministic)."""
+
+from __future__ import annotations
+
+from .decision import Candidate, Decision, RouteRequest, need_candidates, ranked
+
+
+def by_load(cands: tuple[Candidate, ...]) -> list[Candidate]:
+    return sorted(cands, key=lambda c: (c.load, c.te))
+
+
+def select_least_load(req: RouteRequest, cands: tuple[Candidate, ...]) -> Decision:
+    need_candidates(cands, "least_load")
+    order = by_load(cands)
+    return Decision(policy="least_load", chosen=order[0].te, subgroup=order[0].subgroup,
+                    ranked=ranked(order), reason=f"fewest open tasks ({order[0].load})")

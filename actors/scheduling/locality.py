@@ -1,0 +1,108 @@
+"""`locality`: the global prompt tree of a TE group and longest-common-prefix selection
+(DeepServe §5.2, Algorithm 1's select_tes_prefix_match).
+
+The tree is keyed by the prompts' 64-bit chain hashes (a block's hash names its whole prefix, so
+a dict from hash to holders *is* a prefix tree: the parent is implied by the chain). Each node
+records which TEs hold the block and where, as a bitmask:
+
+- `HBM` / `DRAM`: folded from a TE's KV cache events (vLLM's BlockStored / BlockRemoved /
+  AllBlocksCleared, `actors/flowserve/rtc/kv_events.py`) — the TE's local tree, mirrored;
+- `ROUTED`: inserted by the JE when it routes a prompt to a TE (what SGLang's router does): the
+  TE will have computed those blocks unless it evicts them. Used while a TE publishes no KV
+  events; a BlockRemoved for the block clears it too.
+
+A bound (`max_blocks`) evicts the oldest-inserted blocks first: the tree never grows unbounded.
+Pure data (a msgspec Struct), so it lives in the JE's event-sourced state; its keys are the hashes
+in decimal text because the kernel encodes state with sorted keys, which msgpack allows for str only.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from .decision import Candidate, Decision, RouteRequest, need_candidates, ranked
+
+HBM, DRAM, ROUTED = 1, 2, 4
+MEDIUM_BITS = {"HBM": HBM, "DRAM": DRAM, "GPU": HBM, "CPU": DRAM, None: HBM}
+MAX_BLOCKS_DEFAULT = 1 << 20
+
+
+class PromptTree(msgspec.Struct, kw_only=True):
+    nodes: dict[str, dict[str, int]] = {}  # str(chain hash) -> {te: medium bits}
+    max_blocks: int = MAX_BLOCKS_DEFAULT
+
+    def insert(self, te: str, hashes: tuple[int, ...] | list[int], bits: int = ROUTED) -> None:
+        nodes = self.nodes
+        for hh in hashes:
+            h = str(hh)
+            holders = nodes.get(h)
+            if holders is None:
+                nodes[h] = {te: bits}
+            else:
+                holders[te] = holders.get(te, 0) | bits
+        while len(nodes) > self.max_blocks:
+            del nodes[next(iter(nodes))]
+
+    def remove(self, te: str, hashes: tuple[int, ...] | list[int], bits: int) -> None:
+        """A TE dropped blocks from a medium: the ROUTED belief goes too (it was about them)."""
+        nodes = self.nodes
+        for hh in hashes:
+            h = str(hh)
+            holders = nodes.get(h)
+            if holders is None or te not in holders:
+                continue
+            left = holders[te] & ~(bits | ROUTED)
+            if left:
+                holders[te] = left
+            else:
+                del holders[te]
+                if not holders:
+                    del nodes[h]
+
+    def clear(self, te: str) -> None:
+        for h in [int(h) for h, holders in self.nodes.items() if te in holders]:
+            self.remove(te, (h,), HBM | DRAM)
+
+    def fold_kv_event(self, te: str, event: object) -> None:
+        """Apply one vLLM-shape KV cache event published by `te` (duck-typed by class name so
+        this module needs no import of the TE's package)."""
+        kind = type(event).__name__
+        if kind == "BlockStored":
+            self.insert(te, event.block_hashes, MEDIUM_BITS.get(event.medium, HBM))  # type: ignore[attr-defined]
+        elif kind == "BlockRemoved":
+            self.remove(te, event.block_hashes, MEDIUM_BITS.get(event.medium, HBM))  # type: ignore[attr-defined]
+        elif kind == "AllBlocksCleared":
+            self.clear(te)
+        else:
+            raise TypeError(f"not a KV cache event: {kind}")
+
+    def match(self, hashes: tuple[int, ...] | list[int], tes: list[str]) -> dict[str, int]:
+        """Leading blocks of `hashes` each TE of `tes` holds (one walk down the prompt)."""
+        out = dict.fromkeys(tes, 0)
+        alive = list(tes)
+        for i, h in enumerate(hashes):
+            holders = self.nodes.get(str(h))
+            if holders is None:
+                break
+            keep = [te for te in alive if te in holders]
+            for te in alive:
+                out[te] = i + 1 if te in holders else out[te]
+            alive = keep
+            if not alive:
+                break
+        return out
+
+
+def by_prefix(cands: tuple[Candidate, ...]) -> list[Candidate]:
+    """Longest prefix first; among equals the least loaded, then name (deterministic)."""
+    return sorted(cands, key=lambda c: (-c.prefix_blocks, c.load, c.te))
+
+
+def select_locality(req: RouteRequest, cands: tuple[Candidate, ...]) -> Decision:
+    need_candidates(cands, "locality")
+    order = by_prefix(cands)
+    best = order[0]
+    why = (f"longest common prefix: {best.prefix_blocks} of {req.prompt_blocks} blocks"
+           if best.prefix_blocks else "no TE holds a prefix: least loaded")
+    return Decision(policy="locality", chosen=best.te, subgroup=best.subgroup, ranked=ranked(order),
+                    reason=why)

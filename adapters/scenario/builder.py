@@ -1,0 +1,113 @@
+"""The cluster builder: a scenario's topology, NPUs, fabric and TEs, spawned in a driver, plus the
+workload actor that drives them.
+
+Sizes come from the performance model (actors never import adapters, so the builder hands them
+in): a block's KV bytes on one NPU from the model's shape and TP, and the HBM block pool from the
+NPU's HBM minus the reserve minus the weights (`adapters/hardware/memory.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from deepserve.actors.flowserve.master.state import MasterConfig
+from deepserve.actors.workload.actor import Workload
+from deepserve.adapters.hardware.batch import Parallel
+from deepserve.adapters.hardware.devices.topology import build, host_addr, spawn_topology
+from deepserve.adapters.hardware.memory import kv_bytes_per_token_per_npu, kv_capacity_tokens
+from deepserve.adapters.hardware.models import model_profile
+from deepserve.adapters.hardware.specs import npu_spec
+
+from .placement import Placement, TePlacement, place
+from .schema import Cluster, Scenario
+
+WORKLOAD_ADDR = "workload"
+
+
+class KvSizing(msgspec.Struct, frozen=True):
+    kv_block_bytes: int  # one block's KV on one NPU, all layers
+    hbm_blocks: int  # blocks one DP group's HBM holds after weights and the reserve
+    dram_blocks: int  # blocks of the group's DRAM tier (the group's TP ranks' KV, together)
+
+
+def kv_sizing(c: Cluster, role: str = "colocated") -> KvSizing:
+    m = model_profile(c.model)
+    par = Parallel(tp=c.tp)
+    block_bytes = int(kv_bytes_per_token_per_npu(m, par) * c.kv_block_tokens)
+    blocks = kv_capacity_tokens(m, npu_spec(c.hardware), par) // c.kv_block_tokens
+    s = c.scheduler
+    if s.kv_blocks:
+        blocks = min(blocks, s.kv_blocks)
+    if role == "decode" and s.decode_kv_blocks:
+        blocks = min(blocks, s.decode_kv_blocks)
+    if blocks <= 0:
+        raise ValueError(f"cluster.model: {c.model} leaves no HBM for KV on a {c.hardware} at tp={c.tp}")
+    dram_blocks = int(c.kv_dram_gb * 1e9 // (block_bytes * c.tp))
+    return KvSizing(block_bytes, blocks, dram_blocks)
+
+
+def master_config(scenario: Scenario, te: TePlacement, dp: int) -> dict[str, Any]:
+    """The DP-group master's configuration (fs-engine's `MasterConfig`, as a dict)."""
+    c, s = scenario.cluster, scenario.cluster.scheduler
+    size = kv_sizing(c, te.role)
+    cfg: dict[str, Any] = {
+        "model": c.model, "npus": te.npus[dp * c.tp:(dp + 1) * c.tp],
+        "kv_block_bytes": size.kv_block_bytes, "hbm_blocks": size.hbm_blocks,
+        "dram_blocks": size.dram_blocks,
+        "block_tokens": c.kv_block_tokens, "host": host_addr(te.server), "role": te.role,
+        "tp": c.tp, "max_num_seqs": s.max_running, "max_num_batched_tokens": s.max_batch_tokens,
+        "chunked_prefill": s.chunked_prefill, "sched_gap_s": s.schedule_gap_ms / 1e3,
+        "eos_rate": s.eos_rate, "aggregate": s.aggregate, "max_waiting": s.max_waiting,
+        "te": te.addr, "dp": dp,
+    }  # fmt: skip
+    # PD transfer settings, where the engine's MasterConfig has them (it grows additively).
+    optional = {"kv_transfer": c.kv_transfer, "kv_layers": model_profile(c.model).n_layers,
+                "token_ids": s.stream_token_ids}  # fmt: skip
+    fields = set(MasterConfig.__struct_fields__)
+    cfg.update({k: v for k, v in optional.items() if k in fields})
+    return cfg
+
+
+def build_cluster(driver: Any, scenario: Scenario) -> Placement:
+    """Spawn the hardware, every TE of the scenario and the workload actor; returns the placement."""
+    c = scenario.cluster
+    placement = place(c)
+    spawn_topology(driver, build(c.topology, placement.servers), variance=c.npu_variance)
+    if scenario.scheduling is not None:  # issue 6: gateway + JEs at the workload's address
+        from .sched import spawn_scheduling
+
+        spawn_scheduling(driver, scenario, placement, WORKLOAD_ADDR)
+    for te in placement.tes:
+        spawn_te(driver, scenario, te)
+    if scenario.scheduling is None:
+        spawn_workload(driver, scenario, placement)
+    else:
+        from .sched import announce_tes
+
+        announce_tes(driver, scenario, placement)
+    return placement
+
+
+def spawn_workload(driver: Any, scenario: Scenario, placement: Placement) -> str:
+    return driver.spawn(
+        WORKLOAD_ADDR, Workload, mode=scenario.cluster.mode, tes=placement.role("colocated"),
+        prefill_tes=placement.role("prefill"), decode_tes=placement.role("decode"),
+    )  # fmt: skip
+
+
+def te_config(scenario: Scenario, te: TePlacement) -> dict[str, Any]:
+    """The TE shell's configuration (fs-engine's `TeConfig`, as a dict)."""
+    c = scenario.cluster
+    return {
+        "te": te.addr, "role": te.role, "balancer": c.scheduler.balancer,
+        "dps": [master_config(scenario, te, g) for g in range(c.dp_groups)],
+    }  # fmt: skip
+
+
+def spawn_te(driver: Any, scenario: Scenario, te: TePlacement) -> str:
+    """One TE: its shell, which spawns its DP-group masters (fs-engine's actors)."""
+    from deepserve.actors.flowserve.te_shell import TeShell
+
+    return driver.spawn(te.addr, TeShell, config=te_config(scenario, te))  # type: ignore[no-any-return]

@@ -1,0 +1,138 @@
+"""`deepserve sim SCENARIO [--trace PATH] [--requests N] [--seed N] [--log PATH] [--set K=V]...
+[--json]` for FlowServe scenarios (a built-in name or a TOML file).
+
+The `sim` parser itself lives with the other commands (cli/sim.py); it calls `add_arguments` and hands
+every scenario that is not one of its own to `run`. Bad input — the scenario file, an override, the
+trace — becomes a `CliError`: exit 2, one line naming the file, the line or the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from deepserve.adapters.traces import TraceError, open_trace
+from deepserve.cli.util import CliError, print_json
+
+from .loader import ScenarioError, builtin_names, load_scenario, trace_path
+
+NO_LOG = "none"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", metavar="PATH",
+                   help="Mooncake JSONL or Azure CSV (told apart by content) instead of the scenario's")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario field, e.g. cluster.tes=8 (repeatable; validated like the file)")  # fmt: skip
+
+
+def handles(name: str) -> bool:
+    """Whether `name` is a FlowServe scenario (built-in or a TOML file) rather than a legacy one."""
+    return name in builtin_names() or name.endswith(".toml") or Path(name).is_file()
+
+
+def run(args: argparse.Namespace, prepare_log: Callable[[Path], None]) -> int:
+    from deepserve.persistence import open_sink
+
+    from .run import run_scenario
+
+    try:
+        overrides = list(args.overrides)
+        if args.seed is not None:
+            overrides.append(f"seed={args.seed}")
+        scenario = load_scenario(args.scenario, overrides)
+        trace = open_trace(trace_path(args.trace or scenario.workload.trace))
+    except (ScenarioError, TraceError) as exc:
+        raise CliError(str(exc)) from None
+    target = args.log or scenario.log or f"runs/{scenario.name}-{scenario.seed}.db"
+    sink = None
+    if target != NO_LOG:
+        if "://" not in target:
+            prepare_log(Path(target))
+        sink = open_sink(target, "async", writer="process")
+    total = args.requests or scenario.workload.requests or _count_rows(trace.path, trace.format)
+    bar = _progress(total, quiet=args.json)
+    t0 = time.perf_counter()
+    try:
+        result = run_scenario(
+            scenario, trace=trace.path, requests=args.requests or None, sink=sink,
+            on_done=(lambda _d: bar.update(1)) if bar is not None else None,
+        )  # fmt: skip
+    except (ScenarioError, TraceError) as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        if bar is not None:
+            bar.close()
+        if sink is not None:
+            sink.close()
+    wall = time.perf_counter() - t0
+    out = report(scenario.name, scenario.seed, trace.path, result, wall, target)
+    if args.json:
+        print_json(out)
+    else:
+        _print(out)
+    return 0
+
+
+def report(name: str, seed: int, trace: str, result: Any, wall_s: float, log: str) -> dict[str, Any]:
+    s = result.summary
+    out: dict[str, Any] = {"scenario": name, "seed": seed, "trace": trace}
+    out.update({k: s[k] for k in ("requests", "completed", "failed", "cancelled")})
+    for k, v in s.items():
+        if k not in out and k != "failure_reasons":
+            out[k] = round(v, 6) if isinstance(v, float) else v
+    out["failure_reasons"] = s["failure_reasons"]
+    out["virtual_time_s"] = round(result.virtual_time_s, 6)
+    out["deliveries"] = result.deliveries
+    out["wall_s"] = round(wall_s, 3)
+    out["sim_requests_per_wall_s"] = round(s["requests"] / wall_s, 1) if wall_s > 0 else 0.0
+    out["log"] = log
+    return out
+
+
+def _count_rows(path: str, fmt: str) -> int:
+    """Rows of a trace, for the progress bar's total (a quick count of non-empty lines)."""
+    n = 0
+    with open(path, "rb") as f:
+        for line in f:
+            n += bool(line.strip())
+    return n - (fmt == "azure")
+
+
+def _progress(total: int, quiet: bool) -> Any:
+    """A progress bar on a terminal only (never in pipes, CI logs or --json output)."""
+    if quiet or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="req", desc="sim", file=sys.stderr, mininterval=0.25)
+
+
+def _print(out: dict[str, Any]) -> None:
+    rows = [
+        ("requests", f"{out['requests']} ({out['completed']} completed, {out['failed']} failed, "
+                     f"{out['cancelled']} cancelled)"),
+        ("TTFT ms", _pcts(out, "ttft_ms")),
+        ("TPOT ms", _pcts(out, "tpot_ms")),
+        ("e2e ms", f"p50 {out['e2e_ms_p50']:.1f}  p90 {out['e2e_ms_p90']:.1f}  p99 {out['e2e_ms_p99']:.1f}"),
+        ("prefix hit rate", f"{out['prefix_hit_rate']:.3f} (cached prompt tokens / prompt tokens)"),
+        ("throughput", f"{out['throughput_rps']:.2f} req/s, {out['output_tokens_per_s']:.0f} output tok/s "
+                       f"over {out['duration_s']:.1f} virtual s"),
+        ("wall", f"{out['wall_s']:.2f} s ({out['sim_requests_per_wall_s']:.0f} simulated requests per wall s)"),
+    ]  # fmt: skip
+    for reason, n in out["failure_reasons"].items():
+        rows.append(("failed", f"{n} x {reason}"))
+    width = max(len(k) for k, _ in rows)
+    print(f"scenario {out['scenario']} (seed {out['seed']}), trace {out['trace']}")
+    for k, v in rows:
+        print(f"  {k:>{width}}  {v}")
+    print(f"log: {out['log']}")
+
+
+def _pcts(out: dict[str, Any], key: str) -> str:
+    return (f"mean {out[key + '_mean']:.1f}  p50 {out[key + '_p50']:.1f}  "
+            f"p90 {out[key + '_p90']:.1f}  p99 {out[key + '_p99']:.1f}")  # fmt: skip

@@ -1,0 +1,131 @@
+"""A scenario's `scheduling` section: when present, the issue-6 request path replaces the
+workload stand-in's round robin — a gateway (spawned at the workload actor's address, so the run
+loop feeds it the same `Arrive`s), `jes` JEs running the named policy, and a cluster manager the
+TE shells register with, which pushes TE group membership to the JEs.
+
+    [scheduling]
+    policy = "combined"            # round_robin, least_load, locality, load_aware, pd_aware, combined
+    params = { threshold = 4 }     # the policy's parameters (validated)
+    heatmap = "runs/heatmap.json"  # pd_aware / combined on a mixed group (`deepserve profile heatmap`)
+    jes = 2
+    [scheduling.forwarding]
+    mode = "on_demand"             # or "local_queue"
+    ttft_deadline_s = 10.0
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+CM_ADDR = "cm"
+
+
+class Forwarding(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    mode: Literal["on_demand", "local_queue"] = "on_demand"
+    ttft_deadline_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
+    retry_backoff_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 0.005
+    accept_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 5.0
+
+
+class Scheduling(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    policy: Literal["round_robin", "least_load", "locality", "load_aware", "pd_aware", "combined"] = "round_robin"
+    params: dict[str, int | float] = {}
+    heatmap: str = ""  # path of a heatmap JSON file ("" = none)
+    predictor: str = ""  # path of a decode-length predictor JSON file ("" = none)
+    jes: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    max_inflight_per_model: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 1_000_000
+    max_attempts: Annotated[int, msgspec.Meta(ge=1, le=16)] = 3
+    forwarding: Forwarding = msgspec.field(default_factory=Forwarding)
+
+
+def load_heatmap(path: str) -> dict[str, Any]:
+    """The heatmap file as data, validated (errors name `scheduling.heatmap`)."""
+    from deepserve.actors.scheduling import PdHeatmap
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        heat = data.get("heatmap", data) if isinstance(data, dict) else data
+        return msgspec.to_builtins(msgspec.convert(heat, PdHeatmap))  # type: ignore[no-any-return]
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    except (json.JSONDecodeError, msgspec.ValidationError, ValueError) as exc:
+        raise ValueError(f"{path} is not a heatmap file: {exc}") from None
+
+
+def load_predictor(path: str) -> dict[str, Any]:
+    from deepserve.actors.scheduling.predictor import DecodeLengthTree
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        tree = data.get("predictor", data) if isinstance(data, dict) else data
+        return msgspec.to_builtins(msgspec.convert(tree, DecodeLengthTree))  # type: ignore[no-any-return]
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    except (json.JSONDecodeError, msgspec.ValidationError, ValueError) as exc:
+        raise ValueError(f"{path} is not a predictor file: {exc}") from None
+
+
+def check_scheduling(s: Any) -> list[tuple[str, str]]:
+    """(key, problem) of a scenario's scheduling section; [] when absent or fine."""
+    sch: Scheduling | None = s.scheduling
+    if sch is None:
+        return []
+    from deepserve.actors.scheduling import Policy
+
+    try:
+        heat = load_heatmap(sch.heatmap) if sch.heatmap else None
+    except ValueError as exc:
+        return [("scheduling.heatmap", str(exc))]
+    try:
+        if sch.predictor:
+            load_predictor(sch.predictor)
+    except ValueError as exc:
+        return [("scheduling.predictor", str(exc))]
+    try:
+        Policy(sch.policy, dict(sch.params), heat)
+    except ValueError as exc:
+        key, _, problem = str(exc).partition(": ")
+        return [(key, problem)]
+    return []
+
+
+def je_config(sch: Scheduling, kv_block_tokens: int = 128) -> dict[str, Any]:
+    return {
+        "kv_block_tokens": kv_block_tokens,
+        "policy": sch.policy, "params": dict(sch.params),
+        "heatmap": load_heatmap(sch.heatmap) if sch.heatmap else None,
+        "forwarding": msgspec.to_builtins(sch.forwarding), "max_attempts": sch.max_attempts,
+        "predictor": load_predictor(sch.predictor) if sch.predictor else None,
+    }  # fmt: skip
+
+
+def spawn_scheduling(driver: Any, scenario: Any, placement: Any, gateway_addr: str) -> None:
+    """The cluster manager, the JEs and the gateway (the TEs are spawned by the builder)."""
+    from deepserve.actors.gateway.actor import Gateway
+    from deepserve.actors.je.actor import JobExecutor
+    from deepserve.actors.je.cluster import ClusterManager
+
+    sch: Scheduling = scenario.scheduling
+    jes = [f"je/{k}" for k in range(sch.jes)]
+    driver.spawn(CM_ADDR, ClusterManager, jes=jes)
+    for je in jes:
+        driver.spawn(je, JobExecutor, config=je_config(sch, scenario.cluster.kv_block_tokens))
+    driver.spawn(gateway_addr, Gateway, config={"jes": jes, "max_inflight_per_model": sch.max_inflight_per_model})
+
+
+def announce_tes(driver: Any, scenario: Any, placement: Any) -> None:
+    """Each TE's `RegisterTe` to the cluster manager at t=0 — what a TE shell configured with a
+    cluster manager sends on start. Injected by the builder instead, because such a shell also
+    reports load on a timer forever, which the JE does not use (its load signal is its own
+    open-task count) and which would keep the simulated clock running after the last request."""
+    from deepserve.actors.flowserve.messages import RegisterTe
+
+    c = scenario.cluster
+    for te in placement.tes:
+        driver.inject(CM_ADDR, RegisterTe(te=te.addr, model=c.model, role=te.role, dp_groups=c.dp_groups,
+                                          npus=te.npus), at=0.0, src="ext/builder")

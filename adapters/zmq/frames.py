@@ -1,0 +1,72 @@
+"""What travels on the sockets: msgpack frames.
+
+A data frame (DEALER -> ROUTER) carries a batch of encoded envelopes with the
+sender's identity and sequence numbers; an ack frame (ROUTER -> DEALER) says how
+far the receiver has delivered, and whether it saw a gap (resend from there).
+
+    data: [sender_id, base, first_seq, want_ack, [Wire, ...]]
+    ack:  [delivered_upto, gap]
+
+`base` is the sender's lowest unacknowledged sequence number: a receiver that has
+never heard of this sender (it just restarted) starts there, so a frame lost with
+the old connection is noticed as a gap rather than skipped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from deepserve.core.codec import decode
+from deepserve.core.envelope import Envelope
+from deepserve.core.transport import Wire
+
+
+class DataIn(msgspec.Struct, array_like=True):
+    sender: int
+    base: int
+    first: int
+    want_ack: bool
+    items: list[Wire]
+
+
+class Ack(msgspec.Struct, array_like=True):
+    upto: int
+    gap: bool
+
+
+_enc = msgspec.msgpack.Encoder()
+_data_dec = msgspec.msgpack.Decoder(DataIn)
+_ack_dec = msgspec.msgpack.Decoder(Ack)
+_Raw = msgspec.Raw
+
+
+def data_frame(sender: int, base: int, first: int, want_ack: bool, items: list[bytes]) -> bytes:
+    """Items are already-encoded `Wire`s (encoded once, at send time)."""
+    return _enc.encode((sender, base, first, want_ack, [_Raw(b) for b in items]))
+
+
+def read_data(frame: bytes) -> DataIn:
+    return _data_dec.decode(frame)
+
+
+def ack_frame(upto: int, gap: bool = False) -> bytes:
+    return _enc.encode((upto, gap))
+
+
+def read_ack(frame: bytes) -> Ack:
+    return _ack_dec.decode(frame)
+
+
+def receive_and_ack(router: Any) -> list[Wire]:
+    """For a plain ZeroMQ ROUTER standing in for a node (tests, tools): take one data
+    frame, acknowledge it, return its envelopes (duplicates of a resend included)."""
+    ident, frame = router.recv_multipart()
+    data = read_data(frame)
+    router.send_multipart([ident, ack_frame(data.first + len(data.items) - 1)])
+    return data.items
+
+
+def envelope_of(w: Wire) -> Envelope:
+    return Envelope(w.src, w.dst, w.msg_id, w.hlc, w.corr, decode(w.type, w.payload),
+                    w.reply_to, w.ask, w.external, w.payload)

@@ -1,0 +1,166 @@
+"""The sending half: one DEALER per peer endpoint, a window of unacknowledged
+envelopes, resend on a gap or a silent peer.
+
+Envelopes are encoded at `push` (the receiver never shares objects with the sender)
+and kept until the peer acknowledges them: `queued` (not yet on the wire) then
+`inflight` (sent, not acknowledged). A frame lost with a broken connection (the
+peer restarted) is resent from the first unacknowledged one; the receiver drops
+the duplicates by sequence number (go-back-N). ZeroMQ reconnects the DEALER."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+
+import msgspec
+import zmq
+
+from .frames import data_frame, read_ack
+
+
+class Limits(msgspec.Struct, frozen=True):
+    """Bounds of one transport; every queue has one."""
+
+    window: int = 4096  # envelopes on the wire, unacknowledged, per peer
+    high_water: int = 8192  # pending per peer above which senders wait
+    max_pending: int = 65_536  # pending per peer above which a send is refused
+    batch: int = 512  # envelopes per data frame
+    resend_s: float = 0.25  # no ack progress for this long: resend the window
+    ack_delay_s: float = 0.01  # a receiver acks at most this late unless asked at once (fewer sends)
+    peer_timeout_s: float = 2.0  # no ack progress this long: senders stop waiting
+    close_timeout_s: float = 5.0  # how long a close waits for the last acks
+
+    def __post_init__(self) -> None:
+        for name in ("window", "high_water", "max_pending", "batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Limits.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.window <= self.high_water <= self.max_pending:
+            raise ValueError("Limits: need window <= high_water <= max_pending")
+        for name in ("resend_s", "ack_delay_s", "peer_timeout_s", "close_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"Limits.{name} must be > 0, got {getattr(self, name)}")
+
+
+class Peer:
+    """Everything this node has accepted for one endpoint and not yet seen acknowledged."""
+
+    def __init__(self, endpoint: str, ctx: zmq.Context, sender_id: int, limits: Limits,
+                 loop: asyncio.AbstractEventLoop) -> None:  # fmt: skip
+        self.endpoint = endpoint
+        self.limits = limits
+        self.sender_id = sender_id
+        self.loop = loop
+        self.sock = sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)  # nothing is lost at close: the acks say so
+        sock.setsockopt(zmq.SNDHWM, limits.window + 16)
+        sock.setsockopt(zmq.RECONNECT_IVL, 50)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        sock.connect(endpoint)
+        # ZeroMQ's FD signals "events may have changed" (edge-like): read until Again,
+        # and look at EVENTS again after every send on the socket.
+        self.fd = sock.getsockopt(zmq.FD)
+        loop.add_reader(self.fd, self.read_acks)
+        self._timer = loop.call_later(limits.resend_s, self._tick)
+        self._seen = 0
+        self.queued: deque[bytes] = deque()
+        self.inflight: deque[bytes] = deque()
+        self.acked = 0  # every sequence number <= acked is delivered
+        self.room = asyncio.Event()
+        self.room.set()
+        self.drained = asyncio.Event()
+        self.drained.set()
+        self.scheduled = False
+        self.closing = False
+        self.last_progress = time.monotonic()
+        self._rewound_at = -1
+        self.resent = 0
+
+    def pending(self) -> int:
+        return len(self.queued) + len(self.inflight)
+
+    def stalled(self) -> bool:
+        """Acks stopped for `peer_timeout_s` with envelopes outstanding: gone or hung."""
+        return bool(self.inflight) and time.monotonic() - self.last_progress > self.limits.peer_timeout_s
+
+    def push(self, wire: bytes, loop: asyncio.AbstractEventLoop) -> None:
+        if not self.queued and not self.inflight:
+            self.last_progress = time.monotonic()
+        self.queued.append(wire)
+        self.drained.clear()
+        if len(self.queued) + len(self.inflight) >= self.limits.high_water:
+            self.room.clear()
+        if not self.scheduled:
+            # Everything sent during this turn of the loop leaves in one batch.
+            self.scheduled = True
+            loop.call_soon(self.flush)
+
+    def flush(self, want_ack: bool = False) -> None:
+        self.scheduled = False
+        queued, inflight, lim = self.queued, self.inflight, self.limits
+        while queued and len(inflight) < lim.window:
+            n = min(len(queued), lim.batch, lim.window - len(inflight))
+            items = [queued.popleft() for _ in range(n)]
+            first = self.acked + len(inflight) + 1
+            inflight.extend(items)
+            want = want_ack or self.closing or len(inflight) >= lim.window // 2
+            try:
+                self.sock.send(data_frame(self.sender_id, self.acked + 1, first, want, items), zmq.NOBLOCK)
+            except zmq.Again:
+                break  # the frame counts as in flight; the resend timer sends it again
+        if self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self.loop.call_soon(self.read_acks)  # the send may have taken the FD's signal
+
+    def on_ack(self, upto: int, gap: bool) -> None:
+        inflight = self.inflight
+        if upto > self.acked:
+            for _ in range(min(upto - self.acked, len(inflight))):
+                inflight.popleft()
+            self.acked = upto
+            self.last_progress = time.monotonic()
+        if gap and self._rewound_at != self.acked:
+            self._rewound_at = self.acked  # once per gap, not once per frame behind it
+            self.rewind()
+        pending = len(self.queued) + len(inflight)
+        if pending <= self.limits.high_water // 2:
+            self.room.set()
+        if not pending:
+            self.drained.set()
+        elif self.queued and not self.scheduled:
+            self.flush()
+
+    def rewind(self) -> None:
+        """Send everything unacknowledged again, oldest first."""
+        if self.inflight:
+            self.resent += len(self.inflight)
+            self.queued.extendleft(reversed(self.inflight))
+            self.inflight.clear()
+        self.flush(want_ack=True)
+
+    def read_acks(self) -> None:
+        sock = self.sock
+        if sock.closed:
+            return
+        while True:
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            ack = read_ack(frame)
+            self.on_ack(ack.upto, ack.gap)
+
+    def _tick(self) -> None:
+        """Every `resend_s`: a peer silent with envelopes outstanding gets them again."""
+        self._timer = self.loop.call_later(self.limits.resend_s, self._tick)
+        if self.inflight and self.acked == self._seen:
+            self._rewound_at = -1
+            self.rewind()
+        elif self.queued and not self.scheduled:
+            self.flush()
+        self._seen = self.acked
+
+    def close(self) -> None:
+        self._timer.cancel()
+        if not self.loop.is_closed():
+            self.loop.remove_reader(self.fd)
+        self.sock.close(linger=0)

@@ -1,0 +1,153 @@
+"""`deepserve bench http`: sustained requests/s through the daemon's OpenAI-compatible API and
+the overhead the platform adds on top of the emulated NPU timings, beside a bare uvicorn SSE
+endpoint streaming the same number of tokens at the same pace (same run, same client).
+
+Overhead per request: client-observed TTFT − the request's emulated TTFT (from its recorded
+terminal state, returned in the final SSE chunk), and each client-observed inter-chunk gap − the
+request's emulated TPOT. Both servers run as subprocesses on loopback; the client is httpx2
+(the openai client's transport) with `concurrency` streams in a closed loop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+
+from deepserve.benchmarks.table import Row
+
+START_TIMEOUT_S = 60
+
+
+class Sample:
+    def __init__(self) -> None:
+        self.ttft_over_ms: list[float] = []
+        self.gap_over_ms: list[float] = []
+        self.emulated_ttft_s: list[float] = []
+        self.emulated_tpot_s: list[float] = []
+        self.errors = 0
+
+
+async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], s: Sample) -> None:
+    t0 = time.perf_counter()
+    arrivals: list[float] = []
+    emulated: dict[str, Any] = {}
+    async with client.stream("POST", url, json=body) as r:
+        if r.status_code != 200:
+            s.errors += 1
+            await r.aread()
+            return
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices") and chunk["choices"][0].get("text"):
+                arrivals.append(time.perf_counter())
+            emulated = chunk.get("deepserve", emulated)
+    if not arrivals or not emulated.get("ttft_s"):
+        s.errors += 1
+        return
+    s.ttft_over_ms.append(1e3 * (arrivals[0] - t0 - emulated["ttft_s"]))
+    s.emulated_ttft_s.append(emulated["ttft_s"])
+    tpot = emulated.get("tpot_s")
+    if tpot is not None:
+        s.emulated_tpot_s.append(tpot)
+        s.gap_over_ms.extend(1e3 * (b - a - tpot) for a, b in zip(arrivals, arrivals[1:], strict=False))
+
+
+async def _load(url: str, model: str, requests: int, concurrency: int, tokens: int) -> tuple[Sample, float]:
+    s = Sample()
+    body = {"model": model, "prompt": "benchmark prompt " * 8, "max_tokens": tokens, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    queue = list(range(requests))
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+
+        async def worker() -> None:
+            while queue:
+                queue.pop()
+                await _one(client, url, body, s)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    return s, wall
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes]) -> None:
+    end = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError("the server exited at start")
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.TransportError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{url} did not answer within {START_TIMEOUT_S} s")
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def http_bench(requests: int, concurrency: int, tokens: int, progress: Callable[[str], None]) -> tuple[str, list[Row]]:
+    with tempfile.TemporaryDirectory(prefix="deepserve-bench-http-") as tmp:
+        run_dir = Path(tmp) / "run"
+        progress(f"the daemon: {requests} streamed requests x {tokens} tokens, {concurrency} at a time")
+        proc = subprocess.Popen([sys.executable, "-m", "deepserve", "up", "--port", "0", "--run-dir", str(run_dir),
+                                 "--log-format", "json"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            end = time.monotonic() + START_TIMEOUT_S
+            while not (run_dir / "daemon.json").exists():
+                if proc.poll() is not None or time.monotonic() > end:
+                    raise RuntimeError("the daemon did not start")
+                time.sleep(0.05)
+            info = json.loads((run_dir / "daemon.json").read_text())
+            model = httpx.get(info["url"] + "/v1/models").json()["data"][0]["id"]
+            d, d_wall = asyncio.run(_load(info["url"] + "/v1/completions", model, requests, concurrency, tokens))
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    ttft = statistics.median(d.emulated_ttft_s) if d.emulated_ttft_s else 0.02
+    tpot = statistics.median(d.emulated_tpot_s) if d.emulated_tpot_s else 0.02
+    progress(f"bare uvicorn SSE: same load, TTFT {ttft * 1e3:.1f} ms, TPOT {tpot * 1e3:.1f} ms (the daemon's medians)")
+    port = _free_port()
+    env = {**os.environ, "BARE_TTFT_S": str(ttft), "BARE_TPOT_S": str(tpot)}
+    bare = subprocess.Popen([sys.executable, "-m", "uvicorn", "deepserve.benchmarks.http_bare:app", "--port", str(port),
+                             "--log-level", "warning", "--no-access-log"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/", bare)
+        b, b_wall = asyncio.run(_load(f"http://127.0.0.1:{port}/", "bare", requests, concurrency, tokens))
+    finally:
+        bare.terminate()
+        bare.wait(60)
+    rows = [Row("http_req_per_s", requests / d_wall, "req/s", "bare uvicorn SSE", requests / b_wall)]
+    for name, xs, bx in (("ttft_overhead_ms", d.ttft_over_ms, b.ttft_over_ms),
+                         ("itl_overhead_ms", d.gap_over_ms, b.gap_over_ms)):  # fmt: skip
+        for q, tag in ((0.5, "p50"), (0.99, "p99")):
+            rows.append(Row(f"{name}_{tag}", _pct(xs, q), "ms", "bare uvicorn SSE", _pct(bx, q)))
+    rows.append(Row("http_errors", float(d.errors), "requests", "bare uvicorn SSE", float(b.errors)))
+    title = (f"deepserve bench http: {requests} requests x {tokens} tokens, concurrency {concurrency}; "
+             f"emulated TTFT p50 {ttft * 1e3:.1f} ms, TPOT p50 {tpot * 1e3:.1f} ms")  # fmt: skip
+    return title, rows

@@ -1,0 +1,82 @@
+"""`deepserve bench sim`: simulated requests per wall second on a whole trace (issue 10).
+
+The run: the `mooncake-16te` scenario (16 colocated Llama-3-8B TEs on 910B, prefix caching on)
+over the full Mooncake conversation trace (12,031 requests) with the event log on (SQLite, the
+writer process `deepserve sim` uses). The baseline, measured in the same invocation: the same run
+with the log off — what logging costs. Target (issue 10): ≥ 1,400 simulated requests per wall s.
+When the full trace is not beside the checkout (../shared/traces), the built-in 1,000-request
+slice is used and the title says so. A third run gives the harness floor (`sim_floor.py`): the same
+trace through the same loop and workload actor, log on, with TEs that answer at once.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from deepserve.benchmarks.sim_floor import build_instant
+from deepserve.benchmarks.table import Row
+
+FULL_TRACE = "mooncake_conversation.jsonl"
+TARGET_REQUESTS_PER_WALL_S = 1400.0
+
+
+def find_full_trace() -> str | None:
+    """$DEEPSERVE_TRACES, else ../shared/traces beside the checkout (as in CI)."""
+    here = Path(__file__).resolve().parents[1]
+    for folder in (os.environ.get("DEEPSERVE_TRACES"), here.parent / "shared" / "traces"):
+        if folder and (Path(folder) / FULL_TRACE).is_file():
+            return str(Path(folder) / FULL_TRACE)
+    return None
+
+
+def _one_run(scenario: object, trace: str, requests: int | None, log: str | None,
+             build: Callable | None = None) -> tuple[dict, float, float]:  # fmt: skip
+    from deepserve.adapters.scenario.run import run_scenario
+    from deepserve.persistence import open_sink
+
+    sink = open_sink(log, "async", writer="process") if log else None
+    t0, c0 = time.perf_counter(), time.process_time()
+    try:
+        result = run_scenario(scenario, trace=trace, requests=requests, sink=sink, build=build)  # type: ignore[arg-type]
+    finally:
+        if sink is not None:
+            sink.close()
+    # CPU time of this process (the simulation; the log writer is its own process): on a loaded
+    # machine it says what the run costs when wall time says how long it waited too.
+    return result.summary, time.perf_counter() - t0, time.process_time() - c0
+
+
+def sim_bench(requests: int | None, progress: Callable[[str], None], scenario_name: str = "mooncake-16te",
+              overrides: tuple[str, ...] = ()) -> tuple[str, list[Row]]:  # fmt: skip
+    from deepserve.adapters.scenario.loader import load_scenario, trace_path
+
+    scenario = load_scenario(scenario_name, overrides)
+    trace = find_full_trace() or trace_path("builtin:mooncake_conv_1k")
+    with tempfile.TemporaryDirectory(prefix="deepserve-bench-sim-") as tmp:
+        progress("the run with the log on")
+        logged, wall_logged, cpu_logged = _one_run(scenario, trace, requests, os.path.join(tmp, "sim.db"))
+        progress("the same run with the log off (baseline)")
+        bare, wall_bare, cpu_bare = _one_run(scenario, trace, requests, None)
+        progress("the harness floor: the same trace with TEs that answer at once (log on)")
+        floor, wall_floor, _ = _one_run(scenario, trace, requests, os.path.join(tmp, "floor.db"), build_instant)
+    n = logged["requests"]
+    title = (f"bench sim: {scenario_name} on {Path(trace).name}, {n} requests "
+             f"(target >= {TARGET_REQUESTS_PER_WALL_S:,.0f} requests per wall s with the log on)")  # fmt: skip
+    rows = [
+        Row("sim_requests_per_wall_s", n / wall_logged, "requests/s",
+            "sim_requests_per_wall_s_log_off", bare["requests"] / wall_bare),
+        Row("harness_requests_per_wall_s", floor["requests"] / wall_floor, "requests/s",
+            "sim_requests_per_wall_s", n / wall_logged),
+        Row("sim_requests_per_cpu_s", n / cpu_logged, "requests/s",
+            "sim_requests_per_cpu_s_log_off", bare["requests"] / cpu_bare),
+        Row("requests", float(n), "requests", "completed", float(logged["completed"])),
+        Row("prefix_hit_rate", logged["prefix_hit_rate"], "ratio"),
+        Row("ttft_ms_p50", logged["ttft_ms_p50"], "ms"),
+        Row("tpot_ms_p50", logged["tpot_ms_p50"], "ms"),
+        Row("wall_s", wall_logged, "s", "wall_s_log_off", wall_bare),
+    ]  # fmt: skip
+    return title, rows

@@ -1,0 +1,37 @@
+"""The `deepserve bench sim` subcommand (registered by cli/bench.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from deepserve.benchmarks.table import as_json_lines, render
+from deepserve.cli.util import positive_int
+
+
+def register_sim(which: argparse._SubParsersAction) -> None:
+    sim = which.add_parser("sim", help="simulated requests per wall second on a whole trace (issue 10)")
+    sim.add_argument("--json", action="store_true", help="print rows as JSON lines")
+    sim.add_argument("--requests", type=positive_int, metavar="N",
+                     help="only the first N requests of the trace (default: all)")
+    sim.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a field of the mooncake-16te scenario (repeatable)")
+    sim.set_defaults(func=_run_sim)
+
+
+def _run_sim(args: argparse.Namespace) -> int:
+    from deepserve.adapters.scenario.loader import ScenarioError
+    from deepserve.adapters.traces import TraceError
+    from deepserve.benchmarks.sim import sim_bench
+    from deepserve.cli.util import CliError
+
+    def progress(label: str) -> None:
+        if not args.json:
+            print(f"measuring {label} ...", file=sys.stderr, flush=True)
+
+    try:
+        title, rows = sim_bench(args.requests, progress, overrides=tuple(args.overrides))
+    except (ScenarioError, TraceError) as exc:
+        raise CliError(str(exc)) from None
+    print(as_json_lines(rows) if args.json else render(title, rows))
+    return 0

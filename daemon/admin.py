@@ -1,0 +1,89 @@
+"""The admin API (127.0.0.1 by default; optional bearer token): status and faults. Every fault
+is an external input into the log (`src="ext/admin"`), so replay re-injects it."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from deepserve.actors.ports.faults import HbmRegionFault, LinkDegrade, LinkDown, NpuCrash, NpuHang
+
+from .api import error_body
+from .logquery import LogQueries
+from .metrics import Metrics
+from .runtime import Runtime
+
+FABRIC = "hw/fabric"
+
+
+class Fault(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    kind: Literal["kill-te", "hang-npu", "link-down", "link-degrade", "hbm-fault"]
+    target: str  # a TE ("te/0"), an NPU ("hw/s0/npu3") or a link ("s0/npu3/roce")
+    bw_factor: float = 0.5  # link-degrade
+    region: str = "r0"  # hbm-fault
+
+
+def fault_inputs(rt: Runtime, f: Fault) -> list[tuple[str, Any]]:
+    """(address, message) of a fault; ValueError naming the field when it cannot apply."""
+    if f.kind == "kill-te":
+        tes = {t.addr: t for t in rt.placement.tes}
+        if f.target not in tes:
+            raise ValueError(f"target: no TE {f.target!r}; TEs: {', '.join(tes)}")
+        # The TE's process is not separate in one-process mode: its NPUs crash, so every task
+        # on it fails with the reason (heartbeats and replacement are issue 7 §2).
+        return [(npu, NpuCrash(reason=f"kill-te {f.target}")) for npu in tes[f.target].npus]
+    if f.kind in ("hang-npu", "hbm-fault"):
+        npus = {n for t in rt.placement.tes for n in t.npus}
+        if f.target not in npus:
+            raise ValueError(f"target: no NPU {f.target!r} serves a TE (e.g. {sorted(npus)[0]})")
+        msg = NpuHang(reason="admin hang-npu") if f.kind == "hang-npu" else HbmRegionFault(region=f.region)
+        return [(f.target, msg)]
+    if f.kind == "link-degrade" and not 0 < f.bw_factor <= 1:
+        raise ValueError(f"bw_factor: must be in (0, 1], got {f.bw_factor}")
+    msg2: Any = LinkDown(link=f.target) if f.kind == "link-down" else LinkDegrade(link=f.target, bw_factor=f.bw_factor)
+    return [(FABRIC, msg2)]
+
+
+def create_admin_app(rt: Runtime, metrics: Metrics, token: str) -> FastAPI:
+    app = FastAPI(title="deepserve admin")
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next: Any) -> Any:
+        if token and request.headers.get("authorization") != f"Bearer {token}":
+            return JSONResponse(error_body("missing or wrong bearer token", "authentication_error"), 401)
+        return await call_next(request)
+
+    @app.get("/admin/status")
+    async def status() -> dict[str, Any]:
+        return rt.status()
+
+    queries = LogQueries.for_sqlite(str(rt.log_path))
+
+    @app.get("/admin/requests/{request_id}")
+    async def request_timeline(request_id: str) -> JSONResponse:
+        """A request's steps and events, read from the live log (SQLAlchemy async, aiosqlite)."""
+        rows = await queries.request_timeline(request_id)
+        if not rows:
+            return JSONResponse(error_body(f"no request {request_id!r} in the log (yet)", "not_found_error"), 404)
+        return JSONResponse({"request_id": request_id, "steps": rows})
+
+    @app.get("/admin/faults")
+    async def recent_faults(limit: int = 50) -> dict[str, Any]:
+        return {"inputs": await queries.recent_admin_inputs(limit)}
+
+    @app.post("/admin/fault")
+    async def fault(request: Request) -> JSONResponse:
+        try:
+            f = msgspec.json.decode(await request.body(), type=Fault)
+            inputs = fault_inputs(rt, f)
+        except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+            return JSONResponse(error_body(str(exc), "invalid_request_error"), 400)
+        for dst, msg in inputs:
+            await rt.admin_input(dst, msg)
+        metrics.faults.labels(f.kind).inc()
+        return JSONResponse({"injected": [{"to": dst, "message": type(m).__name__} for dst, m in inputs]})
+
+    return app

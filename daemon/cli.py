@@ -1,0 +1,141 @@
+"""`deepserve up | config show | status | fault ...` (the daemon's command group)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from deepserve.adapters.scenario.loader import ScenarioError
+from deepserve.cli.util import CliError, print_json
+
+FAULTS = ("kill-te", "hang-npu", "link-down", "link-degrade", "hbm-fault")
+
+
+def register_daemon(sub: Any) -> None:
+    up = sub.add_parser("up", help="run the daemon: the cluster, the OpenAI-compatible API, the admin API")
+    up.add_argument("--host", help="listen address (default from the config: 127.0.0.1)")
+    up.add_argument("--port", type=int, help="HTTP port (0: a free one)")
+    up.add_argument("--config", metavar="FILE", help="TOML config (default configs/daemon/default.toml)")
+    up.add_argument("--run-dir", metavar="DIR", help="where the log goes (default runs/daemon-<UTC time>)")
+    up.add_argument("--log-format", choices=("console", "json"))
+    up.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    up.set_defaults(func=_up)
+    cfg = sub.add_parser("config", help="the daemon's config")
+    csub = cfg.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    show = csub.add_parser("show", help="print the resolved config (every default filled in)")
+    show.add_argument("--config", metavar="FILE")
+    show.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    show.set_defaults(func=_show)
+    st = sub.add_parser("status", help="TEs, roles, DP groups, loads and KV usage of the running daemon")
+    _admin_args(st)
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=_status)
+    ft = sub.add_parser("fault", help="inject a fault into the running daemon (recorded in its log)")
+    ft.add_argument("kind", choices=FAULTS)
+    ft.add_argument("target", help="a TE (te/0), an NPU (hw/s0/npu1) or a link (s0/npu0/roce)")
+    ft.add_argument("--bw-factor", type=float, default=0.5)
+    ft.add_argument("--region", default="r0")
+    _admin_args(ft)
+    ft.set_defaults(func=_fault)
+
+
+def _admin_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--admin-url", help="the admin API (default: from runs/daemon.json)")
+    p.add_argument("--token", default="", help="bearer token, when the daemon requires one")
+
+
+def _load(args: argparse.Namespace) -> Any:
+    from .config import load_config
+
+    try:
+        return load_config(args.config, tuple(args.overrides))
+    except ScenarioError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _up(args: argparse.Namespace) -> int:
+
+    from deepserve.core.asyncdriver import run
+
+    from .server import configure_logging, default_run_dir, serve
+
+    over = list(args.overrides)
+    for key, value in (("host", args.host), ("port", args.port), ("log_format", args.log_format)):
+        if value is not None:
+            over.append(f"daemon.{key}={json.dumps(value)}")
+    args.overrides = over
+    cfg = _load(args)
+    run_dir = Path(args.run_dir or cfg.daemon.run_dir or default_run_dir())
+    if (run_dir / "daemon.db").exists():
+        raise CliError(f"--run-dir {run_dir} already holds a daemon log; choose a new directory")
+    configure_logging(cfg.daemon.log_format)
+    run(serve, cfg, run_dir)
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from .config import resolved_toml
+
+    print(resolved_toml(_load(args)), end="")
+    return 0
+
+
+def _admin(args: argparse.Namespace, path: str, body: dict[str, Any] | None = None) -> Any:
+    url = args.admin_url
+    if not url:
+        pointer = Path("runs/daemon.json")
+        if not pointer.exists():
+            raise CliError("no running daemon found (runs/daemon.json); pass --admin-url")
+        url = json.loads(pointer.read_text())["admin_url"]
+    req = urllib.request.Request(url.rstrip("/") + path, data=None if body is None else json.dumps(body).encode(),
+                                 method="GET" if body is None else "POST")  # fmt: skip
+    req.add_header("Content-Type", "application/json")
+    if args.token:
+        req.add_header("Authorization", f"Bearer {args.token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        detail = json.loads(exc.read() or b"{}").get("error", {}).get("message", exc.reason)
+        raise CliError(f"admin API {exc.code}: {detail}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise CliError(f"cannot reach the daemon's admin API at {url}: {getattr(exc, 'reason', exc)}") from None
+
+
+def _status(args: argparse.Namespace) -> int:
+    st = _admin(args, "/admin/status")
+    if args.json:
+        print_json(st)
+        return 0
+    print(format_status(st))
+    return 0
+
+
+def format_status(st: dict[str, Any]) -> str:
+    lines = [f"model {st['model']}  up {st['uptime_s']} s  in flight {st['inflight']}  requests {st['requests']}",
+             f"log {st['log']}", ""]  # fmt: skip
+    head = f"{'TE':<8}{'role':<11}{'DP':>3}  {'master':<14}{'running':>8}{'waiting':>8}{'KV used':>14}{'KV %':>7}{'prefix hit':>11}"
+    lines.append(head)
+    for te in st["tes"]:
+        for i, dp in enumerate(te["dps"]):
+            if not dp.get("alive"):
+                lines.append(f"{te['te']:<8}{te['role']:<11}{i:>3}  {dp['master']:<14}{'dead':>8}")
+                continue
+            total = dp["kv_blocks_total"] or 1
+            hit = dp["cached_prompt_tokens"] / dp["prompt_tokens"] if dp["prompt_tokens"] else 0.0
+            used = f"{dp['kv_blocks_used']}/{dp['kv_blocks_total']}"
+            lines.append(f"{te['te']:<8}{te['role']:<11}{i:>3}  {dp['master']:<14}{dp['running']:>8}{dp['waiting']:>8}"
+                         f"{used:>14}{100 * dp['kv_blocks_used'] / total:>6.1f}%{100 * hit:>10.1f}%")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _fault(args: argparse.Namespace) -> int:
+    out = _admin(args, "/admin/fault", {"kind": args.kind, "target": args.target, "bw_factor": args.bw_factor,
+                                         "region": args.region})  # fmt: skip
+    for row in out["injected"]:
+        print(f"injected {row['message']} -> {row['to']}")
+    return 0

@@ -1,0 +1,142 @@
+"""The daemon's TOML config: `[daemon]` (where it listens, logs, limits) and `[cluster]` (the
+scenario schema's `Cluster`, reused: one schema for sims and the daemon). Every field validated
+with an error naming the dotted key; `resolved()` is what `deepserve config show` prints."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from deepserve.adapters.scenario.loader import (
+    ScenarioError,
+    _key_of,
+    apply_override,
+    parse_override,
+    parse_toml,
+)
+from deepserve.adapters.scenario.schema import Cluster, Scenario, check
+
+MAX_FILE_BYTES = 1 << 20
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+
+
+class Daemon(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    host: str = "127.0.0.1"
+    port: Port = 8000  # 0: a free port (printed at start)
+    run_dir: str = ""  # "": runs/daemon-<UTC time>
+    log_format: Literal["console", "json"] = "console"
+    ingress: str = "ingress"  # the one actor address the frontend sends requests to
+    served_model_name: str = ""  # "": the cluster's model name
+    tokenizer: str = "approx"  # or a path to a Hugging Face tokenizer.json
+    seed: int = 0
+    admin_host: str = "127.0.0.1"
+    admin_port: Port = 0  # 0: a free port (printed at start, and written to the run dir)
+    admin_token: str = ""  # "": no bearer token required
+    max_inflight: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 4096  # then 429
+    max_prompt_tokens: Annotated[int, msgspec.Meta(ge=1, le=1 << 22)] = 32_768
+    max_tokens_limit: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 8192
+    ttft_deadline_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 60.0  # then 504
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1 << 30)] = 4 << 20
+
+
+class PdPool(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A P/D-disaggregated pool beside the colocated TEs (same model, hardware and scheduler)."""
+
+    prefill_tes: Annotated[int, msgspec.Meta(ge=0, le=4096)] = 0  # 0: no P/D pool
+    decode_tes: Annotated[int, msgspec.Meta(ge=0, le=4096)] = 0
+    link: Literal["roce", "hccs", "ub"] = "roce"
+    kv_transfer: Literal["contiguous", "block"] = "contiguous"
+
+
+class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    daemon: Daemon = msgspec.field(default_factory=Daemon)
+    cluster: Cluster = msgspec.field(default_factory=Cluster)
+    pd: PdPool = msgspec.field(default_factory=PdPool)
+
+    def pd_scenario(self) -> Scenario | None:
+        """The P/D pool as a scenario of its own (None when there is none)."""
+        p = self.pd
+        if not (p.prefill_tes or p.decode_tes):
+            return None
+        c = msgspec.structs.replace(self.cluster, mode="pd", prefill_tes=max(p.prefill_tes, 1),
+                                    decode_tes=max(p.decode_tes, 1), link=p.link, kv_transfer=p.kv_transfer)  # fmt: skip
+        return Scenario(name="daemon-pd", seed=self.daemon.seed, cluster=c)
+
+    def scenario(self) -> Scenario:
+        return Scenario(name="daemon", seed=self.daemon.seed, cluster=self.cluster)
+
+    def model_name(self) -> str:
+        return self.daemon.served_model_name or self.cluster.model
+
+
+def default_text() -> tuple[str, str]:
+    res = resources.files("deepserve") / "configs" / "daemon" / "default.toml"
+    return "configs/daemon/default.toml", res.read_text(encoding="utf-8")
+
+
+def load_config(path: str | None = None, overrides: tuple[str, ...] = ()) -> DaemonConfig:
+    """The validated config (the default file when `path` is None); errors name the key."""
+    if path is None:
+        source, text = default_text()
+    else:
+        p = Path(path)
+        try:
+            if p.stat().st_size > MAX_FILE_BYTES:
+                raise ScenarioError(path, "", f"larger than {MAX_FILE_BYTES} bytes")
+            source, text = path, p.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ScenarioError(path, "", exc.strerror or str(exc)) from None
+        except UnicodeDecodeError as exc:
+            raise ScenarioError(path, "", f"not UTF-8 text ({exc.reason})") from None
+    doc: dict[str, Any] = parse_toml(source, text)
+    for item in overrides:
+        key, value = parse_override(item)
+        apply_override(doc, key, value, f"--set {item}")
+    try:
+        cfg = msgspec.convert(doc, DaemonConfig)
+    except msgspec.ValidationError as exc:
+        key, problem = _key_of(exc)
+        raise ScenarioError(source, key, problem) from None
+    from deepserve.adapters.hardware.models import known_models
+
+    for key, problem in check(cfg.scenario(), known_models()):
+        raise ScenarioError(source, key, problem)
+    if bool(cfg.pd.prefill_tes) != bool(cfg.pd.decode_tes):
+        raise ScenarioError(source, "pd.decode_tes", "a P/D pool needs both prefill_tes and decode_tes >= 1")
+    if cfg.cluster.mode != "colocated":
+        raise ScenarioError(source, "cluster.mode", "the daemon's [cluster] is the colocated pool; use [pd] for P/D")
+    pd = cfg.pd_scenario()
+    if pd is not None:
+        for key, problem in check(pd, known_models()):
+            raise ScenarioError(source, key.replace("cluster.", "pd.", 1), problem)
+    if not cfg.cluster.scheduler.stream_token_ids:
+        raise ScenarioError(source, "cluster.scheduler.stream_token_ids", "the daemon needs token ids (true)")
+    return cfg
+
+
+def resolved_toml(cfg: DaemonConfig) -> str:
+    """The config with every default filled in, as TOML."""
+    return _toml(msgspec.to_builtins(cfg), [])
+
+
+def _toml(table: dict[str, Any], path: list[str]) -> str:
+    lines = [f"{k} = {_value(v)}" for k, v in table.items() if not isinstance(v, dict)]
+    out = ([f"[{'.'.join(path)}]"] if path else []) + lines
+    text = "\n".join(out) + ("\n" if out else "")
+    for k, v in table.items():
+        if isinstance(v, dict):
+            text += ("\n" if text else "") + _toml(v, [*path, k])
+    return text
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return msgspec.json.encode(v).decode()
+    if isinstance(v, list):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    return repr(v)

@@ -1,0 +1,73 @@
+"""Prometheus metrics (prometheus_client), vLLM's names where one exists.
+
+Latencies are the emulated ones, from each request's recorded terminal state (arrival, first
+token, finish on the daemon's clock); gauges are read from the masters' state at scrape time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from deepserve.actors.workload.messages import RequestDone
+
+BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.2, 0.5, 1.0)
+
+
+class Metrics:
+    def __init__(self, model: str) -> None:
+        r = self.registry = CollectorRegistry()
+        lbl = ["model_name"]
+        self.model = model
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token", lbl, registry=r, buckets=BUCKETS)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Mean inter-token latency of a request", lbl,
+                             registry=r, buckets=ITL_BUCKETS)  # fmt: skip
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency", lbl, registry=r,
+                             buckets=BUCKETS)  # fmt: skip
+        self.success = Counter("vllm:request_success", "Finished requests", [*lbl, "finished_reason"], registry=r)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens", lbl, registry=r)
+        self.gen_tokens = Counter("vllm:generation_tokens", "Generated tokens", lbl, registry=r)
+        self.running = Gauge("vllm:num_requests_running", "Running requests", lbl, registry=r)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Waiting requests", lbl, registry=r)
+        self.kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage (0-1)", lbl, registry=r)
+        self.pc_queries = Gauge("vllm:prefix_cache_queries", "Prompt tokens queried against the prefix cache",
+                                lbl, registry=r)  # fmt: skip
+        self.pc_hits = Gauge("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache", lbl, registry=r)
+        self.terminal = Counter("deepserve_requests", "Requests by terminal status", ["status"], registry=r)
+        self.faults = Counter("deepserve_faults", "Faults injected through the admin API", ["kind"], registry=r)
+        self.client_ttft_s = Histogram("deepserve_frontend_first_token_seconds",
+                                       "Frontend-observed wait for the first token", registry=r, buckets=BUCKETS)  # fmt: skip
+
+    def client_ttft(self, seconds: float) -> None:
+        self.client_ttft_s.observe(seconds)
+
+    def done(self, d: RequestDone) -> None:
+        m = self.model
+        self.terminal.labels(d.status).inc()
+        self.success.labels(m, d.reason if d.status == "completed" else d.status).inc()
+        self.prompt_tokens.labels(m).inc(d.prompt_tokens)
+        self.gen_tokens.labels(m).inc(d.output_tokens)
+        self.e2e.labels(m).observe(max(0.0, d.finish_s - d.arrival_s))
+        if d.first_token_s is not None:
+            self.ttft.labels(m).observe(max(0.0, d.first_token_s - d.arrival_s))
+            if d.output_tokens > 1:
+                self.itl.labels(m).observe(max(0.0, (d.finish_s - d.first_token_s) / (d.output_tokens - 1)))
+
+    def render(self, status: dict[str, Any]) -> tuple[bytes, str]:
+        m = self.model
+        dps = [dp for te in status["tes"] for dp in te["dps"] if dp.get("alive")]
+        self.running.labels(m).set(sum(dp["running"] for dp in dps))
+        self.waiting.labels(m).set(sum(dp["waiting"] for dp in dps))
+        total = sum(dp["kv_blocks_total"] for dp in dps) or 1
+        self.kv.labels(m).set(sum(dp["kv_blocks_used"] for dp in dps) / total)
+        self.pc_queries.labels(m).set(sum(dp["prompt_tokens"] for dp in dps))
+        self.pc_hits.labels(m).set(sum(dp["cached_prompt_tokens"] for dp in dps))
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,93 @@
+"""`deepserve up`: the runtime, the OpenAI-compatible server and the admin server in one process.
+
+Shutdown (Ctrl-C / SIGTERM): stop accepting (503), let in-flight requests finish for a grace
+period, fail what is left with a recorded reason, stop both HTTP servers, flush the log."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import structlog
+import uvicorn
+
+from .admin import create_admin_app
+from .config import DaemonConfig
+from .http import create_app
+from .metrics import Metrics
+from .runtime import Runtime
+
+POINTER = Path("runs/daemon.json")  # where `deepserve status` finds the running daemon
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:  # the daemon handles signals itself
+        yield
+
+    def port(self) -> int:
+        return int(self.servers[0].sockets[0].getsockname()[1])
+
+
+def configure_logging(fmt: str) -> None:
+    renderer: Any = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
+    structlog.configure(processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"),
+                                    renderer], logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # fmt: skip
+
+
+async def serve(cfg: DaemonConfig, run_dir: Path, grace_s: float = 10.0, ready: Any = None) -> None:
+    d = cfg.daemon
+    log = structlog.get_logger("deepserve.daemon")
+    rt = Runtime(cfg, run_dir)
+    metrics = Metrics(cfg.model_name())
+    rt.on_done = metrics.done
+    await rt.start()
+    api = _Server(uvicorn.Config(create_app(rt, metrics), host=d.host, port=d.port, log_level="warning",
+                                 lifespan="off", timeout_graceful_shutdown=2))  # fmt: skip
+    admin_port = d.admin_port or (d.port + 1 if d.port else 0)
+    admin = _Server(uvicorn.Config(create_admin_app(rt, metrics, d.admin_token), host=d.admin_host, port=admin_port,
+                                   log_level="warning", lifespan="off"))  # fmt: skip
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(api.serve())
+        tg.create_task(admin.serve())
+        while not (api.started and admin.started):
+            if api.should_exit or admin.should_exit:
+                raise SystemExit(f"deepserve: error: cannot listen on {d.host}:{d.port} or the admin port")
+            await asyncio.sleep(0.01)
+        info = {"url": f"http://{d.host}:{api.port()}", "admin_url": f"http://{d.admin_host}:{admin.port()}",
+                "run_dir": str(run_dir), "log": str(rt.log_path), "pid": os.getpid()}  # fmt: skip
+        (run_dir / "daemon.json").write_text(json.dumps(info))
+        with contextlib.suppress(OSError):
+            POINTER.parent.mkdir(parents=True, exist_ok=True)
+            POINTER.write_text(json.dumps(info))
+        log.info("deepserve up", model=cfg.model_name(), tes=len(rt.placement.tes), **info)
+        print(f"deepserve: serving {cfg.model_name()} at {info['url']}/v1  admin {info['admin_url']}  "
+              f"log {rt.log_path}", flush=True)  # fmt: skip
+        if ready is not None:
+            ready(info)
+        await stop.wait()
+        log.info("deepserve stopping", inflight=len(rt.streams))
+        await rt.stop(grace_s)
+        api.should_exit = admin.should_exit = True
+    print(f"deepserve: stopped; requests {rt.counts}; log {rt.log_path}", flush=True)
+
+
+def default_run_dir() -> Path:
+    return Path("runs") / time.strftime("daemon-%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+def quiet_uvicorn() -> None:
+    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)

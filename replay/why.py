@@ -1,0 +1,133 @@
+"""`deepserve replay why LOG REQUEST_ID`: why did request X go where it went?
+
+Reads only the log: the gateway's `GatewayRouted`/`GatewayRefused` (admission, the JE drawn),
+the JE's `RouteDecided` (each task's policy, parameters, candidates ranked with their loads and
+prefix matches, heatmap cell, predicted bucket), task ends and refusals, and the terminal record;
+runs driven by the workload stand-in show its `Dispatched` round-robin hops instead. Streams the
+log once, decoding only the event types it shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from deepserve.core import decode
+from deepserve.persistence.api import LogReader
+
+from .common import ReplayError, pick_run
+
+HOP_TYPES = frozenset({
+    "GatewayRouted", "GatewayRefused", "RouteDecided", "OfferRefused", "JeTaskEnded", "JePrefilled",
+    "JobFinished", "Dispatched", "Finished",
+})  # fmt: skip
+
+
+def _load_types() -> None:
+    """Register the event classes by importing their modules (decode works by type name)."""
+    import deepserve.actors.gateway.messages  # noqa: F401
+    import deepserve.actors.je.messages  # noqa: F401
+    import deepserve.actors.workload.messages  # noqa: F401
+
+
+def request_hops(reader: LogReader, request_id: str, run_id: str | None = None) -> list[dict[str, Any]]:
+    """Every recorded hop of the request, in log order, as plain data."""
+    _load_types()
+    import msgspec
+
+    run = pick_run(reader, run_id)
+    hops: list[dict[str, Any]] = []
+    for step in reader.steps(run.run_id):
+        for ev in step.events:
+            if ev.type not in HOP_TYPES:
+                continue
+            data = msgspec.to_builtins(decode(ev.type, ev.payload))
+            rid = data.get("request_id") or (data.get("done") or {}).get("request_id")
+            if rid == request_id:
+                data.pop("type", None)
+                hops.append({"t": step.input.t, "actor": step.input.actor, "event": ev.type, **data})
+    if not hops:
+        raise ReplayError(
+            f"no request {request_id!r} in this log; list the ids with "
+            f"`deepserve replay log LOG --json` (the `corr` of each input) or "
+            f"`deepserve replay log LOG --actor je/0`")
+    return hops
+
+
+def why_lines(hops: list[dict[str, Any]]) -> Iterator[str]:
+    end = next((h for h in reversed(hops) if h["event"] in ("JobFinished", "Finished")), None)
+    rid = hops[0]["request_id"] if "request_id" in hops[0] else hops[0]["done"]["request_id"]
+    if end is not None:
+        d = end["done"]
+        ttft = (f"TTFT {1e3 * (d['first_token_s'] - d['arrival_s']):.1f} ms, "
+                if d["first_token_s"] is not None else "")
+        yield (f"request {rid}: {d['status']} ({d['reason']}) — {ttft}JCT "
+               f"{1e3 * (d['finish_s'] - d['arrival_s']):.1f} ms, {d['prompt_tokens']} prompt tokens "
+               f"({d['cached_prompt_tokens']} cached), {d['output_tokens']} output tokens")
+    else:
+        yield f"request {rid}: not terminal in this log"
+    for h in hops:
+        yield from _hop_lines(h)
+
+
+def _hop_lines(h: dict[str, Any]) -> Iterator[str]:
+    at, who, ev = f"t={h['t']:.6f}", h["actor"], h["event"]
+    if ev == "GatewayRouted":
+        dr = h["draw"]
+        yield (f"{at}  gateway {who}: admitted ({h['inflight']}/{h['limit']} in flight for model "
+               f"{h['model']!r}); JE {h['je']} drawn at random (index {dr['draw']} of "
+               f"{', '.join(dr['candidates'])})")
+    elif ev == "GatewayRefused":
+        yield f"{at}  gateway {who}: refused (429): {h['reason']}"
+    elif ev == "RouteDecided":
+        yield from _decision_lines(at, who, h)
+    elif ev == "OfferRefused":
+        yield (f"{at}  {who}: {h['te']} refused {h['task_id']}: {h['reason']}" if h["te"]
+               else f"{at}  {who}: every prefill refused this sweep; offering again after a pause")
+    elif ev == "JeTaskEnded" and h["status"] != "completed":
+        yield f"{at}  {who}: task {h['task_id']} on {h['te']} {h['status']}: {h['reason']}"
+    elif ev == "JePrefilled":
+        yield f"{at}  {who}: prefill done ({h['cached_prompt_tokens']}/{h['prompt_tokens']} prompt tokens cached)"
+    elif ev == "Dispatched":
+        yield (f"{at}  workload stand-in {who}: {h['phase']} task attempt {h['attempt']} -> {h['te']} "
+               f"(round robin over the role's TEs; no scheduling policy configured)")
+    elif ev in ("JobFinished", "Finished"):
+        d = h["done"]
+        yield f"{at}  {who}: {d['status']} on {d['te'] or '-'}: {d['reason']}"
+
+
+def _decision_lines(at: str, who: str, h: dict[str, Any]) -> Iterator[str]:
+    d = h["decision"]
+    params = ", ".join(f"{k}={v:g}" for k, v in sorted(d["params"].items()))
+    yield (f"{at}  JE {who}: {h['phase']} task {h['task_id']} -> {d['chosen']} "
+           f"[policy {d['policy']}{' (' + params + ')' if params else ''}]")
+    yield f"{'':14}why: {d['reason']}"
+    facts = []
+    if d.get("heatmap_cell"):
+        c = d["heatmap_cell"]
+        facts.append(f"heatmap cell prefill>={c['prefill_tokens_lo']} ratio>={c['ratio_lo']:g} = {c['value']:+.3f}")
+    if d.get("predicted_bucket") is not None:
+        facts.append(f"predicted decode bucket {d['predicted_bucket']} (x128 tokens)")
+    if d.get("decode_ratio") is not None:
+        facts.append(f"decode/prefill ratio used {d['decode_ratio']:.3f}")
+    if d.get("imbalance") is not None:
+        facts.append(f"load imbalance {d['imbalance']}")
+    if facts:
+        yield f"{'':14}inputs: " + "; ".join(facts)
+    yield f"{'':14}candidates, best first:  rank  TE  subgroup  open tasks  prefix blocks"
+    for k, r in enumerate(d["ranked"], 1):
+        mark = "  <- chosen" if r["te"] == d["chosen"] else ""
+        yield f"{'':16}{k:>3}. {r['te']:<12} {r['subgroup']:<9} load {r['load']:>4}  prefix {r['prefix_blocks']:>5}{mark}"
+
+
+def run_why(reader: LogReader, request_id: str, run_id: str | None, as_json: bool) -> int:
+    """The `replay why` command body (the CLI hook passes the opened reader)."""
+    from deepserve.cli.util import print_json
+
+    hops = request_hops(reader, request_id, run_id)
+    if as_json:
+        print_json({"request_id": request_id, "hops": hops})
+    else:
+        for line in why_lines(hops):
+            print(line)
+    return 0

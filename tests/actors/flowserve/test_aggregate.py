@@ -1,0 +1,97 @@
+"""The simulation fast path: a pure-decode batch runs as one NpuForwardRun; arrivals truncate it.
+Per-task token timings equal the stepwise path's, and the log alone rebuilds them."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from fsharness import assert_replays, driver, events_of, out_to
+from fswire import REQ, hardware, master_config, task
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_master import finished, tokens
+
+from deepserve.actors.flowserve.master.actor import DpMaster
+from deepserve.actors.flowserve.master.state import MasterConfig
+from deepserve.actors.flowserve.master.timeline import token_timeline
+from deepserve.actors.flowserve.messages import CancelTask, TaskTokens
+
+M = "te/0/dp/0"
+
+
+def _run(aggregate: bool, n: int = 14, cancel: bool = True):
+    d = driver(seed=3)
+    hardware(d)
+    cfg = master_config(aggregate=aggregate, hbm_blocks=400, max_num_seqs=8)
+    d.spawn(M, DpMaster, config=cfg)
+    for i in range(n):  # staggered arrivals: runs get truncated at every one
+        t = task(i, 200 + 450 * (i % 4), 30 + 17 * (i % 5))
+        d.inject(M, t, at=0.05 * i + 0.013 * (i % 3), src=REQ)
+    if cancel:
+        d.inject(M, CancelTask(task_id="t5"), at=0.9, src=REQ)
+    d.run()
+    return d, msgspec.convert(cfg, MasterConfig)
+
+
+def test_aggregated_and_stepwise_give_the_same_token_times() -> None:
+    step_d, _ = _run(False)
+    agg_d, cfg = _run(True)
+    step_t, agg_t = tokens(step_d), tokens(agg_d)
+    assert sorted(step_t) == sorted(agg_t)
+    for tid in step_t:
+        s, a = step_t[tid], agg_t[tid]
+        assert [x for x, _ in s] == [x for x, _ in a], tid  # the same token ids
+        assert [t for _, t in a] == pytest.approx([t for _, t in s], abs=1e-9, rel=0), tid
+    fs, fa = finished(step_d), finished(agg_d)
+    assert {k: (v.status, v.output_tokens) for k, v in fs.items()} == {
+        k: (v.status, v.output_tokens) for k, v in fa.items()
+    }
+    assert fa["t5"].status == "cancelled"
+    # the point of it: far fewer NPU requests and master deliveries
+    runs = events_of(agg_d, "hw/s0/npu0", "NpuRunStarted")
+    assert runs and len(agg_d.sink.steps) < len(step_d.sink.steps) / 3
+    truncated = [e for e in events_of(agg_d, "hw/s0/npu0", "NpuRunTruncated")]
+    assert truncated  # arrivals cut runs short
+    # the log alone rebuilds every token's time (what replay / reports rely on)
+    rebuilt = token_timeline(cfg, [e for e in events_of(agg_d, M) if not e.system])
+    streamed = {tid: [t for _, t in v] for tid, v in agg_t.items()}
+    assert rebuilt == streamed
+    sent = sum(len(m.token_ids) for _, m in out_to(agg_d, REQ) if isinstance(m, TaskTokens))
+    assert sent == sum(len(v) for v in rebuilt.values())
+    assert_replays(agg_d)
+    assert_replays(step_d)
+
+_REQS = st.lists(
+    st.tuples(st.floats(0.0, 1.5), st.integers(1, 3000), st.integers(1, 120), st.booleans()),
+    min_size=1, max_size=10,
+)  # fmt: skip
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_REQS, st.integers(1, 6), st.sampled_from([512, 2048]))
+def test_any_workload_has_the_same_token_times_on_both_paths(reqs, max_seqs, budget) -> None:
+    """Random arrivals, prompt and output lengths, cancels, batch limits and token budgets."""
+
+    def one(aggregate: bool):
+        d = driver(seed=9)
+        hardware(d)
+        d.spawn(M, DpMaster, config=master_config(aggregate=aggregate, max_num_seqs=max_seqs,
+                                                  max_num_batched_tokens=budget))  # fmt: skip
+        for i, (at, prompt, out, cancel) in enumerate(reqs):
+            d.inject(M, task(i, prompt, out), at=at, src=REQ)
+            if cancel:
+                d.inject(M, CancelTask(task_id=f"t{i}"), at=at + 0.3, src=REQ)
+        d.run()
+        return d
+
+    s, a = one(False), one(True)
+    ts, ta = tokens(s), tokens(a)
+    assert ts.keys() == ta.keys()
+    for tid in ts:
+        assert [x for x, _ in ts[tid]] == [x for x, _ in ta[tid]]
+        assert [t for _, t in ta[tid]] == pytest.approx([t for _, t in ts[tid]], abs=1e-9, rel=0)
+    fs, fa = finished(s), finished(a)
+    assert {k: (v.status, v.output_tokens) for k, v in fs.items()} == {
+        k: (v.status, v.output_tokens) for k, v in fa.items()
+    }
+    assert len(fa) == len(reqs)

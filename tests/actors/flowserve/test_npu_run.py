@@ -1,0 +1,124 @@
+"""NpuForwardRun: k passes in one request equal k NpuForwards sent `gap_s` after each answer."""
+
+from __future__ import annotations
+
+import pytest
+from fsharness import TEST_SRC, assert_replays, driver, events_of, out_to
+
+from deepserve.actors.ports.npu import (
+    NpuError,
+    NpuForward,
+    NpuForwardDone,
+    NpuForwardRun,
+    NpuForwardRunDone,
+    NpuForwardTruncate,
+    SeqShape,
+)
+from deepserve.adapters.hardware.devices.npu import Npu
+from deepserve.core import Actor, Context, Event, Message
+
+NPU = "hw/s0/npu0"
+SEQS = (SeqShape(1, 900), SeqShape(1, 3000), SeqShape(1, 40))
+
+
+class StepperGo(Message, frozen=True):
+    iterations: int
+    gap_s: float
+
+
+class StepperNext(Message, frozen=True):
+    i: int
+
+
+class StepperPassEnded(Event, frozen=True):
+    i: int
+    at_s: float
+
+
+class Stepper(Actor[tuple]):
+    """Sends the passes one by one, each `gap_s` after the previous answer."""
+
+    def initial_state(self) -> tuple:
+        return (0, 0.0, 0)
+
+    def evolve(self, state: tuple, event: Event) -> tuple:
+        assert isinstance(event, StepperPassEnded)
+        return (state[0], state[1], event.i + 1)
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, StepperGo):
+            self.k, self.gap = msg.iterations, msg.gap_s
+            self._send(ctx, 0)
+        elif isinstance(msg, StepperNext):
+            self._send(ctx, msg.i)
+        elif isinstance(msg, NpuForwardDone):
+            i = self.state[2]
+            ctx.record(StepperPassEnded(i, ctx.now()))
+            if i + 1 < self.k:
+                ctx.after(self.gap, StepperNext(i + 1))
+
+    def _send(self, ctx: Context, i: int) -> None:
+        seqs = tuple(SeqShape(1, s.context_tokens + i) for s in SEQS)
+        ctx.send(NPU, NpuForward(req_id=f"p{i}", model="llama3-8b", seqs=seqs))
+
+
+def test_a_run_is_the_stepwise_timeline() -> None:
+    d = driver()
+    d.spawn(NPU, Npu, npu="910b", variance=False)
+    d.spawn("t/step", Stepper)
+    d.inject("t/step", StepperGo(iterations=40, gap_s=0.002), at=0.0)
+    d.run()
+    stepwise = [e.at_s for e in events_of(d, "t/step", "StepperPassEnded")]
+    t0 = 1.0 + stepwise[-1]
+    run = NpuForwardRun(req_id="r", model="llama3-8b", seqs=SEQS, iterations=40, gap_s=0.002)
+    d.inject(NPU, run, at=t0, src=TEST_SRC)
+    d.run()
+    (t_done, done), = [(t, m) for t, m in out_to(d) if isinstance(m, NpuForwardRunDone)]
+    assert len(done.ends_s) == 40 and not done.truncated
+    assert [e - t0 for e in done.ends_s] == pytest.approx(stepwise, abs=1e-9)
+    assert t_done == pytest.approx(done.ends_s[-1], abs=1e-12)
+    assert [s - e for s, e in zip(done.starts_s[1:], done.ends_s, strict=False)] == pytest.approx(
+        [0.002] * 39
+    )
+    assert_replays(d)
+
+
+def test_truncation_stops_after_the_running_pass_and_a_bad_run_is_refused() -> None:
+    d = driver()
+    d.spawn(NPU, Npu, npu="910b", variance=True)
+    run = NpuForwardRun(req_id="r", model="llama3-8b", seqs=SEQS, iterations=1000, gap_s=0.001)
+    d.inject(NPU, run, at=0.0, src=TEST_SRC)
+    d.inject(NPU, NpuForwardTruncate(req_id="r"), at=0.5, src=TEST_SRC)
+    d.inject(NPU, NpuForwardRun(req_id="bad", model="llama3-8b", seqs=SEQS, iterations=0),
+             at=0.6, src=TEST_SRC)  # fmt: skip
+    d.run()
+    done = next(m for _, m in out_to(d) if isinstance(m, NpuForwardRunDone))
+    assert done.truncated and done.ends_s[-1] >= 0.5 > done.ends_s[-2]
+    drawn = events_of(d, NPU, "NpuRunStarted")[0].ends_s + tuple(
+        x for e in events_of(d, NPU, "NpuRunExtended") for x in e.ends_s
+    )
+    assert done.ends_s == drawn[: len(done.ends_s)]  # the drawn passes, kept as drawn
+    assert len(drawn) < 1000  # drawn in chunks: the truncated rest was never computed
+    assert len(set(round(e - s, 12) for s, e in zip(done.starts_s, done.ends_s, strict=True))) > 1
+    bad = next(m for _, m in out_to(d) if isinstance(m, NpuError))
+    assert bad.req_id == "bad" and "iterations" in bad.reason
+    assert_replays(d)
+
+
+@pytest.mark.parametrize("model", ["llama3-8b", "llama3-70b", "deepseek-v3"])
+def test_the_closed_form_pass_costs_equal_the_model_pass_by_pass(model: str) -> None:
+    import msgspec
+
+    from deepserve.adapters.hardware.devices.npu import forward_cost_s
+    from deepserve.adapters.hardware.devices.npu_run import pass_costs, pass_shapes
+
+    tp = 8 if model != "llama3-8b" else 1
+    run = NpuForwardRun(req_id="r", model=model, seqs=SEQS * 5, iterations=3000, tp=tp, sample=True)
+
+    def cost(shapes):
+        return forward_cost_s("910b", msgspec.structs.replace(run, seqs=shapes))[0]
+
+    fast = pass_costs("910b", run, cost, 0, 3000)
+    exact = [cost(pass_shapes(run, i)) for i in range(0, 3000, 97)]
+    assert fast[::97] == pytest.approx(exact, rel=1e-12, abs=0)
+    assert fast[-1] > fast[0]  # longer contexts cost more

@@ -1,0 +1,67 @@
+"""Test doubles of TEs for the JE's and the gateway's own tests: each answers SubmitTask with a
+fixed timeline or a scripted misbehaviour (reject, never answer, fail before or after streaming).
+The real TEs are exercised by the scenario tests."""
+
+from __future__ import annotations
+
+from deepserve.actors.flowserve.messages import (
+    KvHandle,
+    SubmitTask,
+    TaskAccepted,
+    TaskFinished,
+    TaskRejected,
+    TaskTokens,
+)
+from deepserve.core import Actor, Context, Message
+
+
+class ScriptedEmit(Message, frozen=True):
+    task_id: str
+
+
+class ScriptedTe(Actor[dict]):
+    """`behaviour`: "ok", "reject", "reject_first" (rejects its first `n` tasks), "dead" (never
+    answers), "fail_early" (fails before any token), "fail_late" (streams a token, then fails)."""
+
+    def __init__(self, behaviour: str = "ok", n: int = 0, tpot_s: float = 0.01) -> None:
+        self.behaviour, self.n, self.tpot = behaviour, n, tpot_s
+        self.tasks: dict[str, SubmitTask] = {}
+        self.seen = 0
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, SubmitTask):
+            self.seen += 1
+            b = self.behaviour
+            if b == "dead":
+                return
+            if b == "reject" or (b == "reject_first" and self.seen <= self.n):
+                ctx.send(msg.reply_to, TaskRejected(task_id=msg.task_id, reason="no free slot"))
+                return
+            ctx.send(msg.reply_to, TaskAccepted(task_id=msg.task_id, te=ctx.self, dp=0, master=ctx.self))
+            self.tasks[msg.task_id] = msg
+            if b == "fail_late":
+                ctx.send(msg.reply_to, TaskTokens(task_id=msg.task_id, request_id=msg.request_id,
+                                                  first_index=0, token_ids=(1,), times_s=(ctx.now(),)))
+            out = msg.sampling.target_output_tokens or 1
+            ctx.after(1e-4 * msg.prompt.num_tokens + self.tpot * out, ScriptedEmit(msg.task_id))
+        elif isinstance(msg, ScriptedEmit):
+            t = self.tasks.pop(msg.task_id)
+            now = ctx.now()
+            if self.behaviour in ("fail_early", "fail_late"):
+                ctx.send(t.reply_to, _finished(t, "failed", "NPU crashed", now, ctx.self, None))
+                return
+            kv = None
+            if t.kind == "prefill":
+                kv = KvHandle(transfer_id=t.task_id, src=ctx.self, npus=(), model=t.model,
+                              num_tokens=t.prompt.num_tokens, block_ids=(), fingerprints=(),
+                              block_bytes=0, first_token_id=1)  # fmt: skip
+            ctx.send(t.reply_to, _finished(t, "completed", "prefilled" if kv else "target", now, ctx.self, kv))
+
+
+def _finished(t: SubmitTask, status: str, reason: str, now: float, te: str,
+              kv: KvHandle | None) -> TaskFinished:
+    out = 1 if t.kind == "prefill" else (t.sampling.target_output_tokens or 1)
+    return TaskFinished(task_id=t.task_id, request_id=t.request_id, status=status, reason=reason,  # type: ignore[arg-type]
+                        prompt_tokens=t.prompt.num_tokens, cached_prompt_tokens=0,
+                        output_tokens=out if status == "completed" else 0, first_token_s=now,
+                        finish_s=now, te=te, kv=kv)

@@ -1,0 +1,284 @@
+"""The JE's task bookkeeping: decomposition, routing decisions recorded, retries on task failure
+only while nothing streamed, on-demand forwarding, membership pushes, batch jobs — and every
+request terminal exactly once, whatever the TEs do."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from je_fakes import ScriptedTe
+
+from deepserve.actors.flowserve.messages import Prompt, Sampling
+from deepserve.actors.je.actor import JobExecutor
+from deepserve.actors.je.cluster import ClusterManager, RemoveTe
+from deepserve.actors.je.messages import (
+    BatchDone,
+    BatchItem,
+    JobRequest,
+    SubmitBatch,
+    TeGroupMembership,
+)
+from deepserve.actors.workload.messages import RequestDone
+from deepserve.core import Actor, Context, MemorySink, Message, SimDriver, decode
+from deepserve.persistence.api import MemoryLog
+from deepserve.replay import verify
+
+MODEL = "m"
+
+
+def job(i: int, prompt: int = 256, out: int = 4, blocks: tuple[int, ...] = ()) -> JobRequest:
+    return JobRequest(request_id=f"r{i}", model=MODEL, prompt=Prompt(num_tokens=prompt, block_hashes=blocks),
+                     sampling=Sampling(max_tokens=out, target_output_tokens=out, seed=i), reply_to="ext/client")
+
+
+def run(tes: dict[str, dict[str, Any]], roles: dict[str, list[str]], jobs: list[JobRequest],
+        config: dict[str, Any] | None = None, gap_s: float = 0.1, sink: Any = None,
+        extra: list[tuple[float, str, Any]] = ()) -> tuple[SimDriver, list[Any]]:  # type: ignore[assignment]
+    d = SimDriver(3, sink=sink if sink is not None else MemorySink())
+    out: list[Any] = []
+    d.on_external = lambda _t, env: out.append(env.msg)
+    for addr, kw in tes.items():
+        d.spawn(addr, ScriptedTe, **kw)
+    d.spawn("je/0", JobExecutor, config=config or {})
+    for role, members in roles.items():
+        d.inject("je/0", TeGroupMembership(model=MODEL, role=role, tes=tuple(members)), at=0.0)  # type: ignore[arg-type]
+    for i, j in enumerate(jobs):
+        d.inject("je/0", j, at=0.01 + gap_s * i, corr=j.request_id, src="ext/client")
+    for at, dst, msg in extra:
+        d.inject(dst, msg, at=at, src="ext/operator")
+    d.run(until=600.0)
+    return d, out
+
+
+def done_of(out: list[Any]) -> dict[str, RequestDone]:
+    dones = [m for m in out if isinstance(m, RequestDone)]
+    counts = Counter(m.request_id for m in dones)
+    assert all(c == 1 for c in counts.values()), counts  # exactly one terminal each
+    return {m.request_id: m for m in dones}
+
+
+def events(d: SimDriver, type_name: str, actor: str = "je/0") -> list[Any]:
+    return [decode(e.type, e.payload) for s in d.sink.steps if s.input.actor == actor  # type: ignore[union-attr]
+            for e in s.events if e.type == type_name]
+
+
+def decisions(d: SimDriver) -> list[Any]:
+    assert events(d, "HandlerFailed") == []
+    return events(d, "RouteDecided")
+
+
+def test_colocated_round_robin_one_task_each() -> None:
+    tes = {f"te/{k}": {} for k in range(3)}
+    d, out = run(tes, {"colocated": list(tes)}, [job(i) for i in range(6)])
+    done = done_of(out)
+    assert len(done) == 6 and all(x.status == "completed" for x in done.values())
+    assert [x.te for x in sorted(done.values(), key=lambda x: x.request_id)] == ["te/0", "te/1", "te/2"] * 2
+    s = d.actor("je/0").state
+    assert (s.completed, s.failed, len(s.jobs), sum(s.open.values())) == (6, 0, 0, 0)
+    assert [e.decision.policy for e in decisions(d)] == ["round_robin"] * 6
+
+
+def test_pd_pair_gets_prefill_then_decode_with_both_decisions_recorded() -> None:
+    tes = {"p/0": {}, "d/0": {}}
+    d, out = run(tes, {"prefill": ["p/0"], "decode": ["d/0"]}, [job(0)])
+    assert done_of(out)["r0"].status == "completed" and done_of(out)["r0"].te == "d/0"
+    assert [(e.phase, e.decision.chosen) for e in decisions(d)] == [("prefill", "p/0"), ("decode", "d/0")]
+
+
+def test_failure_before_streaming_retries_elsewhere() -> None:
+    tes = {"te/0": {"behaviour": "fail_early"}, "te/1": {}}
+    d, out = run(tes, {"colocated": list(tes)}, [job(0)])
+    r = done_of(out)["r0"]
+    assert (r.status, r.te) == ("completed", "te/1")
+    assert [e.task_id for e in decisions(d)] == ["r0/chat.1", "r0/chat.2"]
+
+
+def test_failure_after_streaming_fails_the_request_with_the_reason() -> None:
+    tes = {"te/0": {"behaviour": "fail_late"}, "te/1": {}}
+    _, out = run(tes, {"colocated": list(tes)}, [job(0)])
+    r = done_of(out)["r0"]
+    assert r.status == "failed" and "after output streamed" in r.reason and "NPU crashed" in r.reason
+
+
+def test_dead_te_times_out_and_the_task_moves_on() -> None:
+    tes = {"te/0": {"behaviour": "dead"}, "te/1": {}}
+    d, out = run(tes, {"colocated": list(tes)}, [job(0)], {"forwarding": {"accept_timeout_s": 0.5}})
+    r = done_of(out)["r0"]
+    assert (r.status, r.te) == ("completed", "te/1") and r.finish_s > 0.5
+
+
+def test_every_te_failing_gives_up_after_max_attempts() -> None:
+    tes = {f"te/{k}": {"behaviour": "fail_early"} for k in range(5)}
+    _, out = run(tes, {"colocated": list(tes)}, [job(0)], {"max_attempts": 3})
+    r = done_of(out)["r0"]
+    assert r.status == "failed" and r.reason.startswith("gave up after 3 attempts")
+
+
+def test_no_te_in_the_group_is_a_clear_failure() -> None:
+    _, out = run({}, {"colocated": []}, [job(0)])
+    assert "no TE for model 'm' (its TE group is empty)" in done_of(out)["r0"].reason
+    _, out = run({}, {}, [job(0)], {"forwarding": {"ttft_deadline_s": 2.0}})  # never pushed
+    r = done_of(out)["r0"]
+    assert "no TE group for model 'm' was pushed in time" in r.reason and r.finish_s == 2.01
+
+
+def test_a_job_before_the_first_membership_push_waits_for_it() -> None:
+    _, out = run({"te/0": {}}, {}, [job(0)], extra=[(0.5, "je/0", TeGroupMembership(
+        model=MODEL, role="colocated", tes=("te/0",)))])
+    r = done_of(out)["r0"]
+    assert r.status == "completed" and r.first_token_s > 0.5
+
+
+def test_on_demand_offers_next_prefill_until_one_accepts() -> None:
+    tes = {"p/0": {"behaviour": "reject"}, "p/1": {"behaviour": "reject_first", "n": 3}, "d/0": {}}
+    cfg = {"policy": "least_load", "forwarding": {"ttft_deadline_s": 1.0, "retry_backoff_s": 0.01}}
+    d, out = run(tes, {"prefill": ["p/0", "p/1"], "decode": ["d/0"]}, [job(0)], cfg)
+    r = done_of(out)["r0"]
+    assert r.status == "completed"
+    offers = [(e.decision.policy, e.decision.chosen) for e in decisions(d) if e.phase == "prefill"]
+    assert offers[:3] == [("least_load", "p/0"), ("on_demand", "p/1"), ("least_load", "p/0")]
+    assert offers[-1][1] == "p/1" and len(offers) == 8  # p/1 refused 3 times, accepted the 4th
+
+
+def test_on_demand_times_out_at_the_ttft_deadline() -> None:
+    tes = {"p/0": {"behaviour": "reject"}, "p/1": {"behaviour": "reject"}, "d/0": {}}
+    cfg = {"forwarding": {"ttft_deadline_s": 0.2, "retry_backoff_s": 0.02}}
+    _, out = run(tes, {"prefill": ["p/0", "p/1"], "decode": ["d/0"]}, [job(0)], cfg)
+    r = done_of(out)["r0"]
+    assert r.status == "failed" and r.reason.startswith("timeout: TTFT deadline 0.2s")
+    assert 0.2 <= r.finish_s - r.arrival_s < 0.3
+
+
+def test_on_demand_skips_a_dying_prefill() -> None:
+    tes = {"p/0": {"behaviour": "dead"}, "p/1": {}, "d/0": {}}
+    cfg = {"forwarding": {"accept_timeout_s": 0.05}}
+    _, out = run(tes, {"prefill": ["p/0", "p/1"], "decode": ["d/0"]}, [job(0)], cfg)
+    assert done_of(out)["r0"].status == "completed"
+
+
+def test_local_queue_mode_treats_a_refusal_as_a_task_failure() -> None:
+    tes = {"p/0": {"behaviour": "reject"}, "p/1": {"behaviour": "reject"}, "d/0": {}}
+    cfg = {"forwarding": {"mode": "local_queue"}}
+    _, out = run(tes, {"prefill": ["p/0", "p/1"], "decode": ["d/0"]}, [job(0)], cfg)
+    r = done_of(out)["r0"]
+    assert r.status == "failed" and "rejected by p/1: no free slot" in r.reason
+
+
+def test_membership_push_removing_a_te_moves_its_tasks() -> None:
+    d = SimDriver(5, sink=MemorySink())
+    out: list[Any] = []
+    d.on_external = lambda _t, env: out.append(env.msg)
+    d.spawn("te/0", ScriptedTe, tpot_s=1.0)
+    d.spawn("te/1", ScriptedTe)
+    d.spawn("je/0", JobExecutor, config={})
+    d.spawn("cm", ClusterManager, jes=["je/0"])
+    from deepserve.actors.flowserve.messages import RegisterTe
+
+    for te in ("te/0", "te/1"):
+        d.inject("cm", RegisterTe(te=te, model=MODEL, role="colocated", dp_groups=1, npus=()), at=0.0)
+    d.inject("je/0", job(0, out=10), at=0.01)
+    d.inject("cm", RemoveTe(te="te/0", reason="health check failed"), at=0.5)
+    d.run(until=60.0)
+    r = done_of(out)["r0"]
+    assert (r.status, r.te) == ("completed", "te/1")
+    assert d.actor("je/0").state.groups[MODEL]["colocated"] == ["te/1"]
+
+
+def test_batch_job_waits_behind_online_traffic_and_honours_its_deadline() -> None:
+    items = tuple(BatchItem(request_id=f"b{i}", prompt=Prompt(num_tokens=100),
+                            sampling=Sampling(max_tokens=2, target_output_tokens=2)) for i in range(4))
+    batch = SubmitBatch(batch_id="B", model=MODEL, items=items, deadline_s=5.0, reply_to="ext/client")
+    late = SubmitBatch(batch_id="L", model=MODEL, items=(BatchItem(request_id="l0", prompt=Prompt(num_tokens=1),
+                       sampling=items[0].sampling),), deadline_s=0.05, reply_to="ext/client")
+    cfg = {"batch_online_limit": 1, "batch_inflight": 2}
+    online = [job(i, out=50) for i in range(3)]  # 0.5 s each, back to back
+    d, out = run({"te/0": {}}, {"colocated": ["te/0"]}, online, cfg, gap_s=0.3,
+                 extra=[(0.02, "je/0", batch), (0.02, "je/0", late)])
+    done = done_of(out)
+    online_end = max(done[f"r{i}"].finish_s for i in range(3))
+    batch_starts = [e for e in decisions(d) if e.request_id.startswith("b")]
+    assert len(batch_starts) == 4
+    assert all(done[f"b{i}"].status == "completed" for i in range(4))
+    assert min(done[f"b{i}"].finish_s for i in range(4)) > online_end - 0.5  # behind online
+    assert "batch deadline 0.05s passed" in done["l0"].reason and [m for m in out if isinstance(m, BatchDone)] == [
+        BatchDone(batch_id="L", completed=0, failed=1), BatchDone(batch_id="B", completed=4, failed=0)]
+
+
+BEHAVIOURS = st.sampled_from(["ok", "reject", "dead", "fail_early", "fail_late"])
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(BEHAVIOURS, min_size=1, max_size=4), st.lists(BEHAVIOURS, min_size=1, max_size=2),
+       st.sampled_from(["on_demand", "local_queue"]), st.integers(1, 12))
+def test_any_te_behaviour_ends_every_request_exactly_once(colo: list[str], pd: list[str], mode: str,
+                                                          n: int) -> None:
+    tes = {f"c/{k}": {"behaviour": b} for k, b in enumerate(colo)}
+    tes |= {f"p/{k}": {"behaviour": b} for k, b in enumerate(pd)}
+    tes["d/0"] = {"behaviour": pd[0]}
+    roles = {"colocated": [t for t in tes if t.startswith("c")], "prefill": [t for t in tes if t.startswith("p")],
+             "decode": ["d/0"]}
+    cfg = {"policy": "least_load", "forwarding": {"mode": mode, "ttft_deadline_s": 0.5, "accept_timeout_s": 0.1}}
+    d, out = run(tes, roles, [job(i) for i in range(n)], cfg, gap_s=0.01)
+    assert sorted(done_of(out)) == sorted(f"r{i}" for i in range(n))
+    s = d.actor("je/0").state
+    assert not s.jobs and sum(s.open.values()) == 0 and s.completed + s.failed == n
+
+
+def test_same_seed_same_log_and_replay_is_identical() -> None:
+    tes = {"c/0": {}, "c/1": {"behaviour": "fail_early"}, "p/0": {"behaviour": "reject_first", "n": 2},
+           "d/0": {}}
+    roles = {"colocated": ["c/0", "c/1"], "prefill": ["p/0"], "decode": ["d/0"]}
+    heat = {"prefill_edges": [0, 512], "ratio_edges": [0.0], "values": [[-1.0], [1.0]]}
+    cfg = {"policy": "combined", "heatmap": heat, "params": {"threshold": 1}}
+    jobs = [job(i, prompt=300 * (1 + i % 3), blocks=(7, 8, i)) for i in range(12)]
+    logs = []
+    for _ in range(2):
+        d, _out = run(tes, roles, jobs, cfg, gap_s=0.02)
+        result = verify(MemoryLog(d.sink))
+        assert result.identical, result.divergence
+        logs.append([(s.input.actor, s.input.type, [e.payload for e in s.events]) for s in d.sink.steps])
+    assert logs[0] == logs[1]
+    import msgspec
+
+    # The kernel on main encodes state with sorted keys (str keys only): the JE's state must encode.
+    msgspec.msgpack.Encoder(order="deterministic").encode(d.actor("je/0").state)
+    assert {e.decision.subgroup for e in decisions(d)} == {"colocated", "pd"}
+
+
+def test_locality_follows_the_kv_events_a_te_publishes() -> None:
+    from deepserve.actors.flowserve.rtc.kv_events import BlockRemoved, BlockStored, KVEventBatch
+
+    stored = KVEventBatch(ts=0.0, events=(BlockStored(block_hashes=(11, 12, 13), parent_block_hash=None,
+                                                      token_ids=(), block_size=128, medium="HBM"),))
+    removed = KVEventBatch(ts=0.0, events=(BlockRemoved(block_hashes=(12, 13), medium="HBM"),))
+    d = SimDriver(3, sink=MemorySink())
+    out: list[Any] = []
+    d.on_external = lambda _t, env: out.append(env.msg)
+    d.spawn("je/0", JobExecutor, config={"policy": "locality"})
+    for te in ("te/0", "te/1"):
+        d.spawn(te, ScriptedTe)
+    d.spawn("te/1/dp/0", Relay, dst="je/0")  # te/1's DP master publishing its RTC's events
+    d.inject("je/0", TeGroupMembership(model=MODEL, role="colocated", tes=("te/0", "te/1")), at=0.0)
+    d.inject("te/1/dp/0", stored, at=0.001)
+    d.inject("je/0", job(0, blocks=(11, 12, 13, 14)), at=0.01)
+    d.inject("te/1/dp/0", removed, at=1.0)
+    d.inject("je/0", job(1, blocks=(11, 12, 99)), at=1.01)
+    d.run(until=5.0)
+    first, second = decisions(d)
+    assert first.decision.chosen == "te/1" and first.decision.ranked[0].prefix_blocks == 3
+    # te/1 dropped blocks 12, 13; te/0 holds nothing: te/1 still matches 1 block
+    assert second.decision.chosen == "te/1" and second.decision.ranked[0].prefix_blocks == 1
+    assert all(m.status == "completed" for m in done_of(out).values())
+
+
+class Relay(Actor[None]):
+    """Forwards whatever it is given to `dst` (a stand-in publisher under a TE's address)."""
+
+    def __init__(self, dst: str) -> None:
+        self.dst = dst
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        ctx.send(self.dst, msg)

@@ -1,0 +1,26 @@
+"""`deepserve bench sim --json`: the issue-10 rows, each measured, the speed row with its
+same-run baseline (the same run with the log off)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cliproc import assert_one_line_error, deepserve
+
+
+def test_bench_sim_json_rows(tmp_path: Path) -> None:
+    res = deepserve("bench", "sim", "--json", "--requests", "30", "--set", "cluster.tes=2", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    rows = {r["name"]: r for r in map(json.loads, res.stdout.splitlines())}
+    assert {"sim_requests_per_wall_s", "requests", "prefix_hit_rate", "ttft_ms_p50", "tpot_ms_p50",
+            "harness_requests_per_wall_s", "sim_requests_per_cpu_s"} <= rows.keys()
+    speed = rows["sim_requests_per_wall_s"]
+    assert speed["value"] > 0 and speed["baseline"] == "sim_requests_per_wall_s_log_off"
+    assert speed["baseline_value"] > 0
+    assert rows["requests"]["value"] == rows["requests"]["baseline_value"] == 30  # all completed
+    assert rows["ttft_ms_p50"]["value"] > 0 and rows["tpot_ms_p50"]["value"] > 0
+
+
+def test_bench_sim_bad_override(tmp_path: Path) -> None:
+    assert_one_line_error(deepserve("bench", "sim", "--set", "cluster.x=1", cwd=tmp_path), "cluster.x")

@@ -1,0 +1,71 @@
+"""`deepserve sim SCENARIO` for FlowServe scenarios, end to end: --json, --set, --trace, the log
+replays identically, and bad input (scenario, override, trace row) is one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cliproc import assert_one_line_error, deepserve
+
+KEYS = {"requests", "completed", "prefix_hit_rate", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50",
+        "tpot_ms_p99", "wall_s"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+def test_sim_builtin_scenario_json_and_the_log_verifies(runs: Path) -> None:
+    res = deepserve("sim", "mooncake-16te", "--requests", "40", "--set", "cluster.tes=2",
+                    "--log", "m.db", "--json", cwd=runs)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert res.stderr == ""  # no progress bar off a terminal
+    (line,) = res.stdout.splitlines()
+    out = json.loads(line)
+    assert KEYS <= out.keys()
+    assert out["requests"] == out["completed"] == 40 and out["scenario"] == "mooncake-16te"
+    assert out["ttft_ms_p50"] > 0 and out["tpot_ms_p50"] > 0 and out["wall_s"] > 0
+    res = deepserve("replay", "verify", "m.db", cwd=runs)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.startswith("identical")
+
+
+def test_sim_toml_file_and_trace_override_text_summary(runs: Path, tmp_path: Path) -> None:
+    toml = tmp_path / "mine.toml"
+    toml.write_text('name = "mine"\n[cluster]\ntes = 1\n[workload]\ntrace = "builtin:mooncake_conv_1k"\n')
+    trace = tmp_path / "azure-like.txt"  # told apart by content, not by name
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n")  # fmt: skip
+    res = deepserve("sim", str(toml), "--trace", str(trace), "--log", "none", cwd=runs)
+    assert res.returncode == 0, res.stderr
+    for word in ("requests  2 (2 completed", "TTFT ms", "TPOT ms", "e2e ms", "prefix hit rate",
+                 "throughput", "simulated requests per wall s"):  # fmt: skip
+        assert word in res.stdout, (word, res.stdout)
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (("sim", "mooncake-16te", "--set", "cluster.tes=0"), ["--set cluster.tes=0: cluster.tes:", ">= 1"]),
+        (("sim", "mooncake-16te", "--set", "cluster.colour=red"), ["cluster.colour: unknown key"]),
+        (("sim", "pd-1p1d", "--set", "cluster.link=ub"), ["cluster.link", "not a link of topology 'gen1'"]),
+        (("sim", "nope"), ["unknown scenario 'nope'", "mooncake-16te"]),
+        (("sim", "mooncake-16te", "--trace", "missing.jsonl"), ["missing.jsonl: path: No such file"]),
+        (("sim", "example", "--set", "a=1"), ["--trace and --set apply to FlowServe scenarios"]),
+    ],
+)  # fmt: skip
+def test_sim_bad_input_is_one_line(runs: Path, args: tuple[str, ...], needles: list[str]) -> None:
+    assert_one_line_error(deepserve(*args, cwd=runs), *needles)
+
+
+def test_sim_bad_trace_row_mid_run_names_file_line_field(runs: Path, tmp_path: Path) -> None:
+    good = '{"timestamp": %d, "input_length": 600, "output_length": 4, "hash_ids": [0, %d]}'
+    lines = [good % (i * 100, i + 1) for i in range(5)]
+    lines.append('{"timestamp": 600, "input_length": 600, "output_length": -4, "hash_ids": [0, 9]}')
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    res = deepserve("sim", "mooncake-16te", "--trace", str(trace), "--log", "none", cwd=runs)
+    assert_one_line_error(res, f"{trace}:6: output_length:", "outside 1..")

@@ -1,0 +1,82 @@
+"""`deepserve replay why LOG REQUEST_ID` from the CLI, on a log of gateway -> JE -> TEs with a
+failed task, a prefill refusal and a combined-policy decision (heatmap cell, prefix, loads)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from cliproc import assert_one_line_error, deepserve
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "actors" / "je"))
+from je_fakes import ScriptedTe  # noqa: E402
+
+from deepserve.actors.flowserve.messages import Prompt, Sampling  # noqa: E402
+from deepserve.actors.gateway.actor import Gateway  # noqa: E402
+from deepserve.actors.gateway.messages import ApiRequest  # noqa: E402
+from deepserve.actors.je.actor import JobExecutor  # noqa: E402
+from deepserve.actors.je.messages import TeGroupMembership  # noqa: E402
+from deepserve.core import SimDriver  # noqa: E402
+from deepserve.persistence import open_sink  # noqa: E402
+
+HEAT = {"prefill_edges": [0, 1000], "ratio_edges": [0.0], "values": [[-1.0], [0.5]]}
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("why") / "run.db"
+    sink = open_sink(str(path), "async")
+    d = SimDriver(4, sink=sink)
+    tes = {"c/0": {"behaviour": "fail_early"}, "c/1": {}, "p/0": {"behaviour": "reject_first", "n": 1},
+           "p/1": {}, "d/0": {}}
+    for addr, kw in tes.items():
+        d.spawn(addr, ScriptedTe, **kw)
+    cfg = {"policy": "combined", "heatmap": HEAT, "params": {"threshold": 8},
+           "forwarding": {"retry_backoff_s": 0.01}}
+    for je in ("je/0", "je/1"):
+        d.spawn(je, JobExecutor, config=cfg)
+        for role, members in {"colocated": ("c/0", "c/1"), "prefill": ("p/0", "p/1"), "decode": ("d/0",)}.items():
+            d.inject(je, TeGroupMembership(model="m", role=role, tes=members), at=0.0)  # type: ignore[arg-type]
+    d.spawn("gw", Gateway, config={"jes": ["je/0", "je/1"]})
+    for i, n in enumerate((500, 4000)):  # short prompt -> colocated; long -> PD (heatmap)
+        d.inject("gw", ApiRequest(request_id=f"r{i}", model="m", prompt=Prompt(num_tokens=n, block_hashes=(1, 2, 3)),
+                                  sampling=Sampling(max_tokens=4, target_output_tokens=4), reply_to="ext/client"),
+                 at=0.01 + i, corr=f"r{i}")
+    d.run(until=30.0)
+    sink.close()
+    return path
+
+
+def test_why_prints_the_path_and_the_numbers_that_decided(log: Path, tmp_path: Path) -> None:
+    res = deepserve("replay", "why", str(log), "r0", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert out.startswith("request r0: completed")
+    assert "gateway gw: admitted" in out and "drawn at random" in out
+    assert "policy combined (default_decode_tokens=256, threshold=8)" in out
+    assert "heatmap cell prefill>=0 ratio>=0 = -1.000" in out
+    assert "task r0/chat.1 on c/0 failed: failed on c/0: NPU crashed" in out
+    assert "r0/chat.2 -> c/1" in out and "<- chosen" in out
+
+
+def test_why_shows_the_pd_hops_and_the_refusal(log: Path, tmp_path: Path) -> None:
+    out = deepserve("replay", "why", str(log), "r1", cwd=tmp_path).stdout
+    assert "= +0.500" in out and "p/0 refused r1/prefill.1: no free slot" in out
+    assert "policy on_demand" in out and "decode task r1/decode.1 -> d/0" in out
+
+
+def test_why_json_has_every_hop_with_the_decision_inputs(log: Path, tmp_path: Path) -> None:
+    res = deepserve("replay", "why", str(log), "r1", "--json", cwd=tmp_path)
+    data = json.loads(res.stdout)
+    kinds = [h["event"] for h in data["hops"]]
+    assert kinds[0] == "GatewayRouted" and kinds[-1] == "JobFinished"
+    first = next(h for h in data["hops"] if h["event"] == "RouteDecided")
+    assert first["decision"]["heatmap_cell"]["value"] == 0.5
+    assert {r["te"] for r in first["decision"]["ranked"]} == {"p/0", "p/1"}
+
+
+def test_why_unknown_request_is_exit_2_saying_how_to_find_ids(log: Path, tmp_path: Path) -> None:
+    res = deepserve("replay", "why", str(log), "nope", cwd=tmp_path)
+    assert_one_line_error(res, "no request 'nope'", "deepserve replay log")

@@ -1,0 +1,42 @@
+"""Start and stop a live `deepserve up` (a subprocess on a free loopback port)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+START_TIMEOUT_S = 60
+
+
+def start_daemon(run_dir: Path, *extra: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    out = open(f"{run_dir}.out", "w")  # a file, not a pipe: a full pipe would block the daemon
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deepserve", "up", "--port", "0", "--run-dir", str(run_dir), *extra],
+        stdout=out, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    out.close()  # the child holds its own descriptor
+    proc.out_path = f"{run_dir}.out"  # type: ignore[attr-defined]
+    info_path = run_dir / "daemon.json"
+    end = time.monotonic() + START_TIMEOUT_S
+    while not info_path.exists():
+        if proc.poll() is not None or time.monotonic() > end:
+            proc.kill()
+            raise RuntimeError(f"the daemon did not start: {open(f'{run_dir}.out').read()}")
+        time.sleep(0.05)
+    return proc, json.loads(info_path.read_text())
+
+
+def stop_daemon(proc: subprocess.Popen[str], timeout_s: float = 30) -> str:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=timeout_s)
+    with open(proc.out_path) as f:  # type: ignore[attr-defined]
+        return f.read()
+
+

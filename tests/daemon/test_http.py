@@ -1,0 +1,188 @@
+"""The daemon through real clients: the official `openai` client, `curl -N`, raw HTTP for bad
+input; a client that disconnects frees its KV blocks; the log replays identically."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import time
+from typing import Any
+
+import httpx2 as httpx
+import openai
+import pytest
+
+from deepserve.persistence import open_log
+from deepserve.replay import verify
+
+MODEL = "llama3-8b"
+MESSAGES = [{"role": "user", "content": "Tell me about the river and the mountain."}]
+
+
+def client(daemon: dict[str, Any]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=daemon["url"] + "/v1", api_key="none", max_retries=0, timeout=60)
+
+
+def status(daemon: dict[str, Any]) -> dict[str, Any]:
+    return httpx.get(daemon["admin_url"] + "/admin/status", timeout=10).json()
+
+
+def test_models_and_chat_non_streaming(daemon: dict[str, Any]) -> None:
+    c = client(daemon)
+    assert [m.id for m in c.models.list().data] == [MODEL]
+    r = c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12, seed=7,
+                                  extra_body={"ignore_eos": True})  # fmt: skip
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 12 and len(r.choices[0].message.content.split()) == 12
+    assert r.usage.prompt_tokens == len("user: " + MESSAGES[0]["content"] + "\nassistant: ") // 4 + 1
+    again = c.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12, seed=7,
+                                      extra_body={"ignore_eos": True})  # fmt: skip
+    assert again.choices[0].message.content == r.choices[0].message.content  # same seed, same words
+
+
+def test_chat_streaming_arrives_in_chunks(daemon: dict[str, Any]) -> None:
+    stream = client(daemon).chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=20, stream=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    pieces, arrivals, usage, finish = [], [], None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for ch in chunk.choices:
+            if ch.delta.content:
+                pieces.append(ch.delta.content)
+                arrivals.append(time.perf_counter())
+            finish = ch.finish_reason or finish
+    assert len(pieces) == 20 and finish == "length" and usage.completion_tokens == 20
+    assert arrivals[-1] - arrivals[0] > 0.05  # tokens arrive over time, at the emulated pace
+
+
+def test_completions_both_ways_and_stop(daemon: dict[str, Any]) -> None:
+    c = client(daemon)
+    kw: dict[str, Any] = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 6, "seed": 3,
+                          "extra_body": {"ignore_eos": True}}  # fmt: skip
+    r = c.completions.create(**kw)
+    assert r.usage.completion_tokens == 6 and r.choices[0].finish_reason == "length"
+    text = "".join(ch.choices[0].text for ch in c.completions.create(stream=True, **kw))
+    assert text == r.choices[0].text  # same seed: the same words, streamed or not
+    stop = " " + r.choices[0].text.split()[2] + " "
+    stopped = c.completions.create(stop=[stop], **kw)
+    assert stopped.choices[0].finish_reason == "stop"
+    assert stopped.choices[0].text == r.choices[0].text[: r.choices[0].text.find(stop)]
+
+
+def test_unknown_model_is_a_404_error_object(daemon: dict[str, Any]) -> None:
+    with pytest.raises(openai.NotFoundError) as exc:
+        client(daemon).chat.completions.create(model="gpt-4", messages=MESSAGES)
+    assert exc.value.body["param"] == "model"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (b"{not json", None),
+        (b'{"model": "llama3-8b", "messages": "hi"}', "messages"),
+        (b'{"model": "llama3-8b", "messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}', "max_tokens"),
+        (b'{"model": "llama3-8b", "messages": [{"role": "user", "content": "x"}], "temperature": 7}', "temperature"),
+        (b'{"model": "llama3-8b", "messages": []}', "messages"),
+        (b'{"messages": [{"role": "user", "content": "x"}]}', None),
+    ],
+)
+def test_bad_bodies_are_400_naming_the_field(daemon: dict[str, Any], body: bytes, param: str | None) -> None:
+    r = httpx.post(daemon["url"] + "/v1/chat/completions", content=body, timeout=10)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["message"]
+    if param is not None:
+        assert err["param"] == param
+
+
+def test_a_huge_body_is_413(daemon: dict[str, Any]) -> None:
+    r = httpx.post(daemon["url"] + "/v1/completions", content=b"x" * (5 << 20), timeout=30)
+    assert r.status_code == 413 and "error" in r.json()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
+def test_curl_streams_sse(daemon: dict[str, Any]) -> None:
+    body = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 5, "stream": True, "ignore_eos": True})
+    out = subprocess.run(["curl", "-sN", daemon["url"] + "/v1/completions", "-H", "content-type: application/json",
+                          "-d", body], capture_output=True, text=True, timeout=60).stdout  # fmt: skip
+    events = [line[6:] for line in out.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1]).count(" ") == 5
+
+
+def test_disconnect_cancels_and_frees_blocks(daemon: dict[str, Any]) -> None:
+    before = status(daemon)["requests"].get("cancelled", 0)
+    body = {"model": MODEL, "prompt": "a long story " * 50, "max_tokens": 4000, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", daemon["url"] + "/v1/completions", json=body, timeout=30) as r:
+        got = 0
+        for line in r.iter_lines():
+            got += line.startswith("data: ")
+            if got >= 3:
+                break  # leave with the stream open: the connection closes
+    end = time.monotonic() + 20
+    while time.monotonic() < end:
+        st = status(daemon)
+        dps = [dp for te in st["tes"] for dp in te["dps"]]
+        if st["requests"].get("cancelled", 0) > before and st["inflight"] == 0:
+            break
+        time.sleep(0.1)
+    assert st["requests"]["cancelled"] == before + 1
+    assert sum(dp["running"] for dp in dps) == 0 and sum(dp["kv_blocks_used"] for dp in dps) == 0
+
+
+def test_200_concurrent_requests_all_complete(daemon: dict[str, Any]) -> None:
+    async def main() -> list[Any]:
+        c = openai.AsyncOpenAI(base_url=daemon["url"] + "/v1", api_key="none", max_retries=0, timeout=120)
+
+        async def one(i: int) -> Any:
+            await asyncio.sleep(i * 0.025)  # 200 arrivals over 5 s
+            return await c.completions.create(model=MODEL, prompt=f"request {i} " * 8, max_tokens=8,
+                                              extra_body={"ignore_eos": True})  # fmt: skip
+
+        return await asyncio.gather(*(one(i) for i in range(200)))
+
+    results = asyncio.run(main())
+    assert all(r.usage.completion_tokens == 8 for r in results)
+
+
+def test_admin_reads_a_request_from_the_live_log(daemon: dict[str, Any]) -> None:
+    r = httpx.post(daemon["url"] + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3}, timeout=30)
+    rid = r.headers["x-request-id"]
+    end = time.monotonic() + 10
+    while time.monotonic() < end:  # the log commits a few milliseconds behind
+        got = httpx.get(f"{daemon['admin_url']}/admin/requests/{rid}", timeout=10)
+        if got.status_code == 200 and any("RequestFinished" in s["events"] for s in got.json()["steps"]):
+            break
+        time.sleep(0.05)
+    steps = got.json()["steps"]
+    assert steps[0]["input"] == "Arrive" and steps[0]["from"] == "ext/http" and steps[0]["external"]
+    assert sum(s["events"].count("RequestFinished") for s in steps) == 1
+    assert httpx.get(f"{daemon['admin_url']}/admin/requests/nope", timeout=10).status_code == 404
+
+
+def test_health_metrics_and_openapi(daemon: dict[str, Any]) -> None:
+    assert httpx.get(daemon["url"] + "/health", timeout=10).json() == {"status": "ok"}
+    metrics = httpx.get(daemon["url"] + "/metrics", timeout=10).text
+    for name in ("vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count",
+                 "vllm:e2e_request_latency_seconds_count", "vllm:num_requests_running",
+                 "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_hits",
+                 'deepserve_requests_total{status="completed"}'):  # fmt: skip
+        assert name in metrics, name
+    doc = httpx.get(daemon["url"] + "/openapi.json", timeout=10).json()
+    assert "messages" in doc["components"]["schemas"]["ChatRequest"]["properties"]
+
+
+def test_zz_shutdown_is_clean_and_the_log_replays(daemon: dict[str, Any]) -> None:
+    out = daemon["stop"]()
+    assert daemon["proc"].returncode == 0, out
+    assert "stopped" in out
+    log = open_log(daemon["log"])
+    try:
+        assert verify(log).identical
+    finally:
+        log.close()

@@ -1,0 +1,69 @@
+"""Overload and deadlines on a live daemon: a hung NPU (injected through `deepserve fault`, an
+external input in the log) means no first token, so the TTFT deadline answers 504 and cancels the
+request; with `max_inflight = 1` a second request meanwhile is a 429 with Retry-After."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+from daemonproc import start_daemon, stop_daemon
+
+from deepserve.persistence import open_log
+from deepserve.replay import verify
+
+SETTINGS = ("daemon.max_inflight=1", "daemon.ttft_deadline_s=1.5", "cluster.tes=1", "pd.prefill_tes=0",
+            "pd.decode_tes=0")  # fmt: skip
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "deepserve", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_504_on_ttft_deadline_and_429_when_full(tmp_path: Path) -> None:
+    extra = [a for s in SETTINGS for a in ("--set", s)]
+    proc, info = start_daemon(tmp_path / "run", *extra)
+    try:
+        hang = cli("fault", "hang-npu", "hw/s0/npu0", "--admin-url", info["admin_url"])
+        assert hang.returncode == 0 and "NpuHang -> hw/s0/npu0" in hang.stdout
+        bad = cli("fault", "hang-npu", "hw/s9/npu0", "--admin-url", info["admin_url"])
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "target" in bad.stderr
+        body = {"model": "llama3-8b", "prompt": "hello", "max_tokens": 4}
+        first: dict[str, Any] = {}
+        t = threading.Thread(target=lambda: first.update(r=httpx.post(info["url"] + "/v1/completions", json=body,
+                                                                      timeout=30)))  # fmt: skip
+        t.start()
+        while httpx.get(info["admin_url"] + "/admin/status").json()["inflight"] == 0:
+            pass
+        second = httpx.post(info["url"] + "/v1/completions", json=body, timeout=30)
+        assert second.status_code == 429 and second.headers["retry-after"] == "1"
+        assert second.json()["error"]["type"] == "rate_limit_error"
+        faults = httpx.get(info["admin_url"] + "/admin/faults", timeout=10).json()["inputs"]
+        assert {"to": "hw/s0/npu0", "from": "ext/admin", "input": "NpuHang"}.items() <= faults[0].items()
+        t.join(30)
+        assert first["r"].status_code == 504 and "first token" in first["r"].json()["error"]["message"]
+    finally:
+        out = stop_daemon(proc)
+    assert proc.returncode == 0, out
+    log = open_log(info["log"])
+    try:
+        assert verify(log).identical
+    finally:
+        log.close()
+
+
+def test_config_errors_name_the_key(tmp_path: Path) -> None:
+    r = cli("config", "show", "--set", "daemon.port=70000")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "daemon.port" in r.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[daemon]\nlog_format = 'xml'\n")
+    r = cli("up", "--config", str(bad))
+    assert r.returncode == 2 and "daemon.log_format" in r.stderr and "Traceback" not in r.stderr
+    r = cli("config", "show", "--set", "pd.decode_tes=0")
+    assert r.returncode == 2 and "pd.decode_tes" in r.stderr
+    shown = cli("config", "show")
+    assert shown.returncode == 0 and "[cluster.scheduler]" in shown.stdout and "[pd]" in shown.stdout
