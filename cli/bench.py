@@ -72,9 +72,7 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
                          help="concurrent transfers (default 1000; the baseline runs a tenth)")
     devices.set_defaults(func=_run_devices)
     from deepserve.benchmarks.http_cli import register_http
-    from deepserve.benchmarks.sim_cli import register_sim
 
-    register_sim(which)
     register_http(which)
 
 
