@@ -8,6 +8,7 @@ bounce it), `_notice` (a kernel notice to a sender, past its capacity),
 
 from __future__ import annotations
 
+import abc
 import json
 import socket
 import time
@@ -53,7 +54,7 @@ class AskError(Exception):
         self.reason = reason
 
 
-class DriverBase:
+class DriverBase(abc.ABC):
     """Registry of cells and the bookkeeping that does not depend on how time flows."""
 
     mode = "sim"
@@ -252,20 +253,25 @@ class DriverBase:
             self._notice(told, t)
 
     # Hooks (each driver's): how its queues and timers work.
+    @abc.abstractmethod
     def _enqueue(self, env: Envelope, t: float) -> bool:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _notice(self, env: Envelope, t: float) -> None:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _set_timer(self, deadline: float, env: Envelope, key: str) -> None:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _spawn_child(self, env: Envelope, t: float) -> None:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _timer_entries(self) -> list[tuple[float, int, Envelope, str | None]]:
-        raise NotImplementedError
+        ...
 
     # ---- undeliverable ---------------------------------------------------
     def _undeliverable(

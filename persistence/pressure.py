@@ -15,6 +15,7 @@ transaction). Three levels, all in steps:
 
 from __future__ import annotations
 
+import abc
 import threading
 import time
 
@@ -23,7 +24,7 @@ import anyio.to_thread
 from .api import SinkStatistics
 
 
-class Pressure:
+class Pressure(abc.ABC):
     """Mixed into a sink that has `_lock`, `_ticket` (appended), `_committed`,
     `_error`, `_closing`, and calls `_commit_cond.notify_all()` after each commit."""
 
@@ -91,5 +92,6 @@ class Pressure:
                 blocked_s=self._blocked_s,
             )
 
+    @abc.abstractmethod
     def _transactions(self) -> int:
-        raise NotImplementedError
+        ...
