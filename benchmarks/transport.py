@@ -147,10 +147,10 @@ async def _zmq_one_way(tmp: str, n: int) -> tuple[float, int, dict]:
 
 
 def transport_bench(scale: float, progress: Progress, rounds: int = 3) -> tuple[str, list[Row]]:
-    """One way: `rounds` runs, raw and transport interleaved. Round trips: at least
-    five segments a side, interleaved (transport_rt.py). Every row is a median."""
+    """One way: `rounds` runs, raw and transport interleaved. Round trips: 2 x rounds + 1
+    segments a side (at least 7), interleaved (transport_rt.py). Every row is a median."""
     n_msgs = max(1000, int(200_000 * scale))
-    n_rts, rt_rounds = max(200, int(2_000 * scale)), max(5, rounds)
+    n_rts, rt_rounds = max(200, int(1_500 * scale)), max(7, 2 * rounds + 1)
     raw, bare, ours = [], [], []
     with tempfile.TemporaryDirectory(prefix="ds-bench-zmq-") as tmp:
         for r in range(rounds):
