@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from deepserve.actors.flowserve.master.kv_publish import SubscribeKvEvents
 from deepserve.actors.flowserve.messages import (
     SubmitTask,
     TaskAccepted,
@@ -325,7 +326,12 @@ class JobExecutor(Actor[JeState]):
 
     # ---- membership and ends -------------------------------------------------------------------
     def _membership(self, ctx: Context, m: TeGroupMembership) -> None:
+        known = self.state.groups.get(m.model, {}).get(m.role, [])
         ctx.record(MembershipChanged(model=m.model, role=m.role, tes=m.tes))
+        if self.cfg.kv_events and m.role != "decode":  # the prompt tree mirrors the TEs' caches
+            for te in m.tes:
+                if te not in known:
+                    ctx.send(te, SubscribeKvEvents(subscriber=ctx.self))
         members = {te for tes in self.state.groups.get(m.model, {}).values() for te in tes}
         for rid in [r for r in self.state.parked if self.state.jobs[r].model == m.model]:
             ctx.cancel(f"park/{rid}")

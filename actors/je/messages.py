@@ -212,6 +212,7 @@ class Batch(msgspec.Struct, kw_only=True):
 class JeState(msgspec.Struct, kw_only=True):
     groups: dict[str, dict[str, list[str]]] = {}  # model -> role -> TEs
     trees: dict[str, PromptTree] = {}  # model -> the global prompt tree of its TE group
+    publishing: list[str] = []  # TEs whose KV events arrived (no ROUTED guesses for them)
     jobs: dict[str, Job] = {}
     open: dict[str, int] = {}  # TE -> current tasks on it from this JE
     parked: list[str] = []  # jobs waiting for their model's first membership push

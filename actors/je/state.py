@@ -57,8 +57,7 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
     elif t is JobFinished:
         _finished(s, e)  # type: ignore[arg-type]
     elif t is MembershipChanged:
-        s.groups.setdefault(e.model, {})[e.role] = list(e.tes)  # type: ignore[attr-defined]
-        s.trees.setdefault(e.model, PromptTree(max_blocks=max_tree_blocks))  # type: ignore[attr-defined]
+        _membership(s, e, max_tree_blocks)  # type: ignore[arg-type]
     elif t is BatchAccepted:
         from .messages import Batch
 
@@ -68,6 +67,18 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
     elif t is JeLateMessage:
         s.late += 1
     return s
+
+
+def _membership(s: JeState, e: MembershipChanged, max_tree_blocks: int) -> None:
+    groups = s.groups.setdefault(e.model, {})
+    left = set(groups.get(e.role, ())) - set(e.tes)
+    groups[e.role] = list(e.tes)
+    tree = s.trees.setdefault(e.model, PromptTree(max_blocks=max_tree_blocks))
+    for te in sorted(left):  # gone from the group: a TE that comes back starts with an empty cache
+        if not any(te in tes for tes in groups.values()):
+            tree.forget(te)
+            if te in s.publishing:
+                s.publishing.remove(te)
 
 
 def _close(s: JeState, te: str) -> None:
@@ -90,7 +101,9 @@ def _routed(s: JeState, e: RouteDecided, max_tree_blocks: int) -> None:
     s.open[te] = s.open.get(te, 0) + 1
     if e.decision.policy == "round_robin":
         s.turns += 1
-    if e.phase != "decode":  # the TE will compute (or already holds) these blocks: ROUTED
+    if e.phase != "decode" and te not in s.publishing:
+        # The fallback for a TE that publishes no KV events: it will compute (or already holds)
+        # these blocks, ROUTED (SGLang router's approximation).
         tree = s.trees.setdefault(j.model, PromptTree(max_blocks=max_tree_blocks))
         tree.insert(te, j.prompt.block_hashes)
 

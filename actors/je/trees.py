@@ -1,6 +1,8 @@
 """Folding TEs' KV cache events into the JE's global prompt trees (DeepServe §5.2: the global
 tree shares an index with each TE's local tree). A batch comes from a DP master or RTC whose
-address is under its TE's (`te/0/dp/1` belongs to `te/0`); the JE records the batch and folds it."""
+address is under its TE's (`te/0/dp/1` belongs to `te/0`); the JE records the batch and folds it.
+A TE's first batch makes it a publisher: its ROUTED guesses are dropped and no new ones are made
+(the events say what it holds)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,10 @@ def fold_kv_batch(s: JeState, e: KvEventsFolded, max_blocks: int) -> JeState:
         return s  # a TE that left the group: its events no longer matter
     model, te = found
     tree = s.trees.setdefault(model, PromptTree(max_blocks=max_blocks))
+    if te not in s.publishing:
+        s.publishing.append(te)
+        tree.drop_routed(te)
+    rank = e.batch.data_parallel_rank
     for ev in e.batch.events:
-        tree.fold_kv_event(te, ev)
+        tree.fold_kv_event(te, ev, rank)
     return s

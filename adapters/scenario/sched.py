@@ -38,6 +38,7 @@ class Scheduling(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     jes: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     max_inflight_per_model: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 1_000_000
     max_attempts: Annotated[int, msgspec.Meta(ge=1, le=16)] = 3
+    kv_events: bool = True  # the JEs mirror the TEs' KV cache events (False: routing guesses only)
     forwarding: Forwarding = msgspec.field(default_factory=Forwarding)
 
 
@@ -100,6 +101,7 @@ def je_config(sch: Scheduling, kv_block_tokens: int = 128) -> dict[str, Any]:
         "policy": sch.policy, "params": dict(sch.params),
         "heatmap": load_heatmap(sch.heatmap) if sch.heatmap else None,
         "forwarding": msgspec.to_builtins(sch.forwarding), "max_attempts": sch.max_attempts,
+        "kv_events": sch.kv_events,
         "predictor": load_predictor(sch.predictor) if sch.predictor else None,
     }  # fmt: skip
 
