@@ -18,7 +18,9 @@ from .messages import (
     JobParked,
     MembershipChanged,
     OfferRefused,
+    PrefillWaiting,
     RouteDecided,
+    SweepMissed,
     TaskAcked,
     TaskStreamed,
 )
@@ -35,7 +37,23 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
         if e.status != "completed" and e.te not in j.excluded:  # type: ignore[attr-defined]
             j.excluded.append(e.te)  # type: ignore[attr-defined]
     elif t is TaskAcked:
-        s.jobs[e.task_id.rpartition("/")[0]].acked = True  # type: ignore[attr-defined]
+        j = s.jobs[e.task_id.rpartition("/")[0]]  # type: ignore[attr-defined]
+        j.acked = True
+        if j.phase == "prefill":  # a prefill took work: idle ones exist, sweep eagerly again
+            s.sweep_misses = 0
+    elif t is PrefillWaiting:
+        rid = e.request_id  # type: ignore[attr-defined]
+        j = s.jobs[rid]
+        _close(s, j.te)
+        j.te, j.phase, j.refused, j.fed, j.waited = "", "prefill", [], False, True
+        if rid in s.waiting:
+            s.waiting.remove(rid)
+        if e.front:  # type: ignore[attr-defined]
+            s.waiting.insert(0, rid)
+        else:
+            s.waiting.append(rid)
+    elif t is SweepMissed:
+        s.sweep_misses += 1
     elif t is TaskStreamed:
         s.jobs[e.task_id.rpartition("/")[0]].streamed = True  # type: ignore[attr-defined]
     elif t is OfferRefused:
@@ -90,6 +108,9 @@ def _routed(s: JeState, e: RouteDecided, max_tree_blocks: int) -> None:
     j = s.jobs[e.request_id]
     if e.request_id in s.parked:
         s.parked.remove(e.request_id)
+    if e.request_id in s.waiting:
+        s.waiting.remove(e.request_id)
+    j.fed = e.decision.policy == "batch_forwarding"
     if j.queued:
         j.queued = False
         s.batch_queue.remove(e.request_id)
@@ -128,6 +149,8 @@ def _finished(s: JeState, e: JobFinished) -> None:
         s.batch_queue.remove(rid)
     if rid in s.parked:
         s.parked.remove(rid)
+    if rid in s.waiting:
+        s.waiting.remove(rid)
     if not j.batch_id:
         s.online -= 1
     ok = e.done.status == "completed"

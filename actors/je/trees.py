@@ -20,7 +20,13 @@ class KvEventsFolded(Event, frozen=True, kw_only=True):
 
 def owner(s: JeState, addr: str) -> tuple[str, str] | None:
     """(model, TE) of a publisher address, or None if no known TE owns it."""
+    cut = addr.rfind("/dp/")  # a DP master, `{te}/dp/{i}` (the TE shell's naming): one look-up
+    te = addr[:cut] if cut > 0 else addr
     for model, roles in s.groups.items():
+        for tes in roles.values():
+            if te in tes:
+                return model, te
+    for model, roles in s.groups.items():  # another publisher under a TE (a standalone RTC)
         for tes in roles.values():
             for te in tes:
                 if addr == te or addr.startswith(te + "/"):
@@ -37,7 +43,5 @@ def fold_kv_batch(s: JeState, e: KvEventsFolded, max_blocks: int) -> JeState:
     if te not in s.publishing:
         s.publishing.append(te)
         tree.drop_routed(te)
-    rank = e.batch.data_parallel_rank
-    for ev in e.batch.events:
-        tree.fold_kv_event(te, ev, rank)
+    tree.fold_kv_events(te, e.batch.events, e.batch.data_parallel_rank)
     return s

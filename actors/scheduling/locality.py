@@ -96,6 +96,18 @@ class PromptTree(msgspec.Struct, kw_only=True):
                 if not holders:
                     del nodes[h]
 
+    def fold_kv_events(self, te: str, events: tuple[object, ...] | list[object], rank: int | None) -> None:
+        """Apply a batch of `te`'s DP rank `rank` in order (the hot path of the JE's folding)."""
+        shift = rank_shift(rank)
+        for ev in events:
+            kind = type(ev).__name__
+            if kind == "BlockStored":
+                self.insert(te, ev.block_hashes, MEDIUM_BITS.get(ev.medium, HBM) << shift)  # type: ignore[attr-defined]
+            elif kind == "BlockRemoved":
+                self.remove(te, ev.block_hashes, MEDIUM_BITS.get(ev.medium, HBM) << shift)  # type: ignore[attr-defined]
+            else:
+                self.fold_kv_event(te, ev, rank)
+
     def fold_kv_event(self, te: str, event: object, rank: int | None = None) -> None:
         """Apply one vLLM-shape KV cache event published by DP rank `rank` of `te` (duck-typed
         by class name so this module needs no import of the TE's package)."""

@@ -27,6 +27,7 @@ class Forwarding(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     mode: Literal["on_demand", "local_queue"] = "on_demand"
     ttft_deadline_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     retry_backoff_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 0.005
+    max_backoff_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 0.5  # sweeps back off up to this
     accept_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 5.0
 
 

@@ -139,7 +139,7 @@ def test_on_demand_offers_next_prefill_until_one_accepts() -> None:
     r = done_of(out)["r0"]
     assert r.status == "completed"
     offers = [(e.decision.policy, e.decision.chosen) for e in decisions(d) if e.phase == "prefill"]
-    assert offers[:3] == [("least_load", "p/0"), ("on_demand", "p/1"), ("least_load", "p/0")]
+    assert offers[:3] == [("least_load", "p/0"), ("on_demand", "p/1"), ("on_demand", "p/0")]  # sweeps: fewest streams
     assert offers[-1][1] == "p/1" and len(offers) == 8  # p/1 refused 3 times, accepted the 4th
 
 
@@ -282,3 +282,49 @@ class Relay(Actor[None]):
 
     def handle(self, ctx: Context, msg: Message) -> None:
         ctx.send(self.dst, msg)
+
+
+def steps_of(d: SimDriver, actor: str, type_name: str) -> list[tuple[float, Any]]:
+    """(virtual time, decoded event) of an actor's events of one type, in log order."""
+    return [(s.input.t, decode(e.type, e.payload)) for s in d.sink.steps if s.input.actor == actor  # type: ignore[union-attr]
+            for e in s.events if e.type == type_name]
+
+
+def test_batch_forwarding_fills_an_idle_prefill_back_to_back_at_once() -> None:
+    """P/D-Serve §3.5: 6 prefill tasks wait (the only prefill refuses everything); at t=1 a prefill
+    with 3 free slots joins: it gets the 3 oldest back to back at t=1, the 4th offer is refused
+    at t=1 too, and no sweep ran (the sweep backoff is 30 s). When its first task ends, the
+    freed slot is offered the next waiting task at that same instant."""
+    tes = {"p/busy": {"behaviour": "reject"}, "p/0": {"behaviour": "slots", "n": 3}, "d/0": {}}
+    cfg = {"policy": "least_load", "forwarding": {"ttft_deadline_s": 60.0, "retry_backoff_s": 30.0,
+                                                  "max_backoff_s": 30.0}}
+    joined = TeGroupMembership(model=MODEL, role="prefill", tes=("p/busy", "p/0"))
+    d, out = run(tes, {"prefill": ["p/busy"], "decode": ["d/0"]}, [job(i, prompt=1000) for i in range(6)],
+                 cfg, gap_s=0.001, extra=[(1.0, "je/0", joined)])
+    assert all(r.status == "completed" for r in done_of(out).values()) and len(done_of(out)) == 6
+    fed = [(t, e.request_id) for t, e in steps_of(d, "je/0", "RouteDecided") if e.decision.policy == "batch_forwarding"]
+    assert fed[:4] == [(1.0, "r0"), (1.0, "r1"), (1.0, "r2"), (1.0, "r3")]  # oldest first, one instant
+    refused = [(t, e.request_id, e.te) for t, e in steps_of(d, "je/0", "OfferRefused") if t >= 1.0]
+    assert refused[0] == (1.0, "r3", "p/0")  # the 4th offer met a full prefill: feeding stopped
+    waits = [(t, e.request_id, e.front) for t, e in steps_of(d, "je/0", "PrefillWaiting")]
+    assert (1.0, "r3", True) in waits  # r3 is the oldest waiting again
+    first_end = min(t for t, e in steps_of(d, "je/0", "JePrefilled"))
+    assert fed[4] == (first_end, "r3")  # the freed slot is filled at the instant it frees
+    assert not [t for t, _ in steps_of(d, "je/0", "SweepMissed")]  # no fallback sweep was needed
+
+
+def test_fallback_sweeps_back_off_under_overload() -> None:
+    """50 tasks wait 5 s for a prefill that refuses everything. Before: every waiting task swept
+    every prefill every `retry_backoff_s` (50 x 500 offers here). Now one sweep (the oldest task)
+    per backoff, doubling from 10 ms to the 0.5 s cap, and new arrivals join the wait without
+    offers: a few dozen offers in all; each task times out once, at its deadline."""
+    tes = {"p/0": {"behaviour": "reject"}, "d/0": {}}
+    cfg = {"forwarding": {"ttft_deadline_s": 5.0, "retry_backoff_s": 0.01, "max_backoff_s": 0.5}}
+    d, out = run(tes, {"prefill": ["p/0"], "decode": ["d/0"]}, [job(i) for i in range(50)], cfg, gap_s=0.01)
+    done = done_of(out)
+    assert len(done) == 50 and all(r.reason.startswith("timeout: TTFT deadline 5s") for r in done.values())
+    assert all(abs(r.finish_s - r.arrival_s - 5.0) < 1e-9 for r in done.values())
+    offers = len(decisions(d))
+    ticks = [t for t, _ in steps_of(d, "je/0", "SweepMissed")]
+    gaps = [round(b - a, 6) for a, b in zip(ticks, ticks[1:], strict=False)]
+    assert offers <= 30 and gaps[:5] == [0.02, 0.04, 0.08, 0.16, 0.32] and max(gaps) == 0.5
