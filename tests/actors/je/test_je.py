@@ -328,3 +328,43 @@ def test_fallback_sweeps_back_off_under_overload() -> None:
     ticks = [t for t, _ in steps_of(d, "je/0", "SweepMissed")]
     gaps = [round(b - a, 6) for a, b in zip(ticks, ticks[1:], strict=False)]
     assert offers <= 30 and gaps[:5] == [0.02, 0.04, 0.08, 0.16, 0.32] and max(gaps) == 0.5
+
+
+def test_cluster_manager_removing_tes_with_open_tasks_retries_or_fails_each_request_once() -> None:
+    """Issue 6 §1 with the cluster manager's push (the stand-in's `RemoveTe`; the real manager
+    pushes the same `TeGroupMembership`): at t=0.5 two colocated TEs and a prefill TE leave while
+    holding tasks. A task that streamed nothing is retried on a TE still in the group; one that
+    streamed fails its request with the reason; the removed TEs' late answers change nothing."""
+    from deepserve.actors.flowserve.messages import RegisterTe
+
+    d = SimDriver(5, sink=MemorySink())
+    out: list[Any] = []
+    d.on_external = lambda _t, env: out.append(env.msg)
+    roles = {"c/slow": ("colocated", {"tpot_s": 1.0}), "c/ok": ("colocated", {}),
+             "c/stream": ("colocated", {"behaviour": "stream", "tpot_s": 1.0}),
+             "p/slow": ("prefill", {"tpot_s": 1.0}), "p/ok": ("prefill", {}), "d/0": ("decode", {})}
+    for te, (_role, kw) in roles.items():
+        d.spawn(te, ScriptedTe, **kw)
+    d.spawn("je/0", JobExecutor, config={"policy": "round_robin"})
+    d.spawn("cm", ClusterManager, jes=["je/0"])
+    for te, (role, _kw) in roles.items():
+        d.inject("cm", RegisterTe(te=te, model=MODEL, role=role, dp_groups=1, npus=()), at=0.0)
+    # round robin over colocated + prefill in name order: c/ok, c/slow, c/stream, p/ok, p/slow
+    for i in range(5):
+        d.inject("je/0", job(i, out=10), at=0.01 + 0.001 * i, src="ext/client")
+    for te in ("c/slow", "c/stream", "p/slow"):
+        d.inject("cm", RemoveTe(te=te, reason="declared failed"), at=0.5)
+    d.run(until=60.0)
+    done = done_of(out)  # exactly one terminal state each
+    first = {e.request_id: e.decision.chosen for e in reversed(decisions(d))}
+    by_first = {first[r]: done[r] for r in done}
+    assert len(done) == 5
+    assert by_first["c/ok"].status == "completed" and by_first["p/ok"].status == "completed"
+    assert (by_first["c/slow"].status, by_first["c/slow"].te) == ("completed", "c/ok")  # retried
+    assert (by_first["p/slow"].status, by_first["p/slow"].te) == ("completed", "d/0")  # prefill retried
+    streamed = by_first["c/stream"]
+    assert streamed.status == "failed" and "after output streamed" in streamed.reason
+    assert "c/stream left the colocated group" in streamed.reason
+    assert d.actor("je/0").state.late >= 2  # the removed TEs' answers arrived later, ignored
+    s = d.actor("je/0").state
+    assert (s.completed, s.failed, sum(s.open.values()), s.jobs) == (4, 1, 0, {})
