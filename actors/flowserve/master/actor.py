@@ -127,14 +127,14 @@ class DpMaster(Actor[MasterState]):
         s = msg.sampling
         out_len, stop = output_length(s.seed, s.max_tokens, s.target_output_tokens, s.ignore_eos,
                                       cfg.eos_rate)  # fmt: skip
-        accepted = TaskAccepted(task_id=msg.task_id, te=cfg.te, dp=cfg.dp, master=ctx.self)
-        if msg.kind == "decode":
+        if msg.stream:
+            accepted = TaskAccepted(task_id=msg.task_id, te=cfg.te, dp=cfg.dp, master=ctx.self)
             ctx.send(msg.reply_to, accepted)
+        if msg.kind == "decode":
             pd.submit_decode(self, ctx, msg, out_len, stop)
             return
         if msg.kind == "prefill" and out_len > 1:
             out_len, stop = 1, "prefilled"
-        ctx.send(msg.reply_to, accepted)
         hashes = msg.prompt.block_hashes
         m = rtc.match_by_prefix(st.rtc, hashes) if cfg.dram_blocks else rtc.NO_MATCH
         load = m.dram_blocks and should_populate(
@@ -187,15 +187,16 @@ class DpMaster(Actor[MasterState]):
             self.end(ctx, r, "cancelled", msg.reason)
 
     # ---- the loop -----------------------------------------------------------------------
-    def advance(self, ctx: Context) -> None:
-        """Plan the next batch when none is in flight; otherwise make a run end after its
-        current pass, so whatever just changed is seen at the next pass boundary."""
+    def advance(self, ctx: Context, interrupt: bool = True) -> None:
+        """Plan the next batch when none is in flight; otherwise (unless `interrupt` is False:
+        nothing that changed can alter the next plan) make a run end after its current pass,
+        so whatever just changed is seen at the next pass boundary."""
         st = self.state
         if st.deferred:
             pd.try_receive(self, ctx)  # blocks may have been freed: deferred receives first
         fl = st.in_flight
         if fl is not None:
-            if fl.iterations > 1 and not fl.interrupt:
+            if interrupt and fl.iterations > 1 and not fl.interrupt:
                 ctx.record(BatchInterrupted(step=fl.step))
                 if fl.launched:
                     ctx.send(self.npu, NpuForwardTruncate(req_id=f"fwd:{fl.step}"))
@@ -268,7 +269,7 @@ class DpMaster(Actor[MasterState]):
             if r is None:
                 continue
             got = r.emitted - first
-            if got:
+            if got and r.task.stream:
                 times = ends_s[:got] if len(ends_s) > 1 else ends_s * got
                 ctx.send(r.task.reply_to, token_message(r, first, times, cfg))
             full = min(r.num_computed, r.task.prompt.num_tokens) // B
@@ -353,4 +354,8 @@ class DpMaster(Actor[MasterState]):
                 table = len(rtc.block_table(st.rtc, c.seq))
                 computed = min(table * self.cfg.block_tokens, r.num_tokens - 1)
                 ctx.record(TaskStatus(task_id=c.seq, status=WAITING, num_computed=computed))
-        self.advance(ctx)
+        # A run's blocks are allocated for all its passes, so a finished copy can change the
+        # next plan only through a task that may now be admitted (its populate is done, or the
+        # copy's blocks became evictable again): with nothing waiting the run goes on, exactly
+        # as the stepwise path would reschedule the same decode batch at every pass.
+        self.advance(ctx, interrupt=bool(st.waiting or st.deferred))

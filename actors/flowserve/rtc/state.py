@@ -116,6 +116,10 @@ class Rtc(msgspec.Struct, kw_only=True):
     caches: dict[str, NamedCache]
     copies: dict[str, CopyOp]
     finished: dict[str, bool]  # outcome of recent copies (QueryPopulate), bounded
+    # hbm_saved[b] == 1 iff HBM block b holds indexed KV that DRAM holds too (derived from
+    # hbm_hash + nodes, kept by `apply`): the background swap-out reads it for each LRU block
+    # it looks at, one byte instead of two lookups.
+    hbm_saved: bytearray = msgspec.field(default_factory=bytearray)
     next_copy: int = 0
 
     def __post_init__(self) -> None:
@@ -126,6 +130,11 @@ class Rtc(msgspec.Struct, kw_only=True):
             self.lru_dram = OrderedDict(self.lru_dram)
         if type(self.finished) is not OrderedDict:
             self.finished = OrderedDict(self.finished)
+        if len(self.hbm_saved) != len(self.hbm_hash):  # a snapshot from before the field
+            nodes = self.nodes
+            self.hbm_saved = bytearray(
+                h is not None and nodes[h].dram != NONE for h in self.hbm_hash
+            )
 
 
     def __deepcopy__(self, memo: dict) -> Rtc:
@@ -148,6 +157,7 @@ class Rtc(msgspec.Struct, kw_only=True):
             copies={k: CopyOp(c.kind, c.seq, c.hashes[:], c.hbm[:], c.dram[:])
                     for k, c in self.copies.items()},
             finished=OrderedDict(self.finished),
+            hbm_saved=bytearray(self.hbm_saved),
             next_copy=self.next_copy,
         )
 
@@ -170,6 +180,7 @@ def new_rtc(config: RtcConfig) -> Rtc:
         caches={},
         copies={},
         finished=OrderedDict(),
+        hbm_saved=bytearray(h),
     )
 
 

@@ -107,11 +107,13 @@ def plan_swap_out(rtc: Rtc) -> RtcCopyStarted | None:
         return None
     if len(rtc.copies) >= cfg.max_copies_in_flight:
         return None
-    nodes, hbm_hash = rtc.nodes, rtc.hbm_hash
-    # Bounded scan of the LRU front: a block already in DRAM costs a lookup, not a copy.
-    scan = islice(rtc.lru_hbm, 4 * cfg.swap_batch_blocks)
-    cold = [h for b in scan if nodes[h := hbm_hash[b]].dram == NONE]  # type: ignore[index]
-    return copy_to_dram(rtc, cold[: cfg.swap_batch_blocks]) if cold else None
+    # Bounded scan of the LRU front: a block already in DRAM costs a byte read, not a copy.
+    saved = rtc.hbm_saved
+    cold = [b for b in islice(rtc.lru_hbm, 4 * cfg.swap_batch_blocks) if not saved[b]]
+    if not cold:
+        return None
+    hbm_hash = rtc.hbm_hash
+    return copy_to_dram(rtc, [hbm_hash[b] for b in cold[: cfg.swap_batch_blocks]])  # type: ignore[misc]
 
 
 def finish_copy(rtc: Rtc, copy_id: str, ok: bool, reason: str = "") -> RtcCopyFinished:
