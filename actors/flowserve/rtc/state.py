@@ -40,6 +40,9 @@ class RtcConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     max_copies_in_flight: int = 1_024
     swap_low_watermark: float = 0.10  # swap cold blocks out when less than this HBM is free
     swap_batch_blocks: int = 64  # at most this many blocks per background swap-out
+    # at least this many per swap-out, unless the coldest unsaved block is about to be evicted
+    # (fewer, larger copies: each costs the fabric and the log a few messages whatever its size)
+    swap_min_blocks: int = 1
     prefetch_min_free: float = 0.25  # background prefetch only while more HBM than this is free
     prefetch_scan: int = 16  # queued prompts a prefetch plan looks at
 
@@ -59,7 +62,7 @@ class RtcConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
                 f"RtcConfig.swap_low_watermark must be in [0, 1), got {self.swap_low_watermark}"
             )
         for name in ("max_seqs", "max_named_caches", "max_copies_in_flight", "swap_batch_blocks",
-                     "prefetch_scan"):
+                     "swap_min_blocks", "prefetch_scan"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RtcConfig.{name} must be > 0, got {getattr(self, name)}")
 

@@ -112,6 +112,12 @@ def plan_swap_out(rtc: Rtc) -> RtcCopyStarted | None:
     cold = [b for b in islice(rtc.lru_hbm, 4 * cfg.swap_batch_blocks) if not saved[b]]
     if not cold:
         return None
+    if len(cold) < cfg.swap_min_blocks:
+        # Too few to be worth a copy of their own, unless the first of them is among the next
+        # `swap_batch_blocks` blocks an allocation would take (the free stack, then the LRU).
+        first = next(i for i, b in enumerate(rtc.lru_hbm) if b == cold[0])
+        if len(rtc.free_hbm) + first >= cfg.swap_batch_blocks:
+            return None
     hbm_hash = rtc.hbm_hash
     return copy_to_dram(rtc, [hbm_hash[b] for b in cold[: cfg.swap_batch_blocks]])  # type: ignore[misc]
 
