@@ -244,7 +244,8 @@ class DpMaster(Actor[MasterState]):
         else:
             fwd = NpuForwardRun(req_id=req_id, model=cfg.model, seqs=seqs, tp=cfg.tp, sample=True,
                                 iterations=iterations, gap_s=cfg.launch_gap_s())  # fmt: skip
-        ctx.ask(self.npu, fwd, cfg.npu_timeout_s)
+        # The timeout follows the run's expected length (runs are capped to a share of it).
+        ctx.ask(self.npu, fwd, cfg.npu_timeout_s + iterations * st.run_pass_s)
 
     def _done(self, ctx: Context, msg: NpuForwardDone | NpuForwardRunDone) -> None:
         fl = self.state.in_flight

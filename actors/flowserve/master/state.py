@@ -138,6 +138,7 @@ class MasterState(msgspec.Struct, kw_only=True):
     cached_prompt_tokens: int = 0
     finished: int = 0
     prefill_tokens_per_s: float = 0.0  # learned estimate (EWMA over prefill steps)
+    run_pass_s: float = 0.0  # learned time of one pass of a decode run, gap included (0: none yet)
     held: dict[str, KvHandle] = {}  # PD prefill side: registered transfers by transfer id
     channels: list[str] = []  # prefill masters this decode master has a DistFlow channel to
     corrupt: list[tuple[str | None, int]] = []  # armed KV corruption faults (task id, block)
