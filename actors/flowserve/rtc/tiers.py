@@ -107,19 +107,20 @@ def plan_swap_out(rtc: Rtc) -> RtcCopyStarted | None:
         return None
     if len(rtc.copies) >= cfg.max_copies_in_flight:
         return None
-    # Bounded scan of the LRU front: a block already in DRAM costs a byte read, not a copy.
-    saved = rtc.hbm_saved
-    cold = [b for b in islice(rtc.lru_hbm, 4 * cfg.swap_batch_blocks) if not saved[b]]
-    if not cold:
+    # Bounded scan of the LRU front: a block already in DRAM costs a byte read, not a copy
+    # (read with C-level map/bytes ops: this runs after every batch under pressure).
+    window = list(islice(rtc.lru_hbm, 4 * cfg.swap_batch_blocks))
+    flags = bytes(map(rtc.hbm_saved.__getitem__, window))
+    first = flags.find(0)
+    if first < 0:
         return None
-    if len(cold) < cfg.swap_min_blocks:
-        # Too few to be worth a copy of their own, unless the first of them is among the next
-        # `swap_batch_blocks` blocks an allocation would take (the free stack, then the LRU).
-        first = next(i for i, b in enumerate(rtc.lru_hbm) if b == cold[0])
-        if len(rtc.free_hbm) + first >= cfg.swap_batch_blocks:
-            return None
+    # Fewer than `swap_min_blocks` are not worth a copy of their own, unless the coldest of
+    # them is among the next `swap_batch_blocks` blocks an allocation takes (free stack, LRU).
+    if flags.count(0) < cfg.swap_min_blocks and len(rtc.free_hbm) + first >= cfg.swap_batch_blocks:
+        return None
     hbm_hash = rtc.hbm_hash
-    return copy_to_dram(rtc, [hbm_hash[b] for b in cold[: cfg.swap_batch_blocks]])  # type: ignore[misc]
+    cold = [hbm_hash[b] for b, saved in zip(window, flags, strict=True) if not saved]
+    return copy_to_dram(rtc, cold[: cfg.swap_batch_blocks])  # type: ignore[arg-type]
 
 
 def finish_copy(rtc: Rtc, copy_id: str, ok: bool, reason: str = "") -> RtcCopyFinished:
