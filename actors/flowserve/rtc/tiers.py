@@ -8,6 +8,7 @@ None when there is nothing to do); the executor moves the bytes in between.
 from __future__ import annotations
 
 from itertools import islice
+from operator import itemgetter
 
 from .apply import POPULATE, PREFETCH, SWAP_OUT
 from .events import RtcCopyFinished, RtcCopyStarted
@@ -110,7 +111,10 @@ def plan_swap_out(rtc: Rtc) -> RtcCopyStarted | None:
     # Bounded scan of the LRU front: a block already in DRAM costs a byte read, not a copy
     # (read with C-level map/bytes ops: this runs after every batch under pressure).
     window = list(islice(rtc.lru_hbm, 4 * cfg.swap_batch_blocks))
-    flags = bytes(map(rtc.hbm_saved.__getitem__, window))
+    if len(window) < 2:  # itemgetter of one key returns the item, not a tuple
+        flags = bytes(rtc.hbm_saved[b] for b in window)
+    else:
+        flags = bytes(itemgetter(*window)(rtc.hbm_saved))
     first = flags.find(0)
     if first < 0:
         return None
