@@ -276,7 +276,7 @@ class DpMaster(Actor[MasterState]):
             full = min(r.num_computed, r.task.prompt.num_tokens) // B
             sb = st.rtc.seqs.get(tid)
             if sb is not None and full > sb.num_cached:  # newly computed prompt blocks
-                ev = rtc.cache_blocks(st.rtc, tid, r.task.prompt.block_hashes[:full])
+                ev = rtc.cache_blocks(st.rtc, tid, r.task.prompt.block_hashes, full)
                 if ev is not None:
                     ctx.record(ev)
             if r.cancelled is not None:

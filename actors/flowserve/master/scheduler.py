@@ -201,6 +201,8 @@ class _Step:
 
         free = rtc.hbm_free_blocks(R)
         lo, hi = 1, k  # extra(1) == 0: the first pass's blocks are allocated
+        if extra(k) <= free:  # the common case: blocks do not bound the run
+            lo = k
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if extra(mid) <= free:
