@@ -116,3 +116,25 @@ def test_a_run_longer_than_the_npu_timeout_is_split_and_never_times_out() -> Non
     for ends in runs[1:]:  # then each is expected to last <= 1/4 of the timeout
         assert ends[-1] - ends[0] < 0.3 * timeout_s
     assert_replays(d)
+
+
+def test_a_task_submitted_without_stream_gets_only_its_terminal_message() -> None:
+    """`stream=False` (what `deepserve sim`'s workload asks): no TaskAccepted, no TaskTokens; the
+    timings come with TaskFinished and the log still rebuilds every token's time."""
+    d = driver(seed=4)
+    hardware(d)
+    cfg = master_config(aggregate=True)
+    d.spawn(M, DpMaster, config=cfg)
+    d.inject(M, task(0, 700, 40, stream=False), at=0.0, src=REQ)
+    d.inject(M, task(1, 300, 25, stream=False), at=0.2, src=REQ)  # truncates the first's run
+    d.run()
+    sent = [m for _, m in out_to(d, REQ)]
+    assert {type(m).__name__ for m in sent} == {"TaskFinished"}
+    done = finished(d)
+    timeline = token_timeline(msgspec.convert(cfg, MasterConfig), [e for e in events_of(d, M) if not e.system])
+    for tid, out in (("t0", 40), ("t1", 25)):
+        assert (done[tid].status, done[tid].output_tokens) == ("completed", out)
+        times = timeline[tid]
+        assert len(times) == out
+        assert (times[0], times[-1]) == (done[tid].first_token_s, done[tid].finish_s)
+    assert_replays(d)
