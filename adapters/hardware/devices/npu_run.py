@@ -121,11 +121,13 @@ def pass_costs(npu: str, msg: NpuForwardRun, lo: int, hi: int) -> list[float]:
     peak = spec.tflops_fp16 * spec.eff.compute  # op_time_s's denominators
     bw = spec.hbm_bw_bytes_per_s * spec.eff.memory
     layers, lin, coll, head, fixed = fx.layers, fx.linear_s, fx.collective_s, fx.head_s, fx.fixed_s
-    floor = 0.0 if mode == "graph" else fx.launch_floor_s  # max(executed, 0.0) is executed
+    floor = 0.0 if mode == "graph" else fx.launch_floor_s  # executed >= 0.0: graph mode's total
+    # op_time_s's max(compute, memory) and forward_time's max(executed, launch floor), written
+    # as comparisons (the same floats: max keeps the first of equals; no call per pass)
     costs = [
-        fixed + max(layers * max(flops_per_pair * (pairs0 + i * dpairs) / peak,
-                                 (kv_layer * (kv0 + i * tokens) + q_bytes) / bw)
-                    + lin + coll + head, floor)
+        fixed + (x if (x := layers * (c if (c := flops_per_pair * (pairs0 + i * dpairs) / peak)
+                                      > (b := (kv_layer * (kv0 + i * tokens) + q_bytes) / bw)
+                                      else b) + lin + coll + head) >= floor else floor)
         for i in range(lo, hi)
     ]  # fmt: skip
     if msg.sample:  # forward_cost_s adds it after the forward's total
