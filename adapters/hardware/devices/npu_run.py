@@ -10,6 +10,7 @@ are drawn in doubling chunks as the run proceeds, so a run truncated early costs
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 
@@ -84,6 +85,61 @@ def run_shape(msg: NpuForwardRun) -> tuple[str, int]:
     return ("graph" if graph else "single_op"), sum(s.new_tokens for s in msg.seqs)
 
 
+class DensePlan(msgspec.Struct, frozen=True):
+    """A dense GQA run's constants: pass i costs `fixed + max(layers x attention_i + linear +
+    collective + head, floor) [+ sampling]`, attention_i the roofline max of
+    `flops_per_pair x (pairs0 + i x dpairs) / peak` and `(kv_layer x (kv0 + i x tokens) +
+    q_bytes) / bw` (see pass_costs)."""
+
+    fixed: float
+    layers: int
+    linear: float
+    collective: float
+    head: float
+    floor: float  # the launch floor in single-op mode; 0.0 in graph mode (executed >= 0)
+    sampling: float | None
+    flops_per_pair: float
+    pairs0: int
+    dpairs: int
+    kv_layer: float
+    kv0: int
+    tokens: int
+    q_bytes: float
+    peak: float
+    bw: float
+
+
+@functools.lru_cache(maxsize=256)  # a run's chunks share it; key: the (frozen) request's value
+def dense_plan(npu: str, msg: NpuForwardRun) -> DensePlan | None:
+    """The run's constants, or None when its passes are not dense GQA (priced pass by pass)."""
+    m = model_profile(msg.model)
+    if m.mla is not None or not is_dense_plan(m, msg.part):
+        return None
+    spec = npu_spec(npu)
+    par = layout_of(msg)
+    mode, tokens = run_shape(msg)
+    logits = _logits(msg.seqs)
+    fx = dense_fixed(m, spec, par, span_of(spec), msg.part, tokens, logits, mode == "graph")
+    # _gqa_core's constants, computed as it computes them
+    heads = m.n_heads / par.tp
+    kv_layer = kv_bytes_per_token_layer(m) * (math.ceil(m.n_kv_heads / par.tp) / m.n_kv_heads)
+    # Integer sums over the sequences: attended pairs and cached tokens at pass 0, and their
+    # growth per pass (each sequence's context grows by its n new tokens: pairs by n*n)
+    pairs0 = sum(s.new_tokens * s.context_tokens + s.new_tokens * (s.new_tokens + 1) // 2
+                 for s in msg.seqs)  # fmt: skip
+    return DensePlan(
+        fixed=fx.fixed_s, layers=fx.layers, linear=fx.linear_s, collective=fx.collective_s,
+        head=fx.head_s, floor=0.0 if mode == "graph" else fx.launch_floor_s,
+        sampling=sampling_time_s(m, spec, logits) if msg.sample else None,
+        flops_per_pair=2 * heads * (2 * m.head_dim), pairs0=pairs0,
+        dpairs=sum(s.new_tokens * s.new_tokens for s in msg.seqs), kv_layer=kv_layer,
+        kv0=sum(s.context_tokens + s.new_tokens for s in msg.seqs), tokens=tokens,
+        q_bytes=2 * heads * m.head_dim * ACT_BYTES * tokens,  # q in, output out
+        peak=spec.tflops_fp16 * spec.eff.compute,  # op_time_s's denominators
+        bw=spec.hbm_bw_bytes_per_s * spec.eff.memory,
+    )  # fmt: skip
+
+
 def pass_costs(npu: str, msg: NpuForwardRun, lo: int, hi: int) -> list[float]:
     """The performance model's duration of passes lo..hi-1 of the run (the request validated).
 
@@ -96,42 +152,25 @@ def pass_costs(npu: str, msg: NpuForwardRun, lo: int, hi: int) -> list[float]:
     the attention sums are exact in binary floating point (integers below 2^53: every dense
     model of models.py at any context a 910B/910C holds; test_npu_run checks bit equality);
     otherwise equal up to float rounding. Anything else (MoE, MLA) is computed pass by pass."""
-    m = model_profile(msg.model)
-    if m.mla is not None or not is_dense_plan(m, msg.part):
+    p = dense_plan(npu, msg)
+    if p is None:
         return [
             forward_cost_s(npu, msgspec.structs.replace(msg, seqs=pass_shapes(msg, i)))[0]
             for i in range(lo, hi)
         ]
-    spec = npu_spec(npu)
-    par = layout_of(msg)
-    mode, tokens = run_shape(msg)
-    logits = _logits(msg.seqs)
-    fx = dense_fixed(m, spec, par, span_of(spec), msg.part, tokens, logits, mode == "graph")
-    # _gqa_core's constants, computed as it computes them
-    heads = m.n_heads / par.tp
-    kv_layer = kv_bytes_per_token_layer(m) * (math.ceil(m.n_kv_heads / par.tp) / m.n_kv_heads)
-    flops_per_pair = 2 * heads * (2 * m.head_dim)
-    q_bytes = 2 * heads * m.head_dim * ACT_BYTES * tokens  # q in, output out
-    # Integer sums over the sequences: attended pairs and cached tokens at pass 0, and their
-    # growth per pass (each sequence's context grows by its n new tokens: pairs by n*n)
-    pairs0 = sum(s.new_tokens * s.context_tokens + s.new_tokens * (s.new_tokens + 1) // 2
-                 for s in msg.seqs)  # fmt: skip
-    dpairs = sum(s.new_tokens * s.new_tokens for s in msg.seqs)
-    kv0 = sum(s.context_tokens + s.new_tokens for s in msg.seqs)
-    peak = spec.tflops_fp16 * spec.eff.compute  # op_time_s's denominators
-    bw = spec.hbm_bw_bytes_per_s * spec.eff.memory
-    layers, lin, coll, head, fixed = fx.layers, fx.linear_s, fx.collective_s, fx.head_s, fx.fixed_s
-    floor = 0.0 if mode == "graph" else fx.launch_floor_s  # executed >= 0.0: graph mode's total
+    fixed, layers, lin, coll, head, floor = p.fixed, p.layers, p.linear, p.collective, p.head, p.floor
+    fpp, pairs0, dpairs, peak = p.flops_per_pair, p.pairs0, p.dpairs, p.peak
+    kv_layer, kv0, tokens, q_bytes, bw = p.kv_layer, p.kv0, p.tokens, p.q_bytes, p.bw
     # op_time_s's max(compute, memory) and forward_time's max(executed, launch floor), written
     # as comparisons (the same floats: max keeps the first of equals; no call per pass)
     costs = [
-        fixed + (x if (x := layers * (c if (c := flops_per_pair * (pairs0 + i * dpairs) / peak)
+        fixed + (x if (x := layers * (c if (c := fpp * (pairs0 + i * dpairs) / peak)
                                       > (b := (kv_layer * (kv0 + i * tokens) + q_bytes) / bw)
                                       else b) + lin + coll + head) >= floor else floor)
         for i in range(lo, hi)
     ]  # fmt: skip
-    if msg.sample:  # forward_cost_s adds it after the forward's total
-        sampling = sampling_time_s(m, spec, logits)
+    if p.sampling is not None:  # forward_cost_s adds it after the forward's total
+        sampling = p.sampling
         costs = [c + sampling for c in costs]
     return costs
 
