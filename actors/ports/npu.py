@@ -55,6 +55,9 @@ class NpuForward(Message, frozen=True, kw_only=True):
     part: Literal["main", "mtp"] = "main"
     sample: bool = False  # add on-device sampling of the logits and the host sync
     regions: tuple[str, ...] = DEFAULT_REGIONS  # HBM regions the graph reads or writes
+    # The graph starts no earlier than this long after the request arrives (the host's launch
+    # gap, asked of the device instead of timed by the caller); 0: as soon as the device is free
+    start_delay_s: float = 0.0
 
 
 class NpuForwardDone(Message, frozen=True, kw_only=True):
@@ -158,6 +161,8 @@ class NpuForwardRun(Message, frozen=True, kw_only=True):
     part: Literal["main", "mtp"] = "main"
     sample: bool = False
     regions: tuple[str, ...] = DEFAULT_REGIONS
+    start_delay_s: float = 0.0  # as NpuForward's: the first pass starts no earlier
+    starts: bool = True  # False: the answer leaves `starts_s` empty (the caller recomputes them)
 
 
 class NpuForwardTruncate(Message, frozen=True, kw_only=True):
@@ -168,7 +173,9 @@ class NpuForwardTruncate(Message, frozen=True, kw_only=True):
 
 
 class NpuForwardRunDone(Message, frozen=True, kw_only=True):
-    """The answer to a run: pass i ran from `starts_s[i]` to `ends_s[i]` (run clock times)."""
+    """The answer to a run: pass i ran from `starts_s[i]` to `ends_s[i]` (run clock times).
+    `starts_s` is empty when the request asked `starts=False` (pass 0 starts `queued_s` plus
+    the start delay after the request arrived, pass i+1 `gap_s` after pass i ends)."""
 
     req_id: str
     starts_s: tuple[float, ...]

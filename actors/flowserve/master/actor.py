@@ -39,7 +39,6 @@ from deepserve.actors.flowserve.master.state import (
     WAITING,
     BatchEnded,
     BatchInterrupted,
-    BatchLaunched,
     MasterConfig,
     MasterState,
     Req,
@@ -100,7 +99,7 @@ class DpMaster(Actor[MasterState]):
         if isinstance(msg, NpuForwardDone | NpuForwardRunDone):
             self._done(ctx, msg)
         elif isinstance(msg, Launch):
-            self._launch(ctx, msg)
+            pass  # a launch timer of a log recorded before the NPU took a start delay
         elif isinstance(msg, SubmitTask):
             self._submit(ctx, msg)
         elif isinstance(msg, LinkTransferDone | LinkTransferFailed) and msg.req_id.startswith(COPY):
@@ -219,11 +218,12 @@ class DpMaster(Actor[MasterState]):
             self._move(ctx, copy)
         if plan.batch is None:
             return
-        ctx.record(plan.batch)
         if not plan.batch.entries:  # only preemptions: a task larger than the pool alone
+            ctx.record(plan.batch)
             self._fail_unfit(ctx, plan.batch.preempted)
             return
-        ctx.after(self.cfg.launch_gap_s(), Launch(plan.batch.step), key="launch")
+        ctx.record(msgspec.structs.replace(plan.batch, launched=True))
+        self._launch(ctx)
 
     def _fail_unfit(self, ctx: Context, preempted: tuple[str, ...]) -> None:
         if self.state.running:
@@ -235,30 +235,28 @@ class DpMaster(Actor[MasterState]):
                      f"({self.cfg.hbm_blocks}) at {r.num_tokens} tokens")  # fmt: skip
         self.advance(ctx)
 
-    def _launch(self, ctx: Context, msg: Launch) -> None:
+    def _launch(self, ctx: Context) -> None:
+        """Hand the batch just planned to the NPU at once, asking it to start after the launch
+        gap (`start_delay_s`): the device times the gap, so no timer of ours is needed. Whatever
+        arrives during the gap truncates a run to its first pass, as it would have been planned."""
         st, cfg = self.state, self.cfg
         fl = st.in_flight
-        if fl is None or fl.step != msg.step or fl.launched:
-            return
-        iterations = 1 if fl.interrupt else fl.iterations
-        ctx.record(BatchLaunched(step=fl.step, iterations=iterations))
+        assert fl is not None
+        iterations = fl.iterations
         reqs = st.reqs
-        seqs = tuple(
-            SeqShape(e.n, reqs[e.task_id].num_computed) for e in fl.entries if e.task_id in reqs
-        )
-        if not seqs:  # everything in it was cancelled meanwhile
-            self._finish_batch(ctx, (ctx.now(),), 0.0)
-            return
+        seqs = tuple(SeqShape(e.n, reqs[e.task_id].num_computed) for e in fl.entries)
         req_id = f"fwd:{fl.step}"
+        gap = cfg.launch_gap_s()
         if iterations == 1:
             fwd: NpuForward | NpuForwardRun = NpuForward(
-                req_id=req_id, model=cfg.model, seqs=seqs, tp=cfg.tp, sample=True
+                req_id=req_id, model=cfg.model, seqs=seqs, tp=cfg.tp, sample=True, start_delay_s=gap
             )
         else:
             fwd = NpuForwardRun(req_id=req_id, model=cfg.model, seqs=seqs, tp=cfg.tp, sample=True,
-                                iterations=iterations, gap_s=cfg.launch_gap_s())  # fmt: skip
+                                iterations=iterations, gap_s=gap, start_delay_s=gap,
+                                starts=False)  # fmt: skip
         # The timeout follows the run's expected length (runs are capped to a share of it).
-        ctx.ask(self.npu, fwd, cfg.npu_timeout_s + iterations * st.run_pass_s)
+        ctx.ask(self.npu, fwd, cfg.npu_timeout_s + gap + iterations * st.run_pass_s)
 
     def _done(self, ctx: Context, msg: NpuForwardDone | NpuForwardRunDone) -> None:
         fl = self.state.in_flight

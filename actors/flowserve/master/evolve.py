@@ -85,7 +85,8 @@ def _planned(st: MasterState, e: BatchPlanned) -> None:
             st.prompt_tokens += r.task.prompt.num_tokens
             st.cached_prompt_tokens += r.num_computed
     if e.entries:
-        st.in_flight = InFlight(step=e.step, entries=e.entries, iterations=e.iterations)
+        st.in_flight = InFlight(step=e.step, entries=e.entries, iterations=e.iterations,
+                                launched=e.launched)  # fmt: skip
     st.step = e.step + 1
 
 

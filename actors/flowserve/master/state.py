@@ -173,6 +173,7 @@ class BatchPlanned(Event, frozen=True, kw_only=True):
     iterations: int = 1
     admitted: tuple[tuple[str, int], ...] = ()  # (task id, cached prompt tokens)
     preempted: tuple[str, ...] = ()
+    launched: bool = False  # handed to the NPU at once (which times the launch gap)
 
 
 class BatchLaunched(Event, frozen=True, kw_only=True):

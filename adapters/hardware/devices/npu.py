@@ -86,6 +86,12 @@ def variance_factor(rng_draw: float) -> float:
     return math.exp(sigma * rng_draw - sigma * sigma / 2)
 
 
+def _not_before(p: Pending) -> float:
+    """The earliest start of a queued graph: its arrival plus the start delay it asked for."""
+    delay = p.req.start_delay_s
+    return p.accepted_at_s + delay if delay else p.accepted_at_s
+
+
 class Npu(Actor[NpuState]):
     """One NPU unit (a 910B chip or a 910C die). `queue_limit` bounds waiting requests."""
 
@@ -200,6 +206,8 @@ class Npu(Actor[NpuState]):
             self._error(ctx, to, msg.req_id, HBM_FAULT, f"HBM region {bad!r} is faulted", bad)
             return
         malformed = check_run(msg) if isinstance(msg, NpuForwardRun) else None
+        if not 0.0 <= msg.start_delay_s < math.inf:
+            malformed = f"start_delay_s: must be finite and >= 0, got {msg.start_delay_s}"
         if malformed is not None:
             self._error(ctx, to, msg.req_id, BAD_REQUEST, malformed)
             return
@@ -220,16 +228,22 @@ class Npu(Actor[NpuState]):
         if st.running is not None or not st.queue or st.status != HEALTHY:
             return
         head = st.queue[0]
+        now = ctx.now()
+        # The graph starts when the device is free and its start delay has passed; the device
+        # is busy (holds it as running) from now, so nothing overtakes it.
+        start = _not_before(head)
+        start = now if start <= now else start
         if isinstance(head.req, NpuForwardRun):
-            self._start_run(ctx, head.req)
+            self._start_run(ctx, head.req, start)
             return
         costed = self._costed  # usually the request just validated: its cost is known
         cost = costed[1] if costed[0] is head.req else forward_cost_s(self.npu, head.req)
         expected_s, mode, tokens = cost
         factor = variance_factor(ctx.rng.gauss(0.0, 1.0)) if self.variance else 1.0
         duration = expected_s * factor
-        ctx.record(NpuForwardStarted(ctx.now(), duration, mode, tokens))
-        ctx.after(duration, NpuGraphDone(head.req.req_id), key=GRAPH_KEY)
+        ctx.record(NpuForwardStarted(start, duration, mode, tokens))
+        delay = duration if start == now else (start + duration) - now  # fires at start + duration
+        ctx.after(delay, NpuGraphDone(head.req.req_id), key=GRAPH_KEY)
 
     def _graph_done(self, ctx: Context, msg: NpuGraphDone) -> None:
         run = self.state.running
@@ -239,9 +253,11 @@ class Npu(Actor[NpuState]):
             self._extend_run(ctx, run.pending.req, len(run.ends_s), run.limit, run.ends_s[-1])
             return
         ctx.record(NpuForwardEnded(ctx.now(), None))
-        queued = run.started_at_s - run.pending.accepted_at_s
+        queued = run.started_at_s - _not_before(run.pending)
+        queued = queued if queued > 0.0 else 0.0
         if isinstance(run.pending.req, NpuForwardRun):
-            starts = pass_starts(run.started_at_s, run.ends_s, run.pending.req.gap_s)
+            req = run.pending.req
+            starts = pass_starts(run.started_at_s, run.ends_s, req.gap_s) if req.starts else ()
             done_run = NpuForwardRunDone(
                 req_id=msg.req_id, starts_s=starts, ends_s=run.ends_s, queued_s=queued,
                 mode=run.mode, tokens=run.tokens,
@@ -265,12 +281,12 @@ class Npu(Actor[NpuState]):
         factors = variance_factors(ctx.rng, hi - lo) if self.variance else None
         return run_ends(req.gap_s, start_s, pass_costs(self.npu, req, lo, hi), factors)
 
-    def _start_run(self, ctx: Context, req: NpuForwardRun) -> None:
+    def _start_run(self, ctx: Context, req: NpuForwardRun, start: float) -> None:
         """Draw the run's first chunk of passes and arm the one timer at its last pass's end."""
         mode, tokens = run_shape(req)
         hi = next_chunk(0, req.iterations)
-        ends = self._run_passes(ctx, req, 0, hi, ctx.now())
-        ctx.record(NpuRunStarted(ctx.now(), ends, mode, tokens, req.iterations))
+        ends = self._run_passes(ctx, req, 0, hi, start)
+        ctx.record(NpuRunStarted(start, ends, mode, tokens, req.iterations))
         ctx.after(ends[-1] - ctx.now(), NpuGraphDone(req.req_id), key=GRAPH_KEY)
 
     def _extend_run(self, ctx: Context, req: NpuForwardRun, done: int, limit: int, last_end: float) -> None:
