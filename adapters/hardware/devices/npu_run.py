@@ -48,12 +48,16 @@ def pass_shapes(msg: NpuForwardRun, i: int) -> tuple[SeqShape, ...]:
     return tuple(SeqShape(s.new_tokens, s.context_tokens + i * s.new_tokens) for s in msg.seqs)
 
 
-FIRST_CHUNK = 32  # passes drawn when a run starts; each further chunk doubles (<= 2x waste)
+# Passes drawn when a run starts; each further chunk doubles (<= 2x waste). 128: on a Mooncake
+# replay (mooncake-16te) half the runs end by 72 passes and 90% by 210; a chunk boundary costs a
+# timer delivery and an event (~50 us), a drawn pass ~1 us, and 128 minimises their sum
+# (docs/decisions.md, 2026-11-23 sim2).
+FIRST_CHUNK = 128
 
 
 def next_chunk(done: int, limit: int) -> int:
     """How many more passes to draw: a run truncated early wastes little, a long one costs a
-    few extra deliveries (32, 64, 128, ... passes)."""
+    few extra deliveries (128, 256, 512, ... passes)."""
     return min(limit - done, max(FIRST_CHUNK, done))
 
 
@@ -163,16 +167,20 @@ def pass_costs(npu: str, msg: NpuForwardRun, lo: int, hi: int) -> list[float]:
     kv_layer, kv0, tokens, q_bytes, bw = p.kv_layer, p.kv0, p.tokens, p.q_bytes, p.bw
     # op_time_s's max(compute, memory) and forward_time's max(executed, launch floor), written
     # as comparisons (the same floats: max keeps the first of equals; no call per pass)
-    costs = [
+    if p.sampling is None:
+        return [
+            fixed + (x if (x := layers * (c if (c := fpp * (pairs0 + i * dpairs) / peak)
+                                          > (b := (kv_layer * (kv0 + i * tokens) + q_bytes) / bw)
+                                          else b) + lin + coll + head) >= floor else floor)
+            for i in range(lo, hi)
+        ]  # fmt: skip
+    sampling = p.sampling  # forward_cost_s adds it after the forward's total: (fixed + busy) + s
+    return [
         fixed + (x if (x := layers * (c if (c := fpp * (pairs0 + i * dpairs) / peak)
                                       > (b := (kv_layer * (kv0 + i * tokens) + q_bytes) / bw)
-                                      else b) + lin + coll + head) >= floor else floor)
+                                      else b) + lin + coll + head) >= floor else floor) + sampling
         for i in range(lo, hi)
     ]  # fmt: skip
-    if p.sampling is not None:  # forward_cost_s adds it after the forward's total
-        sampling = p.sampling
-        costs = [c + sampling for c in costs]
-    return costs
 
 
 SIGMA = math.sqrt(math.log1p(DP_COMPUTE_CV**2))  # lognormal with mean 1 and CV DP_COMPUTE_CV
