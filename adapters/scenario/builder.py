@@ -82,7 +82,7 @@ def build_cluster(driver: Any, scenario: Scenario) -> Placement:
     for te in placement.tes:
         spawn_te(driver, scenario, te)
     if scenario.scheduling is None:
-        spawn_workload(driver, scenario, placement)
+        spawn_workload(driver, scenario, placement, direct=c.dp_groups == 1)
     else:
         from .sched import announce_tes
 
@@ -90,10 +90,17 @@ def build_cluster(driver: Any, scenario: Scenario) -> Placement:
     return placement
 
 
-def spawn_workload(driver: Any, scenario: Scenario, placement: Placement) -> str:
+def spawn_workload(driver: Any, scenario: Scenario, placement: Placement, direct: bool = False) -> str:
+    """The workload actor, submitting to the TEs' shells; with `direct` (TEs of one DP group,
+    whose shell only forwards a task to `{te}/dp/0`, no balancing round) straight to that DP
+    master: one delivery a request less, the same master, the same task."""
+
+    def entry(role: str) -> list[str]:
+        return [f"{te}/dp/0" if direct else te for te in placement.role(role)]
+
     return driver.spawn(
-        WORKLOAD_ADDR, Workload, mode=scenario.cluster.mode, tes=placement.role("colocated"),
-        prefill_tes=placement.role("prefill"), decode_tes=placement.role("decode"),
+        WORKLOAD_ADDR, Workload, mode=scenario.cluster.mode, tes=entry("colocated"),
+        prefill_tes=entry("prefill"), decode_tes=entry("decode"),
         stream=False,  # the run reads timings from TaskFinished: no per-pass TaskTokens
     )  # fmt: skip
 
