@@ -220,28 +220,34 @@ class Npu(Actor[NpuState]):
             reason = f"graph queue is full ({self.queue_limit} waiting)"
             self._error(ctx, to, msg.req_id, QUEUE_FULL, reason)
             return
-        ctx.record(NpuForwardQueued(Pending(msg, to, ctx.now())))
+        pending = Pending(msg, to, ctx.now())
+        if self.state.running is None and not self.state.queue:  # healthy here: starts at once
+            self._start_next(ctx, pending)
+            return
+        ctx.record(NpuForwardQueued(pending))
         self._start_next(ctx)
 
-    def _start_next(self, ctx: Context) -> None:
+    def _start_next(self, ctx: Context, arrived: Pending | None = None) -> None:
+        """Start the queue's head, or `arrived` (a request starting as it arrives: its start
+        event queues it too)."""
         st = self.state
-        if st.running is not None or not st.queue or st.status != HEALTHY:
+        if arrived is None and (st.running is not None or not st.queue or st.status != HEALTHY):
             return
-        head = st.queue[0]
+        head = arrived if arrived is not None else st.queue[0]
         now = ctx.now()
         # The graph starts when the device is free and its start delay has passed; the device
         # is busy (holds it as running) from now, so nothing overtakes it.
         start = _not_before(head)
         start = now if start <= now else start
         if isinstance(head.req, NpuForwardRun):
-            self._start_run(ctx, head.req, start)
+            self._start_run(ctx, head.req, start, arrived)
             return
         costed = self._costed  # usually the request just validated: its cost is known
         cost = costed[1] if costed[0] is head.req else forward_cost_s(self.npu, head.req)
         expected_s, mode, tokens = cost
         factor = variance_factor(ctx.rng.gauss(0.0, 1.0)) if self.variance else 1.0
         duration = expected_s * factor
-        ctx.record(NpuForwardStarted(start, duration, mode, tokens))
+        ctx.record(NpuForwardStarted(start, duration, mode, tokens, arrived))
         delay = duration if start == now else (start + duration) - now  # fires at start + duration
         ctx.after(delay, NpuGraphDone(head.req.req_id), key=GRAPH_KEY)
 
@@ -281,12 +287,12 @@ class Npu(Actor[NpuState]):
         factors = variance_factors(ctx.rng, hi - lo) if self.variance else None
         return run_ends(req.gap_s, start_s, pass_costs(self.npu, req, lo, hi), factors)
 
-    def _start_run(self, ctx: Context, req: NpuForwardRun, start: float) -> None:
+    def _start_run(self, ctx: Context, req: NpuForwardRun, start: float, arrived: Pending | None) -> None:
         """Draw the run's first chunk of passes and arm the one timer at its last pass's end."""
         mode, tokens = run_shape(req)
         hi = next_chunk(0, req.iterations)
         ends = self._run_passes(ctx, req, 0, hi, start)
-        ctx.record(NpuRunStarted(start, ends, mode, tokens, req.iterations))
+        ctx.record(NpuRunStarted(start, ends, mode, tokens, req.iterations, arrived))
         ctx.after(ends[-1] - ctx.now(), NpuGraphDone(req.req_id), key=GRAPH_KEY)
 
     def _extend_run(self, ctx: Context, req: NpuForwardRun, done: int, limit: int, last_end: float) -> None:

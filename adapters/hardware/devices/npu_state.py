@@ -55,6 +55,9 @@ class NpuForwardStarted(Event, frozen=True):
     duration_s: float
     mode: str
     tokens: int
+    # Set when the request starts as it arrives (idle device, empty queue): the one event
+    # both queues and starts it, instead of NpuForwardQueued + this
+    pending: Pending | None = None
 
 
 class NpuRunStarted(Event, frozen=True):
@@ -66,6 +69,7 @@ class NpuRunStarted(Event, frozen=True):
     mode: str
     tokens: int
     limit: int = 0
+    pending: Pending | None = None  # as NpuForwardStarted's: queued and started at once
 
 
 class NpuRunExtended(Event, frozen=True):
@@ -152,16 +156,18 @@ def evolve_npu(st: NpuState, e: Event) -> NpuState:
     if isinstance(e, NpuForwardQueued):
         return replace(st, queue=(*st.queue, e.pending))
     if isinstance(e, NpuForwardStarted):
-        assert st.running is None and st.queue, "a graph started while another runs"
-        run = Running(st.queue[0], e.at_s, e.duration_s, e.mode, e.tokens)
-        return replace(st, running=run, queue=st.queue[1:])
+        assert st.running is None and (st.queue or e.pending), "a graph started while another runs"
+        head, queue = (e.pending, st.queue) if e.pending is not None else (st.queue[0], st.queue[1:])
+        run = Running(head, e.at_s, e.duration_s, e.mode, e.tokens)
+        return replace(st, running=run, queue=queue)
     if isinstance(e, NpuRunStarted):
-        assert st.running is None and st.queue, "a run started while another graph runs"
+        assert st.running is None and (st.queue or e.pending), "a run started while another graph runs"
+        head, queue = (e.pending, st.queue) if e.pending is not None else (st.queue[0], st.queue[1:])
         run = Running(
-            st.queue[0], e.at_s, e.ends_s[-1] - e.at_s, e.mode, e.tokens, e.ends_s,
-            e.limit or st.queue[0].req.iterations,  # type: ignore[union-attr]
+            head, e.at_s, e.ends_s[-1] - e.at_s, e.mode, e.tokens, e.ends_s,
+            e.limit or head.req.iterations,  # type: ignore[union-attr]
         )
-        return replace(st, running=run, queue=st.queue[1:])
+        return replace(st, running=run, queue=queue)
     if isinstance(e, NpuRunExtended):
         run = st.running
         assert run is not None, "no run to extend"
