@@ -296,3 +296,36 @@ def test_a_full_graph_queue_refuses_with_a_precise_error():
     assert full[1].reason == "graph queue is full (2 waiting)"
     assert all(isinstance(answer_for(d, f"f{i}")[1], NpuForwardDone) for i in range(3))
     assert answer_for(d, "zero")[1].reason == "nbytes: must be > 0, got 0"
+
+
+def test_start_delay_the_graph_starts_that_long_after_arrival_and_queues_in_one_event():
+    """`start_delay_s` (the DP master's launch gap, timed by the device): an idle NPU starts the
+    graph at arrival + delay, in one event that queues and starts it; the delay is not queueing."""
+    d = _driver()
+    seqs = ((1, 1000),) * 8
+    delayed = NpuForward(req_id="f0", model="llama3-8b", seqs=tuple(SeqShape(n, c) for n, c in seqs),
+                         start_delay_s=0.0005)  # fmt: skip
+    send(d, NPU, delayed, at=1.0)
+    send(d, NPU, _fwd("f1", seqs), at=1.0001)  # arrives during the delay: waits behind f0
+    d.run()
+    (t0, m0), (t1, m1) = answer_for(d, "f0"), answer_for(d, "f1")
+    expected = _model_s(seqs)
+    assert t0 == 1.0 + 0.0005 + expected  # the same float as a start at 1.0005
+    assert m0.duration_s == expected and m0.queued_s == 0.0
+    assert t1 == pytest.approx(t0 + expected, rel=1e-12)
+    assert m1.queued_s == pytest.approx(t0 - 1.0001, rel=1e-12)
+    kinds = [type(e).__name__ for e in events(d, NPU) if not e.system]
+    # f0 started as it arrived (one event); f1 queued behind it, then started
+    assert kinds == ["NpuForwardStarted", "NpuForwardQueued", "NpuForwardEnded",
+                     "NpuForwardStarted", "NpuForwardEnded"]  # fmt: skip
+    assert_state_is_fold(d, NPU)
+
+
+def test_start_delay_must_be_finite_and_not_negative():
+    d = _driver()
+    bad = NpuForward(req_id="b", model="llama3-8b", seqs=(SeqShape(1, 10),), start_delay_s=-1.0)
+    send(d, NPU, bad)
+    d.run()
+    _, err = answer_for(d, "b")
+    assert isinstance(err, NpuError) and err.kind == "bad_request"
+    assert err.reason == "start_delay_s: must be finite and >= 0, got -1.0"

@@ -129,3 +129,32 @@ def test_the_closed_form_pass_costs_are_the_model_pass_by_pass(model: str, sampl
             one = msgspec.structs.replace(run, seqs=pass_shapes(run, i))
             assert fast[i - lo] == forward_cost_s("910b", one)[0], (tp, pp, seqs, i)
         assert fast[-1] > fast[0]  # longer contexts cost more
+
+
+def test_a_delayed_run_without_starts_is_the_same_run_shifted_by_its_delay() -> None:
+    """`start_delay_s` moves pass 0's start (the master's launch gap, timed by the NPU);
+    `starts=False` leaves the answer's starts out (the caller recomputes them: pass i+1
+    starts gap_s after pass i ends); a truncation during the delay keeps the first pass."""
+    d = driver()
+    d.spawn(NPU, Npu, npu="910b", variance=False)
+    plain = NpuForwardRun(req_id="a", model="llama3-8b", seqs=SEQS, iterations=40, gap_s=0.002)
+    delayed = NpuForwardRun(req_id="b", model="llama3-8b", seqs=SEQS, iterations=40, gap_s=0.002,
+                            start_delay_s=0.002, starts=False)  # fmt: skip
+    d.inject(NPU, plain, at=1.0, src=TEST_SRC)
+    d.run()
+    d.inject(NPU, delayed, at=5.0 - 0.002, src=TEST_SRC)
+    cut = NpuForwardRun(req_id="c", model="llama3-8b", seqs=SEQS, iterations=40, gap_s=0.002,
+                        start_delay_s=0.002)  # fmt: skip
+    d.run()
+    d.inject(NPU, cut, at=9.0, src=TEST_SRC)
+    d.inject(NPU, NpuForwardTruncate(req_id="c"), at=9.001, src=TEST_SRC)  # within the delay
+    d.run()
+    a, b, c = (next(m for _, m in out_to(d) if isinstance(m, NpuForwardRunDone) and m.req_id == r)
+               for r in "abc")  # fmt: skip
+    assert b.starts_s == () and len(a.starts_s) == 40
+    assert [e - 5.0 for e in b.ends_s] == pytest.approx([e - 1.0 for e in a.ends_s], abs=1e-12)
+    assert b.queued_s == 0.0
+    assert c.truncated and len(c.ends_s) == 1 and c.ends_s[0] == pytest.approx(
+        9.002 + (a.ends_s[0] - 1.0), abs=1e-12
+    )
+    assert_replays(d)
