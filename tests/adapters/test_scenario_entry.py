@@ -7,7 +7,12 @@ from typing import Any
 
 from deepserve.adapters.hardware.devices.topology import build as build_topology
 from deepserve.adapters.hardware.devices.topology import spawn_topology
-from deepserve.adapters.scenario.builder import WORKLOAD_ADDR, build_cluster, spawn_te, spawn_workload
+from deepserve.adapters.scenario.builder import (
+    WORKLOAD_ADDR,
+    build_cluster,
+    spawn_te,
+    spawn_workload,
+)
 from deepserve.adapters.scenario.loader import load_scenario
 from deepserve.adapters.scenario.placement import place
 from deepserve.adapters.scenario.run import run_scenario
