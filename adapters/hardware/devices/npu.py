@@ -38,6 +38,7 @@ from deepserve.adapters.hardware.calibration import DP_COMPUTE_CV
 from deepserve.adapters.hardware.devices.common import ReplyTo, answer, reply_to, respond
 from deepserve.adapters.hardware.devices.npu_run import (
     check_run,
+    check_run_cost,
     forward_cost_s,
     next_chunk,
     pass_costs,
@@ -212,7 +213,10 @@ class Npu(Actor[NpuState]):
             self._error(ctx, to, msg.req_id, BAD_REQUEST, malformed)
             return
         try:  # reject what can never run now, not when it reaches the head of the queue
-            self._costed = (msg, forward_cost_s(self.npu, msg))
+            if isinstance(msg, NpuForwardRun):
+                check_run_cost(self.npu, msg)  # its passes are priced as they are drawn
+            else:
+                self._costed = (msg, forward_cost_s(self.npu, msg))
         except (ValueError, KeyError) as exc:
             self._error(ctx, to, msg.req_id, BAD_REQUEST, str(exc))
             return

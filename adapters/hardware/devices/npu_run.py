@@ -17,7 +17,7 @@ import random
 import msgspec
 
 from deepserve.actors.ports.npu import NpuForward, NpuForwardRun, SeqShape
-from deepserve.adapters.hardware.batch import GRAPH_MAX_NEW_TOKENS, Batch, Parallel, Seq
+from deepserve.adapters.hardware.batch import GRAPH_MAX_NEW_TOKENS, Batch, Parallel, Seq, validate
 from deepserve.adapters.hardware.calibration import DP_COMPUTE_CV
 from deepserve.adapters.hardware.compute import (
     dense_fixed,
@@ -26,6 +26,7 @@ from deepserve.adapters.hardware.compute import (
     sampling_time_s,
     span_of,
 )
+from deepserve.adapters.hardware.layout import check_layout, largest_cluster
 from deepserve.adapters.hardware.models import model_profile
 from deepserve.adapters.hardware.roofline import ACT_BYTES
 from deepserve.adapters.hardware.sizes import kv_bytes_per_token_layer
@@ -70,6 +71,41 @@ def forward_cost_s(npu: str, msg: NpuForward | NpuForwardRun) -> tuple[float, st
     if msg.sample:
         total += sampling_time_s(m, spec, _logits(msg.seqs))
     return total, cost.mode, batch.tokens
+
+
+@functools.lru_cache(maxsize=256)
+def _dense_main(model: str) -> bool:
+    m = model_profile(model)
+    return m.mla is None and is_dense_plan(m, "main")
+
+
+@functools.lru_cache(maxsize=256)  # a bad layout raises, and is not cached
+def _layout_valid(model: str, par: Parallel) -> None:
+    validate(model_profile(model), Batch(seqs=(Seq(1, 0),)), par)  # its layout checks
+
+
+@functools.lru_cache(maxsize=256)
+def _layout_fits(npu: str, model: str, par: Parallel) -> None:
+    check_layout(model_profile(model), par, largest_cluster(npu_spec(npu)))
+
+
+def check_run_cost(npu: str, msg: NpuForwardRun) -> None:
+    """Raise what `forward_cost_s` raises for the run's first pass, without pricing it (the NPU
+    prices a run pass by pass as it draws them). For a dense model's main part these are
+    forward_time's checks, in its order: the layout against the model, the sequences, the
+    layout against the largest cluster of this NPU kind; anything else is priced to be checked."""
+    if msg.part != "main" or not _dense_main(msg.model):
+        forward_cost_s(npu, msg)
+        return
+    par = layout_of(msg)
+    _layout_valid(msg.model, par)
+    if not msg.seqs:
+        raise ValueError("batch: must hold at least one sequence")
+    for s in msg.seqs:  # validate's message for a bad sequence
+        if s.new_tokens < 1 or s.context_tokens < 0:
+            seq = Seq(s.new_tokens, s.context_tokens)
+            raise ValueError(f"batch: each seq needs new_tokens >= 1, context >= 0; got {seq}")
+    _layout_fits(npu, msg.model, par)
 
 
 def layout_of(msg: NpuForward | NpuForwardRun) -> Parallel:

@@ -158,3 +158,22 @@ def test_a_delayed_run_without_starts_is_the_same_run_shifted_by_its_delay() -> 
         9.002 + (a.ends_s[0] - 1.0), abs=1e-12
     )
     assert_replays(d)
+
+
+@pytest.mark.parametrize(
+    ("seqs", "layout"),
+    [(SEQS, {"tp": 3}), (SEQS, {"ep": 2}), ((SeqShape(0, 5),), {}), ((), {}),
+     ((SeqShape(1, -1),), {"tp": 64}), (SEQS, {"tp": 64})],
+)  # fmt: skip
+def test_a_run_is_refused_exactly_as_a_forward_of_its_first_pass(seqs, layout) -> None:
+    """The NPU checks a run without pricing it (`check_run_cost`): the same refusals, with the
+    same reasons, as an NpuForward of the run's first pass."""
+    d = driver()
+    d.spawn(NPU, Npu, npu="910b", variance=False)
+    d.inject(NPU, NpuForwardRun(req_id="r", model="llama3-8b", seqs=seqs, iterations=4, **layout),
+             at=0.0, src=TEST_SRC)  # fmt: skip
+    d.inject(NPU, NpuForward(req_id="f", model="llama3-8b", seqs=seqs, **layout), at=1.0, src=TEST_SRC)
+    d.run()
+    got = {m.req_id: m for _, m in out_to(d) if isinstance(m, NpuError)}
+    assert got["r"].kind == got["f"].kind == "bad_request"
+    assert got["r"].reason == got["f"].reason
