@@ -108,10 +108,18 @@ def completion_times_s(
 # departure costs O(flows x rounds) per event. `MaxMinShare` keeps the allocation and repairs
 # it locally: water-fill only the flows on the links a change touches (the others' rates are
 # fixed and taken off the capacities), then check the max-min condition — every flow crosses a
-# saturated link on which no flow gets more (its bottleneck) — on the links whose load moved.
-# A flow failing it pulls the flows of its links into the next round. The region only grows,
+# saturated link on which no flow gets more (its bottleneck) — where it can have broken. A
+# flow failing it pulls the flows of its links into the next round. The region only grows,
 # so this ends; a local change usually stays local. The result is the unique max-min
 # allocation, up to float rounding (checked against an exact simulator in the tests).
+#
+# Where the check is needed: each flow remembers a link that was its bottleneck (`bneck`).
+# - A flow of the region is frozen by the water-filling at a link that it fills: that link is
+#   its bottleneck unless a fixed flow there gets more — one comparison, made while filling.
+# - A fixed flow keeps its rate; its remembered bottleneck stays one unless that link's load
+#   moved (a region flow on it changed rate). Only then are its links examined.
+# A link's users change only by add/remove, which put all of them in the region, so a fixed
+# flow's remembered bottleneck can go stale only by a load change, which is what is checked.
 
 _CHECK_RTOL = 1e-9  # slack of the bottleneck check: rates are sums of floats
 _SAME_RTOL = 1e-12  # a recomputed rate this close to the old one is the old one (no re-anchor)
@@ -128,12 +136,14 @@ class MaxMinShare(Struct, kw_only=True):
     paths: dict[str, tuple[str, ...]] = {}
     rates: dict[str, float] = {}
     users: dict[str, dict[str, None]] = {}  # link -> flows crossing it (an ordered set)
+    bneck: dict[str, str] = {}  # flow -> a link of its path that is its bottleneck
 
     def __deepcopy__(self, memo: dict) -> MaxMinShare:
         """Paths are tuples of str and rates floats: copying the containers is deep."""
         return MaxMinShare(
             caps=dict(self.caps), paths=dict(self.paths), rates=dict(self.rates),
             users={link: dict(flows) for link, flows in self.users.items()},
+            bneck=dict(self.bneck),
         )  # fmt: skip
 
     def add(
@@ -165,7 +175,7 @@ class MaxMinShare(Struct, kw_only=True):
                     self.caps[link] = cap
                 users[flow] = None
                 seeds[link] = None
-        changed = self._rerate(list(seeds))
+        changed = self._rerate(seeds)
         for flow, _ in flows:
             changed.setdefault(flow, self.rates[flow])
         return changed
@@ -173,13 +183,16 @@ class MaxMinShare(Struct, kw_only=True):
     def remove(self, flow: str) -> dict[str, float]:
         """End `flow`; the flows that share its links get its bandwidth."""
         path = self.paths.pop(flow)
-        del self.rates[flow]
+        del self.rates[flow], self.bneck[flow]
+        seeds: dict[str, None] = {}
         for link in path:
             users = self.users[link]
             del users[flow]
-            if not users:
+            if users:
+                seeds[link] = None
+            else:
                 del self.users[link], self.caps[link]
-        return self._rerate([link for link in path if link in self.users])
+        return self._rerate(seeds)
 
     def set_capacity(self, link: str, cap: float) -> dict[str, float]:
         """A link's capacity changed (degraded, down = 0, repaired)."""
@@ -188,111 +201,146 @@ class MaxMinShare(Struct, kw_only=True):
         if link not in self.users:
             return {}
         self.caps[link] = cap
-        return self._rerate([link])
+        return self._rerate({link: None}, every_user=True)
 
     # ---- the repair ------------------------------------------------------------------
-    # Hot path of the fabric (two repairs per transfer, each folded twice: live and into
-    # the kernel's snapshot). Written for CPython: locals over attributes, no helper
-    # calls per flow, and a link with one user skips building a list (its load and its
-    # largest rate are that user's rate: the same floats `sum`/`max` give).
-    def _rerate(self, seeds: Sequence[str]) -> dict[str, float]:
-        users, rates, paths = self.users, self.rates, self.paths
+    # Hot path of the fabric (two repairs per transfer). Written for CPython: locals over
+    # attributes, no helper calls per flow, loops fused.
+    def _rerate(self, seeds: Mapping[str, None], every_user: bool = False) -> dict[str, float]:
+        """Repair after the users (or, `every_user`, the capacity) of the `seeds` links
+        changed. The first region is the flows whose bottleneck is a seed link (and new
+        flows): a flow bottlenecked elsewhere keeps its rate unless the checks say otherwise
+        (a fixed flow faster than the region's share on a seed link fails the fill's check).
+        A capacity change starts from every user: a cut can overload a link with fixed flows."""
+        users, rates, paths, bneck = self.users, self.rates, self.paths, self.bneck
         region: dict[str, float] = {}  # flow -> its rate before this change
         for link in seeds:
             for f in users[link]:
-                region[f] = rates[f]
+                if every_user or (b := bneck.get(f)) is None or b in seeds:
+                    region[f] = rates[f]
         if not region:
             return {}
+        touched: dict[str, None] = {}  # links whose load changed in any round so far
         while True:
-            moved: dict[str, None] = dict.fromkeys(seeds)
-            for f, rate in self._fill(region).items():
-                cur = rates[f]
-                if rate != cur and abs(rate - cur) > _SAME_RTOL * (rate if rate > cur else cur):
-                    rates[f] = cur = rate
-                if cur != region[f]:
-                    for link in paths[f]:
-                        moved[link] = None
+            # A region flow without a bottleneck has a fixed flow on its links, so the region
+            # grows; the fixed flows are checked once the fill itself holds.
+            bad = self._fill(region, touched)
+            if not bad:
+                if not touched:
+                    break
+                bad = self._stale_fixed(touched, region)
+                if not bad:
+                    break
             grew = False
-            for v in self._violators(moved):
+            for v in bad:
                 for link in paths[v]:
                     for g in users[link]:
                         if g not in region:
                             region[g] = rates[g]
                             grew = True
-            if not grew:  # the max-min condition holds, or the region is the whole component
+            if not grew:  # float noise on a whole component: nothing left to pull in
                 break
         return {f: new for f, old in region.items() if (new := rates[f]) != old}
 
-    def _fill(self, region: Mapping[str, float]) -> dict[str, float]:
+    def _fill(self, region: Mapping[str, float], touched: dict[str, None]) -> list[str]:
         """Water-fill the flows of `region`, the others' rates fixed: repeatedly take the link
-        with the smallest fair share of what is left and freeze its flows at that share."""
-        users, rates, paths, caps = self.users, self.rates, self.paths, self.caps
-        members: dict[str, list[str]] = {}
+        with the smallest fair share of what is left and freeze its flows at that share.
+        Sets their rates and bottlenecks, adds the links of a flow whose rate changed to
+        `touched`; returns the flows frozen at a link where a fixed flow gets more (they have
+        no bottleneck: the region must grow)."""
+        users, rates, paths, caps, bneck = self.users, self.rates, self.paths, self.caps, self.bneck
+        # link -> [capacity left, region flows not yet frozen, largest fixed rate, region flows]
+        links: dict[str, list] = {}
         for f in region:
             for link in paths[f]:
-                m = members.get(link)
-                if m is None:
-                    members[link] = [f]
+                lk = links.get(link)
+                if lk is None:
+                    links[link] = [0.0, 1, 0.0, [f]]
                 else:
-                    m.append(f)
-        residual: dict[str, float] = {}
-        count: dict[str, int] = {}
+                    lk[1] += 1
+                    lk[3].append(f)
         heap: list[tuple[float, str]] = []
-        for link, m in members.items():
+        for link, lk in links.items():
             us = users[link]
             left = caps[link]
-            if len(us) != len(m):
-                left -= sum([rates[g] for g in us if g not in region])
-            n = len(m)
-            residual[link] = left
-            count[link] = n
+            n = lk[1]
+            if len(us) != n:
+                top = 0.0
+                for g in us:
+                    if g not in region:
+                        r = rates[g]
+                        left -= r
+                        if r > top:
+                            top = r
+                lk[2] = top
+            lk[0] = left
             heap.append((left / n if left > 0 else 0.0, link))
         if len(heap) > 1:
             heapq.heapify(heap)
-        out: dict[str, float] = {}
+        # A link's share only rises as flows freeze elsewhere (each takes at most the share of
+        # every link it crosses), so a heap entry is a lower bound: a popped entry that is out
+        # of date goes back with the current share, and an up-to-date one is the minimum.
+        frozen: dict[str, None] = {}
+        bad: list[str] = []
         pop, push = heapq.heappop, heapq.heappush
-        while heap:
+        unfrozen = len(region)
+        while unfrozen:
             share, link = pop(heap)
-            n = count[link]
+            lk = links[link]
+            n = lk[1]
             if not n:
                 continue
-            left = residual[link]
-            if share != (left / n if left > 0 else 0.0):
-                continue  # superseded by a later entry for this link
-            for f in members[link]:
-                if f in out:
+            left = lk[0]
+            now = left / n if left > 0 else 0.0
+            if now != share:
+                push(heap, (now, link))
+                continue
+            ok = share >= lk[2] * (1 - _CHECK_RTOL)
+            for f in lk[3]:
+                if f in frozen:
                     continue
-                out[f] = share
+                frozen[f] = None
+                unfrozen -= 1
+                cur = rates[f]
+                if share != cur and abs(share - cur) > _SAME_RTOL * (share if share > cur else cur):
+                    rates[f] = share
+                    for hop in paths[f]:
+                        touched[hop] = None
+                bneck[f] = link
+                if not ok:
+                    bad.append(f)
                 for other in paths[f]:
-                    left = residual[other] = residual[other] - share
-                    n = count[other] = count[other] - 1
-                    if n and other != link:
-                        push(heap, (left / n if left > 0 else 0.0, other))
-        return out
+                    o = links[other]
+                    o[0] -= share
+                    o[1] -= 1
+        return bad
 
-    def _violators(self, links: Mapping[str, None]) -> list[str]:
-        """Flows on `links` without a bottleneck; also checks no link is over capacity."""
-        users, rates, caps, paths = self.users, self.rates, self.caps, self.paths
+    def _stale_fixed(self, moved: Mapping[str, None], region: Mapping[str, float]) -> list[str]:
+        """Fixed flows on `moved` links whose remembered bottleneck is one of them and that
+        have no bottleneck now; also checks no link they cross is over capacity.
+
+        `moved` holds every link whose load changed in any round of this repair: a
+        bottleneck found in an earlier round on a link that moved since is checked again,
+        and one on a link that never moved holds as it did when it was found."""
+        users, rates, caps, paths, bneck = self.users, self.rates, self.caps, self.paths, self.bneck
         full: dict[str, float] = {}  # saturated link -> its largest rate; -1.0: not saturated
         bad: list[str] = []
-        seen: set[str] = set()
-        for link in links:
-            us = users.get(link)
-            if not us:
-                continue
-            for f in us:
-                if f in seen:
+        seen: dict[str, None] = {}
+        for link in moved:
+            for g in users[link]:
+                if g in region or g in seen or bneck[g] not in moved:
                     continue
-                seen.add(f)
-                rate = rates[f]
-                for hop in paths[f]:
+                seen[g] = None
+                rate = rates[g]
+                for hop in paths[g]:
                     top = full.get(hop)
                     if top is None:
                         top = full[hop] = _saturation(users[hop], rates, caps[hop], hop)
                     if top >= 0 and rate >= top * (1 - _CHECK_RTOL):
+                        bneck[g] = hop
                         break
                 else:
-                    bad.append(f)
+                    bad.append(g)
         return bad
 
 
