@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from msgspec import Struct
 
@@ -130,20 +131,42 @@ class MaxMinShare(Struct, kw_only=True):
 
     Mutable on purpose (an actor's state owns it; `add`, `remove` and `set_capacity` change it
     in place and return the flows whose rate changed). Iteration orders are insertion orders,
-    so the same calls give the same floats in any process."""
+    so the same calls give the same floats in any process.
 
-    caps: dict[str, float] = {}  # capacity of every link that carries a flow
-    paths: dict[str, tuple[str, ...]] = {}
-    rates: dict[str, float] = {}
-    users: dict[str, dict[str, None]] = {}  # link -> flows crossing it (an ordered set)
-    bneck: dict[str, str] = {}  # flow -> a link of its path that is its bottleneck
+    One record per flow and per link (a repair reads a flow's rate, path and bottleneck
+    together: one lookup, not three dicts apart in memory); `rates`, `paths`, `bneck`,
+    `users` and `caps` are read-only views."""
+
+    flows: dict[str, list[Any]] = {}  # flow -> [rate, path (links), bottleneck link or None]
+    links: dict[str, list[Any]] = {}  # link carrying a flow -> [capacity, {flows crossing it}]
+
+    @property
+    def rates(self) -> dict[str, float]:
+        return {f: rec[0] for f, rec in self.flows.items()}
+
+    @property
+    def paths(self) -> dict[str, tuple[str, ...]]:
+        return {f: tuple(rec[1]) for f, rec in self.flows.items()}
+
+    @property
+    def bneck(self) -> dict[str, str | None]:
+        """flow -> a link of its path that is its bottleneck (max-min: saturated, no flow on
+        it gets more)."""
+        return {f: rec[2] for f, rec in self.flows.items()}
+
+    @property
+    def users(self) -> dict[str, dict[str, None]]:
+        return {link: rec[1] for link, rec in self.links.items()}
+
+    @property
+    def caps(self) -> dict[str, float]:
+        return {link: rec[0] for link, rec in self.links.items()}
 
     def __deepcopy__(self, memo: dict) -> MaxMinShare:
-        """Paths are tuples of str and rates floats: copying the containers is deep."""
+        """Paths are tuples of str, rates floats: copying the records is a deep copy."""
         return MaxMinShare(
-            caps=dict(self.caps), paths=dict(self.paths), rates=dict(self.rates),
-            users={link: dict(flows) for link, flows in self.users.items()},
-            bneck=dict(self.bneck),
+            flows={f: list(rec) for f, rec in self.flows.items()},
+            links={link: [rec[0], dict(rec[1])] for link, rec in self.links.items()},
         )  # fmt: skip
 
     def add(
@@ -158,73 +181,75 @@ class MaxMinShare(Struct, kw_only=True):
         """Start several flows at once (one repair for all: flows that start at the same
         instant, e.g. a burst of KV transfers, cost one water-filling, not one each)."""
         seeds: dict[str, None] = {}
+        records, links = self.flows, self.links
         for flow, path in flows:
-            if flow in self.paths:
+            if flow in records:
                 raise ValueError(f"flow: {flow!r} is already sharing")
             if not path or len(set(path)) != len(path):
                 raise ValueError(f"path: flow {flow!r} needs distinct links, got {list(path)}")
-            self.paths[flow] = tuple(path)
-            self.rates[flow] = 0.0
+            records[flow] = [0.0, tuple(path), None]
             for link in path:
-                users = self.users.get(link)
-                if users is None:
+                lk = links.get(link)
+                if lk is None:
                     cap = capacity(link)
                     if not cap >= 0:
                         raise ValueError(f"capacity: link {link!r} must be >= 0, got {cap}")
-                    users = self.users[link] = {}
-                    self.caps[link] = cap
-                users[flow] = None
+                    lk = links[link] = [cap, {}]
+                lk[1][flow] = None
                 seeds[link] = None
         changed = self._rerate(seeds)
         for flow, _ in flows:
-            changed.setdefault(flow, self.rates[flow])
+            changed.setdefault(flow, records[flow][0])
         return changed
 
     def remove(self, flow: str) -> dict[str, float]:
         """End `flow`; the flows that share its links get its bandwidth."""
-        path = self.paths.pop(flow)
-        del self.rates[flow], self.bneck[flow]
+        rec = self.flows.pop(flow)
         seeds: dict[str, None] = {}
-        for link in path:
-            users = self.users[link]
+        for link in rec[1]:
+            users = self.links[link][1]
             del users[flow]
             if users:
                 seeds[link] = None
             else:
-                del self.users[link], self.caps[link]
+                del self.links[link]
         return self._rerate(seeds)
 
     def set_capacity(self, link: str, cap: float) -> dict[str, float]:
         """A link's capacity changed (degraded, down = 0, repaired)."""
         if not cap >= 0:
             raise ValueError(f"capacity: link {link!r} must be >= 0, got {cap}")
-        if link not in self.users:
+        lk = self.links.get(link)
+        if lk is None:
             return {}
-        self.caps[link] = cap
+        lk[0] = cap
         return self._rerate({link: None}, every_user=True)
 
     # ---- the repair ------------------------------------------------------------------
     # Hot path of the fabric (two repairs per transfer). Written for CPython: locals over
-    # attributes, no helper calls per flow, loops fused.
+    # attributes, no helper calls per flow, loops fused, one record per flow.
     def _rerate(self, seeds: Mapping[str, None], every_user: bool = False) -> dict[str, float]:
         """Repair after the users (or, `every_user`, the capacity) of the `seeds` links
-        changed. The first region is the flows whose bottleneck is a seed link (and new
-        flows): a flow bottlenecked elsewhere keeps its rate unless the checks say otherwise
-        (a fixed flow faster than the region's share on a seed link fails the fill's check).
-        A capacity change starts from every user: a cut can overload a link with fixed flows."""
-        users, rates, paths, bneck = self.users, self.rates, self.paths, self.bneck
-        region: dict[str, float] = {}  # flow -> its rate before this change
+        changed; returns the flows whose rate was set, with their rates. The first region is
+        the flows whose bottleneck is a seed link (and new flows): a flow bottlenecked
+        elsewhere keeps its rate unless the checks say otherwise (a fixed flow faster than
+        the region's share on a seed link fails the fill's check). A capacity change starts
+        from every user: a cut can overload a link with fixed flows."""
+        records, links = self.flows, self.links
+        region: dict[str, list[Any]] = {}  # flow -> its record
         for link in seeds:
-            for f in users[link]:
-                if every_user or (b := bneck.get(f)) is None or b in seeds:
-                    region[f] = rates[f]
+            for f in links[link][1]:
+                rec = records[f]
+                if every_user or (b := rec[2]) is None or b in seeds:
+                    region[f] = rec
         if not region:
             return {}
         touched: dict[str, None] = {}  # links whose load changed in any round so far
+        changed: dict[str, float] = {}
         while True:
             # A region flow without a bottleneck has a fixed flow on its links, so the region
             # grows; the fixed flows are checked once the fill itself holds.
-            bad = self._fill(region, touched)
+            bad = self._fill(region, touched, changed)
             if not bad:
                 if not touched:
                     break
@@ -233,47 +258,48 @@ class MaxMinShare(Struct, kw_only=True):
                     break
             grew = False
             for v in bad:
-                for link in paths[v]:
-                    for g in users[link]:
+                for link in records[v][1]:
+                    for g in links[link][1]:
                         if g not in region:
-                            region[g] = rates[g]
+                            region[g] = records[g]
                             grew = True
             if not grew:  # float noise on a whole component: nothing left to pull in
                 break
-        return {f: new for f, old in region.items() if (new := rates[f]) != old}
+        return changed
 
-    def _fill(self, region: Mapping[str, float], touched: dict[str, None]) -> list[str]:
+    def _fill(
+        self, region: Mapping[str, list[Any]], touched: dict[str, None], changed: dict[str, float]
+    ) -> list[str]:
         """Water-fill the flows of `region`, the others' rates fixed: repeatedly take the link
         with the smallest fair share of what is left and freeze its flows at that share.
-        Sets their rates and bottlenecks, adds the links of a flow whose rate changed to
-        `touched`; returns the flows frozen at a link where a fixed flow gets more (they have
-        no bottleneck: the region must grow)."""
-        users, rates, paths, caps, bneck = self.users, self.rates, self.paths, self.caps, self.bneck
+        Sets their rates (noted in `changed`, their links in `touched`) and bottlenecks;
+        returns the flows frozen at a link where a fixed flow gets more (they have no
+        bottleneck: the region must grow)."""
+        records, links = self.flows, self.links
         # link -> [capacity left, region flows not yet frozen, largest fixed rate, region flows]
-        links: dict[str, list] = {}
-        for f in region:
-            for link in paths[f]:
-                lk = links.get(link)
-                if lk is None:
-                    links[link] = [0.0, 1, 0.0, [f]]
+        work: dict[str, list[Any]] = {}
+        for f, rec in region.items():
+            for link in rec[1]:
+                w = work.get(link)
+                if w is None:
+                    work[link] = [0.0, 1, 0.0, [f]]
                 else:
-                    lk[1] += 1
-                    lk[3].append(f)
+                    w[1] += 1
+                    w[3].append(f)
         heap: list[tuple[float, str]] = []
-        for link, lk in links.items():
-            us = users[link]
-            left = caps[link]
-            n = lk[1]
+        for link, w in work.items():
+            left, us = links[link]
+            n = w[1]
             if len(us) != n:
                 top = 0.0
                 for g in us:
                     if g not in region:
-                        r = rates[g]
+                        r = records[g][0]
                         left -= r
                         if r > top:
                             top = r
-                lk[2] = top
-            lk[0] = left
+                w[2] = top
+            w[0] = left
             heap.append((left / n if left > 0 else 0.0, link))
         if len(heap) > 1:
             heapq.heapify(heap)
@@ -286,71 +312,76 @@ class MaxMinShare(Struct, kw_only=True):
         unfrozen = len(region)
         while unfrozen:
             share, link = pop(heap)
-            lk = links[link]
-            n = lk[1]
+            w = work[link]
+            n = w[1]
             if not n:
                 continue
-            left = lk[0]
+            left = w[0]
             now = left / n if left > 0 else 0.0
             if now != share:
                 push(heap, (now, link))
                 continue
-            ok = share >= lk[2] * (1 - _CHECK_RTOL)
-            for f in lk[3]:
+            ok = share >= w[2] * (1 - _CHECK_RTOL)
+            for f in w[3]:
                 if f in frozen:
                     continue
                 frozen[f] = None
                 unfrozen -= 1
-                cur = rates[f]
+                rec = region[f]
+                cur = rec[0]
                 if share != cur and abs(share - cur) > _SAME_RTOL * (share if share > cur else cur):
-                    rates[f] = share
-                    for hop in paths[f]:
+                    rec[0] = changed[f] = share
+                    for hop in rec[1]:
                         touched[hop] = None
-                bneck[f] = link
+                rec[2] = link
                 if not ok:
                     bad.append(f)
-                for other in paths[f]:
-                    o = links[other]
+                for other in rec[1]:
+                    o = work[other]
                     o[0] -= share
                     o[1] -= 1
         return bad
 
-    def _stale_fixed(self, moved: Mapping[str, None], region: Mapping[str, float]) -> list[str]:
+    def _stale_fixed(self, moved: Mapping[str, None], region: Mapping[str, list[Any]]) -> list[str]:
         """Fixed flows on `moved` links whose remembered bottleneck is one of them and that
         have no bottleneck now; also checks no link they cross is over capacity.
 
         `moved` holds every link whose load changed in any round of this repair: a
         bottleneck found in an earlier round on a link that moved since is checked again,
         and one on a link that never moved holds as it did when it was found."""
-        users, rates, caps, paths, bneck = self.users, self.rates, self.caps, self.paths, self.bneck
+        records, links = self.flows, self.links
         full: dict[str, float] = {}  # saturated link -> its largest rate; -1.0: not saturated
         bad: list[str] = []
         seen: dict[str, None] = {}
         for link in moved:
-            for g in users[link]:
-                if g in region or g in seen or bneck[g] not in moved:
+            for g in links[link][1]:
+                if g in region or g in seen:
+                    continue
+                rec = records[g]
+                if rec[2] not in moved:
                     continue
                 seen[g] = None
-                rate = rates[g]
-                for hop in paths[g]:
+                rate = rec[0]
+                for hop in rec[1]:
                     top = full.get(hop)
                     if top is None:
-                        top = full[hop] = _saturation(users[hop], rates, caps[hop], hop)
+                        top = full[hop] = _saturation(links[hop], records, hop)
                     if top >= 0 and rate >= top * (1 - _CHECK_RTOL):
-                        bneck[g] = hop
+                        rec[2] = hop
                         break
                 else:
                     bad.append(g)
         return bad
 
 
-def _saturation(flows: Mapping[str, None], rates: Mapping[str, float], cap: float, link: str) -> float:
+def _saturation(lk: list[Any], records: Mapping[str, list[Any]], link: str) -> float:
     """The largest rate on a saturated link, -1.0 on one that is not; raises if over capacity."""
+    cap, flows = lk
     if len(flows) == 1:
         for g in flows:
-            load = top = rates[g]
+            load = top = records[g][0]
     else:
-        rs = [rates[g] for g in flows]
+        rs = [records[g][0] for g in flows]
         load, top = sum(rs), max(rs)
     if load > cap * (1 + _CHECK_RTOL) + 1e-9:
         raise AssertionError(f"link {link} carries {load} > capacity {cap}")

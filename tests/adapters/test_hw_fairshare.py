@@ -145,9 +145,9 @@ def test_a_change_touches_only_the_flows_that_share_links_with_it(monkeypatch):
     filled: list[int] = []
     real_fill = MaxMinShare._fill
 
-    def spy(self: MaxMinShare, region: dict[str, float], touched: dict[str, None]) -> list[str]:
+    def spy(self: MaxMinShare, region: dict, touched: dict, changed: dict) -> list[str]:
         filled.append(len(region))
-        return real_fill(self, region, touched)
+        return real_fill(self, region, touched, changed)
 
     monkeypatch.setattr(MaxMinShare, "_fill", spy)
     changed = share.add("new", ("tx7", "rx7"), lambda link: 10.0)
