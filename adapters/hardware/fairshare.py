@@ -244,7 +244,7 @@ class MaxMinShare(Struct, kw_only=True):
                     region[f] = rec
         if not region:
             return {}
-        touched: dict[str, None] = {}  # links whose load changed in any round so far
+        touched: dict[str, None] = {}  # links with fixed flows whose load changed so far
         changed: dict[str, float] = {}
         while True:
             # A region flow without a bottleneck has a fixed flow on its links, so the region
@@ -272,17 +272,19 @@ class MaxMinShare(Struct, kw_only=True):
     ) -> list[str]:
         """Water-fill the flows of `region`, the others' rates fixed: repeatedly take the link
         with the smallest fair share of what is left and freeze its flows at that share.
-        Sets their rates (noted in `changed`, their links in `touched`) and bottlenecks;
+        Sets their rates (noted in `changed`; their links that carry fixed flows in
+        `touched`) and bottlenecks;
         returns the flows frozen at a link where a fixed flow gets more (they have no
         bottleneck: the region must grow)."""
         records, links = self.flows, self.links
-        # link -> [capacity left, region flows not yet frozen, largest fixed rate, region flows]
+        # link -> [capacity left, region flows not yet frozen, largest fixed rate (-1.0: no
+        # fixed flow), region flows]
         work: dict[str, list[Any]] = {}
         for f, rec in region.items():
             for link in rec[1]:
                 w = work.get(link)
                 if w is None:
-                    work[link] = [0.0, 1, 0.0, [f]]
+                    work[link] = [0.0, 1, -1.0, [f]]
                 else:
                     w[1] += 1
                     w[3].append(f)
@@ -332,7 +334,8 @@ class MaxMinShare(Struct, kw_only=True):
                 if share != cur and abs(share - cur) > _SAME_RTOL * (share if share > cur else cur):
                     rec[0] = changed[f] = share
                     for hop in rec[1]:
-                        touched[hop] = None
+                        if work[hop][2] >= 0:  # only fixed flows need the moved links
+                            touched[hop] = None
                 rec[2] = link
                 if not ok:
                     bad.append(f)
@@ -346,7 +349,8 @@ class MaxMinShare(Struct, kw_only=True):
         """Fixed flows on `moved` links whose remembered bottleneck is one of them and that
         have no bottleneck now; also checks no link they cross is over capacity.
 
-        `moved` holds every link whose load changed in any round of this repair: a
+        `moved` holds every link with fixed flows whose load changed in any round of this
+        repair (a link without fixed flows keeps none: the region only grows): a
         bottleneck found in an earlier round on a link that moved since is checked again,
         and one on a link that never moved holds as it did when it was found."""
         records, links = self.flows, self.links
