@@ -278,9 +278,11 @@ class DriverBase(abc.ABC):
         self, env: Envelope, t: float, kind: int, reason: str | None = None
     ) -> Envelope | None:
         """Record a dead letter, a drop or a late answer; return what the sender is
-        owed: `AskFailed` for an ask, `Undelivered` for a dropped tell between actors
-        (full mailbox, refused transport). Dead letters to stopped actors are only
-        recorded: the sender did nothing wrong, and a stopped actor's timers are many."""
+        owed: `AskFailed` for an ask, `Undelivered` for a tell between actors that
+        was not delivered (target stopped or absent, mailbox full, transport
+        refused). Not told: the outside world (its inputs are logged), an actor about
+        its own timers and self-sends (a stopped actor's timers are many, and it is
+        gone too), and nobody about a kernel notice (msg_id 0): no notice loops."""
         if kind == DEAD:
             self.dead_letters += 1
         elif kind == FULL:
@@ -298,7 +300,7 @@ class DriverBase(abc.ABC):
         if env.ask:
             fail: Message = AskFailed(request_id=env.msg_id, target=env.dst, reason=reason)
             return Envelope(env.dst, env.src, 0, env.hlc, env.corr, fail, env.msg_id)
-        if (kind == FULL or reason == TRANSPORT_REFUSED) and not env.external:
+        if not env.external and env.msg_id != 0 and env.src != env.dst:
             told = Undelivered(env.msg_id, env.dst, reason, type(env.msg).__name__)
             return Envelope(env.dst, env.src, 0, env.hlc, env.corr, told)
         return None
