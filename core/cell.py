@@ -333,10 +333,35 @@ def folded_snapshot(cell: Cell) -> SnapshotRec:
 
 
 def make_step(cell: Cell, env: Envelope, now: float, snapshot: bool) -> Step:
+    """The log record of the delivery `execute` just made. `input_record` and
+    `output_records`, inlined: this runs once per logged delivery."""
     ctx = cell.ctx
+    addr, seq = cell.addr, cell.seq
+    msg = env.msg
+    payload = env.payload
+    if payload is None:
+        payload = env.payload = encode(msg)
+    inp = InputRec(
+        addr, seq, now, cell.hlc, DELIVERED, env.src, env.msg_id, env.corr,
+        env.reply_to, env.external, type(msg).__name__, payload, env.ask, env.hlc,
+    )
+    events = ctx.events
+    outs: list[OutputRec] = []
+    i = 0
+    for o in ctx.outputs:
+        m = o.msg
+        if m is None:
+            name, blob = "", b""
+        else:
+            name, blob = type(m).__name__, encode(m)
+        outs.append(OutputRec(
+            addr, seq, i, o.kind, o.dst, o.msg_id, o.delay, o.key, o.corr, o.reply_to,
+            o.ask, name, blob,
+        ))
+        i += 1
     return Step(
-        input_record(cell, env, now),
-        event_records(cell, ctx.events),
-        output_records(cell, ctx.outputs),
+        inp,
+        event_records(cell, events) if events else [],
+        outs,
         snapshot_record(cell) if snapshot else None,
     )

@@ -139,11 +139,15 @@ class Context:
         """
         if not timeout_s > 0:
             raise ValueError(f"ask needs a positive timeout_s, got {timeout_s!r}")
-        rid = self.send(dst, msg, corr)
-        self.outputs[-1].ask = True
+        # `send` then `after`, inlined (the ask path): the same two outputs.
+        cell, env, outputs = self._cell, self.env, self.outputs
+        env_corr = env.corr if env is not None else None
+        rid = cell.out_seq = cell.out_seq + 1
+        outputs.append(Out(SEND, dst, msg, 0.0, rid, env_corr if corr is None else corr, None, True))
         fail = AskFailed(request_id=rid, target=dst, reason=f"timeout after {timeout_s}s")
-        self.after(timeout_s, fail, key=f"ask:{rid}")
-        self.outputs[-1].reply_to = rid  # every AskFailed names its request in reply_to
+        cell.out_seq += 1
+        # The timeout names its request in reply_to, as every AskFailed does.
+        outputs.append(Out(TIMER, cell.addr, fail, timeout_s + 0.0, cell.out_seq, env_corr, rid, False, f"ask:{rid}"))
         return rid
 
     def after(self, delay_s: float, msg: Message, key: str | None = None) -> str:

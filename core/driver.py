@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .address import EXTERNAL_PREFIX, check_address, hlc_physical
+from .address import EXTERNAL_PREFIX, HLC_LOGICAL_BITS, check_address, hlc_physical
 from .cell import Cell, final_snapshot, input_record
 from .classpath import class_path
 from .context import Out
@@ -210,7 +210,8 @@ class DriverBase(abc.ABC):
         their encodings to the receivers' input records (a message is encoded once)."""
         addr = cell.addr
         hlc = cell.hlc
-        pt = hlc_physical(t)  # every output is a send event at t: `hlc_tick`, unrolled
+        # Every output is a send event at t: `hlc_tick`, unrolled (`hlc_physical` inlined).
+        pt = int(t * 1_000_000) << HLC_LOGICAL_BITS
         send, enqueue = self._send, self._enqueue
         for i, o in enumerate(outputs):
             hlc = pt if pt > hlc else hlc + 1
