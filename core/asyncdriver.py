@@ -57,7 +57,6 @@ class AsyncDriver(DriverBase):
         self._timer_seq = 0
         self._timer_wake = anyio.Event()
         self._held: deque[tuple[int, Cell, list[Out], float]] = deque()
-        self._busy = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pressure: Cell | None = None
         # Overload: external inputs are admitted while the target's mailbox holds
@@ -193,8 +192,10 @@ class AsyncDriver(DriverBase):
         held for a commit. Pending timers do not count (a periodic timer would
         never let it return) unless `timers=True`: then it also waits until no
         timer is pending. Messages in flight on a transport are not seen."""
+        # A handler runs and its outputs are routed without an await in between, so
+        # no handler is ever running when this coroutine looks.
         while (
-            self._busy or self._held or any(c.stats.mailbox_depth for c in self.cells.values())
+            self._held or any(c.stats.mailbox_depth for c in self.cells.values())
             or (timers and self._timers)
         ):
             await anyio.sleep(poll_s)
@@ -234,7 +235,6 @@ class AsyncDriver(DriverBase):
             if env.reply_to is not None and not settle_ask(cell, env):
                 self._bounce(env, now, LATE)
                 continue
-            self._busy += 1
             snapshot = execute(cell, env, now)
             self._pressure = None
             outputs = ctx.outputs
@@ -250,7 +250,6 @@ class AsyncDriver(DriverBase):
                     self._route(cell, outputs, now, step.outputs)
             if not cell.alive and not self.outbox:
                 self._retire(cell, now)
-            self._busy -= 1
             if stats.failed != failed:
                 failed = stats.failed
                 self._report_failure(cell)
