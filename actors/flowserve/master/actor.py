@@ -19,6 +19,11 @@ import msgspec
 from deepserve.actors.flowserve import rtc
 from deepserve.actors.flowserve.master import context, pd
 from deepserve.actors.flowserve.master.evolve import evolve_master
+from deepserve.actors.flowserve.master.kv_publish import (
+    KvPublisher,
+    KvSubscribed,
+    SubscribeKvEvents,
+)
 from deepserve.actors.flowserve.master.messages import (
     DpMatch,
     DpMatchQuery,
@@ -80,11 +85,15 @@ class DpMaster(Actor[MasterState]):
     def __init__(self, config: Any) -> None:
         self.cfg = config if isinstance(config, MasterConfig) else msgspec.convert(config, MasterConfig)
         self.npu = self.cfg.npus[0]
+        self.kv = KvPublisher(self.cfg.block_tokens, self.cfg.dp)  # KV events to subscribers
 
     def initial_state(self) -> MasterState:
         return new_state(self.cfg)
 
     def evolve(self, state: MasterState, event: Event) -> MasterState:
+        if type(event) is KvSubscribed:
+            self.kv.evolve(event)  # type: ignore[arg-type]
+            return state
         return evolve_master(state, event)
 
     def handle(self, ctx: Context, msg: Message) -> None:
@@ -116,6 +125,10 @@ class DpMaster(Actor[MasterState]):
             ctx.send(ctx.sender, status)
         elif pd.handles(msg):
             pd.handle(self, ctx, msg)
+        elif type(msg) is SubscribeKvEvents:
+            self.kv.subscribe(ctx, msg)  # type: ignore[arg-type]
+        if self.kv.subscribers:
+            self.kv.flush(ctx)  # this delivery's KV cache events, one batch per subscriber
 
     # ---- arrivals ---------------------------------------------------------------------
     def _submit(self, ctx: Context, msg: SubmitTask) -> None:
