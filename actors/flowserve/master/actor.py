@@ -2,8 +2,9 @@
 the NPU port (`NpuForward`/`NpuForwardDone`, or `NpuForwardRun` on the simulation fast path).
 
 Loop: a batch is planned when the previous one ends (or on arrival when idle) and handed to the
-NPU after the launch gap (`Launch` timer) — with asynchronous execution the host's scheduling work
-overlaps the running forward, so only `sched_gap_s` separates two passes. When the batch ends, its
+NPU at once, to start after the launch gap (`start_delay_s`, timed by the device) — with
+asynchronous execution the host's scheduling work overlaps the running forward, so only
+`sched_gap_s` separates two passes. When the batch ends, its
 tokens go straight to each task's `reply_to` (output short-circuiting), finished tasks end, and the
 next batch is planned. With `aggregate`, a pure-decode batch runs k passes as one NPU request; an
 arrival (or anything else that may change the batch) truncates the run after its current pass, so
@@ -29,7 +30,6 @@ from deepserve.actors.flowserve.master.messages import (
     DpMatchQuery,
     DpStatus,
     DpStatusQuery,
-    Launch,
 )
 from deepserve.actors.flowserve.master.output import finished_message, token_message
 from deepserve.actors.flowserve.master.prefetch import should_populate
@@ -98,8 +98,6 @@ class DpMaster(Actor[MasterState]):
     def handle(self, ctx: Context, msg: Message) -> None:
         if isinstance(msg, NpuForwardDone | NpuForwardRunDone):
             self._done(ctx, msg)
-        elif isinstance(msg, Launch):
-            pass  # a launch timer of a log recorded before the NPU took a start delay
         elif isinstance(msg, SubmitTask):
             self._submit(ctx, msg)
         elif isinstance(msg, LinkTransferDone | LinkTransferFailed) and msg.req_id.startswith(COPY):

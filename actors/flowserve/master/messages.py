@@ -7,7 +7,8 @@ from deepserve.core import Message
 
 
 class Launch(Message, frozen=True):
-    """Timer: hand the planned batch `step` to the NPU (after the launch gap)."""
+    """Timer of masters before the NPU took `start_delay_s` (no longer armed): kept so that logs
+    recorded then still decode."""
 
     step: int
 
