@@ -49,16 +49,12 @@ def pass_shapes(msg: NpuForwardRun, i: int) -> tuple[SeqShape, ...]:
     return tuple(SeqShape(s.new_tokens, s.context_tokens + i * s.new_tokens) for s in msg.seqs)
 
 
-# Passes drawn when a run starts; each further chunk doubles (<= 2x waste). 128: on a Mooncake
-# replay (mooncake-16te) half the runs end by 72 passes and 90% by 210; a chunk boundary costs a
-# timer delivery and an event (~50 us), a drawn pass ~1 us, and 128 minimises their sum
-# (docs/decisions.md, 2026-11-23 sim2).
-FIRST_CHUNK = 128
+FIRST_CHUNK = 32  # passes drawn when a run starts; each further chunk doubles (<= 2x waste)
 
 
 def next_chunk(done: int, limit: int) -> int:
     """How many more passes to draw: a run truncated early wastes little, a long one costs a
-    few extra deliveries (128, 256, 512, ... passes)."""
+    few extra deliveries (32, 64, 128, ... passes)."""
     return min(limit - done, max(FIRST_CHUNK, done))
 
 
