@@ -139,3 +139,30 @@ class DirectoryUpdate(Message, frozen=True, kw_only=True):
     version: int
     routes: dict[str, str]
     removed: tuple[str, ...] = ()
+
+
+class RemoveTe(Message, frozen=True, kw_only=True):
+    """Take a TE out of its group (the stand-in's operator input, kept): drained and stopped
+    when the manager runs pods, else dropped from the group at once."""
+
+    te: str
+    reason: str = "removed by the operator"
+
+
+class BootTimeout(Message, frozen=True, kw_only=True):
+    """The manager's timer: the TE's generation did not register in time."""
+
+    te: str
+    generation: int
+
+
+class ClusterStatusQuery(Message, frozen=True, kw_only=True):
+    req_id: str = ""
+
+
+class ClusterStatus(Message, frozen=True, kw_only=True):
+    """The manager's state as data (`CmState` to_builtins): TEs with generation and state,
+    groups with targets, the directory."""
+
+    req_id: str
+    state: dict[str, object]

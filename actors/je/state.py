@@ -14,6 +14,7 @@ from .messages import (
     JeTaskEnded,
     Job,
     JobAccepted,
+    JobCancelRequested,
     JobFinished,
     JobParked,
     MembershipChanged,
@@ -58,6 +59,11 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
         _finished(s, e)  # type: ignore[arg-type]
     elif t is MembershipChanged:
         s.groups.setdefault(e.model, {})[e.role] = list(e.tes)  # type: ignore[attr-defined]
+        key = f"{e.model}/{e.role}"  # type: ignore[attr-defined]
+        if e.draining:  # type: ignore[attr-defined]
+            s.draining[key] = list(e.draining)  # type: ignore[attr-defined]
+        else:
+            s.draining.pop(key, None)
         s.trees.setdefault(e.model, PromptTree(max_blocks=max_tree_blocks))  # type: ignore[attr-defined]
     elif t is BatchAccepted:
         from .messages import Batch
@@ -67,6 +73,8 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
         s.parked.append(e.request_id)  # type: ignore[attr-defined]
     elif t is JeLateMessage:
         s.late += 1
+    elif t is JobCancelRequested:
+        s.jobs[e.request_id].cancelled = e.reason  # type: ignore[attr-defined]
     return s
 
 

@@ -16,6 +16,8 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from deepserve.actors.cluster.liveness import answer_heartbeat
+from deepserve.actors.cluster.messages import DpHeartbeat
 from deepserve.actors.flowserve import rtc
 from deepserve.actors.flowserve.master import context, pd
 from deepserve.actors.flowserve.master.evolve import evolve_master
@@ -116,6 +118,8 @@ class DpMaster(Actor[MasterState]):
             ctx.send(ctx.sender, status)
         elif pd.handles(msg):
             pd.handle(self, ctx, msg)
+        elif isinstance(msg, DpHeartbeat):  # xDeepServe §6.1: answered only while the loop moves
+            answer_heartbeat(self, ctx, msg)
 
     # ---- arrivals ---------------------------------------------------------------------
     def _submit(self, ctx: Context, msg: SubmitTask) -> None:
