@@ -41,6 +41,11 @@ def register_daemon(sub: Any) -> None:
     ft.add_argument("--region", default="r0")
     _admin_args(ft)
     ft.set_defaults(func=_fault)
+    sc = sub.add_parser("scale", help="set a TE group's size by hand (launch TEs, or drain and stop)")
+    sc.add_argument("group", help="a TE group, model/role (e.g. llama3-8b/colocated; see `deepserve status`)")
+    sc.add_argument("size", type=int, help="the group's new size")
+    _admin_args(sc)
+    sc.set_defaults(func=_scale)
 
 
 def _admin_args(p: argparse.ArgumentParser) -> None:
@@ -118,6 +123,11 @@ def _status(args: argparse.Namespace) -> int:
 def format_status(st: dict[str, Any]) -> str:
     lines = [f"model {st['model']}  up {st['uptime_s']} s  in flight {st['inflight']}  requests {st['requests']}",
              f"log {st['log']}", ""]  # fmt: skip
+    for te in st["tes"]:
+        steps = " ".join(f"{k} {v:.2f}s" for k, v in te.get("boot_steps", {}).items())
+        lines.append(f"{te['te']:<8}{te['role']:<11}gen {te.get('generation', 1):<3} {te.get('state', '?'):<10}"
+                     f"{te.get('reason', '')[:60]:<62}{steps}")  # fmt: skip
+    lines.append("")
     head = f"{'TE':<8}{'role':<11}{'DP':>3}  {'master':<14}{'running':>8}{'waiting':>8}{'KV used':>14}{'KV %':>7}{'prefix hit':>11}"
     lines.append(head)
     for te in st["tes"]:
@@ -131,6 +141,14 @@ def format_status(st: dict[str, Any]) -> str:
             lines.append(f"{te['te']:<8}{te['role']:<11}{i:>3}  {dp['master']:<14}{dp['running']:>8}{dp['waiting']:>8}"
                          f"{used:>14}{100 * dp['kv_blocks_used'] / total:>6.1f}%{100 * hit:>10.1f}%")  # fmt: skip
     return "\n".join(lines)
+
+
+def _scale(args: argparse.Namespace) -> int:
+    if args.size < 0:
+        raise CliError(f"size: must be >= 0, got {args.size}")
+    out = _admin(args, "/admin/scale", {"group": args.group, "size": args.size})
+    print(f"group {out['group']}: target {out['size']} (was {out['was']})")
+    return 0
 
 
 def _fault(args: argparse.Namespace) -> int:
