@@ -35,20 +35,23 @@ class ControlPlane(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     te_preload_s: float = 2.0  # TE-Pre-Load (assumption)
     drain_timeout_s: float = 60.0
     boot_timeout_s: float = 600.0
+    spare_tes: int = 1  # colocated TE slots beyond `cluster.tes`, for `deepserve scale`
 
     def __post_init__(self) -> None:
         if not 0 < self.heartbeat_interval_s <= 3600:
-            raise ValueError(f"control.heartbeat_interval_s: must be in (0, 3600], got {self.heartbeat_interval_s}")
+            raise ValueError(f"heartbeat_interval_s: must be in (0, 3600], got {self.heartbeat_interval_s}")
         if not 1 <= self.heartbeat_misses <= 1000:
-            raise ValueError(f"control.heartbeat_misses: must be in [1, 1000], got {self.heartbeat_misses}")
+            raise ValueError(f"heartbeat_misses: must be in [1, 1000], got {self.heartbeat_misses}")
         if not 0 <= self.heartbeat_timeout_s < self.heartbeat_interval_s:
-            raise ValueError("control.heartbeat_timeout_s: must be >= 0 and below heartbeat_interval_s")
+            raise ValueError("heartbeat_timeout_s: must be >= 0 and below heartbeat_interval_s")
         for key in ("pod_start_s", "te_preload_s"):
             if not 0 <= getattr(self, key) <= 3600:
-                raise ValueError(f"control.{key}: must be in [0, 3600], got {getattr(self, key)}")
+                raise ValueError(f"{key}: must be in [0, 3600], got {getattr(self, key)}")
+        if not 0 <= self.spare_tes <= 4096:
+            raise ValueError(f"spare_tes: must be in [0, 4096], got {self.spare_tes}")
         for key in ("drain_timeout_s", "boot_timeout_s"):
             if not 0 < getattr(self, key) <= 86_400:
-                raise ValueError(f"control.{key}: must be in (0, 86400], got {getattr(self, key)}")
+                raise ValueError(f"{key}: must be in (0, 86400], got {getattr(self, key)}")
 
     def ask_timeout_s(self) -> float:
         return self.heartbeat_timeout_s or self.heartbeat_interval_s / 2
