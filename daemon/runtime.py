@@ -225,10 +225,18 @@ class Runtime:
                 dps.append({"master": addr, "alive": True, **msgspec.to_builtins(ld)})
             rows.append({"te": te, "role": slot.role, "group": slot.group, "server": slot.server,
                          "npus": list(slot.npus), "generation": r.generation, "state": r.state,
-                         "reason": r.reason, "boot_steps": dict(r.steps), "failures": r.failures, "dps": dps})  # fmt: skip
+                         "reason": r.reason or _last_failure(r), "boot_steps": dict(r.steps), "failures": r.failures, "dps": dps})  # fmt: skip
         groups = {g: {"target": rec.target, "ready": sum(1 for x in rows if x["group"] == g and x["state"] == "ready"),
                       "slots": sum(1 for s in self.slots if s.group == g)}
                   for g, rec in (cm.groups.items() if cm is not None else ())}  # fmt: skip
         return {"model": self.cfg.model_name(), "uptime_s": round(time.time() - self.started_wall, 1),
                 "inflight": len(self.streams), "requests": dict(self.counts), "log": str(self.log_path),
                 "groups": groups, "tes": rows}  # fmt: skip
+
+
+def _last_failure(r: Any) -> str:
+    """Why the previous generation ended ("" for a first generation)."""
+    if not r.history:
+        return ""
+    past = r.history[-1]
+    return f"gen {past['generation']} {past['state']}: {past['reason']}"
