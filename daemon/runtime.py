@@ -119,8 +119,13 @@ class Runtime:
             d.spawn(addr, JobExecutor, config=je)
         d.spawn(self.cfg.daemon.ingress, Gateway, config={"jes": list(JES),
                                                            "max_inflight_per_model": self.cfg.daemon.max_inflight})  # fmt: skip
-        spawn_control_plane(d, self.slots, self.groups, list(JES), self.cfg.control)
+        self.spawn_control(d)
         self.accepting = True
+
+    def spawn_control(self, d: AsyncDriver) -> None:
+        """The control plane with the in-process pod launcher (processes mode overrides this to
+        put its supervisor's launcher at `pods`)."""
+        spawn_control_plane(d, self.slots, self.groups, list(JES), self.cfg.control)
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop accepting, let in-flight requests finish for `grace_s`, fail the rest with a

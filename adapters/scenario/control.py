@@ -65,21 +65,24 @@ def te_slot(scenario: Scenario, te: TePlacement) -> TeSlot:
 
 
 def spawn_control_plane(driver: Any, slots: tuple[TeSlot, ...], groups: dict[str, int], jes: list[str],
-                        control: ControlPlane, directory_subscribers: tuple[str, ...] = ()) -> None:  # fmt: skip
-    """The pod launcher, the heartbeat monitor (when on) and the cluster manager, which launches
+                        control: ControlPlane, directory_subscribers: tuple[str, ...] = (),
+                        pods_addr: str = PODS_ADDR, in_process_pods: bool = True) -> None:  # fmt: skip
+    """The pod launcher (in-process unless another launcher serves `pods_addr`, e.g. processes
+    mode's supervisor), the heartbeat monitor (when on) and the cluster manager, which launches
     each group's first `groups[g]` slots as resident TEs at once."""
     from deepserve.actors.cluster.heartbeat import HeartbeatMonitor
     from deepserve.actors.cluster.manager import ClusterManager
     from deepserve.actors.cluster.pods import InProcessPods
 
-    driver.spawn(PODS_ADDR, InProcessPods, config={"pod_start_s": control.pod_start_s,
-                                                   "te_preload_s": control.te_preload_s})  # fmt: skip
+    if in_process_pods:
+        driver.spawn(pods_addr, InProcessPods, config={"pod_start_s": control.pod_start_s,
+                                                       "te_preload_s": control.te_preload_s})  # fmt: skip
     if control.heartbeats:
         driver.spawn(MONITOR_ADDR, HeartbeatMonitor, config={
             "manager": MANAGER_ADDR, "interval_s": control.heartbeat_interval_s,
             "misses": control.heartbeat_misses})  # fmt: skip
     driver.spawn(MANAGER_ADDR, ClusterManager, config={
-        "jes": jes, "pods": PODS_ADDR, "monitor": MONITOR_ADDR if control.heartbeats else "",
+        "jes": jes, "pods": pods_addr, "monitor": MONITOR_ADDR if control.heartbeats else "",
         "slots": [msgspec.to_builtins(s) for s in slots], "groups": groups,
         "heartbeat_timeout_s": control.ask_timeout_s() if control.heartbeats else 0.0,
         "directory_subscribers": list(directory_subscribers),
