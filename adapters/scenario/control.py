@@ -34,7 +34,7 @@ class ControlPlane(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     pod_start_s: float = 1.0  # Scaler-Pre of the in-process launcher (assumption)
     te_preload_s: float = 2.0  # TE-Pre-Load (assumption)
     drain_timeout_s: float = 60.0
-    boot_timeout_s: float = 600.0
+    boot_timeout_s: float = 120.0  # a pod killed while booting is noticed here (no heartbeats yet)
     spare_tes: int = 1  # colocated TE slots beyond `cluster.tes`, for `deepserve scale`
 
     def __post_init__(self) -> None:
