@@ -23,6 +23,8 @@ def register_daemon(sub: Any) -> None:
     up.add_argument("--run-dir", metavar="DIR", help="where the log goes (default runs/daemon-<UTC time>)")
     up.add_argument("--log-format", choices=("console", "json"))
     up.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    up.add_argument("--processes", action="store_true",
+                    help="one OS process per TE, over ZeroMQ (the control plane, JE, gateway and HTTP stay here)")
     up.set_defaults(func=_up)
     cfg = sub.add_parser("config", help="the daemon's config")
     csub = cfg.add_subparsers(dest="config_command", required=True, metavar="ACTION")
@@ -78,7 +80,12 @@ def _up(args: argparse.Namespace) -> int:
     if (run_dir / "daemon.db").exists():
         raise CliError(f"--run-dir {run_dir} already holds a daemon log; choose a new directory")
     configure_logging(cfg.daemon.log_format)
-    run(serve, cfg, run_dir)
+    if args.processes:
+        from .procs.runtime import ProcRuntime
+
+        run(serve, cfg, run_dir, 10.0, None, ProcRuntime)
+    else:
+        run(serve, cfg, run_dir)
     return 0
 
 
