@@ -132,8 +132,9 @@ def format_status(st: dict[str, Any]) -> str:
              f"log {st['log']}", ""]  # fmt: skip
     for te in st["tes"]:
         steps = " ".join(f"{k} {v:.2f}s" for k, v in te.get("boot_steps", {}).items())
+        proc = f"pid {te['pid'] or '-'} {te['process']:<9}" if "pid" in te else ""  # processes mode
         lines.append(f"{te['te']:<8}{te['role']:<11}gen {te.get('generation', 1):<3} {te.get('state', '?'):<10}"
-                     f"{te.get('reason', '')[:60]:<62}{steps}")  # fmt: skip
+                     f"{proc}{te.get('reason', '')[:60]:<62}{steps}")  # fmt: skip
     lines.append("")
     head = f"{'TE':<8}{'role':<11}{'DP':>3}  {'master':<14}{'running':>8}{'waiting':>8}{'KV used':>14}{'KV %':>7}{'prefix hit':>11}"
     lines.append(head)

@@ -1,0 +1,50 @@
+"""Verifying a run directory that holds several logs (`deepserve up --processes`: one SQLite
+file per process). Each process's log is re-executed on its own: what reached a process from
+the others is recorded there as inputs, so no log needs another to replay. Merging the files
+by HLC (what `replay log` does) would mix the incarnations of an address that lived in two
+processes one after the other (a TE and its replacement), so verify never merges."""
+
+from __future__ import annotations
+
+import os
+
+import msgspec
+
+from deepserve.persistence.factory import log_files, open_log
+
+from .common import ReplayError
+from .verify import VerifyResult, verify
+
+
+class LogVerdict(msgspec.Struct):
+    log: str  # the file's name in the directory
+    result: VerifyResult
+
+
+class DirVerdict(msgspec.Struct):
+    directory: str
+    identical: bool  # every log re-executed identically
+    logs: list[LogVerdict]
+
+
+def several_logs(path: str) -> bool:
+    """A directory with more than one `*.db` file (one log per process)."""
+    return os.path.isdir(path) and len(log_files(path)) > 1
+
+
+def verify_logs(directory: str, run_id: str | None = None) -> DirVerdict:
+    """Verify every `*.db` file of `directory` on its own (its last run, or `run_id` in the
+    files that hold it). Stops at nothing: a diverged log is reported beside the others."""
+    verdicts: list[LogVerdict] = []
+    for path in log_files(directory):
+        reader = open_log(path, upgrade=False)
+        try:
+            reader.check_integrity()
+            if run_id is not None and run_id not in {r.run_id for r in reader.runs()}:
+                continue
+            verdicts.append(LogVerdict(os.path.basename(path), verify(reader, run_id)))
+        finally:
+            reader.close()
+    if not verdicts:
+        raise ReplayError(f"{directory}: no log holds run {run_id!r}")
+    return DirVerdict(directory, all(v.result.identical for v in verdicts), verdicts)
