@@ -19,7 +19,9 @@ import httpx2 as httpx
 import openai
 from daemonproc import start_daemon, stop_daemon
 
+import deepserve.actors.je.actor  # noqa: F401  (registers the JE's event types for decode)
 from deepserve.core.codec import decode
+from deepserve.daemon.procs.messages import ProcessExited
 from deepserve.persistence import open_log
 
 MODEL = "llama3-8b"
@@ -141,7 +143,7 @@ def test_kill_9_a_te_process_under_load(tmp_path: Path) -> None:
         retried = [e for step in log.steps(None, actor="je/0") for e in step.events if e.type == "RouteDecided"
                    and decode(e.type, e.payload).attempt > 1]  # fmt: skip
         exits = [decode(s.input.type, s.input.payload) for s in log.steps(None, actor="pods")
-                 if s.input.type == "ProcessExited"]  # fmt: skip
+                 if s.input.type == ProcessExited.__name__]  # fmt: skip
     finally:
         log.close()
     assert retried or errors or aborted, "the kill hit no request in flight"
