@@ -132,7 +132,7 @@ def format_status(st: dict[str, Any]) -> str:
              f"log {st['log']}", ""]  # fmt: skip
     for g, row in st.get("groups", {}).items():
         lines.append(f"group {g}: {row['ready']} ready of target {row['target']} ({row['slots']} slots)")
-    lines.append(f"{'TE':<8}{'role':<11}{'gen':<8}{'state':<11}{'(last) failure':<62}boot steps")
+    lines.append(f"{'TE':<8}{'role':<11}{'gen':<8}{'state':<10}{'(last) failure':<62}boot steps")
     for te in st["tes"]:
         steps = " ".join(f"{k} {v:.2f}s" for k, v in te.get("boot_steps", {}).items())
         proc = f"pid {te['pid'] or '-'} {te['process']:<9}" if "pid" in te else ""  # processes mode
