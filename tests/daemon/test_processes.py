@@ -2,7 +2,8 @@
 the official `openai` client, one TE process is `kill -9`ed: its in-flight requests complete
 elsewhere or fail with a clear error, none hangs; the heartbeat monitor notices, the cluster
 manager replaces the TE through the launcher (a new process, generation 2, ready in status);
-SIGTERM then leaves no process behind; and every process's log verifies identical on its own."""
+SIGTERM while requests stream lets them finish, then leaves no process behind; and every
+process's log verifies identical on its own."""
 
 from __future__ import annotations
 
@@ -93,6 +94,35 @@ async def load(url: str, victim_pid: int) -> list[tuple[str, str]]:
     return results
 
 
+STREAMING = 6
+
+
+async def stop_under_load(url: str, proc: subprocess.Popen[str]) -> list[tuple[str, str]]:
+    c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=HANG_GUARD_S)
+    started = asyncio.Semaphore(0)
+
+    async def one(i: int) -> tuple[str, str]:
+        try:
+            stream = await c.completions.create(model=MODEL, prompt=f"a last one {i}", max_tokens=48, stream=True,
+                                                extra_body={"ignore_eos": True})  # fmt: skip
+            finish, first = "", True
+            async for chunk in stream:
+                if first:
+                    started.release()
+                    first = False
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finish = chunk.choices[0].finish_reason
+            return ("finished", finish)
+        except (openai.APIStatusError, openai.APIConnectionError) as exc:
+            return ("error", str(exc))
+
+    tasks = [asyncio.create_task(one(i)) for i in range(STREAMING)]
+    for _ in range(STREAMING):
+        await asyncio.wait_for(started.acquire(), 20)
+    proc.send_signal(signal.SIGTERM)
+    return await asyncio.wait_for(asyncio.gather(*tasks), 30)
+
+
 def test_kill_9_a_te_process_under_load(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc, info = start_daemon(run_dir, "--processes", *[a for s in SETTINGS for a in ("--set", s)])
@@ -125,6 +155,9 @@ def test_kill_9_a_te_process_under_load(tmp_path: Path) -> None:
         shown = subprocess.run([sys.executable, "-m", "deepserve", "status", "--admin-url", admin],
                                capture_output=True, text=True, timeout=30)  # fmt: skip
         assert shown.returncode == 0 and f"pid {row['pid']}" in shown.stdout, shown.stdout + shown.stderr
+        # SIGTERM while requests stream: they finish (the grace period), then every process stops.
+        streaming = asyncio.run(stop_under_load(info["url"], proc))
+        assert streaming == [("finished", "length")] * STREAMING, streaming
     finally:
         out = stop_daemon(proc)
     assert proc.returncode == 0, out
@@ -148,3 +181,5 @@ def test_kill_9_a_te_process_under_load(tmp_path: Path) -> None:
         log.close()
     assert retried or errors or aborted, "the kill hit no request in flight"
     assert [(e.pod_id, e.returncode) for e in exits if e.returncode < 0] == [("te/1#g1", -signal.SIGKILL)]
+    # the clean stop: every other TE process exited 0 after SIGTERM, its exit recorded
+    assert sorted(e.pod_id for e in exits if e.returncode == 0) == ["te/0#g1", "te/1#g2", "te/2#g1", "te/3#g1"]
