@@ -19,7 +19,6 @@ import msgspec
 
 from deepserve.actors.flowserve.master.pd import KvRelease
 from deepserve.actors.flowserve.messages import (
-    CancelTask,
     SubmitTask,
     TaskAccepted,
     TaskFinished,
@@ -35,6 +34,7 @@ from deepserve.actors.scheduling.predictor import DecodeLengthTree, features
 from deepserve.actors.workload.messages import EndOfRun, RequestDone
 from deepserve.core import Actor, Context, Event, Message
 
+from . import failover
 from .config import MAX_BATCH_ITEMS, MAX_JOBS, JeConfig
 from .messages import (
     AcceptTimeout,
@@ -49,11 +49,9 @@ from .messages import (
     JeTaskEnded,
     Job,
     JobAccepted,
-    JobCancelRequested,
     JobFinished,
     JobParked,
     JobRequest,
-    MembershipChanged,
     OfferAgain,
     OfferRefused,
     ParkTimeout,
@@ -354,28 +352,10 @@ class JobExecutor(Actor[JeState]):
 
     # ---- membership and ends -------------------------------------------------------------------
     def _cancel(self, ctx: Context, m: CancelJob) -> None:
-        j = self.state.jobs.get(m.request_id)
-        if j is None or j.cancelled:
-            return  # not this JE's job (cancels go to every JE), or cancelled already
-        ctx.record(JobCancelRequested(request_id=m.request_id, reason=m.reason))
-        if not j.te:  # parked, queued, or between tasks: nothing runs
-            self._finish(ctx, m.request_id, j, "cancelled", m.reason)
-            return
-        ctx.send(j.te, CancelTask(task_id=j.task_id, reason=m.reason), corr=m.request_id)
-        ctx.after(self.cfg.forwarding.accept_timeout_s, CancelDeadline(request_id=m.request_id),
-                  key=f"cancel/{m.request_id}")  # fmt: skip
+        failover.cancel(self, ctx, m)
 
     def _membership(self, ctx: Context, m: TeGroupMembership) -> None:
-        ctx.record(MembershipChanged(model=m.model, role=m.role, tes=m.tes, draining=m.draining))
-        members = {te for tes in self.state.groups.get(m.model, {}).values() for te in tes}
-        prefix = f"{m.model}/"
-        members |= {te for k, tes in self.state.draining.items() if k.startswith(prefix) for te in tes}
-        for rid in [r for r in self.state.parked if self.state.jobs[r].model == m.model]:
-            ctx.cancel(f"park/{rid}")
-            self._dispatch(ctx, rid, self.state.jobs[rid], "chat", 1)
-        for rid, j in list(self.state.jobs.items()):
-            if j.model == m.model and j.te and j.te not in members:
-                self._task_failed(ctx, rid, j, f"{j.te} left the {m.role} group")
+        failover.membership(self, ctx, m)
 
     def _finish(self, ctx: Context, rid: str, j: Job, status: str, reason: str,
                 m: TaskFinished | None = None, first: float | None = None, cached: int = 0) -> None:
