@@ -114,6 +114,9 @@ def load_config(path: str | None = None, overrides: tuple[str, ...] = ()) -> Dae
     if pd is not None:
         for key, problem in check(pd, known_models()):
             raise ScenarioError(source, key.replace("cluster.", "pd.", 1), problem)
+    if cfg.control.heartbeats and cfg.cluster.scheduler.aggregate:
+        # an aggregated decode run is one long NPU request: its master would look stalled
+        raise ScenarioError(source, "cluster.scheduler.aggregate", "must be false while control.heartbeats is on")
     if not cfg.cluster.scheduler.stream_token_ids:
         raise ScenarioError(source, "cluster.scheduler.stream_token_ids", "the daemon needs token ids (true)")
     return cfg
