@@ -132,10 +132,11 @@ def format_status(st: dict[str, Any]) -> str:
              f"log {st['log']}", ""]  # fmt: skip
     for g, row in st.get("groups", {}).items():
         lines.append(f"group {g}: {row['ready']} ready of target {row['target']} ({row['slots']} slots)")
-    lines.append(f"{'TE':<8}{'role':<11}{'gen':<8}{'state':<10}{'(last) failure':<62}boot steps")
+    procs = f"{'process':<21}" if st.get("mode") == "processes" else ""  # one OS process per TE
+    lines.append(f"{'TE':<8}{'role':<11}{'gen':<8}{'state':<10}{procs}{'(last) failure':<62}boot steps")
     for te in st["tes"]:
         steps = " ".join(f"{k} {v:.2f}s" for k, v in te.get("boot_steps", {}).items())
-        proc = f"pid {te['pid'] or '-'} {te['process']:<9}" if "pid" in te else ""  # processes mode
+        proc = f"pid {te['pid'] or '-'!s:<8}{te['process']:<9}" if procs else ""
         lines.append(f"{te['te']:<8}{te['role']:<11}gen {te.get('generation', 1):<3} {te.get('state', '?'):<10}"
                      f"{proc}{te.get('reason', '')[:60]:<62}{steps}")  # fmt: skip
     lines.append("")
