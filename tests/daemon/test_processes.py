@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx2 as httpx
 import openai
+import pytest
 from daemonproc import start_daemon, stop_daemon
 
 import deepserve.actors.je.actor  # noqa: F401  (registers the JE's event types for decode)
@@ -25,6 +26,7 @@ from deepserve.core.codec import decode
 from deepserve.daemon.procs.messages import ProcessExited
 from deepserve.persistence import open_log
 
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for orphans")
 MODEL = "llama3-8b"
 SETTINGS = ("control.heartbeat_interval_s=0.25", "control.heartbeat_misses=3", "control.te_preload_s=0.3",
             "cluster.tes=2", "control.spare_tes=0")  # 2 colocated TEs + the 1P1D pair: 4 TE processes
