@@ -28,8 +28,24 @@ class DirVerdict(msgspec.Struct):
 
 
 def several_logs(path: str) -> bool:
-    """A directory with more than one `*.db` file (one log per process)."""
-    return os.path.isdir(path) and len(log_files(path)) > 1
+    """A directory whose `*.db` files (more than one) all hold the same single run: one log per
+    process of a daemon run. Files of different runs keep the merged reading (and its refusal
+    to guess which run is meant)."""
+    if not os.path.isdir(path):
+        return False
+    files = log_files(path)
+    if len(files) < 2:
+        return False
+    run_ids: set[str] = set()
+    for f in files:
+        reader = open_log(f, upgrade=False)
+        try:
+            run_ids |= {r.run_id for r in reader.runs()}
+        finally:
+            reader.close()
+        if len(run_ids) > 1:
+            return False
+    return len(run_ids) == 1
 
 
 def verify_logs(directory: str, run_id: str | None = None) -> DirVerdict:

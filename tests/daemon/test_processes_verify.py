@@ -19,9 +19,10 @@ from deepserve.persistence import open_sink
 REPLAY_TESTS = Path(__file__).resolve().parent.parent / "replay"  # divactors: actors that break the rules
 
 
-def write_good(path: Path, seed: int) -> None:
-    """A well-behaved process log: the launcher taking a launch, an up and an exit."""
-    d = SimDriver(seed, sink=open_sink(str(path), "async"))
+def write_good(path: Path, seed: int, run_id: str = "sim-3") -> None:
+    """A well-behaved process log: the launcher taking a launch, an up and an exit. Every log of
+    the directory belongs to one run (`sim-3`, the id divactors' driver gives its run)."""
+    d = SimDriver(seed, sink=open_sink(str(path), "async"), run_id=run_id)
     d.spawn("pods", ProcessPods)
     d.inject("pods", launch(), at=1.0)
     d.inject("pods", ProcessUp(pod_id="te/0#g1", pid=9, endpoint="ipc:///x", log=""), at=2.0, src="ext/supervisor")
@@ -60,3 +61,7 @@ def test_each_log_of_a_run_directory_is_verified_alone(tmp_path: Path, capsys: p
 
     code, out, err = verify_dir(capsys, str(tmp_path), "--run", "nope")
     assert code == 2 and err.count("\n") == 1 and "no log holds run 'nope'" in err
+
+    write_good(tmp_path / "other.db", 4, "sim-9")  # another run's file: the merged reading refuses to guess
+    code, out, err = verify_dir(capsys, str(tmp_path))
+    assert code == 2 and "2 runs" in err and "--run" in err, err
