@@ -119,9 +119,9 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from deepserve.replay.verify_logs import several_logs
+    from deepserve.replay.verify_logs import one_run_per_process
 
-    if several_logs(args.log):  # a processes-mode run: one log per process, each verified alone
+    if one_run_per_process(args.log):  # a processes-mode run: one log per process, each verified alone
         return _verify_logs(args)
     result = verify(_read(args), args.run)
     if args.json:
@@ -141,13 +141,11 @@ def _verify_logs(args: argparse.Namespace) -> int:
     if args.json:
         print_json(verdict)
         return 0 if verdict.identical else EXIT_DIVERGED
+    print(verdict.summary())
     for v in verdict.logs:
-        print(f"{v.log}: {v.result.summary()}")
+        print(f"  {v.log}: {v.result.summary()}")
         if v.result.divergence is not None:
             _print_divergence(v.result.divergence)
-    n = len(verdict.logs)
-    bad = sum(not v.result.identical for v in verdict.logs)
-    print(f"all {n} logs identical" if not bad else f"{bad} of {n} logs diverged")
     return 0 if verdict.identical else EXIT_DIVERGED
 
 

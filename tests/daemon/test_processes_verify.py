@@ -45,7 +45,8 @@ def test_each_log_of_a_run_directory_is_verified_alone(tmp_path: Path, capsys: p
     code, out, err = verify_dir(capsys, str(tmp_path))
     assert code == 0, out + err
     lines = out.splitlines()
-    assert [ln.split(":")[0] for ln in lines[:2]] == ["daemon.db", "te-0-g1.db"] and lines[2] == "all 2 logs identical"
+    assert lines[0].startswith("identical: 2 actors, ") and lines[0].endswith("(run 'sim-3'); 2 logs, each verified on its own")
+    assert [ln.split(":")[0] for ln in lines[1:]] == ["  daemon.db", "  te-0-g1.db"] and out.count(": identical:") == 2
 
     monkeypatch.syspath_prepend(str(REPLAY_TESTS))
     import divactors
@@ -53,11 +54,12 @@ def test_each_log_of_a_run_directory_is_verified_alone(tmp_path: Path, capsys: p
     divactors.write_log(str(tmp_path / "te-1-g1.db"), "clock")  # reads the wall clock: re-execution differs
     code, out, err = verify_dir(capsys, str(tmp_path))
     assert code == 1 and not err, out + err
-    assert "te-1-g1.db: diverged: suspect#4" in out and out.count(": identical:") == 2
-    assert out.splitlines()[-1] == "1 of 3 logs diverged"
+    assert out.splitlines()[0] == "diverged: 1 of 3 logs (run 'sim-3')"
+    assert "  te-1-g1.db: diverged: suspect#4" in out and out.count(": identical:") == 2
     code, out, _ = verify_dir(capsys, str(tmp_path), "--json")
     report = json.loads(out)
     assert code == 1 and [v["result"]["identical"] for v in report["logs"]] == [True, True, False]
+    assert not report["identical"] and report["divergence"]["actor"] == "suspect" and report["run_id"] == "sim-3"
 
     code, out, err = verify_dir(capsys, str(tmp_path), "--run", "nope")
     assert code == 2 and err.count("\n") == 1 and "no log holds run 'nope'" in err
