@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -20,6 +21,7 @@ from collections.abc import Callable
 import zmq
 
 from deepserve.benchmarks.table import Row
+from deepserve.benchmarks.transport_rt import actor_echo, raw_echo, round_trips
 from deepserve.core.asyncdriver import run as run_async
 from deepserve.core.envelope import Envelope
 from deepserve.core.messages import Message
@@ -64,21 +66,6 @@ def _raw_push(endpoint: str, n: int, mode: str) -> None:
     ctx.term()
 
 
-def _raw_echo(endpoint: str) -> None:
-    ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.bind(endpoint)
-    print("ready", flush=True)
-    while True:
-        ident, data = router.recv_multipart()
-        if data == b"stop":
-            break
-        env = wire_decode(data)
-        router.send_multipart([ident, wire_encode(_env(env.dst, env.src, env.msg.n))])
-    router.close(linger=0)
-    ctx.term()
-
-
 async def _zmq_send(endpoint: str, n: int) -> None:
     from deepserve.adapters.zmq import ZmqTransport
 
@@ -94,32 +81,9 @@ async def _zmq_send(endpoint: str, n: int) -> None:
     print(json.dumps({"accepted": t.sent, "refused": t.refused, "unacknowledged": len(left)}), flush=True)
 
 
-async def _zmq_echo(endpoint: str, reply_to: str) -> None:
-    from deepserve.adapters.zmq import ZmqTransport
-
-    t = ZmqTransport(bind=endpoint, routes={"c/": reply_to})
-    done = asyncio.Event()
-
-    def echo(env: Envelope) -> None:
-        if env.msg.n < 0:
-            done.set()
-        else:
-            t.send(_env(env.dst, env.src, env.msg.n))
-
-    t.attach(echo)
-    print("ready", flush=True)
-    await done.wait()
-    await t.aclose()
-
-
 def _child(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "deepserve.benchmarks.transport", *args],
                             stdout=subprocess.PIPE, text=True)
-
-
-def _ready(child: subprocess.Popen) -> None:
-    if child.stdout is None or child.stdout.readline().strip() != "ready":
-        raise RuntimeError("benchmark child did not start")
 
 
 # ---- parents -----------------------------------------------------------------------
@@ -182,88 +146,12 @@ async def _zmq_one_way(tmp: str, n: int) -> tuple[float, int, dict]:
     return (got - 1) / max(t1 - t0, 1e-9), got, report
 
 
-def raw_round_trips(tmp: str, n: int) -> float:
-    endpoint = f"ipc://{tmp}/raw-echo.ipc"
-    child = _child("raw-echo", endpoint)
-    _ready(child)
-    ctx = zmq.Context()
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.connect(endpoint)
-    t0 = time.perf_counter()
-    for i in range(n):
-        dealer.send(wire_encode(_env("c/0", "e/0", i)))
-        wire_decode(dealer.recv())
-    rate = n / (time.perf_counter() - t0)
-    dealer.send(b"stop")
-    child.wait(CHILD_TIMEOUT_S)
-    dealer.close(linger=0)
-    ctx.term()
-    return rate
-
-
-def raw_fd_round_trips(tmp: str, n: int) -> float:
-    """The raw echo again, but the client waits on the socket's FD with epoll (what
-    any event loop must do) instead of blocking inside libzmq's recv."""
-    import select
-
-    endpoint = f"ipc://{tmp}/raw-echo-fd.ipc"
-    child = _child("raw-echo", endpoint)
-    _ready(child)
-    ctx = zmq.Context()
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.connect(endpoint)
-    poller = select.epoll()
-    poller.register(dealer.getsockopt(zmq.FD), select.EPOLLIN)
-    t0 = time.perf_counter()
-    for i in range(n):
-        dealer.send(wire_encode(_env("c/0", "e/0", i)), zmq.NOBLOCK)
-        while True:
-            try:
-                wire_decode(dealer.recv(zmq.NOBLOCK))
-                break
-            except zmq.Again:
-                poller.poll()
-    rate = n / (time.perf_counter() - t0)
-    dealer.send(b"stop")
-    child.wait(CHILD_TIMEOUT_S)
-    poller.close()
-    dealer.close(linger=0)
-    ctx.term()
-    return rate
-
-
-async def _zmq_round_trips(tmp: str, n: int) -> float:
-    from deepserve.adapters.zmq import ZmqTransport
-
-    echo_ep = f"ipc://{tmp}/zmq-echo.ipc"
-    reply: asyncio.Future[Envelope] | None = None
-
-    def deliver(env: Envelope) -> None:
-        if reply is not None and not reply.done():
-            reply.set_result(env)
-
-    t = ZmqTransport(bind=f"ipc://{tmp}/zmq-client.ipc", routes={"e/": echo_ep})
-    t.attach(deliver)
-    child = _child("zmq-echo", echo_ep, t.endpoint or "")
-    _ready(child)
-    loop = asyncio.get_running_loop()
-    t0 = time.perf_counter()
-    for i in range(n):
-        reply = loop.create_future()
-        t.send(_env("c/0", "e/0", i))
-        await reply
-    rate = n / (time.perf_counter() - t0)
-    t.send(_env("c/0", "e/0", -1))
-    await t.aclose()
-    child.wait(CHILD_TIMEOUT_S)
-    return rate
-
-
 def transport_bench(scale: float, progress: Progress, rounds: int = 3) -> tuple[str, list[Row]]:
-    """Each workload `rounds` times, raw and transport interleaved; the best of each
-    (a loaded machine only ever makes a run slower)."""
-    n_msgs, n_rts = max(1000, int(200_000 * scale)), max(200, int(10_000 * scale))
-    raw, bare, ours, raw_rts, fd_rts, our_rts = [], [], [], [], [], []
+    """One way: `rounds` runs, raw and transport interleaved. Round trips: 2 x rounds + 1
+    segments a side (at least 7), interleaved (transport_rt.py). Every row is a median."""
+    n_msgs = max(1000, int(200_000 * scale))
+    n_rts, rt_rounds = max(200, int(1_500 * scale)), max(7, 2 * rounds + 1)
+    raw, bare, ours = [], [], []
     with tempfile.TemporaryDirectory(prefix="ds-bench-zmq-") as tmp:
         for r in range(rounds):
             progress(f"round {r + 1}/{rounds}: one way, {n_msgs:,} messages (raw PUSH/PULL, the transport)")
@@ -273,20 +161,20 @@ def transport_bench(scale: float, progress: Progress, rounds: int = 3) -> tuple[
             ours.append(rate)
             if got != report["accepted"] or report["refused"] or report["unacknowledged"]:
                 break  # a loss: report this run
-            progress(f"round {r + 1}/{rounds}: {n_rts:,} round trips (raw DEALER/ROUTER echo, the transport)")
-            raw_rts.append(raw_round_trips(tmp, n_rts))
-            fd_rts.append(raw_fd_round_trips(tmp, n_rts))
-            our_rts.append(run_async(_zmq_round_trips, tmp, n_rts))
+        progress(f"round trips: {rt_rounds} x {n_rts:,} a side, interleaved (raw DEALER/ROUTER echo, "
+                 "actor asks between two AsyncDrivers)")
+        rts = round_trips(tmp, n_rts, rt_rounds)
         progress("a raw PUSH sender exiting at once after sending")
         _, raw_got = raw_one_way(tmp, n_msgs, "exit", decode=False)
+    med = statistics.median
     rows = [
-        Row("zmq_msgs_per_s", max(ours), "msgs/s", "raw_push_pull_batched_msgs_per_s", max(raw)),
-        Row("zmq_msgs_per_s_vs_bare", max(ours), "msgs/s", "raw_push_pull_preencoded_no_decode_per_s",
-            max(bare)),
-        Row("zmq_roundtrips_per_s", max(our_rts, default=0.0), "round trips/s",
-            "raw_dealer_router_echo_per_s", max(raw_rts, default=0.0)),
-        Row("zmq_roundtrips_per_s_vs_fd_wait", max(our_rts, default=0.0), "round trips/s",
-            "raw_echo_client_waiting_on_fd_per_s", max(fd_rts, default=0.0)),
+        Row("zmq_msgs_per_s", med(ours), "msgs/s", "raw_push_pull_batched_msgs_per_s", med(raw)),
+        Row("zmq_msgs_per_s_vs_bare", med(ours), "msgs/s", "raw_push_pull_preencoded_no_decode_per_s",
+            med(bare)),
+        Row("zmq_roundtrips_per_s", rts["our_rate"], "round trips/s", "raw_dealer_router_echo_per_s",
+            rts["raw_rate"]),
+        # A ratio of latencies reads inverted: above 1x is slower than raw.
+        Row("zmq_roundtrip_us_p50", rts["our_p50"], "us", "raw_dealer_router_echo_us_p50", rts["raw_p50"]),
         # The transport's sender exits through `aclose` (flush, acks) right after its
         # last send; the raw sender exits at once. Accepted = send() returned True.
         Row("zmq_lost_on_exit", float(report["accepted"] - got), "msgs",
@@ -294,8 +182,10 @@ def transport_bench(scale: float, progress: Progress, rounds: int = 3) -> tuple[
         Row("zmq_refused", float(report["refused"]), "msgs"),
         Row("zmq_unacknowledged_at_exit", float(report["unacknowledged"]), "msgs"),
     ]
-    title = (f"deepserve bench transport: ipc:// between two processes, {n_msgs:,} one-way messages, "
-             f"{n_rts:,} round trips, best of {rounds} (loaded machines: compare ratios)")
+    title = (f"deepserve bench transport: ipc:// between two processes; one way {n_msgs:,} messages, "
+             f"median of {len(ours)} runs; round trips: actor asks between two AsyncDrivers vs a raw "
+             f"blocking DEALER/ROUTER echo, median of {rt_rounds} interleaved segments of {n_rts:,} "
+             "(a loaded machine: compare ratios within one run)")
     return title, rows
 
 
@@ -304,11 +194,11 @@ def _main(argv: list[str]) -> None:
     if role == "raw-push":
         _raw_push(argv[1], int(argv[2]), argv[3])
     elif role == "raw-echo":
-        _raw_echo(argv[1])
+        raw_echo(argv[1])
     elif role == "zmq-send":
         run_async(_zmq_send, argv[1], int(argv[2]))
-    elif role == "zmq-echo":
-        run_async(_zmq_echo, argv[1], argv[2])
+    elif role == "actor-echo":
+        run_async(actor_echo, argv[1], argv[2])
     else:
         raise SystemExit(f"unknown role {role!r}")
 

@@ -72,6 +72,10 @@ class SubmitTask(Message, frozen=True, kw_only=True):
     kv_source: KvHandle | None = None  # kind="decode" in PD mode: the P side's registered KV
     context_id: str | None = None  # explicit context cache to reuse (RTC MatchByID)
     arrival_s: float | None = None  # when the request entered the platform (for TTFT)
+    # False: the requester wants the terminal message only (TaskFinished / TaskRejected carry the
+    # timings), no TaskAccepted and no TaskTokens — a trace replay that only measures. The token
+    # timeline stays in the master's log (BatchPlanned entries + BatchEnded pass end times).
+    stream: bool = True
 
 
 class CancelTask(Message, frozen=True, kw_only=True):

@@ -55,8 +55,11 @@ from .messages import (
     OfferAgain,
     OfferRefused,
     ParkTimeout,
+    PrefillWaiting,
     RouteDecided,
     SubmitBatch,
+    SweepMissed,
+    SweepTick,
     TaskAcked,
     TaskStreamed,
     TeGroupMembership,
@@ -100,10 +103,11 @@ class JobExecutor(Actor[JeState]):
             self._submit(ctx, msg)  # type: ignore[arg-type]
         elif t is AcceptTimeout:
             self._timeout(ctx, msg)  # type: ignore[arg-type]
-        elif t is OfferAgain:
-            j = self.state.jobs.get(msg.request_id)  # type: ignore[attr-defined]
-            if j is not None and not j.te:
-                self._dispatch(ctx, msg.request_id, j, j.phase or "chat", j.attempt)  # type: ignore[attr-defined]
+        elif t is OfferAgain:  # a waiting prefill task's TTFT deadline
+            if msg.request_id in self.state.waiting:  # type: ignore[attr-defined]
+                self._expire(ctx, msg.request_id)  # type: ignore[attr-defined]
+        elif t is SweepTick:
+            self._sweep(ctx)
         elif t is TeGroupMembership:
             self._membership(ctx, msg)  # type: ignore[arg-type]
         elif t is KVEventBatch:
@@ -217,6 +221,9 @@ class JobExecutor(Actor[JeState]):
             decision = self.policy.select(self._route_req(rid, j), cands, self.state.turns) if cands else None
             if decision is not None:
                 phase = "prefill" if decision.subgroup == "pd" else "chat"
+                if phase == "prefill" and self.cfg.forwarding.mode == "on_demand" and self.state.waiting:
+                    self._wait(ctx, rid, j, f"{len(self.state.waiting)} prefill tasks wait before it")
+                    return
         if decision is None and not last and j.model not in self.state.groups:
             if rid not in self.state.parked:
                 ctx.record(JobParked(request_id=rid))
@@ -227,6 +234,9 @@ class JobExecutor(Actor[JeState]):
                    f"no TE for model {j.model!r} (its TE group is empty)")
             self._finish(ctx, rid, j, "failed", why)
             return
+        self._send(ctx, rid, j, phase, attempt, decision)
+
+    def _send(self, ctx: Context, rid: str, j: Job, phase: str, attempt: int, decision: Decision) -> None:
         tid = task_id(rid, phase, attempt)
         ctx.record(RouteDecided(request_id=rid, task_id=tid, phase=phase, attempt=attempt,  # type: ignore[arg-type]
                                 decision=decision))  # fmt: skip
@@ -246,13 +256,71 @@ class JobExecutor(Actor[JeState]):
             self._finish(ctx, rid, j, "failed", f"timeout: {offer.stop}")
             return None
         if offer.te is None:
-            ctx.record(OfferRefused(request_id=rid, task_id="", te="", reason="sweep done"))
-            ctx.after(offer.wait_s, OfferAgain(request_id=rid), key=f"offer/{rid}")
+            self._wait(ctx, rid, j, "every prefill refused", front=j.waited, missed=j.waited)
             return None
         order = sorted((c for c in cands if c.te not in j.refused), key=lambda c: (c.load, c.te))
         return Decision(policy="on_demand", params={"ttft_deadline_s": fw.ttft_deadline_s},
                         chosen=offer.te, subgroup="pd", ranked=ranked(order),
                         reason=f"refused by {', '.join(j.refused)}: next fewest open streams")
+
+    # ---- on-demand forwarding: the JE-side wait, batch forwarding, bounded sweeps -------------
+    def _wait(self, ctx: Context, rid: str, j: Job, reason: str, front: bool = False, missed: bool = False) -> None:
+        """No prefill took the task: it waits here (oldest first) until a prefill's state
+        changes (one accepts or finishes a task), a fallback sweep, or its TTFT deadline."""
+        fw = self.cfg.forwarding
+        if ctx.now() - j.arrival_s >= fw.ttft_deadline_s:
+            self._finish(ctx, rid, j, "failed", f"timeout: TTFT deadline {fw.ttft_deadline_s:g}s passed; "
+                         f"no prefill accepted ({reason})")  # fmt: skip
+            return
+        first = not j.waited
+        ctx.record(PrefillWaiting(request_id=rid, reason=reason, front=front))
+        if first:
+            left = j.arrival_s + fw.ttft_deadline_s - ctx.now()
+            ctx.after(left, OfferAgain(request_id=rid), key=f"offer/{rid}")
+        if missed:
+            ctx.record(SweepMissed())
+        if front or len(self.state.waiting) == 1:
+            delay = min(fw.retry_backoff_s * 2.0 ** min(self.state.sweep_misses, 30), fw.max_backoff_s)
+            ctx.after(delay, SweepTick(), key="sweep")
+
+    def _expire(self, ctx: Context, rid: str) -> None:
+        j = self.state.jobs[rid]
+        d = self.cfg.forwarding.ttft_deadline_s
+        self._finish(ctx, rid, j, "failed", f"timeout: TTFT deadline {d:g}s passed while waiting; no prefill accepted")
+
+    def _feed(self, ctx: Context, te: str) -> None:
+        """P/D-Serve batch forwarding: `te` just took a task or freed a slot, so it is likely
+        idle — offer it the oldest waiting prefill task now (its answer brings the next)."""
+        s = self.state
+        while s.waiting:
+            rid = s.waiting[0]
+            j = s.jobs[rid]
+            if ctx.now() - j.arrival_s >= self.cfg.forwarding.ttft_deadline_s:
+                self._expire(ctx, rid)
+                continue
+            if te in j.excluded or te not in s.groups.get(j.model, {}).get("prefill", ()):
+                return
+            cand = Candidate(te=te, subgroup="pd", load=s.open.get(te, 0))
+            decision = Decision(policy="batch_forwarding", params={}, chosen=te, subgroup="pd",
+                                ranked=ranked([cand]), reason=f"{te} is taking work: the oldest of "
+                                f"{len(s.waiting)} waiting prefill tasks, until it refuses")  # fmt: skip
+            self._send(ctx, rid, j, "prefill", j.attempt + 1, decision)
+            return
+
+    def _sweep(self, ctx: Context) -> None:
+        """The fallback when no prefill state change was seen (another JE's task ended): offer
+        the oldest waiting task around, fewest open streams first; backoff doubles per miss."""
+        s = self.state
+        while s.waiting:
+            rid = s.waiting[0]
+            j = s.jobs[rid]
+            if ctx.now() - j.arrival_s >= self.cfg.forwarding.ttft_deadline_s:
+                self._expire(ctx, rid)
+                continue
+            decision = self._offer(ctx, rid, j)
+            if decision is not None:
+                self._send(ctx, rid, j, "prefill", j.attempt + 1, decision)
+            return
 
     def _route_req(self, rid: str, j: Job) -> RouteRequest:
         return RouteRequest(request_id=rid, prompt_tokens=j.prompt.num_tokens,
@@ -272,6 +340,8 @@ class JobExecutor(Actor[JeState]):
         if cur is not None and not cur[1].acked:
             ctx.record(TaskAcked(task_id=m.task_id))
             ctx.cancel(f"acc/{m.task_id}")
+            if cur[1].phase == "prefill" and self.cfg.forwarding.mode == "on_demand":
+                self._feed(ctx, cur[1].te)  # it took one: offer it the next, until it refuses
 
     def _tokens(self, ctx: Context, m: TaskTokens) -> None:
         rid = m.task_id.rpartition("/")[0]
@@ -290,8 +360,12 @@ class JobExecutor(Actor[JeState]):
         rid, j = cur
         ctx.cancel(f"acc/{m.task_id}")
         if j.phase == "prefill" and self.cfg.forwarding.mode == "on_demand":
-            ctx.record(OfferRefused(request_id=rid, task_id=m.task_id, te=j.te, reason=m.reason))
-            self._dispatch(ctx, rid, j, "prefill", j.attempt + 1)
+            te, fed = j.te, j.fed
+            ctx.record(OfferRefused(request_id=rid, task_id=m.task_id, te=te, reason=m.reason))
+            if fed:  # batch forwarding ends at the first refusal; the task is the oldest again
+                self._wait(ctx, rid, j, f"{te} refused: it is busy", front=True)
+            else:
+                self._dispatch(ctx, rid, j, "prefill", j.attempt + 1)
             return
         self._task_failed(ctx, rid, j, f"rejected by {j.te}: {m.reason}")
 
@@ -327,10 +401,13 @@ class JobExecutor(Actor[JeState]):
             if m.kv is None:
                 self._task_failed(ctx, rid, j, f"prefill on {j.te} finished without its KV handle")
                 return
-            ctx.record(JeTaskEnded(request_id=rid, task_id=m.task_id, te=j.te, status="completed", reason=m.reason))
+            te = j.te
+            ctx.record(JeTaskEnded(request_id=rid, task_id=m.task_id, te=te, status="completed", reason=m.reason))
             ctx.record(JePrefilled(request_id=rid, first_token_s=m.first_token_s, kv=m.kv,
                                    cached_prompt_tokens=m.cached_prompt_tokens, prompt_tokens=m.prompt_tokens))
             self._dispatch(ctx, rid, j, "decode", 1)
+            if self.cfg.forwarding.mode == "on_demand":
+                self._feed(ctx, te)  # a prefill slot freed: the prefill's state changed
             return
         pd = j.phase == "decode"
         self._finish(ctx, rid, j, "completed", m.reason, m,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from deepserve.actors.flowserve.master.kv_publish import SubscribeKvEvents
 from deepserve.actors.flowserve.messages import CancelTask
 from deepserve.core import Context
 
@@ -20,7 +21,12 @@ from .messages import (
 
 
 def membership(je: Any, ctx: Context, m: TeGroupMembership) -> None:
+    known = je.state.groups.get(m.model, {}).get(m.role, [])
     ctx.record(MembershipChanged(model=m.model, role=m.role, tes=m.tes, draining=m.draining))
+    if je.cfg.kv_events and m.role != "decode":  # the prompt tree mirrors the TEs' caches
+        for te in m.tes:
+            if te not in known:  # new, or a replacement at the same address: its cache is empty
+                ctx.send(te, SubscribeKvEvents(subscriber=ctx.self))
     st = je.state
     members = {te for tes in st.groups.get(m.model, {}).values() for te in tes}
     prefix = f"{m.model}/"
@@ -31,6 +37,10 @@ def membership(je: Any, ctx: Context, m: TeGroupMembership) -> None:
     for rid, j in list(st.jobs.items()):
         if j.model == m.model and j.te and j.te not in members:
             je._task_failed(ctx, rid, j, f"{j.te} left the {m.role} group")
+    if m.role == "prefill" and je.cfg.forwarding.mode == "on_demand":
+        for te in m.tes:
+            if te not in known:
+                je._feed(ctx, te)  # a new prefill is idle
 
 
 def cancel(je: Any, ctx: Context, m: CancelJob) -> None:

@@ -88,7 +88,13 @@ class CancelDeadline(Message, frozen=True, kw_only=True):
 
 
 class OfferAgain(Message, frozen=True, kw_only=True):
+    """A waiting prefill task's TTFT deadline (on-demand forwarding)."""
+
     request_id: str
+
+
+class SweepTick(Message, frozen=True, kw_only=True):
+    """On-demand forwarding's fallback: offer the oldest waiting prefill task around again."""
 
 
 class BatchTick(Message, frozen=True, kw_only=True):
@@ -160,6 +166,19 @@ class OfferRefused(Event, frozen=True, kw_only=True):
     reason: str
 
 
+class PrefillWaiting(Event, frozen=True, kw_only=True):
+    """On-demand forwarding: no prefill took the task; it waits in the JE (P/D-Serve: at the
+    gateway, not in a prefill's local queue), oldest first (`front`: back at the head)."""
+
+    request_id: str
+    reason: str
+    front: bool = False
+
+
+class SweepMissed(Event, frozen=True, kw_only=True):
+    """A fallback sweep found no idle prefill: the next one waits twice as long (capped)."""
+
+
 class JeTaskEnded(Event, frozen=True, kw_only=True):
     """The current task reached a terminal state (or was given up on: no answer, TE gone)."""
 
@@ -217,6 +236,8 @@ class Job(msgspec.Struct, kw_only=True):
     streamed: bool = False
     excluded: list[str] = []  # TEs that failed this job (not offered again)
     refused: list[str] = []  # on-demand: prefills that refused in the current sweep
+    fed: bool = False  # on-demand: the current offer is batch forwarding to one prefill
+    waited: bool = False  # on-demand: the task has waited in the JE (its deadline timer is set)
     first_token_s: float | None = None
     cached_prompt_tokens: int = 0
     prompt_tokens: int = 0
@@ -236,12 +257,15 @@ class JeState(msgspec.Struct, kw_only=True):
     groups: dict[str, dict[str, list[str]]] = {}  # model -> role -> TEs
     draining: dict[str, list[str]] = {}  # "model/role" -> TEs draining (no new tasks, not failed over)
     trees: dict[str, PromptTree] = {}  # model -> the global prompt tree of its TE group
+    publishing: list[str] = []  # TEs whose KV events arrived (no ROUTED guesses for them)
     jobs: dict[str, Job] = {}
     open: dict[str, int] = {}  # TE -> current tasks on it from this JE
     parked: list[str] = []  # jobs waiting for their model's first membership push
     batch_queue: list[str] = []  # request ids of batch items waiting for room
     batches: dict[str, Batch] = {}
     turns: int = 0  # round-robin decisions so far
+    waiting: list[str] = []  # on-demand: prefill tasks no prefill took yet, oldest first
+    sweep_misses: int = 0  # on-demand: fallback sweeps in a row that found no idle prefill
     online: int = 0  # online jobs in flight
     completed: int = 0
     failed: int = 0

@@ -19,7 +19,9 @@ from .messages import (
     JobParked,
     MembershipChanged,
     OfferRefused,
+    PrefillWaiting,
     RouteDecided,
+    SweepMissed,
     TaskAcked,
     TaskStreamed,
 )
@@ -36,7 +38,23 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
         if e.status != "completed" and e.te not in j.excluded:  # type: ignore[attr-defined]
             j.excluded.append(e.te)  # type: ignore[attr-defined]
     elif t is TaskAcked:
-        s.jobs[e.task_id.rpartition("/")[0]].acked = True  # type: ignore[attr-defined]
+        j = s.jobs[e.task_id.rpartition("/")[0]]  # type: ignore[attr-defined]
+        j.acked = True
+        if j.phase == "prefill":  # a prefill took work: idle ones exist, sweep eagerly again
+            s.sweep_misses = 0
+    elif t is PrefillWaiting:
+        rid = e.request_id  # type: ignore[attr-defined]
+        j = s.jobs[rid]
+        _close(s, j.te)
+        j.te, j.phase, j.refused, j.fed, j.waited = "", "prefill", [], False, True
+        if rid in s.waiting:
+            s.waiting.remove(rid)
+        if e.front:  # type: ignore[attr-defined]
+            s.waiting.insert(0, rid)
+        else:
+            s.waiting.append(rid)
+    elif t is SweepMissed:
+        s.sweep_misses += 1
     elif t is TaskStreamed:
         s.jobs[e.task_id.rpartition("/")[0]].streamed = True  # type: ignore[attr-defined]
     elif t is OfferRefused:
@@ -58,13 +76,12 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
     elif t is JobFinished:
         _finished(s, e)  # type: ignore[arg-type]
     elif t is MembershipChanged:
-        s.groups.setdefault(e.model, {})[e.role] = list(e.tes)  # type: ignore[attr-defined]
+        _membership(s, e, max_tree_blocks)  # type: ignore[arg-type]
         key = f"{e.model}/{e.role}"  # type: ignore[attr-defined]
         if e.draining:  # type: ignore[attr-defined]
             s.draining[key] = list(e.draining)  # type: ignore[attr-defined]
         else:
             s.draining.pop(key, None)
-        s.trees.setdefault(e.model, PromptTree(max_blocks=max_tree_blocks))  # type: ignore[attr-defined]
     elif t is BatchAccepted:
         from .messages import Batch
 
@@ -78,6 +95,18 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
     return s
 
 
+def _membership(s: JeState, e: MembershipChanged, max_tree_blocks: int) -> None:
+    groups = s.groups.setdefault(e.model, {})
+    left = set(groups.get(e.role, ())) - set(e.tes)
+    groups[e.role] = list(e.tes)
+    tree = s.trees.setdefault(e.model, PromptTree(max_blocks=max_tree_blocks))
+    for te in sorted(left):  # gone from the group: a TE that comes back starts with an empty cache
+        if not any(te in tes for tes in groups.values()):
+            tree.forget(te)
+            if te in s.publishing:
+                s.publishing.remove(te)
+
+
 def _close(s: JeState, te: str) -> None:
     if te and s.open.get(te, 0) > 0:
         s.open[te] -= 1
@@ -87,6 +116,9 @@ def _routed(s: JeState, e: RouteDecided, max_tree_blocks: int) -> None:
     j = s.jobs[e.request_id]
     if e.request_id in s.parked:
         s.parked.remove(e.request_id)
+    if e.request_id in s.waiting:
+        s.waiting.remove(e.request_id)
+    j.fed = e.decision.policy == "batch_forwarding"
     if j.queued:
         j.queued = False
         s.batch_queue.remove(e.request_id)
@@ -98,7 +130,9 @@ def _routed(s: JeState, e: RouteDecided, max_tree_blocks: int) -> None:
     s.open[te] = s.open.get(te, 0) + 1
     if e.decision.policy == "round_robin":
         s.turns += 1
-    if e.phase != "decode":  # the TE will compute (or already holds) these blocks: ROUTED
+    if e.phase != "decode" and te not in s.publishing:
+        # The fallback for a TE that publishes no KV events: it will compute (or already holds)
+        # these blocks, ROUTED (SGLang router's approximation).
         tree = s.trees.setdefault(j.model, PromptTree(max_blocks=max_tree_blocks))
         tree.insert(te, j.prompt.block_hashes)
 
@@ -123,6 +157,8 @@ def _finished(s: JeState, e: JobFinished) -> None:
         s.batch_queue.remove(rid)
     if rid in s.parked:
         s.parked.remove(rid)
+    if rid in s.waiting:
+        s.waiting.remove(rid)
     if not j.batch_id:
         s.online -= 1
     ok = e.done.status == "completed"

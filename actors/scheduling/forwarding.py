@@ -18,12 +18,13 @@ class ForwardingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     mode: str = "on_demand"  # or "local_queue": the TE queues (the baseline P/D-Serve replaces)
     ttft_deadline_s: float = 10.0  # give up offering after this long since arrival
     retry_backoff_s: float = 0.005  # pause after every candidate refused, before the next sweep
+    max_backoff_s: float = 0.5  # the pause doubles per sweep that finds no idle prefill, up to this
     accept_timeout_s: float = 1.0  # a TE that neither accepts nor rejects by then counts as dead
 
     def __post_init__(self) -> None:
         if self.mode not in ("on_demand", "local_queue"):
             raise ValueError(f"scheduling.forwarding.mode: {self.mode!r}; known: on_demand, local_queue")
-        for name in ("ttft_deadline_s", "retry_backoff_s", "accept_timeout_s"):
+        for name in ("ttft_deadline_s", "retry_backoff_s", "max_backoff_s", "accept_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"scheduling.forwarding.{name}: must be > 0")
 

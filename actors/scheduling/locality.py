@@ -8,8 +8,13 @@ records which TEs hold the block and where, as a bitmask:
 - `HBM` / `DRAM`: folded from a TE's KV cache events (vLLM's BlockStored / BlockRemoved /
   AllBlocksCleared, `actors/flowserve/rtc/kv_events.py`) — the TE's local tree, mirrored;
 - `ROUTED`: inserted by the JE when it routes a prompt to a TE (what SGLang's router does): the
-  TE will have computed those blocks unless it evicts them. Used while a TE publishes no KV
-  events; a BlockRemoved for the block clears it too.
+  TE will have computed those blocks unless it evicts them. Only a fallback for a TE that
+  publishes no KV events: the JE drops a TE's ROUTED bits when its first events arrive
+  (`drop_routed`); a BlockRemoved for the block clears it too.
+
+A TE with several DP groups publishes one stream per group (`KVEventBatch.data_parallel_rank`):
+each rank has its own HBM/DRAM bits (rank r: the rank-0 bits shifted by 3r), so one group
+evicting a block does not hide another group's copy.
 
 A bound (`max_blocks`) evicts the oldest-inserted blocks first: the tree never grows unbounded.
 Pure data (a msgspec Struct), so it lives in the JE's event-sourced state; its keys are the hashes
@@ -25,6 +30,12 @@ from .decision import Candidate, Decision, RouteRequest, need_candidates, ranked
 HBM, DRAM, ROUTED = 1, 2, 4
 MEDIUM_BITS = {"HBM": HBM, "DRAM": DRAM, "GPU": HBM, "CPU": DRAM, None: HBM}
 MAX_BLOCKS_DEFAULT = 1 << 20
+RANK_SLOTS = 21  # DP ranks with their own bits (3 bits each fit 64); higher ranks share a slot
+RANK0_MEDIA = HBM | DRAM
+
+
+def rank_shift(rank: int | None) -> int:
+    return 3 * (rank % RANK_SLOTS) if rank else 0
 
 
 class PromptTree(msgspec.Struct, kw_only=True):
@@ -59,20 +70,56 @@ class PromptTree(msgspec.Struct, kw_only=True):
                 if not holders:
                     del nodes[h]
 
-    def clear(self, te: str) -> None:
+    def clear(self, te: str, rank: int | None = None) -> None:
+        """One DP rank of `te` dropped everything (AllBlocksCleared)."""
+        media = RANK0_MEDIA << rank_shift(rank)
         for h in [int(h) for h, holders in self.nodes.items() if te in holders]:
-            self.remove(te, (h,), HBM | DRAM)
+            self.remove(te, (h,), media)
 
-    def fold_kv_event(self, te: str, event: object) -> None:
-        """Apply one vLLM-shape KV cache event published by `te` (duck-typed by class name so
-        this module needs no import of the TE's package)."""
+    def forget(self, te: str) -> None:
+        """`te` left its group: drop every belief about it (a TE coming back starts empty)."""
+        self._strip(te, ~0)
+
+    def drop_routed(self, te: str) -> None:
+        """`te` publishes KV events now: its ROUTED guesses give way to what it reports."""
+        self._strip(te, ROUTED)
+
+    def _strip(self, te: str, bits: int) -> None:
+        nodes = self.nodes
+        for h in [h for h, holders in nodes.items() if te in holders]:
+            holders = nodes[h]
+            left = holders[te] & ~bits
+            if left:
+                holders[te] = left
+            else:
+                del holders[te]
+                if not holders:
+                    del nodes[h]
+
+    def fold_kv_events(self, te: str, events: tuple[object, ...] | list[object], rank: int | None) -> None:
+        """Apply a batch of `te`'s DP rank `rank` in order (the hot path of the JE's folding)."""
+        shift = rank_shift(rank)
+        for ev in events:
+            kind = type(ev).__name__
+            if kind == "BlockStored":
+                self.insert(te, ev.block_hashes, MEDIUM_BITS.get(ev.medium, HBM) << shift)  # type: ignore[attr-defined]
+            elif kind == "BlockRemoved":
+                self.remove(te, ev.block_hashes, MEDIUM_BITS.get(ev.medium, HBM) << shift)  # type: ignore[attr-defined]
+            else:
+                self.fold_kv_event(te, ev, rank)
+
+    def fold_kv_event(self, te: str, event: object, rank: int | None = None) -> None:
+        """Apply one vLLM-shape KV cache event published by DP rank `rank` of `te` (duck-typed
+        by class name so this module needs no import of the TE's package)."""
         kind = type(event).__name__
         if kind == "BlockStored":
-            self.insert(te, event.block_hashes, MEDIUM_BITS.get(event.medium, HBM))  # type: ignore[attr-defined]
+            bits = MEDIUM_BITS.get(event.medium, HBM) << rank_shift(rank)  # type: ignore[attr-defined]
+            self.insert(te, event.block_hashes, bits)  # type: ignore[attr-defined]
         elif kind == "BlockRemoved":
-            self.remove(te, event.block_hashes, MEDIUM_BITS.get(event.medium, HBM))  # type: ignore[attr-defined]
+            bits = MEDIUM_BITS.get(event.medium, HBM) << rank_shift(rank)  # type: ignore[attr-defined]
+            self.remove(te, event.block_hashes, bits)  # type: ignore[attr-defined]
         elif kind == "AllBlocksCleared":
-            self.clear(te)
+            self.clear(te, rank)
         else:
             raise TypeError(f"not a KV cache event: {kind}")
 

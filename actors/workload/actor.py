@@ -51,8 +51,12 @@ class Workload(Actor[WorkloadState]):
         tes: list[str] | None = None,
         prefill_tes: list[str] | None = None,
         decode_tes: list[str] | None = None,
+        stream: bool = True,
     ) -> None:
         self.mode = mode
+        # False (a trace replay that only measures): the TEs send no TaskAccepted/TaskTokens
+        # here, which this actor ignores anyway — a dozen deliveries a request saved.
+        self.stream = stream
         self.roles: dict[str, list[str]] = {
             "chat": list(tes or []), "prefill": list(prefill_tes or []),
             "decode": list(decode_tes or []),
@@ -122,7 +126,7 @@ class Workload(Actor[WorkloadState]):
         ctx.send(te, SubmitTask(
             task_id=task_id(msg.request_id, phase, 1), request_id=msg.request_id, kind=phase,
             model=msg.model, prompt=msg.prompt, sampling=msg.sampling, reply_to=ctx.self,
-            arrival_s=ctx.now(),
+            arrival_s=ctx.now(), stream=self.stream,
         ), corr=msg.request_id)  # fmt: skip
 
     def _on_rejected(self, ctx: Context, msg: TaskRejected) -> None:
@@ -140,7 +144,7 @@ class Workload(Actor[WorkloadState]):
         ctx.send(te, SubmitTask(
             task_id=task_id(rid, "prefill", attempt), request_id=rid, kind="prefill",
             model=p.model, prompt=p.prompt, sampling=p.sampling, reply_to=ctx.self,  # type: ignore[arg-type]
-            arrival_s=p.arrival_s,
+            arrival_s=p.arrival_s, stream=self.stream,
         ), corr=rid)  # fmt: skip
 
     def _on_finished(self, ctx: Context, msg: TaskFinished) -> None:
@@ -170,7 +174,7 @@ class Workload(Actor[WorkloadState]):
         ctx.send(te, SubmitTask(
             task_id=task_id(rid, "decode", 1), request_id=rid, kind="decode", model=model,
             prompt=prompt, sampling=sampling, reply_to=ctx.self, kv_source=msg.kv,
-            arrival_s=p.arrival_s,
+            arrival_s=p.arrival_s, stream=self.stream,
         ), corr=rid)  # fmt: skip
 
     # ---- helpers -------------------------------------------------------------------------------

@@ -94,6 +94,7 @@ def spawn_workload(driver: Any, scenario: Scenario, placement: Placement) -> str
     return driver.spawn(
         WORKLOAD_ADDR, Workload, mode=scenario.cluster.mode, tes=placement.role("colocated"),
         prefill_tes=placement.role("prefill"), decode_tes=placement.role("decode"),
+        stream=False,  # the run reads timings from TaskFinished: no per-pass TaskTokens
     )  # fmt: skip
 
 

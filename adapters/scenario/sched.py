@@ -27,6 +27,7 @@ class Forwarding(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     mode: Literal["on_demand", "local_queue"] = "on_demand"
     ttft_deadline_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0
     retry_backoff_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 0.005
+    max_backoff_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 0.5  # sweeps back off up to this
     accept_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 5.0
 
 
@@ -38,6 +39,7 @@ class Scheduling(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     jes: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     max_inflight_per_model: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 1_000_000
     max_attempts: Annotated[int, msgspec.Meta(ge=1, le=16)] = 3
+    kv_events: bool = True  # the JEs mirror the TEs' KV cache events (False: routing guesses only)
     forwarding: Forwarding = msgspec.field(default_factory=Forwarding)
 
 
@@ -100,6 +102,7 @@ def je_config(sch: Scheduling, kv_block_tokens: int = 128) -> dict[str, Any]:
         "policy": sch.policy, "params": dict(sch.params),
         "heatmap": load_heatmap(sch.heatmap) if sch.heatmap else None,
         "forwarding": msgspec.to_builtins(sch.forwarding), "max_attempts": sch.max_attempts,
+        "kv_events": sch.kv_events,
         "predictor": load_predictor(sch.predictor) if sch.predictor else None,
     }  # fmt: skip
 

@@ -91,25 +91,37 @@ class Peer:
         if len(self.queued) + len(self.inflight) >= self.limits.high_water:
             self.room.clear()
         if not self.scheduled:
-            # Everything sent during this turn of the loop leaves in one batch.
+            # Everything sent during this turn of the loop leaves in one batch, but
+            # the first envelope to an idle peer leaves at once: a request/reply
+            # (a round trip) does not wait for a turn of the loop on either side.
             self.scheduled = True
+            if len(self.queued) == 1 and len(self.inflight) < self.limits.window:
+                self._send_batch(False)
             loop.call_soon(self.flush)
 
     def flush(self, want_ack: bool = False) -> None:
         self.scheduled = False
-        queued, inflight, lim = self.queued, self.inflight, self.limits
-        while queued and len(inflight) < lim.window:
-            n = min(len(queued), lim.batch, lim.window - len(inflight))
-            items = [queued.popleft() for _ in range(n)]
-            first = self.acked + len(inflight) + 1
-            inflight.extend(items)
-            want = want_ack or self.closing or len(inflight) >= lim.window // 2
-            try:
-                self.sock.send(data_frame(self.sender_id, self.acked + 1, first, want, items), zmq.NOBLOCK)
-            except zmq.Again:
-                break  # the frame counts as in flight; the resend timer sends it again
+        queued, inflight, window = self.queued, self.inflight, self.limits.window
+        while queued and len(inflight) < window:
+            if not self._send_batch(want_ack):
+                break
         if self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
             self.loop.call_soon(self.read_acks)  # the send may have taken the FD's signal
+
+    def _send_batch(self, want_ack: bool) -> bool:
+        """One data frame of what is queued (within the window); False if ZeroMQ
+        refused it (the frame counts as in flight; the resend timer sends it again)."""
+        queued, inflight, lim = self.queued, self.inflight, self.limits
+        n = min(len(queued), lim.batch, lim.window - len(inflight))
+        items = [queued.popleft() for _ in range(n)]
+        first = self.acked + len(inflight) + 1
+        inflight.extend(items)
+        want = want_ack or self.closing or len(inflight) >= lim.window // 2
+        try:
+            self.sock.send(data_frame(self.sender_id, self.acked + 1, first, want, items), zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
 
     def on_ack(self, upto: int, gap: bool) -> None:
         inflight = self.inflight

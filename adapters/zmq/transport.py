@@ -226,10 +226,13 @@ class ZmqTransport:
         if router is None or self._paused or self._closed:
             return
         for _ in range(DRAIN_FRAMES):
-            try:
-                ident, frame = router.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+            # EVENTS first: cheaper than a recv that raises Again, the usual end of a drain.
+            if not router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                 return
+            ident = router.recv(zmq.NOBLOCK)
+            frame = router.recv(zmq.NOBLOCK)  # our DEALERs send one frame: [ident, frame]
+            while router.getsockopt(zmq.RCVMORE):  # anything longer is not ours: drop the rest
+                router.recv(zmq.NOBLOCK)
             rest = self._on_frame(ident, frame)
             if rest is not None:  # a full mailbox: stop reading until it has room
                 self._paused = True

@@ -183,8 +183,10 @@ def test_seeded_stragglers_are_deterministic(seed, base, wait, n):
     st.floats(1.0, 8.0),
 )
 def test_all_to_all_on_spanned_links_is_monotone(b1, b2, ranks, server_npus, factor):
-    """More bytes never cost less; a faster inter-server link never costs more; pricing every
-    peer on the (faster) intra link never costs more than sending remote peers over RoCE."""
+    """More bytes never cost less; a faster inter-server link never costs more; sending every
+    peer over one RoCE NIC never costs less than the spanned layout. (Pricing every peer on the
+    HCCS mesh is NOT an upper bound of the spanned cost: the RoCE NIC runs in parallel with the
+    mesh and adds bandwidth — hypothesis found ranks=17, 16 NPUs a server, where they tie.)"""
     from deepserve.adapters.hardware.layout import Span
     from deepserve.adapters.hardware.moe import a2a_base_s
 
@@ -195,4 +197,4 @@ def test_all_to_all_on_spanned_links_is_monotone(b1, b2, ranks, server_npus, fac
     faster = Span(intra=hccs, server_npus=server_npus,
                   inter=msgspec.structs.replace(roce, bw_bytes_per_s=roce.bw_bytes_per_s * factor))
     assert a2a_base_s(big, ranks, faster) <= a2a_base_s(big, ranks, span) * (1 + 1e-12)
-    assert a2a_base_s(big, ranks, Span.single(hccs)) <= a2a_base_s(big, ranks, span) * (1 + 1e-12)
+    assert a2a_base_s(big, ranks, span) <= a2a_base_s(big, ranks, Span.single(roce)) * (1 + 1e-12)

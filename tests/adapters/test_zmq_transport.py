@@ -185,3 +185,33 @@ def test_bad_endpoints_are_refused_naming_the_problem(tmp_path: Path) -> None:
         taken.close()
     with pytest.raises(ValueError, match="window <= high_water"):
         Limits(window=10, high_water=5)
+
+
+async def test_the_first_envelope_to_an_idle_peer_leaves_at_once_and_a_burst_batches(tmp_path: Path) -> None:
+    # A round trip must not wait for a turn of the loop; a flood still leaves in batches.
+    import zmq
+
+    from deepserve.adapters.zmq.frames import receive_and_ack
+
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(f"ipc://{tmp_path}/rx.ipc")
+    transport = ZmqTransport(routes={"rx/": f"ipc://{tmp_path}/rx.ipc"})
+    try:
+        assert transport.send(_item(0))
+        assert router.poll(5000), "the first envelope did not leave before the loop turned"
+        assert [w.msg_id for w in receive_and_ack(router)] == [1]
+        await anyio.sleep(0)  # the turn ends (its scheduled flush finds nothing more)
+        for i in range(1, 301):  # one turn of the loop: the first at once, the rest in one frame
+            assert transport.send(_item(i))
+        assert router.poll(5000)
+        frames = [receive_and_ack(router)]
+        await anyio.sleep(0)  # the scheduled flush
+        while router.poll(500):
+            frames.append(receive_and_ack(router))
+        assert [len(f) for f in frames] == [1, 299]
+        assert [w.msg_id for f in frames for w in f] == list(range(2, 302))
+    finally:
+        assert await transport.aclose() == []
+        router.close(linger=0)
+        ctx.term()

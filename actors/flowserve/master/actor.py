@@ -21,6 +21,11 @@ from deepserve.actors.cluster.messages import DpHeartbeat
 from deepserve.actors.flowserve import rtc
 from deepserve.actors.flowserve.master import context, pd
 from deepserve.actors.flowserve.master.evolve import evolve_master
+from deepserve.actors.flowserve.master.kv_publish import (
+    KvPublisher,
+    KvSubscribed,
+    SubscribeKvEvents,
+)
 from deepserve.actors.flowserve.master.messages import (
     DpMatch,
     DpMatchQuery,
@@ -82,11 +87,15 @@ class DpMaster(Actor[MasterState]):
     def __init__(self, config: Any) -> None:
         self.cfg = config if isinstance(config, MasterConfig) else msgspec.convert(config, MasterConfig)
         self.npu = self.cfg.npus[0]
+        self.kv = KvPublisher(self.cfg.block_tokens, self.cfg.dp)  # KV events to subscribers
 
     def initial_state(self) -> MasterState:
         return new_state(self.cfg)
 
     def evolve(self, state: MasterState, event: Event) -> MasterState:
+        if type(event) is KvSubscribed:
+            self.kv.evolve(event)  # type: ignore[arg-type]
+            return state
         return evolve_master(state, event)
 
     def handle(self, ctx: Context, msg: Message) -> None:
@@ -118,8 +127,12 @@ class DpMaster(Actor[MasterState]):
             ctx.send(ctx.sender, status)
         elif pd.handles(msg):
             pd.handle(self, ctx, msg)
+        elif type(msg) is SubscribeKvEvents:
+            self.kv.subscribe(ctx, msg)  # type: ignore[arg-type]
         elif isinstance(msg, DpHeartbeat):  # xDeepServe §6.1: answered only while the loop moves
             answer_heartbeat(self, ctx, msg)
+        if self.kv.subscribers:
+            self.kv.flush(ctx)  # this delivery's KV cache events, one batch per subscriber
 
     # ---- arrivals ---------------------------------------------------------------------
     def _submit(self, ctx: Context, msg: SubmitTask) -> None:
@@ -131,14 +144,14 @@ class DpMaster(Actor[MasterState]):
         s = msg.sampling
         out_len, stop = output_length(s.seed, s.max_tokens, s.target_output_tokens, s.ignore_eos,
                                       cfg.eos_rate)  # fmt: skip
-        accepted = TaskAccepted(task_id=msg.task_id, te=cfg.te, dp=cfg.dp, master=ctx.self)
-        if msg.kind == "decode":
+        if msg.stream:
+            accepted = TaskAccepted(task_id=msg.task_id, te=cfg.te, dp=cfg.dp, master=ctx.self)
             ctx.send(msg.reply_to, accepted)
+        if msg.kind == "decode":
             pd.submit_decode(self, ctx, msg, out_len, stop)
             return
         if msg.kind == "prefill" and out_len > 1:
             out_len, stop = 1, "prefilled"
-        ctx.send(msg.reply_to, accepted)
         hashes = msg.prompt.block_hashes
         m = rtc.match_by_prefix(st.rtc, hashes) if cfg.dram_blocks else rtc.NO_MATCH
         load = m.dram_blocks and should_populate(
@@ -191,15 +204,16 @@ class DpMaster(Actor[MasterState]):
             self.end(ctx, r, "cancelled", msg.reason)
 
     # ---- the loop -----------------------------------------------------------------------
-    def advance(self, ctx: Context) -> None:
-        """Plan the next batch when none is in flight; otherwise make a run end after its
-        current pass, so whatever just changed is seen at the next pass boundary."""
+    def advance(self, ctx: Context, interrupt: bool = True) -> None:
+        """Plan the next batch when none is in flight; otherwise (unless `interrupt` is False:
+        nothing that changed can alter the next plan) make a run end after its current pass,
+        so whatever just changed is seen at the next pass boundary."""
         st = self.state
         if st.deferred:
             pd.try_receive(self, ctx)  # blocks may have been freed: deferred receives first
         fl = st.in_flight
         if fl is not None:
-            if fl.iterations > 1 and not fl.interrupt:
+            if interrupt and fl.iterations > 1 and not fl.interrupt:
                 ctx.record(BatchInterrupted(step=fl.step))
                 if fl.launched:
                     ctx.send(self.npu, NpuForwardTruncate(req_id=f"fwd:{fl.step}"))
@@ -247,7 +261,8 @@ class DpMaster(Actor[MasterState]):
         else:
             fwd = NpuForwardRun(req_id=req_id, model=cfg.model, seqs=seqs, tp=cfg.tp, sample=True,
                                 iterations=iterations, gap_s=cfg.launch_gap_s())  # fmt: skip
-        ctx.ask(self.npu, fwd, cfg.npu_timeout_s)
+        # The timeout follows the run's expected length (runs are capped to a share of it).
+        ctx.ask(self.npu, fwd, cfg.npu_timeout_s + iterations * st.run_pass_s)
 
     def _done(self, ctx: Context, msg: NpuForwardDone | NpuForwardRunDone) -> None:
         fl = self.state.in_flight
@@ -272,13 +287,13 @@ class DpMaster(Actor[MasterState]):
             if r is None:
                 continue
             got = r.emitted - first
-            if got:
+            if got and r.task.stream:
                 times = ends_s[:got] if len(ends_s) > 1 else ends_s * got
                 ctx.send(r.task.reply_to, token_message(r, first, times, cfg))
             full = min(r.num_computed, r.task.prompt.num_tokens) // B
             sb = st.rtc.seqs.get(tid)
             if sb is not None and full > sb.num_cached:  # newly computed prompt blocks
-                ev = rtc.cache_blocks(st.rtc, tid, r.task.prompt.block_hashes[:full])
+                ev = rtc.cache_blocks(st.rtc, tid, r.task.prompt.block_hashes, full)
                 if ev is not None:
                     ctx.record(ev)
             if r.cancelled is not None:
@@ -357,4 +372,8 @@ class DpMaster(Actor[MasterState]):
                 table = len(rtc.block_table(st.rtc, c.seq))
                 computed = min(table * self.cfg.block_tokens, r.num_tokens - 1)
                 ctx.record(TaskStatus(task_id=c.seq, status=WAITING, num_computed=computed))
-        self.advance(ctx)
+        # A run's blocks are allocated for all its passes, so a finished copy can change the
+        # next plan only through a task that may now be admitted (its populate is done, or the
+        # copy's blocks became evictable again): with nothing waiting the run goes on, exactly
+        # as the stepwise path would reschedule the same decode batch at every pass.
+        self.advance(ctx, interrupt=bool(st.waiting or st.deferred))

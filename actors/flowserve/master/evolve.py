@@ -28,6 +28,7 @@ from deepserve.actors.flowserve.master.state import (
 from deepserve.core import Event
 
 PREFILL_RATE_WEIGHT = 0.2  # EWMA weight of the newest prefill throughput sample
+RUN_PASS_WEIGHT = 0.5  # EWMA weight of the newest run's mean pass time (contexts only grow)
 
 
 def _drop(queue: list[str], task_id: str) -> None:
@@ -94,6 +95,10 @@ def _ended(st: MasterState, e: BatchEnded) -> None:
     if fl is None or e.failed:
         return
     passes = len(e.ends_s)
+    if passes > 1:
+        sample = (e.ends_s[-1] - e.ends_s[0]) / (passes - 1)
+        old = st.run_pass_s
+        st.run_pass_s = sample if old == 0.0 else (1 - RUN_PASS_WEIGHT) * old + RUN_PASS_WEIGHT * sample
     reqs = st.reqs
     prefill_tokens = 0
     for entry in fl.entries:

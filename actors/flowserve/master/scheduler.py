@@ -27,6 +27,20 @@ from deepserve.core import Event
 
 Record = Callable[[Event], None]
 
+# A run's expected length stays under this share of the NPU ask timeout, so a healthy NPU always
+# answers a run in time (a hung one is still found after the timeout); before any run was
+# timed, a run takes at most PROBE_RUN_PASSES passes (and teaches the master the pass time).
+RUN_TIMEOUT_SHARE = 0.25
+PROBE_RUN_PASSES = 16
+
+
+def run_cap(st: MasterState, cfg: MasterConfig) -> int:
+    """The most passes one aggregated run may take (>= 1)."""
+    if st.run_pass_s <= 0.0:
+        return min(cfg.max_run_iterations, PROBE_RUN_PASSES)
+    fit = int(RUN_TIMEOUT_SHARE * cfg.npu_timeout_s / st.run_pass_s)
+    return max(1, min(cfg.max_run_iterations, fit))
+
 
 class Plan(msgspec.Struct, kw_only=True):
     batch: BatchPlanned | None
@@ -173,7 +187,7 @@ class _Step:
         tasks = [reqs[e.task_id] for e in self.entries]
         if any(e.n != 1 or not _is_decode(r) for e, r in zip(self.entries, tasks, strict=True)):
             return 1
-        k = min(cfg.max_run_iterations, *(r.out_len - r.emitted for r in tasks))
+        k = min(run_cap(st, cfg), *(r.out_len - r.emitted for r in tasks))
         if k <= 1:
             return 1
         B, R = cfg.block_tokens, st.rtc
@@ -187,6 +201,8 @@ class _Step:
 
         free = rtc.hbm_free_blocks(R)
         lo, hi = 1, k  # extra(1) == 0: the first pass's blocks are allocated
+        if extra(k) <= free:  # the common case: blocks do not bound the run
+            lo = k
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if extra(mid) <= free:

@@ -57,6 +57,10 @@ class MasterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     aggregate: bool = False  # the simulation fast path (NpuForwardRun); False: step every pass
     token_ids: bool = True  # False (simulation): TaskTokens carry times only, ids left empty
     max_run_iterations: int = 4_096
+    # RTC background swap-out: copies of at least this many cold blocks (unless one is about to
+    # be evicted). 32 of the default 64-block batch halves the copies of a Mooncake replay at
+    # the same hit rate (docs/decisions.md, 2026-11-23 sim-master).
+    swap_min_blocks: int = 32
     max_waiting: int = 100_000
     npu_timeout_s: float = 120.0
     populate_bytes_per_s: float = 2.4e10  # prefetch cost model: DRAM -> HBM estimate (PCIe 4)
@@ -71,7 +75,7 @@ class MasterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
     def __post_init__(self) -> None:
         for name in ("kv_block_bytes", "hbm_blocks", "block_tokens", "tp", "max_num_seqs",
-                     "max_num_batched_tokens", "max_run_iterations", "max_waiting"):  # fmt: skip
+                     "max_num_batched_tokens", "max_run_iterations", "max_waiting", "swap_min_blocks"):  # fmt: skip
             if getattr(self, name) <= 0:
                 raise ValueError(f"MasterConfig.{name}: must be > 0, got {getattr(self, name)}")
         if not self.npus:
@@ -134,6 +138,7 @@ class MasterState(msgspec.Struct, kw_only=True):
     cached_prompt_tokens: int = 0
     finished: int = 0
     prefill_tokens_per_s: float = 0.0  # learned estimate (EWMA over prefill steps)
+    run_pass_s: float = 0.0  # learned time of one pass of a decode run, gap included (0: none yet)
     held: dict[str, KvHandle] = {}  # PD prefill side: registered transfers by transfer id
     channels: list[str] = []  # prefill masters this decode master has a DistFlow channel to
     corrupt: list[tuple[str | None, int]] = []  # armed KV corruption faults (task id, block)
@@ -231,6 +236,7 @@ MASTER_EVENTS = (
 
 def new_state(cfg: MasterConfig) -> MasterState:
     rc = rtc.RtcConfig(
-        hbm_blocks=cfg.hbm_blocks, dram_blocks=cfg.dram_blocks, block_tokens=cfg.block_tokens
+        hbm_blocks=cfg.hbm_blocks, dram_blocks=cfg.dram_blocks, block_tokens=cfg.block_tokens,
+        swap_min_blocks=cfg.swap_min_blocks,
     )
     return MasterState(rtc=rtc.new_rtc(rc), prefill_tokens_per_s=cfg.prefill_tokens_per_s)

@@ -136,6 +136,7 @@ def _copy_finished(rtc: Rtc, ev: RtcCopyFinished) -> None:
             if ev.ok and h in stored:
                 rtc.nodes[h].dram = d
                 rtc.dram_hash[d] = h
+                rtc.hbm_saved[b] = 1
             _unpin_dram(rtc, d)
             _ref_dec(rtc, b, cold=ev.ok)
     else:

@@ -29,6 +29,7 @@ def _take_hbm(rtc: Rtc, b: int) -> None:
             raise Diverged(f"HBM block {b} is not an unreferenced cached block")
         del rtc.lru_hbm[b]
         rtc.hbm_hash[b] = None
+        rtc.hbm_saved[b] = 0
         node = rtc.nodes[h]
         node.hbm = NONE
         if node.dram == NONE:
@@ -68,6 +69,7 @@ def _index_hbm(rtc: Rtc, h: int, parent: int | None, b: int) -> None:
         raise Diverged(f"block {h:#x} is already in HBM block {node.hbm}")
     else:
         node.hbm = b
+        rtc.hbm_saved[b] = node.dram != NONE
     rtc.hbm_hash[b] = h
 
 
@@ -91,6 +93,8 @@ def _take_dram(rtc: Rtc, d: int) -> None:
         node.dram = NONE
         if node.hbm == NONE:
             del rtc.nodes[h]
+        else:
+            rtc.hbm_saved[node.hbm] = 0
     rtc.dram_pins[d] = 1
 
 

@@ -40,6 +40,9 @@ class RtcConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     max_copies_in_flight: int = 1_024
     swap_low_watermark: float = 0.10  # swap cold blocks out when less than this HBM is free
     swap_batch_blocks: int = 64  # at most this many blocks per background swap-out
+    # at least this many per swap-out, unless the coldest unsaved block is about to be evicted
+    # (fewer, larger copies: each costs the fabric and the log a few messages whatever its size)
+    swap_min_blocks: int = 1
     prefetch_min_free: float = 0.25  # background prefetch only while more HBM than this is free
     prefetch_scan: int = 16  # queued prompts a prefetch plan looks at
 
@@ -59,7 +62,7 @@ class RtcConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
                 f"RtcConfig.swap_low_watermark must be in [0, 1), got {self.swap_low_watermark}"
             )
         for name in ("max_seqs", "max_named_caches", "max_copies_in_flight", "swap_batch_blocks",
-                     "prefetch_scan"):
+                     "swap_min_blocks", "prefetch_scan"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"RtcConfig.{name} must be > 0, got {getattr(self, name)}")
 
@@ -116,6 +119,10 @@ class Rtc(msgspec.Struct, kw_only=True):
     caches: dict[str, NamedCache]
     copies: dict[str, CopyOp]
     finished: dict[str, bool]  # outcome of recent copies (QueryPopulate), bounded
+    # hbm_saved[b] == 1 iff HBM block b holds indexed KV that DRAM holds too (derived from
+    # hbm_hash + nodes, kept by `apply`): the background swap-out reads it for each LRU block
+    # it looks at, one byte instead of two lookups.
+    hbm_saved: bytearray = msgspec.field(default_factory=bytearray)
     next_copy: int = 0
 
     def __post_init__(self) -> None:
@@ -126,6 +133,11 @@ class Rtc(msgspec.Struct, kw_only=True):
             self.lru_dram = OrderedDict(self.lru_dram)
         if type(self.finished) is not OrderedDict:
             self.finished = OrderedDict(self.finished)
+        if len(self.hbm_saved) != len(self.hbm_hash):  # a snapshot from before the field
+            nodes = self.nodes
+            self.hbm_saved = bytearray(
+                h is not None and nodes[h].dram != NONE for h in self.hbm_hash
+            )
 
 
     def __deepcopy__(self, memo: dict) -> Rtc:
@@ -148,6 +160,7 @@ class Rtc(msgspec.Struct, kw_only=True):
             copies={k: CopyOp(c.kind, c.seq, c.hashes[:], c.hbm[:], c.dram[:])
                     for k, c in self.copies.items()},
             finished=OrderedDict(self.finished),
+            hbm_saved=bytearray(self.hbm_saved),
             next_copy=self.next_copy,
         )
 
@@ -170,6 +183,7 @@ def new_rtc(config: RtcConfig) -> Rtc:
         caches={},
         copies={},
         finished=OrderedDict(),
+        hbm_saved=bytearray(h),
     )
 
 

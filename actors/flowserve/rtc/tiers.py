@@ -8,6 +8,7 @@ None when there is nothing to do); the executor moves the bytes in between.
 from __future__ import annotations
 
 from itertools import islice
+from operator import itemgetter
 
 from .apply import POPULATE, PREFETCH, SWAP_OUT
 from .events import RtcCopyFinished, RtcCopyStarted
@@ -107,11 +108,23 @@ def plan_swap_out(rtc: Rtc) -> RtcCopyStarted | None:
         return None
     if len(rtc.copies) >= cfg.max_copies_in_flight:
         return None
-    nodes, hbm_hash = rtc.nodes, rtc.hbm_hash
-    # Bounded scan of the LRU front: a block already in DRAM costs a lookup, not a copy.
-    scan = islice(rtc.lru_hbm, 4 * cfg.swap_batch_blocks)
-    cold = [h for b in scan if nodes[h := hbm_hash[b]].dram == NONE]  # type: ignore[index]
-    return copy_to_dram(rtc, cold[: cfg.swap_batch_blocks]) if cold else None
+    # Bounded scan of the LRU front: a block already in DRAM costs a byte read, not a copy
+    # (read with C-level map/bytes ops: this runs after every batch under pressure).
+    window = list(islice(rtc.lru_hbm, 4 * cfg.swap_batch_blocks))
+    if len(window) < 2:  # itemgetter of one key returns the item, not a tuple
+        flags = bytes(rtc.hbm_saved[b] for b in window)
+    else:
+        flags = bytes(itemgetter(*window)(rtc.hbm_saved))
+    first = flags.find(0)
+    if first < 0:
+        return None
+    # Fewer than `swap_min_blocks` are not worth a copy of their own, unless the coldest of
+    # them is among the next `swap_batch_blocks` blocks an allocation takes (free stack, LRU).
+    if flags.count(0) < cfg.swap_min_blocks and len(rtc.free_hbm) + first >= cfg.swap_batch_blocks:
+        return None
+    hbm_hash = rtc.hbm_hash
+    cold = [hbm_hash[b] for b, saved in zip(window, flags, strict=True) if not saved]
+    return copy_to_dram(rtc, cold[: cfg.swap_batch_blocks])  # type: ignore[arg-type]
 
 
 def finish_copy(rtc: Rtc, copy_id: str, ok: bool, reason: str = "") -> RtcCopyFinished:

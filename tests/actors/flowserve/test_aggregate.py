@@ -95,3 +95,46 @@ def test_any_workload_has_the_same_token_times_on_both_paths(reqs, max_seqs, bud
         k: (v.status, v.output_tokens) for k, v in fa.items()
     }
     assert len(fa) == len(reqs)
+
+
+def test_a_run_longer_than_the_npu_timeout_is_split_and_never_times_out() -> None:
+    """A decode run's expected length stays under a share of the NPU ask timeout (and the ask
+    waits for that length on top), so a long output on a healthy NPU never fails: the heatmap's
+    4096-in x 4096-out cell used to hit the 120 s ask timeout with one 4096-pass run."""
+    timeout_s = 1.0
+    d = driver(seed=5)
+    hardware(d)
+    d.spawn(M, DpMaster, config=master_config(aggregate=True, npu_timeout_s=timeout_s))
+    d.inject(M, task(0, 4096, 1500), at=0.0, src=REQ)
+    d.run()
+    done = finished(d)["t0"]
+    assert (done.status, done.output_tokens) == ("completed", 1500)
+    assert done.finish_s - done.first_token_s > 5 * timeout_s  # much longer than one timeout
+    runs = [e.ends_s for e in events_of(d, M, "BatchEnded") if len(e.ends_s) > 1]
+    assert len(runs) > 5  # split into runs that each fit the timeout
+    assert runs[0][-1] - runs[0][0] < timeout_s  # the first: a short probe, not yet timed
+    for ends in runs[1:]:  # then each is expected to last <= 1/4 of the timeout
+        assert ends[-1] - ends[0] < 0.3 * timeout_s
+    assert_replays(d)
+
+
+def test_a_task_submitted_without_stream_gets_only_its_terminal_message() -> None:
+    """`stream=False` (what `deepserve sim`'s workload asks): no TaskAccepted, no TaskTokens; the
+    timings come with TaskFinished and the log still rebuilds every token's time."""
+    d = driver(seed=4)
+    hardware(d)
+    cfg = master_config(aggregate=True)
+    d.spawn(M, DpMaster, config=cfg)
+    d.inject(M, task(0, 700, 40, stream=False), at=0.0, src=REQ)
+    d.inject(M, task(1, 300, 25, stream=False), at=0.2, src=REQ)  # truncates the first's run
+    d.run()
+    sent = [m for _, m in out_to(d, REQ)]
+    assert {type(m).__name__ for m in sent} == {"TaskFinished"}
+    done = finished(d)
+    timeline = token_timeline(msgspec.convert(cfg, MasterConfig), [e for e in events_of(d, M) if not e.system])
+    for tid, out in (("t0", 40), ("t1", 25)):
+        assert (done[tid].status, done[tid].output_tokens) == ("completed", out)
+        times = timeline[tid]
+        assert len(times) == out
+        assert (times[0], times[-1]) == (done[tid].first_token_s, done[tid].finish_s)
+    assert_replays(d)

@@ -267,3 +267,35 @@ def test_a_freed_loading_sequence_detaches_its_copy() -> None:
     assert rtc.block_table(p.r, "s") == table and p.r.seqs["s"].loading == 0
     p.rec(rtc.free(p.r, "s"))
     assert sum(p.r.ref) == 0 and sum(p.r.dram_pins) == 0 and rtc.hbm_free_blocks(p.r) == 6
+
+
+def _cold_pair_under_pressure(taken: int) -> Pool:
+    """Blocks 1 and 2 cached and cold in HBM; then `taken` blocks held (pressure below 20 free)."""
+    p = Pool(hbm=40, dram=40, swap_low_watermark=0.5, swap_batch_blocks=4, swap_min_blocks=3)
+    p.rec(rtc.allocate(p.r, "a", 2))
+    p.rec(rtc.cache_blocks(p.r, "a", [1, 2]))
+    p.rec(rtc.free(p.r, "a"))
+    p.rec(rtc.allocate(p.r, "b", taken))
+    return p
+
+
+def test_background_swap_out_waits_for_swap_min_blocks() -> None:
+    p = _cold_pair_under_pressure(20)  # 18 free: the cold pair is not next to be evicted
+    assert rtc.plan_swap_out(p.r) is None  # 2 cold blocks < swap_min_blocks=3
+    p.rec(rtc.allocate(p.r, "c", 1))
+    p.rec(rtc.cache_blocks(p.r, "c", [9]))
+    p.rec(rtc.free(p.r, "c"))
+    ev = rtc.plan_swap_out(p.r)  # three now: one copy takes them all
+    assert ev is not None and ev.hashes == (2, 1, 9)
+
+
+def test_background_swap_out_does_not_wait_when_eviction_is_near() -> None:
+    p = _cold_pair_under_pressure(35)  # 3 free: the cold pair is among the next 4 taken
+    ev = rtc.plan_swap_out(p.r)
+    assert ev is not None and ev.hashes == (2, 1)
+    p.rec(ev)
+    p.rec(rtc.finish_copy(p.r, ev.copy_id, ok=True))
+    assert list(p.r.hbm_saved[:2]) == [1, 1] and rtc.plan_swap_out(p.r) is None
+    p.rec(rtc.allocate(p.r, "d", 5))  # evicts them from HBM: DRAM still has them
+    assert not any(p.r.hbm_saved)
+    assert rtc.match_by_prefix(p.r, [1, 2]).dram_blocks != ()

@@ -339,6 +339,8 @@ class RtcMachine(RuleBasedStateMachine):
                 assert r.hbm_hash[node.hbm] == h
             if node.dram != NONE:
                 assert r.dram_hash[node.dram] == h
+        for b, h in enumerate(r.hbm_hash):  # the swap-out's derived index
+            assert r.hbm_saved[b] == (h is not None and r.nodes[h].dram != NONE), b
         view = rtc.index_view(r)
         assert view == self.mirror.view()
         ref_view = {h: (p, h in self.ref.where_hbm, h in self.ref.where_dram)

@@ -21,7 +21,9 @@ class ScriptedEmit(Message, frozen=True):
 
 class ScriptedTe(Actor[dict]):
     """`behaviour`: "ok", "reject", "reject_first" (rejects its first `n` tasks), "dead" (never
-    answers), "fail_early" (fails before any token), "fail_late" (streams a token, then fails)."""
+    answers), "fail_early" (fails before any token), "fail_late" (streams a token, then fails),
+    "slots" (a prefill without a local queue: holds at most `n` tasks, refuses beyond),
+    "stream" (streams its first token at once, then works normally)."""
 
     def __init__(self, behaviour: str = "ok", n: int = 0, tpot_s: float = 0.01) -> None:
         self.behaviour, self.n, self.tpot = behaviour, n, tpot_s
@@ -34,12 +36,13 @@ class ScriptedTe(Actor[dict]):
             b = self.behaviour
             if b == "dead":
                 return
-            if b == "reject" or (b == "reject_first" and self.seen <= self.n):
+            full = b == "slots" and len(self.tasks) >= self.n
+            if b == "reject" or full or (b == "reject_first" and self.seen <= self.n):
                 ctx.send(msg.reply_to, TaskRejected(task_id=msg.task_id, reason="no free slot"))
                 return
             ctx.send(msg.reply_to, TaskAccepted(task_id=msg.task_id, te=ctx.self, dp=0, master=ctx.self))
             self.tasks[msg.task_id] = msg
-            if b == "fail_late":
+            if b in ("fail_late", "stream"):
                 ctx.send(msg.reply_to, TaskTokens(task_id=msg.task_id, request_id=msg.request_id,
                                                   first_index=0, token_ids=(1,), times_s=(ctx.now(),)))
             out = msg.sampling.target_output_tokens or 1

@@ -139,7 +139,7 @@ def test_on_demand_offers_next_prefill_until_one_accepts() -> None:
     r = done_of(out)["r0"]
     assert r.status == "completed"
     offers = [(e.decision.policy, e.decision.chosen) for e in decisions(d) if e.phase == "prefill"]
-    assert offers[:3] == [("least_load", "p/0"), ("on_demand", "p/1"), ("least_load", "p/0")]
+    assert offers[:3] == [("least_load", "p/0"), ("on_demand", "p/1"), ("on_demand", "p/0")]  # sweeps: fewest streams
     assert offers[-1][1] == "p/1" and len(offers) == 8  # p/1 refused 3 times, accepted the 4th
 
 
@@ -282,3 +282,89 @@ class Relay(Actor[None]):
 
     def handle(self, ctx: Context, msg: Message) -> None:
         ctx.send(self.dst, msg)
+
+
+def steps_of(d: SimDriver, actor: str, type_name: str) -> list[tuple[float, Any]]:
+    """(virtual time, decoded event) of an actor's events of one type, in log order."""
+    return [(s.input.t, decode(e.type, e.payload)) for s in d.sink.steps if s.input.actor == actor  # type: ignore[union-attr]
+            for e in s.events if e.type == type_name]
+
+
+def test_batch_forwarding_fills_an_idle_prefill_back_to_back_at_once() -> None:
+    """P/D-Serve §3.5: 6 prefill tasks wait (the only prefill refuses everything); at t=1 a prefill
+    with 3 free slots joins: it gets the 3 oldest back to back at t=1, the 4th offer is refused
+    at t=1 too, and no sweep ran (the sweep backoff is 30 s). When its first task ends, the
+    freed slot is offered the next waiting task at that same instant."""
+    tes = {"p/busy": {"behaviour": "reject"}, "p/0": {"behaviour": "slots", "n": 3}, "d/0": {}}
+    cfg = {"policy": "least_load", "forwarding": {"ttft_deadline_s": 60.0, "retry_backoff_s": 30.0,
+                                                  "max_backoff_s": 30.0}}
+    joined = TeGroupMembership(model=MODEL, role="prefill", tes=("p/busy", "p/0"))
+    d, out = run(tes, {"prefill": ["p/busy"], "decode": ["d/0"]}, [job(i, prompt=1000) for i in range(6)],
+                 cfg, gap_s=0.001, extra=[(1.0, "je/0", joined)])
+    assert all(r.status == "completed" for r in done_of(out).values()) and len(done_of(out)) == 6
+    fed = [(t, e.request_id) for t, e in steps_of(d, "je/0", "RouteDecided") if e.decision.policy == "batch_forwarding"]
+    assert fed[:4] == [(1.0, "r0"), (1.0, "r1"), (1.0, "r2"), (1.0, "r3")]  # oldest first, one instant
+    refused = [(t, e.request_id, e.te) for t, e in steps_of(d, "je/0", "OfferRefused") if t >= 1.0]
+    assert refused[0] == (1.0, "r3", "p/0")  # the 4th offer met a full prefill: feeding stopped
+    waits = [(t, e.request_id, e.front) for t, e in steps_of(d, "je/0", "PrefillWaiting")]
+    assert (1.0, "r3", True) in waits  # r3 is the oldest waiting again
+    first_end = min(t for t, e in steps_of(d, "je/0", "JePrefilled"))
+    assert fed[4] == (first_end, "r3")  # the freed slot is filled at the instant it frees
+    assert not [t for t, _ in steps_of(d, "je/0", "SweepMissed")]  # no fallback sweep was needed
+
+
+def test_fallback_sweeps_back_off_under_overload() -> None:
+    """50 tasks wait 5 s for a prefill that refuses everything. Before: every waiting task swept
+    every prefill every `retry_backoff_s` (50 x 500 offers here). Now one sweep (the oldest task)
+    per backoff, doubling from 10 ms to the 0.5 s cap, and new arrivals join the wait without
+    offers: a few dozen offers in all; each task times out once, at its deadline."""
+    tes = {"p/0": {"behaviour": "reject"}, "d/0": {}}
+    cfg = {"forwarding": {"ttft_deadline_s": 5.0, "retry_backoff_s": 0.01, "max_backoff_s": 0.5}}
+    d, out = run(tes, {"prefill": ["p/0"], "decode": ["d/0"]}, [job(i) for i in range(50)], cfg, gap_s=0.01)
+    done = done_of(out)
+    assert len(done) == 50 and all(r.reason.startswith("timeout: TTFT deadline 5s") for r in done.values())
+    assert all(abs(r.finish_s - r.arrival_s - 5.0) < 1e-9 for r in done.values())
+    offers = len(decisions(d))
+    ticks = [t for t, _ in steps_of(d, "je/0", "SweepMissed")]
+    gaps = [round(b - a, 6) for a, b in zip(ticks, ticks[1:], strict=False)]
+    assert offers <= 30 and gaps[:5] == [0.02, 0.04, 0.08, 0.16, 0.32] and max(gaps) == 0.5
+
+
+def test_cluster_manager_removing_tes_with_open_tasks_retries_or_fails_each_request_once() -> None:
+    """Issue 6 §1 with the cluster manager's push (the stand-in's `RemoveTe`; the real manager
+    pushes the same `TeGroupMembership`): at t=0.5 two colocated TEs and a prefill TE leave while
+    holding tasks. A task that streamed nothing is retried on a TE still in the group; one that
+    streamed fails its request with the reason; the removed TEs' late answers change nothing."""
+    from deepserve.actors.flowserve.messages import RegisterTe
+
+    d = SimDriver(5, sink=MemorySink())
+    out: list[Any] = []
+    d.on_external = lambda _t, env: out.append(env.msg)
+    roles = {"c/slow": ("colocated", {"tpot_s": 1.0}), "c/ok": ("colocated", {}),
+             "c/stream": ("colocated", {"behaviour": "stream", "tpot_s": 1.0}),
+             "p/slow": ("prefill", {"tpot_s": 1.0}), "p/ok": ("prefill", {}), "d/0": ("decode", {})}
+    for te, (_role, kw) in roles.items():
+        d.spawn(te, ScriptedTe, **kw)
+    d.spawn("je/0", JobExecutor, config={"policy": "round_robin"})
+    d.spawn("cm", ClusterManager, jes=["je/0"])
+    for te, (role, _kw) in roles.items():
+        d.inject("cm", RegisterTe(te=te, model=MODEL, role=role, dp_groups=1, npus=()), at=0.0)
+    # round robin over colocated + prefill in name order: c/ok, c/slow, c/stream, p/ok, p/slow
+    for i in range(5):
+        d.inject("je/0", job(i, out=10), at=0.01 + 0.001 * i, src="ext/client")
+    for te in ("c/slow", "c/stream", "p/slow"):
+        d.inject("cm", RemoveTe(te=te, reason="declared failed"), at=0.5)
+    d.run(until=60.0)
+    done = done_of(out)  # exactly one terminal state each
+    first = {e.request_id: e.decision.chosen for e in reversed(decisions(d))}
+    by_first = {first[r]: done[r] for r in done}
+    assert len(done) == 5
+    assert by_first["c/ok"].status == "completed" and by_first["p/ok"].status == "completed"
+    assert (by_first["c/slow"].status, by_first["c/slow"].te) == ("completed", "c/ok")  # retried
+    assert (by_first["p/slow"].status, by_first["p/slow"].te) == ("completed", "d/0")  # prefill retried
+    streamed = by_first["c/stream"]
+    assert streamed.status == "failed" and "after output streamed" in streamed.reason
+    assert "c/stream left the colocated group" in streamed.reason
+    assert d.actor("je/0").state.late >= 2  # the removed TEs' answers arrived later, ignored
+    s = d.actor("je/0").state
+    assert (s.completed, s.failed, sum(s.open.values()), s.jobs) == (4, 1, 0, {})

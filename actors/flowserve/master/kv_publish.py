@@ -1,0 +1,84 @@
+"""A DP master's KV cache events, published to its subscribers (issue 6 §2: the JE's global
+prompt tree mirrors the TEs' local trees through their KV cache events; DeepServe §5.2).
+
+A subscriber (a JE) sends `SubscribeKvEvents` to a TE shell, which forwards it to each of its DP
+masters. After every delivery that changed the master's RTC index, the master sends each
+subscriber ONE `KVEventBatch` (vLLM's shape, `actors/flowserve/rtc/kv_events.py`) with the
+events of that delivery in order — so a step's allocations, evictions and newly cached prompt
+blocks travel as one message, tagged with the DP rank; the subscriber tells the TE by the
+sender's address (`te/0/dp/1` is under `te/0`). With no subscriber nothing is computed or sent:
+the master's cost is one attribute test per delivery.
+
+The subscriber list is the master's state, changed only by the recorded `KvSubscribed` (so a
+replay rebuilds it), but it lives in this publisher beside the `MasterState` rather than in it;
+`DpMaster.evolve` hands the event here. A subscriber that must survive the master's process
+restarting subscribes again (the JE does on every membership push that adds the TE).
+"""
+
+from __future__ import annotations
+
+from deepserve.actors.flowserve.rtc.events import (
+    RtcBlocksAllocated,
+    RtcBlocksCached,
+    RtcCleared,
+    RtcCopyFinished,
+    RtcCopyStarted,
+)
+from deepserve.actors.flowserve.rtc.kv_events import KVCacheEvent, KVEventBatch, kv_events_of
+from deepserve.core import Context, Event, Message
+
+MAX_SUBSCRIBERS = 64  # a limit on everything: subscribers one DP master sends to
+_RTC_EVENTS = (RtcBlocksAllocated, RtcBlocksCached, RtcCleared, RtcCopyFinished, RtcCopyStarted)
+
+
+class SubscribeKvEvents(Message, frozen=True, kw_only=True):
+    """To a TE shell (forwarded to its DP masters) or a DP master: send `subscriber` a
+    `KVEventBatch` after each change of the RTC index (`subscribe=False` stops it)."""
+
+    subscriber: str
+    subscribe: bool = True
+
+
+class KvSubscribed(Event, frozen=True, kw_only=True):
+    subscriber: str
+    subscribed: bool
+
+
+class KvPublisher:
+    """The subscriber list and the per-delivery batching of one DP master."""
+
+    __slots__ = ("block_tokens", "dp", "refused", "subscribers")
+
+    def __init__(self, block_tokens: int, dp: int) -> None:
+        self.block_tokens, self.dp = block_tokens, dp
+        self.subscribers: tuple[str, ...] = ()
+        self.refused = 0  # subscriptions beyond MAX_SUBSCRIBERS (not state: a count for tests)
+
+    def evolve(self, e: KvSubscribed) -> None:
+        subs = [s for s in self.subscribers if s != e.subscriber]
+        if e.subscribed:
+            subs.append(e.subscriber)
+        self.subscribers = tuple(subs)
+
+    def subscribe(self, ctx: Context, msg: SubscribeKvEvents) -> None:
+        known = msg.subscriber in self.subscribers
+        if known == msg.subscribe:
+            return  # idempotent: nothing changes, nothing recorded
+        if msg.subscribe and len(self.subscribers) >= MAX_SUBSCRIBERS:
+            self.refused += 1
+            return
+        ctx.record(KvSubscribed(subscriber=msg.subscriber, subscribed=msg.subscribe))
+
+    def flush(self, ctx: Context) -> None:
+        """One batch per subscriber with the KV events of the RTC events recorded in this
+        delivery (none: nothing is sent)."""
+        out: list[KVCacheEvent] = []
+        bt = self.block_tokens
+        for ev in ctx.events:
+            if isinstance(ev, _RTC_EVENTS):
+                out += kv_events_of(ev, bt)
+        if not out:
+            return
+        batch = KVEventBatch(ts=ctx.now(), events=tuple(out), data_parallel_rank=self.dp)
+        for sub in self.subscribers:
+            ctx.send(sub, batch)
