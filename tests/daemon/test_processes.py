@@ -91,7 +91,10 @@ async def load(url: str, victim_pid: int) -> list[tuple[str, str]]:
         os.kill(victim_pid, signal.SIGKILL)
 
     k = asyncio.create_task(kill())
-    results = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(REQUESTS))), HANG_GUARD_S + 10)
+    try:
+        results = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(REQUESTS))), HANG_GUARD_S + 10)
+    finally:
+        await c.close()
     await k
     return results
 
@@ -122,7 +125,10 @@ async def stop_under_load(url: str, proc: subprocess.Popen[str]) -> list[tuple[s
     for _ in range(STREAMING):
         await asyncio.wait_for(started.acquire(), 20)
     proc.send_signal(signal.SIGTERM)
-    return await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    try:
+        return await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    finally:
+        await c.close()
 
 
 def test_kill_9_a_te_process_under_load(tmp_path: Path) -> None:
