@@ -26,6 +26,7 @@ from msgspec import Struct
 from deepserve.actors.ports.link import LinkTransfer, LinkTransferDone, LinkTransferFailed
 from deepserve.adapters.hardware.devices.fabric import Fabric
 from deepserve.adapters.hardware.devices.topology import FABRIC
+from deepserve.benchmarks.devices_npu import npu_rows
 from deepserve.benchmarks.table import Row
 from deepserve.core import Actor, Context, Event, Message, SimDriver
 
@@ -160,5 +161,7 @@ def devices_bench(flows: int = 1000, progress: Progress | None = None) -> tuple[
             field = f"{what}_per_{per}"
             rows.append(Row(name, getattr(many, field), unit + label,
                             f"{name} at {base} flows", getattr(few, field)))
+    # the NPU's aggregated decode runs (devices_npu.py), scaled with --flows: 40 runs at 1,000
+    rows += npu_rows(progress, runs=max(2, flows // 25))
     title = f"deepserve bench devices (CloudMatrix384 UB fabric, {SERVERS * 16} dies, SimDriver, no log)"
     return title, rows

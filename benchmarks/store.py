@@ -118,40 +118,54 @@ def _time_read(target: str) -> tuple[float, int]:
     return time.perf_counter() - t0, n
 
 
-def measure_store(n_steps: int, target: str) -> dict[str, Any]:
+def measure_store(n_steps: int, target: str, rounds: int = 1) -> dict[str, Any]:
     """Records/s for group commit (async and outbox), a raw sqlite3 executemany of the
-    same rows, and streaming reads. `target`: a directory for the SQLite files (created
+    same rows, and streaming reads; each the best of `rounds` interleaved runs (async,
+    outbox, raw, read, async, ...). `target`: a directory for the SQLite files (created
     if missing; the files are removed afterwards), or a PostgreSQL URL (then each mode
     appends one more run to that database and there is no raw baseline)."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     run, steps = ring_steps(n_steps)
     records = count_records(steps)
     out: dict[str, Any] = {"steps": len(steps), "records": records}
+
+    def keep(key: str, rate: float) -> None:
+        out[key] = max(out.get(key, 0.0), rate)
+
     if parse_target(target).kind == "postgresql":
         out["backend"] = "postgresql"
-        for mode in ("async", "outbox"):
-            r = msgspec.structs.replace(run, run_id=f"bench-{mode}-{time.time_ns()}")
-            out[f"{mode}_rps"] = records / _time_sink(target, mode, r, steps)
+        for _ in range(rounds):
+            for mode in ("async", "outbox"):
+                r = msgspec.structs.replace(run, run_id=f"bench-{mode}-{time.time_ns()}")
+                keep(f"{mode}_rps", records / _time_sink(target, mode, r, steps))
         return out
     made = not os.path.exists(target)
     base = target
     os.makedirs(base, exist_ok=True)
     try:
         out["backend"] = "sqlite"
-        for mode in ("async", "outbox"):
-            out[f"{mode}_rps"] = records / _time_sink(
-                os.path.join(base, f"{mode}.db"), mode, run, steps
-            )
-        out["raw_rps"] = records / _time_raw(os.path.join(base, "raw.db"), run, steps)
-        seconds, n = _time_read(os.path.join(base, "async.db"))
-        out["read_rps"] = n / seconds
+        for _ in range(rounds):
+            _remove_files(base)
+            for mode in ("async", "outbox"):
+                keep(f"{mode}_rps", records / _time_sink(
+                    os.path.join(base, f"{mode}.db"), mode, run, steps
+                ))
+            keep("raw_rps", records / _time_raw(os.path.join(base, "raw.db"), run, steps))
+            seconds, n = _time_read(os.path.join(base, "async.db"))
+            keep("read_rps", n / seconds)
         out["async_vs_raw"] = out["async_rps"] / out["raw_rps"]
         out["outbox_vs_raw"] = out["outbox_rps"] / out["raw_rps"]
     finally:
-        for name in ("async.db", "outbox.db", "raw.db"):
-            for suffix in ("", "-wal", "-shm"):
-                p = os.path.join(base, name + suffix)
-                if os.path.exists(p):
-                    os.remove(p)
+        _remove_files(base)
         if made:
             shutil.rmtree(base, ignore_errors=True)
     return out
+
+
+def _remove_files(base: str) -> None:
+    for name in ("async.db", "outbox.db", "raw.db"):
+        for suffix in ("", "-wal", "-shm"):
+            p = os.path.join(base, name + suffix)
+            if os.path.exists(p):
+                os.remove(p)

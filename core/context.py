@@ -10,6 +10,8 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from .address import deterministic_id
 from .classpath import class_path
 from .envelope import ReplyHandle
@@ -22,33 +24,19 @@ if TYPE_CHECKING:
     from .envelope import Envelope
 
 
+class Out(msgspec.Struct, gc=False):
+    """One output of a handler, not yet routed. A msgspec Struct: built for every
+    send, and a Struct is built in C (~2.5x cheaper than a slotted class)."""
 
-class Out:
-    """One output of a handler, not yet routed."""
-
-    __slots__ = ("kind", "dst", "msg", "delay", "msg_id", "corr", "reply_to", "ask", "key")
-
-    def __init__(
-        self,
-        kind: OutputKind,
-        dst: str,
-        msg: Any,
-        delay: float,
-        msg_id: int,
-        corr: str | None,
-        reply_to: int | None = None,
-        ask: bool = False,
-        key: str | None = None,
-    ) -> None:
-        self.kind = kind
-        self.dst = dst
-        self.msg = msg
-        self.delay = delay
-        self.msg_id = msg_id
-        self.corr = corr
-        self.reply_to = reply_to
-        self.ask = ask
-        self.key = key
+    kind: OutputKind
+    dst: str
+    msg: Any
+    delay: float
+    msg_id: int
+    corr: str | None
+    reply_to: int | None = None
+    ask: bool = False
+    key: str | None = None
 
 
 class Context:
@@ -63,22 +51,13 @@ class Context:
         self._cell = cell
         self._seed = seed
         self._addr_hash = address_hash(cell.addr)
+        # Reset for every delivery by `cell.execute` (inlined there: the hot path).
         self.env: Envelope | None = None
         self._now = 0.0
         self.events: list[Event] = []
         self.event_blobs: list[bytes] = []  # encodings of `events`, made once by the cell
         self.outputs: list[Out] = []
         self._rng: random.Random | None = None
-        self._ids = 0
-        self.stopping = False
-
-    def _begin(self, env: Envelope, now: float) -> None:
-        self.env = env
-        self._now = now
-        self.events = []
-        self.event_blobs = []
-        self.outputs = []
-        self._rng = None
         self._ids = 0
         self.stopping = False
 
@@ -160,11 +139,15 @@ class Context:
         """
         if not timeout_s > 0:
             raise ValueError(f"ask needs a positive timeout_s, got {timeout_s!r}")
-        rid = self.send(dst, msg, corr)
-        self.outputs[-1].ask = True
+        # `send` then `after`, inlined (the ask path): the same two outputs.
+        cell, env, outputs = self._cell, self.env, self.outputs
+        env_corr = env.corr if env is not None else None
+        rid = cell.out_seq = cell.out_seq + 1
+        outputs.append(Out(SEND, dst, msg, 0.0, rid, env_corr if corr is None else corr, None, True))
         fail = AskFailed(request_id=rid, target=dst, reason=f"timeout after {timeout_s}s")
-        self.after(timeout_s, fail, key=f"ask:{rid}")
-        self.outputs[-1].reply_to = rid  # every AskFailed names its request in reply_to
+        cell.out_seq += 1
+        # The timeout names its request in reply_to, as every AskFailed does.
+        outputs.append(Out(TIMER, cell.addr, fail, timeout_s + 0.0, cell.out_seq, env_corr, rid, False, f"ask:{rid}"))
         return rid
 
     def after(self, delay_s: float, msg: Message, key: str | None = None) -> str:

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .address import EXTERNAL_PREFIX, check_address, hlc_physical
+from .address import EXTERNAL_PREFIX, HLC_LOGICAL_BITS, check_address, hlc_physical
 from .cell import Cell, final_snapshot, input_record
 from .classpath import class_path
 from .context import Out
@@ -210,7 +210,8 @@ class DriverBase(abc.ABC):
         their encodings to the receivers' input records (a message is encoded once)."""
         addr = cell.addr
         hlc = cell.hlc
-        pt = hlc_physical(t)  # every output is a send event at t: `hlc_tick`, unrolled
+        # Every output is a send event at t: `hlc_tick`, unrolled (`hlc_physical` inlined).
+        pt = int(t * 1_000_000) << HLC_LOGICAL_BITS
         send, enqueue = self._send, self._enqueue
         for i, o in enumerate(outputs):
             hlc = pt if pt > hlc else hlc + 1
@@ -278,9 +279,11 @@ class DriverBase(abc.ABC):
         self, env: Envelope, t: float, kind: int, reason: str | None = None
     ) -> Envelope | None:
         """Record a dead letter, a drop or a late answer; return what the sender is
-        owed: `AskFailed` for an ask, `Undelivered` for a dropped tell between actors
-        (full mailbox, refused transport). Dead letters to stopped actors are only
-        recorded: the sender did nothing wrong, and a stopped actor's timers are many."""
+        owed: `AskFailed` for an ask, `Undelivered` for a tell between actors that
+        was not delivered (target stopped or absent, mailbox full, transport
+        refused). Not told: the outside world (its inputs are logged), an actor about
+        its own timers and self-sends (a stopped actor's timers are many, and it is
+        gone too), and nobody about a kernel notice (msg_id 0): no notice loops."""
         if kind == DEAD:
             self.dead_letters += 1
         elif kind == FULL:
@@ -298,7 +301,7 @@ class DriverBase(abc.ABC):
         if env.ask:
             fail: Message = AskFailed(request_id=env.msg_id, target=env.dst, reason=reason)
             return Envelope(env.dst, env.src, 0, env.hlc, env.corr, fail, env.msg_id)
-        if (kind == FULL or reason == TRANSPORT_REFUSED) and not env.external:
+        if not env.external and env.msg_id != 0 and env.src != env.dst:
             told = Undelivered(env.msg_id, env.dst, reason, type(env.msg).__name__)
             return Envelope(env.dst, env.src, 0, env.hlc, env.corr, told)
         return None

@@ -74,8 +74,10 @@ class Mailbox:
 
     async def get(self) -> Any:
         item = self.get_nowait()
-        while item is None:
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
-            item = self.get_nowait()
+        if item is None:
+            create_future = asyncio.get_running_loop().create_future
+            while item is None:
+                self._waiter = waiter = create_future()
+                await waiter
+                item = self.get_nowait()
         return item

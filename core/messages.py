@@ -99,9 +99,10 @@ class AskFailed(Message, frozen=True):
 
 
 class Undelivered(Message, frozen=True):
-    """Told to an actor whose tell was dropped (the target's mailbox was full, or the
-    transport refused it): overload is never silent between actors. An asker gets
-    `AskFailed` instead. Handle it to retry or give up; ignoring it is allowed."""
+    """Told to an actor whose tell was not delivered (the target had stopped or never
+    existed, its mailbox was full, or the transport refused it): a message between
+    actors is never lost silently. An asker gets `AskFailed` instead. Handle it to
+    retry or give up; ignoring it is allowed."""
 
     system: ClassVar[bool] = True
     msg_id: int  # the sender's id of the dropped message (what `ctx.send` returned)

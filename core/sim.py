@@ -184,13 +184,17 @@ class SimDriver(DriverBase):
     def _enqueue(self, env: Envelope, t: float) -> bool:
         # Whether the target is alive is decided when the message is due (`run`).
         dst = env.dst
-        if self._depth.get(dst, 0) >= self.mailbox_capacity:
+        depth = self._depth
+        n = depth.get(dst, 0)
+        if n >= self.mailbox_capacity:
             cell = self.cells.get(dst)
             if cell is not None:
                 cell.stats.mailbox_full += 1
             self._bounce(env, t, FULL)
             return False
-        self._push(t, env)
+        depth[dst] = n + 1  # `_push`, inlined (every message between actors)
+        seq = self._seq = self._seq + 1
+        heappush(self._heap, (t, seq, env, None))
         return True
 
     def _notice(self, env: Envelope, t: float) -> None:

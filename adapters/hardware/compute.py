@@ -7,6 +7,7 @@ layer costs the sum of its op groups, each the roofline max of its compute and m
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 from msgspec import Struct
@@ -105,11 +106,18 @@ def _layer(
     return _Layer(attn, linear, cost.expert_s, cost.dispatch_s, cost.combine_s, collective)
 
 
-def _head_time_s(m: ModelProfile, npu: NpuSpec, batch: Batch, par: Parallel) -> float:
-    """LM head (BF16, vocab-parallel over TP) on the positions that need logits."""
+def _head_linear_s(m: ModelProfile, npu: NpuSpec, logits: int, par: Parallel) -> float:
+    """LM head (BF16, vocab-parallel over TP) on the `logits` positions that need logits."""
     return linear_time_s(
-        head_params(m) / par.tp, logits_tokens(batch), "bf16", npu,
+        head_params(m) / par.tp, logits, "bf16", npu,
         act_elems_per_token=m.hidden_size + m.vocab_size / par.tp,
+    )  # fmt: skip
+
+
+def _mtp_projection_s(m: ModelProfile, npu: NpuSpec, tokens: int) -> float:
+    return linear_time_s(
+        2 * m.hidden_size * m.hidden_size * m.mtp_layers, tokens, "bf16", npu,
+        act_elems_per_token=3 * m.hidden_size,
     )  # fmt: skip
 
 
@@ -122,6 +130,99 @@ def _layer_plan(m: ModelProfile, part: str) -> tuple[tuple[bool, int], ...]:
             raise ValueError(f"model: {m.name} has no MTP module")
         return ((m.moe is not None, m.mtp_layers),)
     raise ValueError(f"part: must be 'main' or 'mtp', got {part!r}")
+
+
+class DenseFixed(Struct, frozen=True):
+    """Everything of a dense model's forward pass but the attention core: what a batch of
+    `tokens` new tokens costs whatever its contexts (weights, projections, MLPs, elementwise ops,
+    collectives, head, launch). A pass costs `total_s(attention core time of one layer)`.
+
+    Decode runs the same batch shape thousands of times with only the contexts growing, so this
+    part is computed once per shape (`dense_fixed`, cached by exact value) and a pass costs a
+    few float operations — in the same order as the full computation, so the result is the
+    same float."""
+
+    mode: Literal["graph", "single_op"]
+    layers: int  # decoder layers of the (dense) plan
+    linear_s: float  # all layers
+    collective_s: float  # all layers, plus the PP stage-to-stage sends
+    head_s: float
+    fixed_s: float  # forward_fixed + ops x kernel_overhead
+    launch_floor_s: float  # ops x single_op_launch: the host's dispatch time in single-op mode
+
+    def total_s(self, attention_layer_s: float) -> float:
+        """The pass's total time with this attention core time per layer."""
+        executed = self.layers * attention_layer_s + self.linear_s + self.collective_s + self.head_s
+        if self.mode == "graph":
+            return self.fixed_s + executed
+        return self.fixed_s + max(executed, self.launch_floor_s)
+
+    def cost(self, attention_layer_s: float) -> ForwardCost:
+        attention = self.layers * attention_layer_s
+        # Left to right, as sum() over the per-field totals did (moe/dispatch/combine are 0.0)
+        executed = attention + self.linear_s + self.collective_s + self.head_s
+        busy = executed if self.mode == "graph" else max(executed, self.launch_floor_s)
+        total = self.fixed_s + busy
+        return ForwardCost(
+            mode=self.mode, attention_s=attention, linear_s=self.linear_s, moe_s=0.0,
+            dispatch_s=0.0, combine_s=0.0, collective_s=self.collective_s, head_s=self.head_s,
+            launch_s=total - executed, total_s=total,
+        )  # fmt: skip
+
+
+def is_dense_plan(m: ModelProfile, part: str) -> bool:
+    """Whether every layer the pass runs is dense (then only attention depends on context)."""
+    return all(not is_moe for is_moe, count in _layer_plan(m, part) if count)
+
+
+@functools.lru_cache(maxsize=4096)  # exact-value key of frozen structs; ~1 KB an entry
+def dense_fixed(
+    m: ModelProfile, npu: NpuSpec, par: Parallel, span: Span, part: str, tokens: int,
+    logits: int, graph: bool,
+) -> DenseFixed:  # fmt: skip
+    """The context-free part of a dense model's pass of `tokens` new tokens (`logits` positions
+    needing logits, graph or single-op mode). The caller has validated the layout."""
+    ((_, count),) = [kind for kind in _layer_plan(m, part) if kind[1]]
+    layer = _dense_layer(m, npu, tokens, par, span)
+    head = _head_linear_s(m, npu, logits, par)
+    ops = count * (OPS_DENSE_LAYER + (OPS_MLA_EXTRA if m.mla else 0))
+    if part == "mtp":  # the MTP module's projection joining hidden state and embedding
+        head += _mtp_projection_s(m, npu, tokens)
+    stage_link = group_link(par.tp * par.pp, span)
+    stage_send = transfer_time_s(tokens * m.hidden_size * ACT_BYTES, stage_link)
+    ops += OPS_HEAD
+    return DenseFixed(
+        mode="graph" if graph else "single_op",
+        layers=count,
+        linear_s=count * layer[0],
+        collective_s=count * layer[1] + (par.pp - 1) * stage_send,
+        head_s=head,
+        fixed_s=npu.eff.forward_fixed_s + ops * npu.eff.kernel_overhead_s,
+        launch_floor_s=ops * npu.eff.single_op_launch_s,
+    )
+
+
+def _dense_layer(
+    m: ModelProfile, npu: NpuSpec, tokens: int, par: Parallel, span: Span
+) -> tuple[float, float]:
+    """(linear, collective) of one dense layer: _layer's arithmetic without attention."""
+    proj = linear_time_s(
+        attention_params(m) / par.tp, tokens, m.weight_dtype, npu,
+        act_elems_per_token=4 * m.hidden_size,
+    )  # fmt: skip
+    ffn_local = m.intermediate_size / par.tp
+    linear = proj + elementwise_time_s(m, tokens, ffn_local, npu)
+    allreduce = allreduce_time_s(tokens * m.hidden_size * ACT_BYTES, par.tp, group_link(par.tp, span))
+    linear += linear_time_s(
+        dense_mlp_params(m) / par.tp, tokens, m.weight_dtype, npu,
+        act_elems_per_token=m.hidden_size + 3 * ffn_local,
+    )  # fmt: skip
+    return linear, 2 * allreduce
+
+
+# Pure functions of a frozen NpuSpec, called on every forward: cached by value.
+_largest_cluster = functools.lru_cache(maxsize=64)(largest_cluster)
+span_of = functools.lru_cache(maxsize=64)(span_for)
 
 
 def forward_time(
@@ -141,11 +242,15 @@ def forward_time(
     a CloudMatrix384). An explicit `link` puts every collective on that one link."""
     validate(m, batch, par)
     # No cluster of this NPU kind holds more (predict() checks the actual cluster's size).
-    check_layout(m, par, largest_cluster(npu))
+    check_layout(m, par, _largest_cluster(npu))
     if link is None:
-        span = span_for(npu)
+        span = span_of(npu)
     else:
         span = link if isinstance(link, Span) else Span.single(link)
+    if is_dense_plan(m, part):
+        tokens, logits, graph = batch.tokens, logits_tokens(batch), is_graph_batch(batch)
+        fixed = dense_fixed(m, npu, par, span, part, tokens, logits, graph)
+        return fixed.cost(attention_core_time_s(m, batch.seqs, par.tp, npu))
     totals = dict.fromkeys(_Layer.__struct_fields__, 0.0)
     ops = 0
     for is_moe, count in _layer_plan(m, part):
@@ -156,12 +261,9 @@ def forward_time(
             totals[field] += count * getattr(layer, field)
         per_layer = OPS_MOE_LAYER if is_moe else OPS_DENSE_LAYER
         ops += count * (per_layer + (OPS_MLA_EXTRA if m.mla else 0))
-    head = _head_time_s(m, npu, batch, par)
+    head = _head_linear_s(m, npu, logits_tokens(batch), par)
     if part == "mtp":  # the MTP module's projection joining hidden state and embedding
-        head += linear_time_s(
-            2 * m.hidden_size * m.hidden_size * m.mtp_layers, batch.tokens, "bf16", npu,
-            act_elems_per_token=3 * m.hidden_size,
-        )  # fmt: skip
+        head += _mtp_projection_s(m, npu, batch.tokens)
     # Consecutive PP stages of TP groups: the pipeline leaves the server once tp x pp does.
     stage_link = group_link(par.tp * par.pp, span)
     stage_send = transfer_time_s(batch.tokens * m.hidden_size * ACT_BYTES, stage_link)

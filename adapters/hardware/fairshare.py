@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from msgspec import Struct
 
@@ -108,10 +109,18 @@ def completion_times_s(
 # departure costs O(flows x rounds) per event. `MaxMinShare` keeps the allocation and repairs
 # it locally: water-fill only the flows on the links a change touches (the others' rates are
 # fixed and taken off the capacities), then check the max-min condition — every flow crosses a
-# saturated link on which no flow gets more (its bottleneck) — on the links whose load moved.
-# A flow failing it pulls the flows of its links into the next round. The region only grows,
+# saturated link on which no flow gets more (its bottleneck) — where it can have broken. A
+# flow failing it pulls the flows of its links into the next round. The region only grows,
 # so this ends; a local change usually stays local. The result is the unique max-min
 # allocation, up to float rounding (checked against an exact simulator in the tests).
+#
+# Where the check is needed: each flow remembers a link that was its bottleneck (`bneck`).
+# - A flow of the region is frozen by the water-filling at a link that it fills: that link is
+#   its bottleneck unless a fixed flow there gets more — one comparison, made while filling.
+# - A fixed flow keeps its rate; its remembered bottleneck stays one unless that link's load
+#   moved (a region flow on it changed rate). Only then are its links examined.
+# A link's users change only by add/remove, which put all of them in the region, so a fixed
+# flow's remembered bottleneck can go stale only by a load change, which is what is checked.
 
 _CHECK_RTOL = 1e-9  # slack of the bottleneck check: rates are sums of floats
 _SAME_RTOL = 1e-12  # a recomputed rate this close to the old one is the old one (no re-anchor)
@@ -122,18 +131,42 @@ class MaxMinShare(Struct, kw_only=True):
 
     Mutable on purpose (an actor's state owns it; `add`, `remove` and `set_capacity` change it
     in place and return the flows whose rate changed). Iteration orders are insertion orders,
-    so the same calls give the same floats in any process."""
+    so the same calls give the same floats in any process.
 
-    caps: dict[str, float] = {}  # capacity of every link that carries a flow
-    paths: dict[str, tuple[str, ...]] = {}
-    rates: dict[str, float] = {}
-    users: dict[str, dict[str, None]] = {}  # link -> flows crossing it (an ordered set)
+    One record per flow and per link (a repair reads a flow's rate, path and bottleneck
+    together: one lookup, not three dicts apart in memory); `rates`, `paths`, `bneck`,
+    `users` and `caps` are read-only views."""
+
+    flows: dict[str, list[Any]] = {}  # flow -> [rate, path (links), bottleneck link or None]
+    links: dict[str, list[Any]] = {}  # link carrying a flow -> [capacity, {flows crossing it}]
+
+    @property
+    def rates(self) -> dict[str, float]:
+        return {f: rec[0] for f, rec in self.flows.items()}
+
+    @property
+    def paths(self) -> dict[str, tuple[str, ...]]:
+        return {f: tuple(rec[1]) for f, rec in self.flows.items()}
+
+    @property
+    def bneck(self) -> dict[str, str | None]:
+        """flow -> a link of its path that is its bottleneck (max-min: saturated, no flow on
+        it gets more)."""
+        return {f: rec[2] for f, rec in self.flows.items()}
+
+    @property
+    def users(self) -> dict[str, dict[str, None]]:
+        return {link: rec[1] for link, rec in self.links.items()}
+
+    @property
+    def caps(self) -> dict[str, float]:
+        return {link: rec[0] for link, rec in self.links.items()}
 
     def __deepcopy__(self, memo: dict) -> MaxMinShare:
-        """Paths are tuples of str and rates floats: copying the containers is deep."""
+        """Paths are tuples of str, rates floats: copying the records is a deep copy."""
         return MaxMinShare(
-            caps=dict(self.caps), paths=dict(self.paths), rates=dict(self.rates),
-            users={link: dict(flows) for link, flows in self.users.items()},
+            flows={f: list(rec) for f, rec in self.flows.items()},
+            links={link: [rec[0], dict(rec[1])] for link, rec in self.links.items()},
         )  # fmt: skip
 
     def add(
@@ -148,161 +181,211 @@ class MaxMinShare(Struct, kw_only=True):
         """Start several flows at once (one repair for all: flows that start at the same
         instant, e.g. a burst of KV transfers, cost one water-filling, not one each)."""
         seeds: dict[str, None] = {}
+        records, links = self.flows, self.links
         for flow, path in flows:
-            if flow in self.paths:
+            if flow in records:
                 raise ValueError(f"flow: {flow!r} is already sharing")
             if not path or len(set(path)) != len(path):
                 raise ValueError(f"path: flow {flow!r} needs distinct links, got {list(path)}")
-            self.paths[flow] = tuple(path)
-            self.rates[flow] = 0.0
+            records[flow] = [0.0, tuple(path), None]
             for link in path:
-                users = self.users.get(link)
-                if users is None:
+                lk = links.get(link)
+                if lk is None:
                     cap = capacity(link)
                     if not cap >= 0:
                         raise ValueError(f"capacity: link {link!r} must be >= 0, got {cap}")
-                    users = self.users[link] = {}
-                    self.caps[link] = cap
-                users[flow] = None
+                    lk = links[link] = [cap, {}]
+                lk[1][flow] = None
                 seeds[link] = None
-        changed = self._rerate(list(seeds))
+        changed = self._rerate(seeds)
         for flow, _ in flows:
-            changed.setdefault(flow, self.rates[flow])
+            changed.setdefault(flow, records[flow][0])
         return changed
 
     def remove(self, flow: str) -> dict[str, float]:
         """End `flow`; the flows that share its links get its bandwidth."""
-        path = self.paths.pop(flow)
-        del self.rates[flow]
-        for link in path:
-            users = self.users[link]
+        rec = self.flows.pop(flow)
+        seeds: dict[str, None] = {}
+        for link in rec[1]:
+            users = self.links[link][1]
             del users[flow]
-            if not users:
-                del self.users[link], self.caps[link]
-        return self._rerate([link for link in path if link in self.users])
+            if users:
+                seeds[link] = None
+            else:
+                del self.links[link]
+        return self._rerate(seeds)
 
     def set_capacity(self, link: str, cap: float) -> dict[str, float]:
         """A link's capacity changed (degraded, down = 0, repaired)."""
         if not cap >= 0:
             raise ValueError(f"capacity: link {link!r} must be >= 0, got {cap}")
-        if link not in self.users:
+        lk = self.links.get(link)
+        if lk is None:
             return {}
-        self.caps[link] = cap
-        return self._rerate([link])
+        lk[0] = cap
+        return self._rerate({link: None}, every_user=True)
 
     # ---- the repair ------------------------------------------------------------------
-    # Hot path of the fabric (two repairs per transfer, each folded twice: live and into
-    # the kernel's snapshot). Written for CPython: locals over attributes, no helper
-    # calls per flow, and a link with one user skips building a list (its load and its
-    # largest rate are that user's rate: the same floats `sum`/`max` give).
-    def _rerate(self, seeds: Sequence[str]) -> dict[str, float]:
-        users, rates, paths = self.users, self.rates, self.paths
-        region: dict[str, float] = {}  # flow -> its rate before this change
+    # Hot path of the fabric (two repairs per transfer). Written for CPython: locals over
+    # attributes, no helper calls per flow, loops fused, one record per flow.
+    def _rerate(self, seeds: Mapping[str, None], every_user: bool = False) -> dict[str, float]:
+        """Repair after the users (or, `every_user`, the capacity) of the `seeds` links
+        changed; returns the flows whose rate was set, with their rates. The first region is
+        the flows whose bottleneck is a seed link (and new flows): a flow bottlenecked
+        elsewhere keeps its rate unless the checks say otherwise (a fixed flow faster than
+        the region's share on a seed link fails the fill's check). A capacity change starts
+        from every user: a cut can overload a link with fixed flows."""
+        records, links = self.flows, self.links
+        region: dict[str, list[Any]] = {}  # flow -> its record
         for link in seeds:
-            for f in users[link]:
-                region[f] = rates[f]
+            for f in links[link][1]:
+                rec = records[f]
+                if every_user or (b := rec[2]) is None or b in seeds:
+                    region[f] = rec
         if not region:
             return {}
+        touched: dict[str, None] = {}  # links with fixed flows whose load changed so far
+        changed: dict[str, float] = {}
         while True:
-            moved: dict[str, None] = dict.fromkeys(seeds)
-            for f, rate in self._fill(region).items():
-                cur = rates[f]
-                if rate != cur and abs(rate - cur) > _SAME_RTOL * (rate if rate > cur else cur):
-                    rates[f] = cur = rate
-                if cur != region[f]:
-                    for link in paths[f]:
-                        moved[link] = None
+            # A region flow without a bottleneck has a fixed flow on its links, so the region
+            # grows; the fixed flows are checked once the fill itself holds.
+            bad = self._fill(region, touched, changed)
+            if not bad:
+                if not touched:
+                    break
+                bad = self._stale_fixed(touched, region)
+                if not bad:
+                    break
             grew = False
-            for v in self._violators(moved):
-                for link in paths[v]:
-                    for g in users[link]:
+            for v in bad:
+                for link in records[v][1]:
+                    for g in links[link][1]:
                         if g not in region:
-                            region[g] = rates[g]
+                            region[g] = records[g]
                             grew = True
-            if not grew:  # the max-min condition holds, or the region is the whole component
+            if not grew:  # float noise on a whole component: nothing left to pull in
                 break
-        return {f: new for f, old in region.items() if (new := rates[f]) != old}
+        return changed
 
-    def _fill(self, region: Mapping[str, float]) -> dict[str, float]:
+    def _fill(
+        self, region: Mapping[str, list[Any]], touched: dict[str, None], changed: dict[str, float]
+    ) -> list[str]:
         """Water-fill the flows of `region`, the others' rates fixed: repeatedly take the link
-        with the smallest fair share of what is left and freeze its flows at that share."""
-        users, rates, paths, caps = self.users, self.rates, self.paths, self.caps
-        members: dict[str, list[str]] = {}
-        for f in region:
-            for link in paths[f]:
-                m = members.get(link)
-                if m is None:
-                    members[link] = [f]
+        with the smallest fair share of what is left and freeze its flows at that share.
+        Sets their rates (noted in `changed`; their links that carry fixed flows in
+        `touched`) and bottlenecks;
+        returns the flows frozen at a link where a fixed flow gets more (they have no
+        bottleneck: the region must grow)."""
+        records, links = self.flows, self.links
+        # link -> [capacity left, region flows not yet frozen, largest fixed rate (-1.0: no
+        # fixed flow), region flows]
+        work: dict[str, list[Any]] = {}
+        for f, rec in region.items():
+            for link in rec[1]:
+                w = work.get(link)
+                if w is None:
+                    work[link] = [0.0, 1, -1.0, [f]]
                 else:
-                    m.append(f)
-        residual: dict[str, float] = {}
-        count: dict[str, int] = {}
+                    w[1] += 1
+                    w[3].append(f)
         heap: list[tuple[float, str]] = []
-        for link, m in members.items():
-            us = users[link]
-            left = caps[link]
-            if len(us) != len(m):
-                left -= sum([rates[g] for g in us if g not in region])
-            n = len(m)
-            residual[link] = left
-            count[link] = n
+        for link, w in work.items():
+            left, us = links[link]
+            n = w[1]
+            if len(us) != n:
+                top = 0.0
+                for g in us:
+                    if g not in region:
+                        r = records[g][0]
+                        left -= r
+                        if r > top:
+                            top = r
+                w[2] = top
+            w[0] = left
             heap.append((left / n if left > 0 else 0.0, link))
         if len(heap) > 1:
             heapq.heapify(heap)
-        out: dict[str, float] = {}
+        # A link's share only rises as flows freeze elsewhere (each takes at most the share of
+        # every link it crosses), so a heap entry is a lower bound: a popped entry that is out
+        # of date goes back with the current share, and an up-to-date one is the minimum.
+        frozen: dict[str, None] = {}
+        bad: list[str] = []
         pop, push = heapq.heappop, heapq.heappush
-        while heap:
+        unfrozen = len(region)
+        while unfrozen:
             share, link = pop(heap)
-            n = count[link]
+            w = work[link]
+            n = w[1]
             if not n:
                 continue
-            left = residual[link]
-            if share != (left / n if left > 0 else 0.0):
-                continue  # superseded by a later entry for this link
-            for f in members[link]:
-                if f in out:
+            left = w[0]
+            now = left / n if left > 0 else 0.0
+            if now != share:
+                push(heap, (now, link))
+                continue
+            ok = share >= w[2] * (1 - _CHECK_RTOL)
+            for f in w[3]:
+                if f in frozen:
                     continue
-                out[f] = share
-                for other in paths[f]:
-                    left = residual[other] = residual[other] - share
-                    n = count[other] = count[other] - 1
-                    if n and other != link:
-                        push(heap, (left / n if left > 0 else 0.0, other))
-        return out
+                frozen[f] = None
+                unfrozen -= 1
+                rec = region[f]
+                cur = rec[0]
+                if share != cur and abs(share - cur) > _SAME_RTOL * (share if share > cur else cur):
+                    rec[0] = changed[f] = share
+                    for hop in rec[1]:
+                        if work[hop][2] >= 0:  # only fixed flows need the moved links
+                            touched[hop] = None
+                rec[2] = link
+                if not ok:
+                    bad.append(f)
+                for other in rec[1]:
+                    o = work[other]
+                    o[0] -= share
+                    o[1] -= 1
+        return bad
 
-    def _violators(self, links: Mapping[str, None]) -> list[str]:
-        """Flows on `links` without a bottleneck; also checks no link is over capacity."""
-        users, rates, caps, paths = self.users, self.rates, self.caps, self.paths
+    def _stale_fixed(self, moved: Mapping[str, None], region: Mapping[str, list[Any]]) -> list[str]:
+        """Fixed flows on `moved` links whose remembered bottleneck is one of them and that
+        have no bottleneck now; also checks no link they cross is over capacity.
+
+        `moved` holds every link with fixed flows whose load changed in any round of this
+        repair (a link without fixed flows keeps none: the region only grows): a
+        bottleneck found in an earlier round on a link that moved since is checked again,
+        and one on a link that never moved holds as it did when it was found."""
+        records, links = self.flows, self.links
         full: dict[str, float] = {}  # saturated link -> its largest rate; -1.0: not saturated
         bad: list[str] = []
-        seen: set[str] = set()
-        for link in links:
-            us = users.get(link)
-            if not us:
-                continue
-            for f in us:
-                if f in seen:
+        seen: dict[str, None] = {}
+        for link in moved:
+            for g in links[link][1]:
+                if g in region or g in seen:
                     continue
-                seen.add(f)
-                rate = rates[f]
-                for hop in paths[f]:
+                rec = records[g]
+                if rec[2] not in moved:
+                    continue
+                seen[g] = None
+                rate = rec[0]
+                for hop in rec[1]:
                     top = full.get(hop)
                     if top is None:
-                        top = full[hop] = _saturation(users[hop], rates, caps[hop], hop)
+                        top = full[hop] = _saturation(links[hop], records, hop)
                     if top >= 0 and rate >= top * (1 - _CHECK_RTOL):
+                        rec[2] = hop
                         break
                 else:
-                    bad.append(f)
+                    bad.append(g)
         return bad
 
 
-def _saturation(flows: Mapping[str, None], rates: Mapping[str, float], cap: float, link: str) -> float:
+def _saturation(lk: list[Any], records: Mapping[str, list[Any]], link: str) -> float:
     """The largest rate on a saturated link, -1.0 on one that is not; raises if over capacity."""
+    cap, flows = lk
     if len(flows) == 1:
         for g in flows:
-            load = top = rates[g]
+            load = top = records[g][0]
     else:
-        rs = [rates[g] for g in flows]
+        rs = [records[g][0] for g in flows]
         load, top = sum(rs), max(rs)
     if load > cap * (1 + _CHECK_RTOL) + 1e-9:
         raise AssertionError(f"link {link} carries {load} > capacity {cap}")

@@ -150,8 +150,10 @@ def predict(
     loads = (
         local_load(m, server, tp, dram_hit=False, loaders=loaders, bytes_per_npu=shard),
         local_load(m, server, tp, dram_hit=True, loaders=loaders, bytes_per_npu=shard),
-        npu_fork(m, link_spec(spec.scale_up_link), tp, bytes_per_npu=shard, targets=fork_targets),
-        npu_fork(m, link_spec(spec.scale_out_link), tp, bytes_per_npu=shard, targets=fork_targets),
+        *(
+            npu_fork(m, link_spec(kind), tp, bytes_per_npu=shard, targets=fork_targets)
+            for kind in fork_links(where)
+        ),
     )
     load_rows = tuple(_load_row(e.path, e.seconds, par, where, fork_targets) for e in loads)
     return Prediction(
@@ -222,6 +224,14 @@ def _row(
         decode_tokens_per_s=b / decode if fits else None, fits_kv=fits, activation_bytes=act,
         **extra,
     )  # fmt: skip
+
+
+def fork_links(where: Cluster) -> tuple[str, ...]:
+    """The link kinds between the NPUs of `where`, scale-up first: the npu-fork rows. Only
+    links the cluster has (a CloudMatrix384 moves NPU data over UB alone — its RoCE plane
+    leads to other SuperPods, xDeepServe §2.2 — so it has no npu-fork-roce row; the device
+    actors route NPU data on the same kinds, `devices.topology.fork_link_kinds`)."""
+    return tuple(dict.fromkeys((where.server.intra_link, where.server.inter_link)))
 
 
 def _load_row(path: str, seconds: float, par: Parallel, where: Cluster, targets: int) -> LoadRow:

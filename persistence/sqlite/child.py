@@ -37,6 +37,11 @@ from ..errors import LogError, RunExists, one_line
 from ..rows import step_rows
 from .sql import RUN_EXISTS, MultiInsert, read_steps, transaction
 
+EXISTING_RUN = "SELECT 1 FROM runs LIMIT 1"
+SECONDARY_INDEXES = (  # explicit CREATE INDEX statements (not the primary keys' autoindexes)
+    "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL "
+    "AND tbl_name IN ('inputs', 'events', 'outputs', 'snapshots') ORDER BY name"
+)
 HEADER = struct.Struct("<Q")
 ACK_BODY = struct.Struct("<QQ")
 CONFIG, RUN, STEPS, ACK, ERROR, END = b"CRSAEZ"
@@ -155,6 +160,29 @@ class FlatWriter:
         self.label: str = cfg["label"]
         self.run_id: str | None = None
         self.decode = msgspec.msgpack.Decoder().decode
+        self.deferred: list[str] = self._defer_indexes()
+
+    def _defer_indexes(self) -> list[str]:
+        """A log that holds no run yet is written without its secondary indexes, which
+        are built once, sorted, when the writer finishes (`finish`): appending rows to
+        the tables alone costs ~30 % less CPU than updating four b-trees per row, and
+        a sorted build of all of them costs less than that saving. Returns the DDL
+        dropped. A file that holds runs already keeps its indexes (its readers use
+        them). If this process dies before `finish`, the log stays correct and
+        readable, only its filtered reads scan (docs/decisions.md)."""
+        c = self.conn
+        if c.execute(EXISTING_RUN).fetchone() is not None:
+            return []
+        ddl = c.execute(SECONDARY_INDEXES).fetchall()
+        if ddl:
+            transaction(c, lambda conn: [conn.execute(f'DROP INDEX "{name}"') for name, _ in ddl])
+        return [sql for _, sql in ddl]
+
+    def finish(self) -> None:
+        """Build the indexes dropped by `_defer_indexes` (one transaction)."""
+        ddl, self.deferred = self.deferred, []
+        if ddl:
+            transaction(self.conn, lambda conn: [conn.execute(sql) for sql in ddl])
 
     def write(self, payload: bytes) -> int:
         """Commit one payload; returns how many steps it held."""
@@ -236,6 +264,7 @@ def serve_writer(src: BinaryIO, acks: Acks) -> int:
             steps += writer.write(payload)
             frames += 1
             acks.ack(frames, steps)
+        writer.finish()  # before exiting: the parent's close() waits for our exit
     except LogError as exc:  # one line for the user as it is (a refused run)
         acks.error(str(exc))
         return 1
@@ -243,6 +272,8 @@ def serve_writer(src: BinaryIO, acks: Acks) -> int:
         acks.error(f"{label}: log writer failed: {type(exc).__name__}: {exc}")
         return 1
     finally:
+        with contextlib.suppress(Exception):  # after a failure: the indexes, if it can
+            writer.finish()
         writer.close()
     return 0
 

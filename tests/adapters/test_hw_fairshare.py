@@ -122,6 +122,18 @@ def test_incremental_share_is_the_max_min_allocation_after_every_change(caps, op
         moved = {f for f, r in share.rates.items() if before.get(f) != r}
         assert moved <= changed.keys() and all(share.rates[f] == r for f, r in changed.items())
         assert set(share.users) == {link for p in live.values() for link in p}
+        _assert_remembered_bottlenecks(share)
+
+
+def _assert_remembered_bottlenecks(share: MaxMinShare) -> None:
+    """The repair skips a fixed flow whose remembered bottleneck did not move: so each flow's
+    remembered link must be on its path, saturated, and carry no flow faster than it."""
+    assert share.bneck.keys() == share.rates.keys()
+    for f, link in share.bneck.items():
+        assert link in share.paths[f], (f, link)
+        on = [share.rates[g] for g in share.users[link]]
+        assert sum(on) >= share.caps[link] * (1 - 1e-9), (f, link, "not saturated")
+        assert share.rates[f] >= max(on) * (1 - 1e-9), (f, link, "a flow there gets more")
 
 
 def test_a_change_touches_only_the_flows_that_share_links_with_it(monkeypatch):
@@ -133,9 +145,9 @@ def test_a_change_touches_only_the_flows_that_share_links_with_it(monkeypatch):
     filled: list[int] = []
     real_fill = MaxMinShare._fill
 
-    def spy(self: MaxMinShare, region: dict[str, None]) -> dict[str, float]:
+    def spy(self: MaxMinShare, region: dict, touched: dict, changed: dict) -> list[str]:
         filled.append(len(region))
-        return real_fill(self, region)
+        return real_fill(self, region, touched, changed)
 
     monkeypatch.setattr(MaxMinShare, "_fill", spy)
     changed = share.add("new", ("tx7", "rx7"), lambda link: 10.0)
@@ -166,3 +178,42 @@ def test_random_large_cases_agree_with_a_full_recompute():
     assert len(paths) > 300
     for f, rate in full.items():
         assert share.rates[f] == pytest.approx(rate, rel=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    ports=st.integers(4, 40),
+    steps=st.integers(30, 250),
+    degrade=st.floats(0.1, 1.0),
+)
+def test_repairs_on_a_busy_port_fabric_keep_the_exact_allocation(seed, ports, steps, degrade):
+    """UB-like fabric (every flow crosses a tx and an rx port, some ports degraded), flows
+    starting and ending at random, bursts, a capacity change now and then: after every repair
+    the rates are the exact max-min allocation and every remembered bottleneck holds — the
+    multi-round repairs (a region that grows) are where a stale bottleneck would hide."""
+    rng = random.Random(seed)
+    nominal = {f"{i}:{d}": (degrade if i % 3 == 0 else 1.0) * 40.0 for i in range(ports) for d in ("tx", "rx")}
+    share, live = MaxMinShare(), {}
+    for n in range(steps):
+        roll = rng.random()
+        if live and roll < 0.4:
+            gone = rng.choice(sorted(live))
+            del live[gone]
+            share.remove(gone)
+        elif roll < 0.95:
+            batch = []
+            for i in range(1 if roll < 0.85 else rng.randint(2, 5)):
+                s, t = rng.sample(range(ports), 2)
+                batch.append((f"f{n}.{i}", (f"{s}:tx", f"{t}:rx")))
+            live.update(batch)
+            share.add_many(batch, lambda link: nominal[link])
+        else:
+            link = rng.choice(sorted(nominal))
+            nominal[link] = rng.choice([0.5, 10.0, 40.0, 80.0])
+            share.set_capacity(link, nominal[link])
+        exact = max_min({k: Q(v) for k, v in nominal.items()}, live) if n % 25 == 0 or n == steps - 1 else None
+        if exact is not None:
+            for f, rate in share.rates.items():
+                assert rate == pytest.approx(float(exact[f]), rel=1e-9, abs=1e-12), (f, n)
+        _assert_remembered_bottlenecks(share)

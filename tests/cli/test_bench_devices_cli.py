@@ -17,7 +17,8 @@ def test_bench_devices_json_rows(tmp_path: Path) -> None:
         for what in ("deliveries", "transfers")
         for per in ("s", "cpu_s")
     }
-    assert rows.keys() == {"fabric_flows_40_s", "fabric_flows_40_cpu_s", *steady}
+    npu = {"npu_run_passes_per_cpu_s", "npu_pass_model_per_cpu_s"}
+    assert rows.keys() == {"fabric_flows_40_s", "fabric_flows_40_cpu_s", *steady, *npu}
     assert rows["fabric_flows_40_s"]["unit"] == "s"
     assert rows["fabric_flows_40_s"]["baseline"].startswith("fabric_flows_4_s")
     assert rows["fabric_steady_deliveries_per_s"]["baseline"].endswith("at 4 flows")
@@ -29,6 +30,9 @@ def test_bench_devices_json_rows(tmp_path: Path) -> None:
             f"fabric_steady_transfers_per_{per}"
         ]["value"]
         assert 2 <= ratio <= 5
+    # an aggregated run costs far less per pass than the passes sent one by one
+    for name in npu:
+        assert rows[name]["value"] > 3 * rows[name]["baseline_value"], name
 
 
 def test_bench_devices_bad_flow_count_is_one_line(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from deepserve.core import Actor, Context, Directive, Event, Message, ReplyHandle, Supervision
-from deepserve.core.messages import AskFailed, ChildFailed
+from deepserve.core.messages import AskFailed, ChildFailed, Undelivered
 
 
 class Add(Message, frozen=True):
@@ -101,6 +101,8 @@ class Counter(Actor[Tally]):
             ctx.stop()
         elif isinstance(msg, ChildFailed):
             ctx.record(Noted(f"child:{msg.child}:{msg.error}"))
+        elif isinstance(msg, Undelivered):
+            ctx.record(Noted(f"undelivered:{msg.msg_type}#{msg.msg_id}:{msg.target}:{msg.reason}"))
 
 
 class StopOnFailure(Counter):

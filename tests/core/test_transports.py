@@ -90,4 +90,6 @@ async def test_a_send_the_transport_refuses_is_a_recorded_dead_letter():
     assert [(i.actor, i.src, i.type) for i in dead] == [
         ("far/1", "a/0", "Add"), ("far/1", "a/0", "Add"), ("far/2", "ext/ask", "Forward"),
     ]
-    assert d.actor("a/0").state.notes == ("askfailed:transport refused",)
+    assert d.actor("a/0").state.notes == (
+        "undelivered:Add#1:far/1:transport refused", "askfailed:transport refused",
+    )

@@ -242,3 +242,61 @@ def test_options(tmp_path: Path) -> None:
         open_sink(p, "outbox", writer="process")
     with pytest.raises(ValueError, match="writer"):
         open_sink(p, writer="fiber")  # type: ignore[arg-type]
+
+
+def _indexes(path: str) -> list[str]:
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL ORDER BY name"
+        ).fetchall()
+    finally:
+        conn.close()
+    return [r[0] for r in rows]
+
+
+def test_a_fresh_log_gets_its_indexes_at_close_and_reads_the_same_meanwhile(tmp_path: Path) -> None:
+    # The writer process builds a fresh log's secondary indexes once, at the end;
+    # meanwhile the committed steps read back the same (filters scan instead).
+    run, steps = expected(requests=200)
+    thread_log, proc_log = str(tmp_path / "t.db"), str(tmp_path / "p.db")
+    with open_sink(thread_log) as sink:
+        sink.begin_run(run)
+        for s in steps:
+            sink.append(s)
+    want = _indexes(thread_log)
+    assert {"ix_inputs_actor", "ix_inputs_corr", "ix_inputs_t", "ix_outputs_step"} <= set(want)
+    sink = open_sink(proc_log, writer="process")
+    sink.begin_run(run)
+    for s in steps:
+        sink.append(s)
+    sink.flush()
+    assert _indexes(proc_log) == []
+    actor = steps[-1].input.actor
+    mid = open_log(proc_log)
+    filtered = encoded(list(mid.steps(run.run_id, actor=actor)))
+    assert encoded(list(mid.steps(run.run_id))) == encoded(steps)
+    mid.close()
+    sink.close()
+    assert _indexes(proc_log) == want
+    log = open_log(proc_log)
+    assert encoded(list(log.steps(run.run_id, actor=actor))) == filtered
+    assert encoded(list(log.steps(run.run_id))) == encoded(steps)
+    log.check_integrity()
+
+
+def test_a_log_with_runs_keeps_its_indexes_while_a_process_writes(tmp_path: Path) -> None:
+    p = str(tmp_path / "x.db")
+    with open_sink(p) as sink:
+        sink.begin_run(run_rec("first"))
+        sink.append(_step(0))
+    before = _indexes(p)
+    sink = open_sink(p, writer="process")
+    sink.begin_run(run_rec("second"))
+    sink.append(_step(1))
+    sink.flush()
+    assert _indexes(p) == before  # readers of the first run keep their indexes
+    sink.close()
+    assert _indexes(p) == before

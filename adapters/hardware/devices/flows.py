@@ -51,11 +51,7 @@ class Xfer(msgspec.Struct, frozen=True, kw_only=True):
     fingerprint: str | None
     accepted_at_s: float
     fixed_s: float
-    flowing: bool = False
-    bytes_left: float = 0.0  # at `since_s`
-    since_s: float = 0.0
-    rate: float = 0.0  # bytes per second while flowing
-    finish_s: float | None = None  # projected at the current rate; None while not progressing
+    flowing: bool = False  # its setup has ended (its progress, if any bytes: FabricState.flow)
 
 
 class LinkCond(msgspec.Struct, frozen=True):
@@ -73,6 +69,10 @@ class FabricState(msgspec.Struct):
     xfers: dict[str, Xfer] = {}
     on: dict[str, dict[str, None]] = {}  # link direction -> transfers crossing it (any phase)
     share: MaxMinShare = msgspec.field(default_factory=MaxMinShare)
+    # progress of each flowing transfer with bytes, mutated in place by a repair (a Struct copy
+    # per re-rated flow was the cost): [bytes left at since_s, since_s, rate in bytes per
+    # second, projected finish_s (inf while not progressing)]
+    flow: dict[str, list[float]] = {}
     due: list[tuple[float, str]] = []  # heap of (finish_s, key); the top is always current
     starts: list[tuple[float, str]] = []  # heap of (end of setup, key) of transfers in setup
     conds: dict[str, LinkCond] = {}  # links not at nominal condition
@@ -86,7 +86,8 @@ class FabricState(msgspec.Struct):
         copying the containers is a deep copy (and far cheaper than copy's generic walk)."""
         return FabricState(
             xfers=dict(self.xfers), on={r: dict(keys) for r, keys in self.on.items()},
-            share=self.share.__deepcopy__(memo), due=list(self.due), starts=list(self.starts),
+            share=self.share.__deepcopy__(memo), flow={k: list(v) for k, v in self.flow.items()},
+            due=list(self.due), starts=list(self.starts),
             conds=dict(self.conds),
             flaps=dict(self.flaps), delivered=self.delivered,
             delivered_bytes=self.delivered_bytes, failed=self.failed,
@@ -168,23 +169,30 @@ def capacity(nominal: Mapping[str, float], conds: Mapping[str, LinkCond], resour
     return nominal[resource] * cond.bw_factor if cond.up else 0.0
 
 
-def bytes_left_at(x: Xfer, at_s: float) -> float:
-    return max(0.0, x.bytes_left - x.rate * (at_s - x.since_s))
+def bytes_left_at(st: FabricState, key: str, at_s: float) -> float:
+    """Bytes a flowing transfer still has to move at `at_s` (its total before it flows)."""
+    fl = st.flow.get(key)
+    if fl is None:
+        x = st.xfers[key]
+        return 0.0 if x.flowing else float(x.nbytes)
+    return max(0.0, fl[0] - fl[2] * (at_s - fl[1]))
 
 
 def _rerated(st: FabricState, changed: Mapping[str, float], at_s: float) -> None:
     """Re-anchor the transfers whose rate changed at `at_s` and queue their new finish
     (`bytes_left_at`, inlined: this runs for every flow a repair touches)."""
-    xfers, due, replace, push = st.xfers, st.due, msgspec.structs.replace, heapq.heappush
+    flow, due, push = st.flow, st.due, heapq.heappush
     for key, rate in changed.items():
-        x = xfers[key]
-        left = max(0.0, x.bytes_left - x.rate * (at_s - x.since_s))
+        fl = flow[key]
+        left = fl[0] - fl[2] * (at_s - fl[1])
+        if left < 0.0:
+            left = 0.0
+        fl[0], fl[1], fl[2] = left, at_s, rate
         if rate > 0:
-            finish = at_s + left / rate
-            xfers[key] = replace(x, bytes_left=left, since_s=at_s, rate=rate, finish_s=finish)
+            fl[3] = finish = at_s + left / rate
             push(due, (finish, key))
         else:
-            xfers[key] = replace(x, bytes_left=left, since_s=at_s, rate=rate, finish_s=None)
+            fl[3] = math.inf
 
 
 def setup_end_s(x: Xfer) -> float:
@@ -204,15 +212,16 @@ def _tidy_starts(st: FabricState) -> None:
 
 def _tidy_due(st: FabricState) -> None:
     """Drop superseded heap entries from the top (so `next_due` is current); rebuild the heap
-    when stale entries outnumber live ones (amortised O(1) per push, bounded memory)."""
-    due, xfers = st.due, st.xfers
-    if len(due) > 2 * len(st.share.rates) + 64:
-        due[:] = [e for e in due if (x := xfers.get(e[1])) is not None and x.finish_s == e[0]]
+    when stale entries are three times the live ones (amortised O(1) per push, bounded
+    memory; a rebuild walks the whole heap, so not too often: ~6 pushes per transfer)."""
+    due, flow = st.due, st.flow
+    if len(due) > 4 * len(flow) + 64:
+        due[:] = [e for e in due if (fl := flow.get(e[1])) is not None and fl[3] == e[0]]
         heapq.heapify(due)
     while due:
         finish, key = due[0]
-        x = xfers.get(key)
-        if x is not None and x.finish_s == finish:
+        fl = flow.get(key)
+        if fl is not None and fl[3] == finish:
             return
         heapq.heappop(due)
 
@@ -228,7 +237,7 @@ def _unlink(st: FabricState, x: Xfer) -> None:
 def _end(st: FabricState, key: str, at_s: float) -> Xfer:
     x = st.xfers.pop(key)
     _unlink(st, x)
-    if key in st.share.paths:
+    if st.flow.pop(key, None) is not None:
         _rerated(st, st.share.remove(key), at_s)
     return x
 
@@ -250,10 +259,9 @@ def evolve_fabric(
         at, sharing = event.at_s, []
         for key in keys:
             x = st.xfers[key]
-            st.xfers[key] = msgspec.structs.replace(
-                x, flowing=True, bytes_left=float(x.nbytes), since_s=at
-            )
+            st.xfers[key] = msgspec.structs.replace(x, flowing=True)
             if x.nbytes > 0:  # a zero-byte transfer is delivered at once, sharing nothing
+                st.flow[key] = [float(x.nbytes), at, 0.0, math.inf]
                 sharing.append((key, x.resources))
 
         def cap(r: str) -> float:
@@ -298,11 +306,12 @@ def check_conservation(state: FabricState, nominal: Mapping[str, float]) -> None
     for x in state.xfers.values():
         if not x.flowing or x.nbytes == 0:
             continue
+        rate = state.flow[x.key][2]
         caps = [capacity(nominal, state.conds, r) for r in x.resources]
-        if min(caps) > 0 and x.rate <= 0:
+        if min(caps) > 0 and rate <= 0:
             raise AssertionError(f"transfer {x.key} is flowing at rate 0")
         for r in x.resources:
-            load[r] = load.get(r, 0.0) + x.rate
+            load[r] = load.get(r, 0.0) + rate
     for r, total in load.items():
         cap = capacity(nominal, state.conds, r)
         if total > cap * (1 + RTOL):

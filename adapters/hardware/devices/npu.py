@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import math
 
-import msgspec
-
 from deepserve.actors.ports.faults import HbmRegionFault, NpuCrash, NpuHang, NpuReset
 from deepserve.actors.ports.npu import (
     BAD_REQUEST,
@@ -36,16 +34,18 @@ from deepserve.actors.ports.npu import (
     NpuProbe,
     NpuStatus,
 )
-from deepserve.adapters.hardware.batch import Batch, Parallel, Seq, logits_tokens
 from deepserve.adapters.hardware.calibration import DP_COMPUTE_CV
-from deepserve.adapters.hardware.compute import forward_time, sampling_time_s
 from deepserve.adapters.hardware.devices.common import ReplyTo, answer, reply_to, respond
 from deepserve.adapters.hardware.devices.npu_run import (
     check_run,
+    forward_cost_s,
     next_chunk,
     pass_costs,
-    run_times,
+    pass_starts,
+    run_ends,
+    run_shape,
     truncation_point,
+    variance_factors,
 )
 from deepserve.adapters.hardware.devices.npu_state import (
     HEALTHY,
@@ -68,7 +68,6 @@ from deepserve.adapters.hardware.devices.npu_state import (
     Pending,
     evolve_npu,
 )
-from deepserve.adapters.hardware.models import model_profile
 from deepserve.adapters.hardware.specs import npu_spec
 from deepserve.core import Actor, Context, Event, Message
 
@@ -77,21 +76,6 @@ GRAPH_KEY = "graph"  # the one completion timer: at most one graph runs
 
 class NpuGraphDone(Message, frozen=True):
     req_id: str
-
-
-def forward_cost_s(npu: str, msg: NpuForward | NpuForwardRun) -> tuple[float, str, int]:
-    """(expected duration, mode, tokens) of a forward from the performance model."""
-    m, spec = model_profile(msg.model), npu_spec(npu)
-    batch = Batch(seqs=tuple(Seq(s.new_tokens, s.context_tokens) for s in msg.seqs))
-    par = Parallel(
-        tp=msg.tp, pp=msg.pp, dp=msg.dp, ep=msg.ep,
-        shared_expert_ranks=msg.shared_expert_ranks, redundant_experts=msg.redundant_experts,
-    )  # fmt: skip
-    cost = forward_time(m, spec, batch, par, part=msg.part)
-    total = cost.total_s
-    if msg.sample:
-        total += sampling_time_s(m, spec, logits_tokens(batch))
-    return total, cost.mode, batch.tokens
 
 
 def variance_factor(rng_draw: float) -> float:
@@ -113,6 +97,9 @@ class Npu(Actor[NpuState]):
         self.hbm_bytes = npu_spec(npu).hbm_bytes if hbm_bytes is None else hbm_bytes
         self.queue_limit = queue_limit
         self.variance = variance
+        # The last request _enqueue costed, and its cost: a pure function's value, kept by
+        # identity (not in the state: replay recomputes it, the same floats)
+        self._costed: tuple[object, tuple[float, str, int]] = (None, (0.0, "", 0))
 
     def initial_state(self) -> NpuState:
         return NpuState()
@@ -217,7 +204,7 @@ class Npu(Actor[NpuState]):
             self._error(ctx, to, msg.req_id, BAD_REQUEST, malformed)
             return
         try:  # reject what can never run now, not when it reaches the head of the queue
-            forward_cost_s(self.npu, msg)
+            self._costed = (msg, forward_cost_s(self.npu, msg))
         except (ValueError, KeyError) as exc:
             self._error(ctx, to, msg.req_id, BAD_REQUEST, str(exc))
             return
@@ -236,7 +223,9 @@ class Npu(Actor[NpuState]):
         if isinstance(head.req, NpuForwardRun):
             self._start_run(ctx, head.req)
             return
-        expected_s, mode, tokens = forward_cost_s(self.npu, head.req)
+        costed = self._costed  # usually the request just validated: its cost is known
+        cost = costed[1] if costed[0] is head.req else forward_cost_s(self.npu, head.req)
+        expected_s, mode, tokens = cost
         factor = variance_factor(ctx.rng.gauss(0.0, 1.0)) if self.variance else 1.0
         duration = expected_s * factor
         ctx.record(NpuForwardStarted(ctx.now(), duration, mode, tokens))
@@ -252,8 +241,9 @@ class Npu(Actor[NpuState]):
         ctx.record(NpuForwardEnded(ctx.now(), None))
         queued = run.started_at_s - run.pending.accepted_at_s
         if isinstance(run.pending.req, NpuForwardRun):
+            starts = pass_starts(run.started_at_s, run.ends_s, run.pending.req.gap_s)
             done_run = NpuForwardRunDone(
-                req_id=msg.req_id, starts_s=run.starts_s, ends_s=run.ends_s, queued_s=queued,
+                req_id=msg.req_id, starts_s=starts, ends_s=run.ends_s, queued_s=queued,
                 mode=run.mode, tokens=run.tokens,
                 truncated=run.limit < run.pending.req.iterations,
             )  # fmt: skip
@@ -269,38 +259,24 @@ class Npu(Actor[NpuState]):
 
     def _run_passes(
         self, ctx: Context, req: NpuForwardRun, lo: int, hi: int, start_s: float
-    ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-        """Draw passes lo..hi-1 of a run (one variance draw per pass, in order)."""
-
-        def cost(shapes: tuple) -> float:
-            return forward_cost_s(self.npu, msgspec.structs.replace(req, seqs=shapes))[0]
-
-        if self.variance:
-            gauss, exp = ctx.rng.gauss, math.exp
-            sigma = math.sqrt(math.log1p(DP_COMPUTE_CV**2))
-            half = sigma * sigma / 2
-
-            def factor() -> float:  # variance_factor's arithmetic, its constants hoisted
-                return exp(sigma * gauss(0.0, 1.0) - half)
-        else:
-
-            def factor() -> float:
-                return 1.0
-
-        return run_times(req.gap_s, start_s, pass_costs(self.npu, req, cost, lo, hi), factor)
+    ) -> tuple[float, ...]:
+        """When passes lo..hi-1 of a run end: the model's costs, each times its own variance
+        factor (one 64-bit draw of ctx.rng seeds the chunk's factors, npu_run.variance_factors)."""
+        factors = variance_factors(ctx.rng, hi - lo) if self.variance else None
+        return run_ends(req.gap_s, start_s, pass_costs(self.npu, req, lo, hi), factors)
 
     def _start_run(self, ctx: Context, req: NpuForwardRun) -> None:
         """Draw the run's first chunk of passes and arm the one timer at its last pass's end."""
-        _, mode, tokens = forward_cost_s(self.npu, req)
+        mode, tokens = run_shape(req)
         hi = next_chunk(0, req.iterations)
-        starts, ends = self._run_passes(ctx, req, 0, hi, ctx.now())
-        ctx.record(NpuRunStarted(ctx.now(), starts, ends, mode, tokens, req.iterations))
+        ends = self._run_passes(ctx, req, 0, hi, ctx.now())
+        ctx.record(NpuRunStarted(ctx.now(), ends, mode, tokens, req.iterations))
         ctx.after(ends[-1] - ctx.now(), NpuGraphDone(req.req_id), key=GRAPH_KEY)
 
     def _extend_run(self, ctx: Context, req: NpuForwardRun, done: int, limit: int, last_end: float) -> None:
         hi = done + next_chunk(done, limit)
-        starts, ends = self._run_passes(ctx, req, done, hi, last_end + req.gap_s)
-        ctx.record(NpuRunExtended(starts, ends))
+        ends = self._run_passes(ctx, req, done, hi, last_end + req.gap_s)
+        ctx.record(NpuRunExtended(ends))
         ctx.after(ends[-1] - ctx.now(), NpuGraphDone(req.req_id), key=GRAPH_KEY)
 
     def _truncate(self, ctx: Context, msg: NpuForwardTruncate) -> None:

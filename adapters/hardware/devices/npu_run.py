@@ -3,20 +3,32 @@
 A run is `iterations` forward passes of one batch whose sequences each append their new tokens
 after every pass, separated by the host's launch gap. Every pass's duration is the performance
 model's for exactly that pass's shapes (the same `forward_cost_s` a single NpuForward gets) times
-its own variance draw, so a run is the same timeline as the passes sent one by one — in one
+its own variance factor, so a run is the same timeline as the passes sent one by one — in one
 request, one answer and a few events instead of three messages and three events per pass. Passes
 are drawn in doubling chunks as the run proceeds, so a run truncated early costs little.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+import math
+import random
 
-from deepserve.actors.ports.npu import NpuForwardRun, SeqShape
-from deepserve.adapters.hardware.batch import GRAPH_MAX_NEW_TOKENS, Seq
+import msgspec
+
+from deepserve.actors.ports.npu import NpuForward, NpuForwardRun, SeqShape
+from deepserve.adapters.hardware.batch import GRAPH_MAX_NEW_TOKENS, Batch, Parallel, Seq
+from deepserve.adapters.hardware.calibration import DP_COMPUTE_CV
+from deepserve.adapters.hardware.compute import (
+    dense_fixed,
+    forward_time,
+    is_dense_plan,
+    sampling_time_s,
+    span_of,
+)
 from deepserve.adapters.hardware.models import model_profile
-from deepserve.adapters.hardware.roofline import _gqa_core, op_time_s
-from deepserve.adapters.hardware.sizes import dense_layers
+from deepserve.adapters.hardware.roofline import ACT_BYTES
+from deepserve.adapters.hardware.sizes import kv_bytes_per_token_layer
 from deepserve.adapters.hardware.specs import npu_spec
 
 MAX_RUN_ITERATIONS = 100_000  # a limit on everything: one run's passes
@@ -45,55 +57,170 @@ def next_chunk(done: int, limit: int) -> int:
     return min(limit - done, max(FIRST_CHUNK, done))
 
 
-def pass_costs(
-    npu: str, msg: NpuForwardRun, cost_s: Callable[[tuple[SeqShape, ...]], float], lo: int, hi: int
-) -> list[float]:
-    """The performance model's duration of passes lo..hi-1 of the run.
+def forward_cost_s(npu: str, msg: NpuForward | NpuForwardRun) -> tuple[float, str, int]:
+    """(expected duration, mode, tokens) of a forward from the performance model."""
+    m, spec = model_profile(msg.model), npu_spec(npu)
+    batch = Batch(seqs=tuple(Seq(s.new_tokens, s.context_tokens) for s in msg.seqs))
+    cost = forward_time(m, spec, batch, layout_of(msg), part=msg.part)
+    total = cost.total_s
+    if msg.sample:
+        total += sampling_time_s(m, spec, _logits(msg.seqs))
+    return total, cost.mode, batch.tokens
 
-    For a dense GQA model's decode graph (the common case) only the attention core depends on
-    the context, and linearly in FLOPs and bytes, so pass i costs pass 0's time plus the layers'
-    change of one roofline term — O(1) a pass instead of a whole forward_time. Equal to calling
-    the model pass by pass up to float rounding (checked by test_npu_run). Anything else (MoE,
-    MLA, prefill chunks, MTP) is computed pass by pass."""
-    m = model_profile(msg.model)
-    closed = (
-        hi - lo > 1 and m.moe is None and m.mla is None and msg.part == "main"
-        and all(s.new_tokens <= GRAPH_MAX_NEW_TOKENS for s in msg.seqs)
+
+def layout_of(msg: NpuForward | NpuForwardRun) -> Parallel:
+    return Parallel(
+        tp=msg.tp, pp=msg.pp, dp=msg.dp, ep=msg.ep,
+        shared_expert_ranks=msg.shared_expert_ranks, redundant_experts=msg.redundant_experts,
     )  # fmt: skip
-    if not closed:
-        return [cost_s(pass_shapes(msg, i)) for i in range(lo, hi)]
-    first = cost_s(pass_shapes(msg, 0))
+
+
+def _logits(seqs: tuple[SeqShape, ...]) -> int:  # batch.logits_tokens on the port's shapes
+    return sum(min(s.new_tokens, GRAPH_MAX_NEW_TOKENS) for s in seqs)
+
+
+def run_shape(msg: NpuForwardRun) -> tuple[str, int]:
+    """(mode, tokens) of every pass of a run (new tokens per sequence do not change)."""
+    graph = all(s.new_tokens <= GRAPH_MAX_NEW_TOKENS for s in msg.seqs)
+    return ("graph" if graph else "single_op"), sum(s.new_tokens for s in msg.seqs)
+
+
+class DensePlan(msgspec.Struct, frozen=True):
+    """A dense GQA run's constants: pass i costs `fixed + max(layers x attention_i + linear +
+    collective + head, floor) [+ sampling]`, attention_i the roofline max of
+    `flops_per_pair x (pairs0 + i x dpairs) / peak` and `(kv_layer x (kv0 + i x tokens) +
+    q_bytes) / bw` (see pass_costs)."""
+
+    fixed: float
+    layers: int
+    linear: float
+    collective: float
+    head: float
+    floor: float  # the launch floor in single-op mode; 0.0 in graph mode (executed >= 0)
+    sampling: float | None
+    flops_per_pair: float
+    pairs0: int
+    dpairs: int
+    kv_layer: float
+    kv0: int
+    tokens: int
+    q_bytes: float
+    peak: float
+    bw: float
+
+
+@functools.lru_cache(maxsize=256)  # a run's chunks share it; key: the (frozen) request's value
+def dense_plan(npu: str, msg: NpuForwardRun) -> DensePlan | None:
+    """The run's constants, or None when its passes are not dense GQA (priced pass by pass)."""
+    m = model_profile(msg.model)
+    if m.mla is not None or not is_dense_plan(m, msg.part):
+        return None
     spec = npu_spec(npu)
-    f0, b0 = _gqa_core(m, [Seq(s.new_tokens, s.context_tokens) for s in msg.seqs], msg.tp)
-    f1, b1 = _gqa_core(m, [Seq(s.new_tokens, s.context_tokens) for s in pass_shapes(msg, 1)], msg.tp)
-    df, db = f1 - f0, b1 - b0
-    layers = dense_layers(m)
-    a0 = op_time_s(f0, b0, spec)
-    # op_time_s inlined (the same arithmetic): this loop runs once per simulated decode pass
-    peak, bw = spec.tflops_fp16 * spec.eff.compute, spec.hbm_bw_bytes_per_s * spec.eff.memory
-    return [
-        first if i == 0 else first + layers * (max((f0 + i * df) / peak, (b0 + i * db) / bw) - a0)
+    par = layout_of(msg)
+    mode, tokens = run_shape(msg)
+    logits = _logits(msg.seqs)
+    fx = dense_fixed(m, spec, par, span_of(spec), msg.part, tokens, logits, mode == "graph")
+    # _gqa_core's constants, computed as it computes them
+    heads = m.n_heads / par.tp
+    kv_layer = kv_bytes_per_token_layer(m) * (math.ceil(m.n_kv_heads / par.tp) / m.n_kv_heads)
+    # Integer sums over the sequences: attended pairs and cached tokens at pass 0, and their
+    # growth per pass (each sequence's context grows by its n new tokens: pairs by n*n)
+    pairs0 = sum(s.new_tokens * s.context_tokens + s.new_tokens * (s.new_tokens + 1) // 2
+                 for s in msg.seqs)  # fmt: skip
+    return DensePlan(
+        fixed=fx.fixed_s, layers=fx.layers, linear=fx.linear_s, collective=fx.collective_s,
+        head=fx.head_s, floor=0.0 if mode == "graph" else fx.launch_floor_s,
+        sampling=sampling_time_s(m, spec, logits) if msg.sample else None,
+        flops_per_pair=2 * heads * (2 * m.head_dim), pairs0=pairs0,
+        dpairs=sum(s.new_tokens * s.new_tokens for s in msg.seqs), kv_layer=kv_layer,
+        kv0=sum(s.context_tokens + s.new_tokens for s in msg.seqs), tokens=tokens,
+        q_bytes=2 * heads * m.head_dim * ACT_BYTES * tokens,  # q in, output out
+        peak=spec.tflops_fp16 * spec.eff.compute,  # op_time_s's denominators
+        bw=spec.hbm_bw_bytes_per_s * spec.eff.memory,
+    )  # fmt: skip
+
+
+def pass_costs(npu: str, msg: NpuForwardRun, lo: int, hi: int) -> list[float]:
+    """The performance model's duration of passes lo..hi-1 of the run (the request validated).
+
+    For a dense GQA model only the attention core depends on the context, and its FLOPs and
+    bytes are linear in the sequences' summed attended pairs and cached tokens, which grow by
+    fixed integers each pass. So pass i costs the shape's context-free part (`dense_fixed`,
+    cached) plus a roofline max over two affine terms — O(1) a pass instead of a whole
+    forward_time. The sums are kept in integers and the float operations are forward_time's,
+    in its order, so a pass's cost is the same float as `forward_cost_s` of its shapes whenever
+    the attention sums are exact in binary floating point (integers below 2^53: every dense
+    model of models.py at any context a 910B/910C holds; test_npu_run checks bit equality);
+    otherwise equal up to float rounding. Anything else (MoE, MLA) is computed pass by pass."""
+    p = dense_plan(npu, msg)
+    if p is None:
+        return [
+            forward_cost_s(npu, msgspec.structs.replace(msg, seqs=pass_shapes(msg, i)))[0]
+            for i in range(lo, hi)
+        ]
+    fixed, layers, lin, coll, head, floor = p.fixed, p.layers, p.linear, p.collective, p.head, p.floor
+    fpp, pairs0, dpairs, peak = p.flops_per_pair, p.pairs0, p.dpairs, p.peak
+    kv_layer, kv0, tokens, q_bytes, bw = p.kv_layer, p.kv0, p.tokens, p.q_bytes, p.bw
+    # op_time_s's max(compute, memory) and forward_time's max(executed, launch floor), written
+    # as comparisons (the same floats: max keeps the first of equals; no call per pass)
+    costs = [
+        fixed + (x if (x := layers * (c if (c := fpp * (pairs0 + i * dpairs) / peak)
+                                      > (b := (kv_layer * (kv0 + i * tokens) + q_bytes) / bw)
+                                      else b) + lin + coll + head) >= floor else floor)
         for i in range(lo, hi)
-    ]
+    ]  # fmt: skip
+    if p.sampling is not None:  # forward_cost_s adds it after the forward's total
+        sampling = p.sampling
+        costs = [c + sampling for c in costs]
+    return costs
 
 
-def run_times(
-    gap_s: float,
-    start_s: float,
-    costs_s: list[float],
-    factor: Callable[[], float],
-) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(starts, ends) of consecutive passes: pass i+1 starts `gap_s` after pass i ends. The
-    arithmetic is the stepwise path's (end = start + duration; next start = end + gap)."""
-    starts: list[float] = []
+SIGMA = math.sqrt(math.log1p(DP_COMPUTE_CV**2))  # lognormal with mean 1 and CV DP_COMPUTE_CV
+_TWO_PI = 2.0 * math.pi
+
+
+def variance_factors(rng: random.Random, k: int) -> list[float]:
+    """k independent duration factors, each lognormal with mean 1 and coefficient of variation
+    DP_COMPUTE_CV (calibration.py: a DP group's compute variation between two barriers) — the
+    distribution a single forward draws (`npu.variance_factor`).
+
+    One 64-bit draw of the caller's seeded rng (`ctx.rng`) seeds a Mersenne Twister
+    (`random.Random`, whose uniforms are C code) that supplies the standard normals by the
+    Box-Muller transform, as `random.gauss` computes them, both of each pair used. Same seed,
+    same factors; ~0.25 us a factor against ~1 us for `ctx.rng.gauss` (SplitMix64 in Python)."""
+    stream = random.Random(rng.getrandbits(64))
+    uniform, exp, log, sqrt, cos, sin = stream.random, math.exp, math.log, math.sqrt, math.cos, math.sin
+    sigma, half = SIGMA, SIGMA * SIGMA / 2
+    out: list[float] = []
+    for _ in range((k + 1) // 2):
+        angle = uniform() * _TWO_PI
+        radius = sigma * sqrt(-2.0 * log(1.0 - uniform()))  # 1 - u in (0, 1]: log is finite
+        out.append(exp(radius * cos(angle) - half))
+        out.append(exp(radius * sin(angle) - half))
+    del out[k:]
+    return out
+
+
+def run_ends(
+    gap_s: float, start_s: float, costs_s: list[float], factors: list[float] | None
+) -> tuple[float, ...]:
+    """When each of consecutive passes ends: pass i+1 starts `gap_s` after pass i ends. The
+    arithmetic is the stepwise path's (end = start + duration x factor; next start = end + gap);
+    no factors is variance off (a factor of 1.0 leaves the duration unchanged)."""
     ends: list[float] = []
+    end = ends.append
     t = start_s
-    for cost in costs_s:
-        starts.append(t)
-        end = t + cost * factor()
-        ends.append(end)
-        t = end + gap_s
-    return tuple(starts), tuple(ends)
+    durations = costs_s if factors is None else [c * f for c, f in zip(costs_s, factors, strict=True)]
+    for d in durations:
+        t += d
+        end(t)
+        t += gap_s
+    return tuple(ends)
+
+
+def pass_starts(start_s: float, ends_s: tuple[float, ...], gap_s: float) -> tuple[float, ...]:
+    """When each pass started: the same floats run_ends computed (next start = end + gap)."""
+    return (start_s, *[e + gap_s for e in ends_s[:-1]]) if ends_s else ()
 
 
 def truncation_point(ends_s: tuple[float, ...], now: float) -> int:

@@ -25,8 +25,9 @@ class Running(msgspec.Struct, frozen=True):
     duration_s: float
     mode: str
     tokens: int
-    ends_s: tuple[float, ...] = ()  # a run (NpuForwardRun): when each pass drawn so far ends
-    starts_s: tuple[float, ...] = ()
+    # A run (NpuForwardRun): when each pass drawn so far ends. Pass 0 starts at started_at_s,
+    # pass i+1 at ends_s[i] + gap_s (npu_run.pass_starts): the log need not carry the starts.
+    ends_s: tuple[float, ...] = ()
     limit: int = 0  # a run: the passes it will run (its iterations, or fewer once truncated)
 
 
@@ -57,10 +58,10 @@ class NpuForwardStarted(Event, frozen=True):
 
 
 class NpuRunStarted(Event, frozen=True):
-    """The queue's head is a run of passes; its first passes' times are drawn here, once."""
+    """The queue's head is a run of passes; its first passes' times are drawn here, once (pass
+    i+1 starts the run's gap after pass i ends)."""
 
     at_s: float
-    starts_s: tuple[float, ...]
     ends_s: tuple[float, ...]
     mode: str
     tokens: int
@@ -70,7 +71,6 @@ class NpuRunStarted(Event, frozen=True):
 class NpuRunExtended(Event, frozen=True):
     """The running run's next passes, drawn when the previous ones ended."""
 
-    starts_s: tuple[float, ...]
     ends_s: tuple[float, ...]
 
 
@@ -138,7 +138,7 @@ def _truncate(st: NpuState, e: NpuRunTruncated) -> NpuState:
     run = st.running
     if run is not None and run.pending.req.req_id == e.req_id:
         n = e.iterations
-        run = replace(run, ends_s=run.ends_s[:n], starts_s=run.starts_s[:n], limit=n)
+        run = replace(run, ends_s=run.ends_s[:n], limit=n)
         return replace(st, running=replace(run, duration_s=run.ends_s[-1] - run.started_at_s))
     queue = tuple(
         replace(p, req=replace(p.req, iterations=e.iterations)) if p.req.req_id == e.req_id else p
@@ -158,7 +158,7 @@ def evolve_npu(st: NpuState, e: Event) -> NpuState:
     if isinstance(e, NpuRunStarted):
         assert st.running is None and st.queue, "a run started while another graph runs"
         run = Running(
-            st.queue[0], e.at_s, e.ends_s[-1] - e.at_s, e.mode, e.tokens, e.ends_s, e.starts_s,
+            st.queue[0], e.at_s, e.ends_s[-1] - e.at_s, e.mode, e.tokens, e.ends_s,
             e.limit or st.queue[0].req.iterations,  # type: ignore[union-attr]
         )
         return replace(st, running=run, queue=st.queue[1:])
@@ -166,8 +166,7 @@ def evolve_npu(st: NpuState, e: Event) -> NpuState:
         run = st.running
         assert run is not None, "no run to extend"
         ends = run.ends_s + e.ends_s
-        run = replace(run, ends_s=ends, starts_s=run.starts_s + e.starts_s,
-                      duration_s=ends[-1] - run.started_at_s)  # fmt: skip
+        run = replace(run, ends_s=ends, duration_s=ends[-1] - run.started_at_s)
         return replace(st, running=run)
     if isinstance(e, NpuRunTruncated):
         return _truncate(st, e)
