@@ -38,7 +38,8 @@ def register(subparsers: Any) -> None:
     sub = parser.add_subparsers(dest="replay_command", required=True, metavar="COMMAND")
 
     p = _command(sub, "verify", _verify, "re-execute every actor from its logged inputs")
-    p.epilog = "exit status: 0 identical, 1 diverged, 2 the log cannot be read or replayed"
+    p.epilog = ("a run directory with one log per process (deepserve up --processes) is verified log by log; "
+                "exit status: 0 identical, 1 diverged, 2 the log cannot be read or replayed")
 
     p = _command(sub, "state", _state, "an actor's state at a clock time, folded from its events")
     p.add_argument("--actor", required=True, metavar="A", help="actor address, e.g. worker/1")
@@ -118,6 +119,10 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from deepserve.replay.verify_logs import one_run_per_process
+
+    if one_run_per_process(args.log):  # a processes-mode run: one log per process, each verified alone
+        return _verify_logs(args)
     result = verify(_read(args), args.run)
     if args.json:
         print_json(result)
@@ -126,6 +131,22 @@ def _verify(args: argparse.Namespace) -> int:
         if result.divergence is not None:
             _print_divergence(result.divergence)
     return 0 if result.identical else EXIT_DIVERGED
+
+
+def _verify_logs(args: argparse.Namespace) -> int:
+    from deepserve.replay.verify_logs import verify_logs
+
+    load_user_code(args)
+    verdict = verify_logs(args.log, args.run)
+    if args.json:
+        print_json(verdict)
+        return 0 if verdict.identical else EXIT_DIVERGED
+    print(verdict.summary())
+    for v in verdict.logs:
+        print(f"  {v.log}: {v.result.summary()}")
+        if v.result.divergence is not None:
+            _print_divergence(v.result.divergence)
+    return 0 if verdict.identical else EXIT_DIVERGED
 
 
 def _print_divergence(d: Divergence) -> None:

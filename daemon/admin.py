@@ -1,5 +1,7 @@
-"""The admin API (127.0.0.1 by default; optional bearer token): status and faults. Every fault
-is an external input into the log (`src="ext/admin"`), so replay re-injects it."""
+"""The admin API (127.0.0.1 by default; optional bearer token): status, faults and scaling.
+Every fault and every scale request is an external input into the log (`src="ext/admin"`), so
+replay re-injects it. `kill-te` kills the TE's pod for real (`KillPod`: its actors stop and answer
+nothing, like a dead process); the heartbeat monitor notices and the cluster manager replaces it."""
 
 from __future__ import annotations
 
@@ -9,7 +11,10 @@ import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from deepserve.actors.ports.faults import HbmRegionFault, LinkDegrade, LinkDown, NpuCrash, NpuHang
+from deepserve.actors.cluster.messages import ScaleGroup
+from deepserve.actors.ports.faults import HbmRegionFault, LinkDegrade, LinkDown, NpuHang
+from deepserve.actors.ports.pod import KillPod
+from deepserve.adapters.scenario.control import MANAGER_ADDR, PODS_ADDR
 
 from .api import error_body
 from .logquery import LogQueries
@@ -26,15 +31,32 @@ class Fault(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     region: str = "r0"  # hbm-fault
 
 
+class Scale(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    group: str  # "model/role", e.g. "llama3-8b/colocated"
+    size: int
+
+
+def scale_input(rt: Runtime, sc: Scale) -> tuple[str, ScaleGroup, int]:
+    """(address, message, current target) of a scale request; ValueError naming the field."""
+    slots = sum(1 for s in rt.slots if s.group == sc.group)
+    if not slots:
+        groups = sorted({s.group for s in rt.slots})
+        raise ValueError(f"group: no TE group {sc.group!r}; groups: {', '.join(groups)}")
+    if not 0 <= sc.size <= slots:
+        raise ValueError(f"size: must be in [0, {slots}] (the group's TE slots; control.spare_tes adds some), "
+                         f"got {sc.size}")  # fmt: skip
+    cm = rt.cluster_state()
+    g = cm.groups.get(sc.group) if cm is not None else None
+    return MANAGER_ADDR, ScaleGroup(group=sc.group, size=sc.size), g.target if g is not None else 0
+
+
 def fault_inputs(rt: Runtime, f: Fault) -> list[tuple[str, Any]]:
     """(address, message) of a fault; ValueError naming the field when it cannot apply."""
     if f.kind == "kill-te":
-        tes = {t.addr: t for t in rt.placement.tes}
+        tes = [s.te for s in rt.slots]
         if f.target not in tes:
             raise ValueError(f"target: no TE {f.target!r}; TEs: {', '.join(tes)}")
-        # The TE's process is not separate in one-process mode: its NPUs crash, so every task
-        # on it fails with the reason (heartbeats and replacement are issue 7 §2).
-        return [(npu, NpuCrash(reason=f"kill-te {f.target}")) for npu in tes[f.target].npus]
+        return [(PODS_ADDR, KillPod(te=f.target, reason=f"kill-te {f.target}"))]
     if f.kind in ("hang-npu", "hbm-fault"):
         npus = {n for t in rt.placement.tes for n in t.npus}
         if f.target not in npus:
@@ -73,6 +95,16 @@ def create_admin_app(rt: Runtime, metrics: Metrics, token: str) -> FastAPI:
     @app.get("/admin/faults")
     async def recent_faults(limit: int = 50) -> dict[str, Any]:
         return {"inputs": await queries.recent_admin_inputs(limit)}
+
+    @app.post("/admin/scale")
+    async def scale(request: Request) -> JSONResponse:
+        try:
+            sc = msgspec.json.decode(await request.body(), type=Scale)
+            dst, msg, was = scale_input(rt, sc)
+        except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
+            return JSONResponse(error_body(str(exc), "invalid_request_error"), 400)
+        await rt.admin_input(dst, msg)
+        return JSONResponse({"group": sc.group, "size": sc.size, "was": was})
 
     @app.post("/admin/fault")
     async def fault(request: Request) -> JSONResponse:

@@ -23,6 +23,8 @@ def register_daemon(sub: Any) -> None:
     up.add_argument("--run-dir", metavar="DIR", help="where the log goes (default runs/daemon-<UTC time>)")
     up.add_argument("--log-format", choices=("console", "json"))
     up.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    up.add_argument("--processes", action="store_true",
+                    help="one OS process per TE, over ZeroMQ (the control plane, JE, gateway and HTTP stay here)")
     up.set_defaults(func=_up)
     cfg = sub.add_parser("config", help="the daemon's config")
     csub = cfg.add_subparsers(dest="config_command", required=True, metavar="ACTION")
@@ -41,6 +43,11 @@ def register_daemon(sub: Any) -> None:
     ft.add_argument("--region", default="r0")
     _admin_args(ft)
     ft.set_defaults(func=_fault)
+    sc = sub.add_parser("scale", help="set a TE group's size by hand (launch TEs, or drain and stop)")
+    sc.add_argument("group", help="a TE group, model/role (e.g. llama3-8b/colocated; see `deepserve status`)")
+    sc.add_argument("size", type=int, help="the group's new size")
+    _admin_args(sc)
+    sc.set_defaults(func=_scale)
 
 
 def _admin_args(p: argparse.ArgumentParser) -> None:
@@ -73,7 +80,12 @@ def _up(args: argparse.Namespace) -> int:
     if (run_dir / "daemon.db").exists():
         raise CliError(f"--run-dir {run_dir} already holds a daemon log; choose a new directory")
     configure_logging(cfg.daemon.log_format)
-    run(serve, cfg, run_dir)
+    if args.processes:
+        from .procs.runtime import ProcRuntime
+
+        run(serve, cfg, run_dir, 10.0, None, ProcRuntime)
+    else:
+        run(serve, cfg, run_dir)
     return 0
 
 
@@ -118,6 +130,16 @@ def _status(args: argparse.Namespace) -> int:
 def format_status(st: dict[str, Any]) -> str:
     lines = [f"model {st['model']}  up {st['uptime_s']} s  in flight {st['inflight']}  requests {st['requests']}",
              f"log {st['log']}", ""]  # fmt: skip
+    for g, row in st.get("groups", {}).items():
+        lines.append(f"group {g}: {row['ready']} ready of target {row['target']} ({row['slots']} slots)")
+    procs = f"{'process':<21}" if st.get("mode") == "processes" else ""  # one OS process per TE
+    lines.append(f"{'TE':<8}{'role':<11}{'gen':<8}{'state':<10}{procs}{'(last) failure':<62}boot steps")
+    for te in st["tes"]:
+        steps = " ".join(f"{k} {v:.2f}s" for k, v in te.get("boot_steps", {}).items())
+        proc = f"pid {te['pid'] or '-'!s:<8}{te['process']:<9}" if procs else ""
+        lines.append(f"{te['te']:<8}{te['role']:<11}gen {te.get('generation', 1):<3} {te.get('state', '?'):<10}"
+                     f"{proc}{te.get('reason', '')[:60]:<62}{steps}")  # fmt: skip
+    lines.append("")
     head = f"{'TE':<8}{'role':<11}{'DP':>3}  {'master':<14}{'running':>8}{'waiting':>8}{'KV used':>14}{'KV %':>7}{'prefix hit':>11}"
     lines.append(head)
     for te in st["tes"]:
@@ -131,6 +153,14 @@ def format_status(st: dict[str, Any]) -> str:
             lines.append(f"{te['te']:<8}{te['role']:<11}{i:>3}  {dp['master']:<14}{dp['running']:>8}{dp['waiting']:>8}"
                          f"{used:>14}{100 * dp['kv_blocks_used'] / total:>6.1f}%{100 * hit:>10.1f}%")  # fmt: skip
     return "\n".join(lines)
+
+
+def _scale(args: argparse.Namespace) -> int:
+    if args.size < 0:
+        raise CliError(f"size: must be >= 0, got {args.size}")
+    out = _admin(args, "/admin/scale", {"group": args.group, "size": args.size})
+    print(f"group {out['group']}: target {out['size']} (was {out['was']})")
+    return 0
 
 
 def _fault(args: argparse.Namespace) -> int:

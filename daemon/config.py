@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from deepserve.adapters.scenario.control import ControlPlane
 from deepserve.adapters.scenario.loader import (
     ScenarioError,
     _key_of,
@@ -28,7 +29,7 @@ class Daemon(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     port: Port = 8000  # 0: a free port (printed at start)
     run_dir: str = ""  # "": runs/daemon-<UTC time>
     log_format: Literal["console", "json"] = "console"
-    ingress: str = "ingress"  # the one actor address the frontend sends requests to
+    ingress: str = "gateway"  # the gateway's address: the one actor the frontend sends requests to
     served_model_name: str = ""  # "": the cluster's model name
     tokenizer: str = "approx"  # or a path to a Hugging Face tokenizer.json
     seed: int = 0
@@ -55,6 +56,7 @@ class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     daemon: Daemon = msgspec.field(default_factory=Daemon)
     cluster: Cluster = msgspec.field(default_factory=Cluster)
     pd: PdPool = msgspec.field(default_factory=PdPool)
+    control: ControlPlane = msgspec.field(default_factory=ControlPlane)  # manager, heartbeats, pods
 
     def pd_scenario(self) -> Scenario | None:
         """The P/D pool as a scenario of its own (None when there is none)."""
@@ -112,6 +114,9 @@ def load_config(path: str | None = None, overrides: tuple[str, ...] = ()) -> Dae
     if pd is not None:
         for key, problem in check(pd, known_models()):
             raise ScenarioError(source, key.replace("cluster.", "pd.", 1), problem)
+    if cfg.control.heartbeats and cfg.cluster.scheduler.aggregate:
+        # an aggregated decode run is one long NPU request: its master would look stalled
+        raise ScenarioError(source, "cluster.scheduler.aggregate", "must be false while control.heartbeats is on")
     if not cfg.cluster.scheduler.stream_token_ids:
         raise ScenarioError(source, "cluster.scheduler.stream_token_ids", "the daemon needs token ids (true)")
     return cfg

@@ -1,10 +1,14 @@
 """The daemon's cluster, in-process on `AsyncDriver` (wall clock), and the frontend's view of it.
 
-The frontend never touches an actor: it injects `Arrive` / `CancelRequest` into the ingress
-address (external inputs, logged with `src="ext/http"`) and reads what actors send outside —
-`TaskTokens` relayed by the ingress and the one `RequestDone` per request — demultiplexed here
-by request id into one bounded queue per open request. Admin actions (faults) are external
-inputs too (`src="ext/admin"`). `status()` reads actor state without changing it.
+Actors: the emulated hardware, the control plane (cluster manager `cluster`, heartbeat monitor
+`cluster/heartbeat`, in-process pod launcher `pods` — which starts the initial TEs and every
+replacement), a JE and the gateway at `daemon.ingress`. The frontend never touches an actor: it
+injects `Arrive` into the gateway and `CancelJob` into the JEs (external inputs, logged with
+`src="ext/http"`), and reads what actors send outside — `TaskTokens` relayed by the JE to
+`ext/stream` and the one `RequestDone` per request (to `ext/metrics`, or a 429 refusal as a failed
+`RequestDone`) — demultiplexed here by request id into one bounded queue per open request. Admin
+actions (faults, scaling) are external inputs too (`src="ext/admin"`). `status()` reads actor
+state without changing it.
 """
 
 from __future__ import annotations
@@ -17,13 +21,23 @@ from typing import Any
 import msgspec
 import structlog
 
+from deepserve.actors.cluster.messages import StopMonitor
 from deepserve.actors.flowserve.master.status import dp_load
 from deepserve.actors.flowserve.messages import Prompt, Sampling, TaskTokens
-from deepserve.actors.ingress import CancelRequest, Ingress
+from deepserve.actors.gateway.actor import Gateway
+from deepserve.actors.je.actor import JobExecutor
+from deepserve.actors.je.messages import CancelJob
+from deepserve.actors.ports.pod import TeSlot
 from deepserve.actors.workload.messages import Arrive, EndOfRun, RequestDone
 from deepserve.adapters.hardware.devices.topology import build, spawn_topology
-from deepserve.adapters.scenario.builder import spawn_te
+from deepserve.adapters.scenario.control import (
+    MANAGER_ADDR,
+    MONITOR_ADDR,
+    spawn_control_plane,
+    te_slot,
+)
 from deepserve.adapters.scenario.placement import Placement, place
+from deepserve.adapters.scenario.sched import Scheduling, je_config
 from deepserve.core.asyncdriver import AsyncDriver
 from deepserve.core.messages import Message
 from deepserve.persistence import open_sink
@@ -33,6 +47,8 @@ from .config import DaemonConfig
 log = structlog.get_logger("deepserve.daemon")
 LOG_FILE = "daemon.db"
 STREAM_QUEUE = 65_536  # tokens + the terminal message a slow client may have pending
+STREAM_ADDR = "ext/stream"  # where the JE relays output tokens (the frontend)
+JES = ("je/0",)
 
 
 class Overloaded(Exception):
@@ -44,9 +60,9 @@ class NoCapacity(Exception):
 
 
 def daemon_placement(cfg: DaemonConfig) -> tuple[Placement, set[str]]:
-    """The colocated pool's placement, then the P/D pool's on the servers after it (its TEs
-    numbered on), and the addresses of the P/D TEs."""
-    colo = place(cfg.cluster)
+    """The colocated pool's placement (its TEs and `control.spare_tes` spare slots), then the
+    P/D pool's on the servers after it (its TEs numbered on), and the addresses of the P/D TEs."""
+    colo = place(msgspec.structs.replace(cfg.cluster, tes=cfg.cluster.tes + cfg.control.spare_tes))
     pd = cfg.pd_scenario()
     if pd is None:
         return colo, set()
@@ -59,12 +75,24 @@ def daemon_placement(cfg: DaemonConfig) -> tuple[Placement, set[str]]:
     return Placement(base + extra.servers, (*colo.tes, *moved)), {t.addr for t in moved}
 
 
+def daemon_slots(cfg: DaemonConfig, placement: Placement, pd_tes: set[str]) -> tuple[tuple[TeSlot, ...], dict[str, int]]:
+    """Every TE slot (priced by the performance model) and each group's initial size."""
+    scenario, pd = cfg.scenario(), cfg.pd_scenario()
+    slots = tuple(te_slot(pd if te.addr in pd_tes and pd is not None else scenario, te) for te in placement.tes)
+    m = cfg.cluster.model
+    groups = {f"{m}/colocated": cfg.cluster.tes}
+    if pd is not None:
+        groups |= {f"{m}/prefill": cfg.pd.prefill_tes, f"{m}/decode": cfg.pd.decode_tes}
+    return slots, groups
+
+
 class Runtime:
     def __init__(self, cfg: DaemonConfig, run_dir: Path) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
         self.log_path = run_dir / LOG_FILE
         self.placement, self.pd_tes = daemon_placement(cfg)
+        self.slots, self.groups = daemon_slots(cfg, self.placement, self.pd_tes)
         self.streams: dict[str, asyncio.Queue[Any]] = {}
         self.accepting = False
         self.started_wall = time.time()
@@ -86,17 +114,22 @@ class Runtime:
         d.on_external = self._on_external
         c = self.cfg.cluster
         spawn_topology(d, build(c.topology, self.placement.servers), variance=c.npu_variance)
-        scenario, pd = self.cfg.scenario(), self.cfg.pd_scenario()
-        for te in self.placement.tes:
-            spawn_te(d, pd if te.addr in self.pd_tes and pd is not None else scenario, te)
-        p = self.placement
-        d.spawn(self.cfg.daemon.ingress, Ingress, mode="colocated", tes=p.role("colocated"),
-                prefill_tes=p.role("prefill"), decode_tes=p.role("decode"))  # fmt: skip
+        je = {**je_config(Scheduling(), c.kv_block_tokens), "stream_to": STREAM_ADDR}
+        for addr in JES:
+            d.spawn(addr, JobExecutor, config=je)
+        d.spawn(self.cfg.daemon.ingress, Gateway, config={"jes": list(JES),
+                                                           "max_inflight_per_model": self.cfg.daemon.max_inflight})  # fmt: skip
+        self.spawn_control(d)
         self.accepting = True
+
+    def spawn_control(self, d: AsyncDriver) -> None:
+        """The control plane with the in-process pod launcher (processes mode overrides this to
+        put its supervisor's launcher at `pods`)."""
+        spawn_control_plane(d, self.slots, self.groups, list(JES), self.cfg.control)
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop accepting, let in-flight requests finish for `grace_s`, fail the rest with a
-        reason (recorded), flush the log."""
+        reason (recorded), stop the heartbeats, flush the log."""
         d = self.driver
         if d is None:
             return
@@ -110,6 +143,8 @@ class Runtime:
             end = time.monotonic() + 2.0
             while self.streams and time.monotonic() < end:
                 await asyncio.sleep(0.01)
+        if self.cfg.control.heartbeats:
+            await d.inject(MONITOR_ADDR, StopMonitor(reason="the daemon shut down"), src="ext/operator")
         try:
             await d.__aexit__(None, None, None)
         except TypeError as exc:  # a final snapshot the kernel cannot encode: still flush the log
@@ -137,9 +172,12 @@ class Runtime:
         return q
 
     async def cancel(self, request_id: str, reason: str) -> None:
+        """To every JE (the gateway drew one; the others ignore it): the JE cancels the task on
+        its TE, whose master frees the KV blocks, and the request ends as cancelled."""
         if self.driver is not None and request_id in self.streams:
-            await self.driver.inject(self.cfg.daemon.ingress, CancelRequest(request_id=request_id, reason=reason),
-                                     corr=request_id, src="ext/http")  # fmt: skip
+            for je in JES:
+                await self.driver.inject(je, CancelJob(request_id=request_id, reason=reason),
+                                         corr=request_id, src="ext/http")  # fmt: skip
 
     def _on_external(self, _t: float, env: Any) -> None:
         msg = env.msg
@@ -168,22 +206,42 @@ class Runtime:
             raise NoCapacity("the daemon is not running")
         await self.driver.inject(dst, msg, src="ext/admin")
 
+    def cluster_state(self) -> Any:
+        """The cluster manager's state (TEs with generation and state, groups), or None."""
+        cell = self.driver.cells.get(MANAGER_ADDR) if self.driver is not None else None
+        return cell.actor.state if cell is not None else None
+
     def status(self) -> dict[str, Any]:
-        """TEs, roles, DP groups, loads and KV usage, read from the masters' state."""
+        """TEs with generation and state, roles, DP groups, loads and KV usage (masters' state)."""
         d = self.driver
+        cm = self.cluster_state()
+        slots = {s.te: s for s in self.slots}
         rows = []
-        for te in self.placement.tes:
+        for te in sorted(cm.tes if cm is not None else {}, key=lambda a: int(a.rpartition("/")[2])):
+            r, slot = cm.tes[te], slots[te]
             dps = []
-            shell = d.cells.get(te.addr) if d is not None else None
-            addrs = getattr(shell.actor, "dp_addrs", []) if shell is not None else []
-            for addr in addrs:
+            for i in range(slot.dp_groups if r.state not in ("stopped", "failed") else 0):
+                addr = f"{te}/dp/{i}"
                 cell = d.cells.get(addr) if d is not None else None
                 if cell is None or not cell.alive:
                     dps.append({"master": addr, "alive": False})
                     continue
                 ld = dp_load(cell.actor.state, cell.actor.cfg)
                 dps.append({"master": addr, "alive": True, **msgspec.to_builtins(ld)})
-            rows.append({"te": te.addr, "role": te.role, "server": te.server, "npus": list(te.npus), "dps": dps})
+            rows.append({"te": te, "role": slot.role, "group": slot.group, "server": slot.server,
+                         "npus": list(slot.npus), "generation": r.generation, "state": r.state,
+                         "reason": r.reason or _last_failure(r), "boot_steps": dict(r.steps), "failures": r.failures, "dps": dps})  # fmt: skip
+        groups = {g: {"target": rec.target, "ready": sum(1 for x in rows if x["group"] == g and x["state"] == "ready"),
+                      "slots": sum(1 for s in self.slots if s.group == g)}
+                  for g, rec in (cm.groups.items() if cm is not None else ())}  # fmt: skip
         return {"model": self.cfg.model_name(), "uptime_s": round(time.time() - self.started_wall, 1),
                 "inflight": len(self.streams), "requests": dict(self.counts), "log": str(self.log_path),
-                "tes": rows}  # fmt: skip
+                "groups": groups, "tes": rows}  # fmt: skip
+
+
+def _last_failure(r: Any) -> str:
+    """Why the previous generation ended ("" for a first generation)."""
+    if not r.history:
+        return ""
+    past = r.history[-1]
+    return f"gen {past['generation']} {past['state']}: {past['reason']}"

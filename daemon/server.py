@@ -44,10 +44,11 @@ def configure_logging(fmt: str) -> None:
                                     renderer], logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # fmt: skip
 
 
-async def serve(cfg: DaemonConfig, run_dir: Path, grace_s: float = 10.0, ready: Any = None) -> None:
+async def serve(cfg: DaemonConfig, run_dir: Path, grace_s: float = 10.0, ready: Any = None,
+                runtime: type[Runtime] = Runtime) -> None:
     d = cfg.daemon
     log = structlog.get_logger("deepserve.daemon")
-    rt = Runtime(cfg, run_dir)
+    rt = runtime(cfg, run_dir)
     metrics = Metrics(cfg.model_name())
     rt.on_done = metrics.done
     await rt.start()

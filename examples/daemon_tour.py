@@ -19,13 +19,16 @@ def main() -> int:
 
     run_dir = Path("runs") / time.strftime("demo-%Y%m%dT%H%M%SZ", time.gmtime())
     deepserve = [sys.executable, "-m", "deepserve"]
-    print(f"$ deepserve up --port 0 --run-dir {run_dir}", flush=True)
-    proc = subprocess.Popen([*deepserve, "up", "--port", "0", "--run-dir", str(run_dir)])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir / "daemon.log"  # the daemon's structlog lines, kept out of the streamed text
+    print(f"$ deepserve up --port 0 --run-dir {run_dir} 2> {log_path}", flush=True)
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen([*deepserve, "up", "--port", "0", "--run-dir", str(run_dir)], stderr=log_file)
     try:
         info_path, end = run_dir / "daemon.json", time.monotonic() + START_TIMEOUT_S
         while not info_path.exists():
             if proc.poll() is not None or time.monotonic() > end:
-                print("demo: the daemon did not start", file=sys.stderr)
+                print(f"demo: the daemon did not start; its log:\n{log_path.read_text()}", file=sys.stderr)
                 return 1
             time.sleep(0.05)
         info = json.loads(info_path.read_text())
@@ -48,6 +51,7 @@ def main() -> int:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
+    print(f"\n$ tail -n 3 {log_path}\n" + "".join(log_path.read_text().splitlines(True)[-3:]), end="")
     print(f"\n$ deepserve replay verify {info['log']}", flush=True)
     return subprocess.run([*deepserve, "replay", "verify", info["log"]]).returncode
 

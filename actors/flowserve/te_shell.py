@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from deepserve.actors.cluster.messages import Heartbeat
 from deepserve.actors.flowserve.balancer import Pending, assign
 from deepserve.actors.flowserve.distflow.messages import CorruptKvBlock
 from deepserve.actors.flowserve.master.actor import DpMaster
@@ -187,6 +188,8 @@ class TeShell(Actor[ShellState]):
             self._report_tick(ctx)
         elif isinstance(msg, DpStatus):
             self._report_answer(ctx, int(msg.req_id.rpartition(":")[2]), msg.load)
+        elif isinstance(msg, Heartbeat):  # xDeepServe §6.1: fanned out to the DP masters by {te}/hb
+            ctx.send(f"{self.cfg.te}/hb", msg)
 
     # ---- dispatch ---------------------------------------------------------------------
     def _submit(self, ctx: Context, msg: SubmitTask) -> None:

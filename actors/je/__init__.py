@@ -1,2 +1,2 @@
-"""The Job Executor (issue 6): `actor.JobExecutor`, its messages, and the cluster-manager
-stand-in `cluster.ClusterManager` that pushes TE group membership."""
+"""The Job Executor (issue 6): `actor.JobExecutor` and its messages. The cluster manager that
+pushes TE group membership is `actors/cluster/manager.py` (still importable as `je.cluster`)."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from deepserve.actors.flowserve.master.kv_publish import SubscribeKvEvents
+from deepserve.actors.flowserve.master.pd import KvRelease
 from deepserve.actors.flowserve.messages import (
     SubmitTask,
     TaskAccepted,
@@ -34,12 +34,15 @@ from deepserve.actors.scheduling.predictor import DecodeLengthTree, features
 from deepserve.actors.workload.messages import EndOfRun, RequestDone
 from deepserve.core import Actor, Context, Event, Message
 
+from . import failover
 from .config import MAX_BATCH_ITEMS, MAX_JOBS, JeConfig
 from .messages import (
     AcceptTimeout,
     BatchAccepted,
     BatchDone,
     BatchTick,
+    CancelDeadline,
+    CancelJob,
     JeLateMessage,
     JePrefilled,
     JeState,
@@ -49,7 +52,6 @@ from .messages import (
     JobFinished,
     JobParked,
     JobRequest,
-    MembershipChanged,
     OfferAgain,
     OfferRefused,
     ParkTimeout,
@@ -118,6 +120,12 @@ class JobExecutor(Actor[JeState]):
                 self._finish(ctx, msg.request_id, j, "failed", f"no TE group for model {j.model!r} was pushed in time")  # type: ignore[attr-defined]
         elif t is BatchTick:
             self._pump_batch(ctx)
+        elif t is CancelJob:
+            self._cancel(ctx, msg)  # type: ignore[arg-type]
+        elif t is CancelDeadline:
+            j = self.state.jobs.get(msg.request_id)  # type: ignore[attr-defined]
+            if j is not None:  # the TE never answered the cancel (dead, hung): end it here
+                self._finish(ctx, msg.request_id, j, "cancelled", f"{j.cancelled} (no answer from {j.te or 'any TE'})")  # type: ignore[attr-defined]
         elif t is EndOfRun:
             for rid, j in list(self.state.jobs.items()):
                 self._finish(ctx, rid, j, "failed", msg.reason)  # type: ignore[attr-defined]
@@ -198,6 +206,9 @@ class JobExecutor(Actor[JeState]):
         return tuple(out)
 
     def _dispatch(self, ctx: Context, rid: str, j: Job, phase: str, attempt: int, last: str = "") -> None:
+        if j.cancelled:
+            self._finish(ctx, rid, j, "cancelled", j.cancelled)
+            return
         if phase == "decode":
             cands = self._candidates(j, ("decode",))
             decision = select_least_load(self._route_req(rid, j), cands) if cands else None
@@ -335,8 +346,12 @@ class JobExecutor(Actor[JeState]):
     def _tokens(self, ctx: Context, m: TaskTokens) -> None:
         rid = m.task_id.rpartition("/")[0]
         j = self.state.jobs.get(rid)
-        if j is not None and j.task_id == m.task_id and j.te and not j.streamed:
+        if j is None or j.task_id != m.task_id or not j.te:
+            return  # an earlier attempt's or a finished job's tokens: never shown to the client
+        if not j.streamed:
             ctx.record(TaskStreamed(task_id=m.task_id))
+        if self.cfg.stream_to:  # a live frontend: the JE is the output path's relay
+            ctx.send(self.cfg.stream_to, m, corr=rid)
 
     def _rejected(self, ctx: Context, m: TaskRejected) -> None:
         cur = self._current(ctx, m.task_id, "TaskRejected")
@@ -367,6 +382,14 @@ class JobExecutor(Actor[JeState]):
             return
         rid, j = cur
         ctx.cancel(f"acc/{m.task_id}")
+        if j.cancelled:
+            if m.kv is not None:  # a prefill that finished anyway: P may free the KV it holds
+                ctx.send(m.kv.src, KvRelease(transfer_id=m.kv.transfer_id))
+            status = "completed" if m.status == "completed" and j.phase != "prefill" else "cancelled"
+            self._finish(ctx, rid, j, status, m.reason if status == "completed" else j.cancelled, m,
+                         first=j.first_token_s if j.phase == "decode" else m.first_token_s,
+                         cached=m.cached_prompt_tokens)  # fmt: skip
+            return
         if m.status != "completed":
             self._task_failed(ctx, rid, j, f"{m.status} on {j.te}: {m.reason}")
             return
@@ -394,6 +417,9 @@ class JobExecutor(Actor[JeState]):
     def _task_failed(self, ctx: Context, rid: str, j: Job, reason: str) -> None:
         te, phase, attempt = j.te, j.phase, j.attempt
         ctx.record(JeTaskEnded(request_id=rid, task_id=j.task_id, te=te, status="failed", reason=reason))
+        if j.cancelled:
+            self._finish(ctx, rid, j, "cancelled", j.cancelled)
+            return
         if j.streamed or phase == "decode":
             self._finish(ctx, rid, j, "failed", f"{phase} task failed after output streamed: {reason}")
         elif attempt >= self.cfg.max_attempts:
@@ -402,29 +428,18 @@ class JobExecutor(Actor[JeState]):
             self._dispatch(ctx, rid, j, phase, attempt + 1, reason)
 
     # ---- membership and ends -------------------------------------------------------------------
+    def _cancel(self, ctx: Context, m: CancelJob) -> None:
+        failover.cancel(self, ctx, m)
+
     def _membership(self, ctx: Context, m: TeGroupMembership) -> None:
-        known = self.state.groups.get(m.model, {}).get(m.role, [])
-        ctx.record(MembershipChanged(model=m.model, role=m.role, tes=m.tes))
-        if self.cfg.kv_events and m.role != "decode":  # the prompt tree mirrors the TEs' caches
-            for te in m.tes:
-                if te not in known:
-                    ctx.send(te, SubscribeKvEvents(subscriber=ctx.self))
-        members = {te for tes in self.state.groups.get(m.model, {}).values() for te in tes}
-        for rid in [r for r in self.state.parked if self.state.jobs[r].model == m.model]:
-            ctx.cancel(f"park/{rid}")
-            self._dispatch(ctx, rid, self.state.jobs[rid], "chat", 1)
-        for rid, j in list(self.state.jobs.items()):
-            if j.model == m.model and j.te and j.te not in members:
-                self._task_failed(ctx, rid, j, f"{j.te} left the {m.role} group")
-        if m.role == "prefill" and self.cfg.forwarding.mode == "on_demand":
-            for te in m.tes:
-                if te not in known:
-                    self._feed(ctx, te)  # a new prefill is idle
+        failover.membership(self, ctx, m)
 
     def _finish(self, ctx: Context, rid: str, j: Job, status: str, reason: str,
                 m: TaskFinished | None = None, first: float | None = None, cached: int = 0) -> None:
         if j.te:
             ctx.cancel(f"acc/{j.task_id}")
+        if j.cancelled:
+            ctx.cancel(f"cancel/{rid}")
         done = RequestDone(
             request_id=rid, status=status, reason=reason, arrival_s=j.arrival_s,  # type: ignore[arg-type]
             first_token_s=first if m is not None else j.first_token_s, finish_s=ctx.now() if m is None else m.finish_s,

@@ -26,6 +26,7 @@ class JeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_tree_blocks: int = MAX_BLOCKS_DEFAULT
     predictor: dict[str, Any] | None = None  # a DecodeLengthTree as data (`deepserve profile predictor`)
     kv_block_tokens: int = 128  # the cluster's block size: prompt-tree matches in tokens
+    stream_to: str = ""  # a live frontend's address: output tokens are relayed there ("": none)
     kv_events: bool = True  # subscribe to the TEs' KV cache events (False: ROUTED guesses only)
 
     def __post_init__(self) -> None:

@@ -31,6 +31,16 @@ class TeGroupMembership(Message, frozen=True, kw_only=True):
     role: GroupRole
     tes: tuple[str, ...]
     version: int = 0
+    # TEs being drained (scale-down): no new tasks, but their open tasks are not failed over
+    draining: tuple[str, ...] = ()
+
+
+class CancelJob(Message, frozen=True, kw_only=True):
+    """The client went away (or hit a stop sequence, or the TTFT deadline): cancel the job's
+    current task on its TE (which frees its KV) and end the request as cancelled."""
+
+    request_id: str
+    reason: str = "the client disconnected"
 
 
 class JobRequest(Message, frozen=True, kw_only=True):
@@ -69,6 +79,12 @@ class BatchDone(Message, frozen=True, kw_only=True):
 
 class AcceptTimeout(Message, frozen=True, kw_only=True):
     task_id: str
+
+
+class CancelDeadline(Message, frozen=True, kw_only=True):
+    """The JE's timer: a cancelled job's TE did not answer the cancel in time."""
+
+    request_id: str
 
 
 class OfferAgain(Message, frozen=True, kw_only=True):
@@ -114,6 +130,12 @@ class MembershipChanged(Event, frozen=True, kw_only=True):
     model: str
     role: GroupRole
     tes: tuple[str, ...]
+    draining: tuple[str, ...] = ()
+
+
+class JobCancelRequested(Event, frozen=True, kw_only=True):
+    request_id: str
+    reason: str
 
 
 class RouteDecided(Event, frozen=True, kw_only=True):
@@ -220,6 +242,7 @@ class Job(msgspec.Struct, kw_only=True):
     cached_prompt_tokens: int = 0
     prompt_tokens: int = 0
     kv: KvHandle | None = None
+    cancelled: str = ""  # why the requester cancelled it ("": not cancelled)
 
 
 class Batch(msgspec.Struct, kw_only=True):
@@ -232,6 +255,7 @@ class Batch(msgspec.Struct, kw_only=True):
 
 class JeState(msgspec.Struct, kw_only=True):
     groups: dict[str, dict[str, list[str]]] = {}  # model -> role -> TEs
+    draining: dict[str, list[str]] = {}  # "model/role" -> TEs draining (no new tasks, not failed over)
     trees: dict[str, PromptTree] = {}  # model -> the global prompt tree of its TE group
     publishing: list[str] = []  # TEs whose KV events arrived (no ROUTED guesses for them)
     jobs: dict[str, Job] = {}

@@ -14,6 +14,7 @@ from .messages import (
     JeTaskEnded,
     Job,
     JobAccepted,
+    JobCancelRequested,
     JobFinished,
     JobParked,
     MembershipChanged,
@@ -76,6 +77,11 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
         _finished(s, e)  # type: ignore[arg-type]
     elif t is MembershipChanged:
         _membership(s, e, max_tree_blocks)  # type: ignore[arg-type]
+        key = f"{e.model}/{e.role}"  # type: ignore[attr-defined]
+        if e.draining:  # type: ignore[attr-defined]
+            s.draining[key] = list(e.draining)  # type: ignore[attr-defined]
+        else:
+            s.draining.pop(key, None)
     elif t is BatchAccepted:
         from .messages import Batch
 
@@ -84,6 +90,8 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
         s.parked.append(e.request_id)  # type: ignore[attr-defined]
     elif t is JeLateMessage:
         s.late += 1
+    elif t is JobCancelRequested:
+        s.jobs[e.request_id].cancelled = e.reason  # type: ignore[attr-defined]
     return s
 
 

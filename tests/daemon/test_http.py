@@ -156,12 +156,12 @@ def test_admin_reads_a_request_from_the_live_log(daemon: dict[str, Any]) -> None
     end = time.monotonic() + 10
     while time.monotonic() < end:  # the log commits a few milliseconds behind
         got = httpx.get(f"{daemon['admin_url']}/admin/requests/{rid}", timeout=10)
-        if got.status_code == 200 and any("RequestFinished" in s["events"] for s in got.json()["steps"]):
+        if got.status_code == 200 and any("JobFinished" in s["events"] for s in got.json()["steps"]):
             break
         time.sleep(0.05)
     steps = got.json()["steps"]
     assert steps[0]["input"] == "Arrive" and steps[0]["from"] == "ext/http" and steps[0]["external"]
-    assert sum(s["events"].count("RequestFinished") for s in steps) == 1
+    assert sum(s["events"].count("JobFinished") for s in steps) == 1
     assert httpx.get(f"{daemon['admin_url']}/admin/requests/nope", timeout=10).status_code == 404
 
 

@@ -17,6 +17,8 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from deepserve.actors.cluster.liveness import answer_heartbeat
+from deepserve.actors.cluster.messages import DpHeartbeat
 from deepserve.actors.flowserve import rtc
 from deepserve.actors.flowserve.master import context, pd
 from deepserve.actors.flowserve.master.evolve import evolve_master
@@ -124,6 +126,8 @@ class DpMaster(Actor[MasterState]):
             pd.handle(self, ctx, msg)
         elif type(msg) is SubscribeKvEvents:
             self.kv.subscribe(ctx, msg)  # type: ignore[arg-type]
+        elif isinstance(msg, DpHeartbeat):  # xDeepServe §6.1: answered only while the loop moves
+            answer_heartbeat(self, ctx, msg)
         if self.kv.subscribers:
             self.kv.flush(ctx)  # this delivery's KV cache events, one batch per subscriber
 

@@ -1,0 +1,168 @@
+"""The cluster manager's and the heartbeat monitor's messages (DeepServe §3, xDeepServe §6.1).
+
+Kept stable (helpers code against it); extended only additively.
+
+Boot (inside a TE's pod, from `TeBoot` to the manager):
+    TeBootStep(step, duration_s) for te_pre_load, ssd_to_dram, dram_to_npu, post_load;
+    then RegisterTe (flowserve.messages) — or TeBootFailed(reason).
+Heartbeats (first tier, xDeepServe §6.1):
+    monitor --Heartbeat--> TE shell --(forwards)--> `{te}/hb` --ask DpHeartbeat--> each DP master
+    `{te}/hb` --HeartbeatAck(ok)--> monitor, once every master answered (ok=False names the one
+    that did not). A master answers only while its loop is alive: it stays silent when the same
+    forward pass is still outstanding that it reported at the previous heartbeat (`last_step`).
+    No ack by the next tick is a miss; `misses` consecutive misses → TeFailed to the manager.
+Manager inputs from outside (admin, every one an external input in the log):
+    ScaleGroup(group, size), DrainTe(te) — RemoveTe (actors/je/cluster.py) is kept as an alias path.
+Manager outputs:
+    TeGroupMembership (actors/je/messages.py) to every JE on every change of a group;
+    DirectoryUpdate to every directory subscriber on every change of address → endpoint;
+    WatchTe / UnwatchTe to the monitor; LaunchPod / StopPod to the pod launcher.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from deepserve.core.messages import Message
+
+BootStepName = Literal["pod_start", "te_pre_load", "ssd_to_dram", "dram_to_npu", "post_load", "registered"]
+TeStateName = Literal["starting", "ready", "failed", "replacing", "draining", "stopped"]
+
+# ---- boot (TeBoot → manager) --------------------------------------------------------------------
+
+
+class TeBootStep(Message, frozen=True, kw_only=True):
+    te: str
+    generation: int
+    pod_id: str
+    step: BootStepName
+    duration_s: float
+    detail: str = ""  # e.g. the host's load path: "ssd", "dram-hit"
+
+
+class TeBootFailed(Message, frozen=True, kw_only=True):
+    te: str
+    generation: int
+    pod_id: str
+    reason: str
+
+
+# ---- heartbeats ----------------------------------------------------------------------------------
+
+
+class WatchTe(Message, frozen=True, kw_only=True):
+    """Manager → monitor: heartbeat this TE (a new generation replaces the old watch)."""
+
+    te: str
+    generation: int
+
+
+class UnwatchTe(Message, frozen=True, kw_only=True):
+    te: str
+
+
+class StopMonitor(Message, frozen=True, kw_only=True):
+    """Stop the periodic ticks (the run is ending): no timer stays pending."""
+
+    reason: str = "the run is ending"
+
+
+class HeartbeatTick(Message, frozen=True):
+    """The monitor's timer."""
+
+
+class Heartbeat(Message, frozen=True, kw_only=True):
+    """Monitor → TE shell (which forwards it to `{te}/hb`)."""
+
+    te: str
+    generation: int
+    seq: int
+    reply_to: str  # the monitor
+
+
+class HeartbeatAck(Message, frozen=True, kw_only=True):
+    te: str
+    generation: int
+    seq: int
+    ok: bool  # every DP master answered
+    reason: str = ""  # ok=False: which master did not answer, and why
+    steps: tuple[int, ...] = ()  # per DP group: the forward pass outstanding (-1: none)
+
+
+class DpHeartbeat(Message, frozen=True, kw_only=True):
+    """`{te}/hb` → a DP master (an ask). `last_step`: the outstanding forward that master
+    reported at the previous heartbeat (-1: none); still the same one → the loop is stalled."""
+
+    seq: int
+    last_step: int = -1
+
+
+class DpHeartbeatAck(Message, frozen=True, kw_only=True):
+    dp: int
+    seq: int
+    step: int  # the launched forward pass outstanding now (-1: none)
+
+
+class TeFailed(Message, frozen=True, kw_only=True):
+    """Monitor (or an operator) → manager: declare the TE's `generation` failed."""
+
+    te: str
+    generation: int
+    reason: str
+
+
+# ---- manager admin and queries -------------------------------------------------------------------
+
+
+class ScaleGroup(Message, frozen=True, kw_only=True):
+    """Set a TE group's target size by hand: launch TEs on free slots, or drain and stop."""
+
+    group: str  # "{model}/{role}", e.g. "llama3-8b/colocated"
+    size: int
+
+
+class DrainTe(Message, frozen=True, kw_only=True):
+    te: str
+    reason: str = "drained by the operator"
+
+
+class DrainPoll(Message, frozen=True, kw_only=True):
+    """The manager's timer: is the draining TE idle yet?"""
+
+    te: str
+    generation: int
+
+
+class DirectoryUpdate(Message, frozen=True, kw_only=True):
+    """Address prefix → endpoint entries, the whole current table (`version` grows per change)."""
+
+    version: int
+    routes: dict[str, str]
+    removed: tuple[str, ...] = ()
+
+
+class RemoveTe(Message, frozen=True, kw_only=True):
+    """Take a TE out of its group (the stand-in's operator input, kept): drained and stopped
+    when the manager runs pods, else dropped from the group at once."""
+
+    te: str
+    reason: str = "removed by the operator"
+
+
+class BootTimeout(Message, frozen=True, kw_only=True):
+    """The manager's timer: the TE's generation did not register in time."""
+
+    te: str
+    generation: int
+
+
+class ClusterStatusQuery(Message, frozen=True, kw_only=True):
+    req_id: str = ""
+
+
+class ClusterStatus(Message, frozen=True, kw_only=True):
+    """The manager's state as data (`CmState` to_builtins): TEs with generation and state,
+    groups with targets, the directory."""
+
+    req_id: str
+    state: dict[str, object]

@@ -1,0 +1,197 @@
+"""The cluster manager's decisions, pure: what to do on a failed TE, on a scale request, on a
+registration — as a list of actions the actor carries out (records, pushes, pod commands).
+
+The recovery ladder (xDeepServe §6.2: restart, P/D separate failover, token recomputation) and
+the scaling pipeline (pre-warmed pods and TEs, DRAM pre-loading, NPU-fork) slot in here as more
+actions or another `source` for `Launch`, without touching the actor.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from deepserve.actors.ports.pod import LoadSource, TeSlot
+
+from .state import CmState
+
+ACTIVE = ("starting", "replacing", "ready")  # count toward a group's target
+
+
+class Launch(msgspec.Struct, frozen=True):
+    te: str
+    generation: int
+    source: LoadSource
+    replacing: bool = False
+
+
+class Fail(msgspec.Struct, frozen=True):
+    te: str
+    generation: int
+    reason: str
+
+
+class Stop(msgspec.Struct, frozen=True):
+    """Stop the TE's pod and mark it stopped."""
+
+    te: str
+    reason: str
+
+
+class StopPodOnly(msgspec.Struct, frozen=True):
+    """Stop a failed generation's pod (its record stays `failed` until the replacement starts)."""
+
+    te: str
+    reason: str
+
+
+class Drain(msgspec.Struct, frozen=True):
+    te: str
+    reason: str
+
+
+class Push(msgspec.Struct, frozen=True):
+    group: str
+
+
+class Watch(msgspec.Struct, frozen=True):
+    te: str
+    generation: int
+
+
+class Unwatch(msgspec.Struct, frozen=True):
+    te: str
+
+
+class Ready(msgspec.Struct, frozen=True):
+    te: str
+    generation: int
+
+
+class Refuse(msgspec.Struct, frozen=True):
+    reason: str
+
+
+Action = Launch | Fail | Stop | StopPodOnly | Drain | Push | Watch | Unwatch | Ready | Refuse
+
+
+def group_of(model: str, role: str) -> str:
+    return f"{model}/{role}"
+
+
+def active(st: CmState, group: str) -> list[str]:
+    return sorted(te for te, r in st.tes.items() if r.group == group and r.state in ACTIVE)
+
+
+def membership(st: CmState, group: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(ready TEs, draining TEs) of the group: what the JEs route to / must not fail over."""
+    ready = tuple(sorted(te for te, r in st.tes.items() if r.group == group and r.state == "ready"))
+    draining = tuple(sorted(te for te, r in st.tes.items() if r.group == group and r.state == "draining"))
+    return ready, draining
+
+
+def free_slots(st: CmState, slots: tuple[TeSlot, ...], group: str) -> list[TeSlot]:
+    """The group's slots that hold no live TE (never used, or stopped)."""
+    return [s for s in slots if s.group == group and (s.te not in st.tes or st.tes[s.te].state == "stopped")]
+
+
+def next_generation(st: CmState, te: str) -> int:
+    r = st.tes.get(te)
+    return 1 if r is None else r.generation + 1
+
+
+def on_te_failed(st: CmState, te: str, generation: int, reason: str, replace_source: LoadSource = "cold") -> list[Action]:
+    """A TE generation is declared failed: out of its group (a push, so the JEs fail over its
+    open tasks), its pod stopped, and a replacement launched when the group still wants it."""
+    r = st.tes.get(te)
+    if r is None or r.generation != generation or r.state in ("failed", "stopped"):
+        return []  # stale: an older generation, or already handled
+    out: list[Action] = [Fail(te, generation, reason), Unwatch(te)]
+    if r.state in ("ready", "draining"):
+        out.append(Push(r.group))
+    g = st.groups.get(r.group)
+    wanted = g is not None and len(active(st, r.group)) - (r.state in ACTIVE) < g.target
+    if r.state == "draining" or not wanted:
+        out.append(Stop(te, f"generation {generation} failed: {reason}"))
+        return out
+    out.append(StopPodOnly(te, f"generation {generation} failed: {reason}"))
+    out.append(Launch(te, generation + 1, replace_source, replacing=True))
+    return out
+
+
+def on_registered(st: CmState, te: str) -> list[Action]:
+    r = st.tes.get(te)
+    if r is None or r.state not in ("starting", "replacing"):
+        return []
+    return [Ready(te, r.generation), Push(r.group), Watch(te, r.generation)]
+
+
+def on_scale(st: CmState, slots: tuple[TeSlot, ...], group: str, size: int,
+             source: LoadSource = "cold") -> list[Action]:  # fmt: skip
+    """Set the group's size: launch on free slots, or drain (starting TEs are stopped first)."""
+    ours = [s for s in slots if s.group == group]
+    if group not in st.groups or not ours:
+        known = sorted({s.group for s in slots} | set(st.groups))
+        return [Refuse(f"group: no TE group {group!r}; groups: {', '.join(known) or 'none'}")]
+    if not 0 <= size <= len(ours):
+        return [Refuse(f"size: must be in [0, {len(ours)}] (the group's TE slots), got {size}")]
+    act = active(st, group)
+    if size > len(act):
+        free = free_slots(st, slots, group)[: size - len(act)]
+        return [Launch(s.te, next_generation(st, s.te), source) for s in free]
+    out: list[Action] = []
+    booting = [te for te in act if st.tes[te].state != "ready"]
+    ready = [te for te in act if st.tes[te].state == "ready"]
+    victims = (list(reversed(booting)) + list(reversed(ready)))[: len(act) - size]
+    for te in victims:
+        if st.tes[te].state == "ready":
+            out.append(Drain(te, f"scale {group} to {size}"))
+        else:
+            out.append(Stop(te, f"scale {group} to {size}: stopped while booting"))
+    if any(isinstance(a, Drain) for a in out):
+        out.append(Push(group))
+    return out
+
+
+def drain_finished(waiting: int, running: int, elapsed_s: float, timeout_s: float) -> str | None:
+    """Why a draining TE may stop now (None: keep waiting)."""
+    if waiting == 0 and running == 0:
+        return "drained: no task left"
+    if elapsed_s >= timeout_s:
+        return f"drain timeout after {timeout_s:g}s ({waiting} waiting, {running} running)"
+    return None
+
+
+# ---- heartbeats (the monitor's decision) ---------------------------------------------------------
+
+
+class Watched(msgspec.Struct, kw_only=True):
+    """The monitor's view of one TE: the last heartbeat sent, the last acknowledged, misses."""
+
+    generation: int
+    sent: int = 0  # seq of the last heartbeat sent (0: none yet)
+    acked: int = 0  # seq of the last heartbeat answered ok
+    misses: int = 0  # consecutive
+    reason: str = ""  # the last nack's reason
+
+
+class TickOutcome(msgspec.Struct, frozen=True):
+    missed: tuple[tuple[str, int, str], ...]  # (te, consecutive misses, why)
+    failed: tuple[tuple[str, int, str], ...]  # (te, generation, reason): declared failed now
+    ping: tuple[str, ...]  # TEs to send the next heartbeat to
+
+
+def heartbeat_tick(watched: dict[str, Watched], misses_limit: int, interval_s: float) -> TickOutcome:
+    """At a tick: a TE whose last heartbeat is unanswered missed one; `misses_limit` in a row
+    and it is declared failed (and no longer pinged); every other TE gets the next heartbeat."""
+    missed, failed, ping = [], [], []
+    for te in sorted(watched):
+        w = watched[te]
+        if w.sent and w.acked < w.sent:
+            n = w.misses + 1
+            why = w.reason or f"no answer within {interval_s:g}s"
+            missed.append((te, n, why))
+            if n >= misses_limit:
+                failed.append((te, w.generation, f"{n} heartbeats missed in a row (last: {why})"))
+                continue
+        ping.append(te)
+    return TickOutcome(tuple(missed), tuple(failed), tuple(ping))

@@ -1,0 +1,88 @@
+"""The TE shell's heartbeat fan-out (xDeepServe §6.1, second hop), at `{te}/hb`.
+
+The shell forwards each `Heartbeat` here (a child of the pod beside the shell, so the shell's
+own state and dispatch stay untouched); this actor asks every DP master `DpHeartbeat` with a
+timeout and acks the monitor once all answered — or nacks naming the master that did not. It
+remembers, per master, the forward pass outstanding at the last answer, which the master uses
+to tell a stalled loop from a busy one (`liveness.py`).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from deepserve.core import Actor, AskFailed, Context, Event, Message
+
+from .messages import DpHeartbeat, DpHeartbeatAck, Heartbeat, HeartbeatAck
+
+
+class HbState(msgspec.Struct, kw_only=True):
+    seq: int = 0  # the round in flight (0: none)
+    reply_to: str = ""
+    asks: list[int] = []  # request id of each master's ask, by DP group
+    answers: dict[str, int] = {}  # str(dp) -> the step it reported this round
+    last_steps: list[int] = []  # per DP group: the step reported at its last answer (-1: none)
+    rounds: int = 0
+    failed_rounds: int = 0
+
+
+class HbRound(Event, frozen=True, kw_only=True):
+    seq: int
+    reply_to: str
+    asks: tuple[int, ...]
+
+
+class HbAnswer(Event, frozen=True, kw_only=True):
+    dp: int
+    step: int
+
+
+class HbRoundEnded(Event, frozen=True, kw_only=True):
+    ok: bool
+
+
+class HbResponder(Actor[HbState]):
+    def __init__(self, te: str, generation: int, dp_groups: int, timeout_s: float) -> None:
+        if dp_groups < 1 or not timeout_s > 0:
+            raise ValueError("HbResponder: dp_groups >= 1 and timeout_s > 0")
+        self.te, self.generation, self.timeout_s = te, generation, timeout_s
+        self.masters = tuple(f"{te}/dp/{i}" for i in range(dp_groups))
+
+    def initial_state(self) -> HbState:
+        return HbState(last_steps=[-1] * len(self.masters))
+
+    def evolve(self, s: HbState, e: Event) -> HbState:
+        if isinstance(e, HbRound):
+            s.seq, s.reply_to, s.asks, s.answers = e.seq, e.reply_to, list(e.asks), {}
+            s.rounds += 1
+        elif isinstance(e, HbAnswer):
+            s.answers[str(e.dp)] = e.step
+            s.last_steps[e.dp] = e.step
+        elif isinstance(e, HbRoundEnded):
+            s.seq, s.asks, s.answers = 0, [], {}
+            s.failed_rounds += not e.ok
+        return s
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        st = self.state
+        if isinstance(msg, Heartbeat):
+            # A round still open is superseded: the monitor counted it as a miss already.
+            asks = tuple(ctx.ask(m, DpHeartbeat(seq=msg.seq, last_step=st.last_steps[i]), self.timeout_s)
+                         for i, m in enumerate(self.masters))  # fmt: skip
+            ctx.record(HbRound(seq=msg.seq, reply_to=msg.reply_to, asks=asks))
+        elif isinstance(msg, DpHeartbeatAck):
+            if msg.seq != st.seq or str(msg.dp) in st.answers:
+                return
+            ctx.record(HbAnswer(dp=msg.dp, step=msg.step))
+            if len(self.state.answers) == len(self.masters):
+                steps = tuple(self.state.answers[str(i)] for i in range(len(self.masters)))
+                self._end(ctx, True, "", steps)
+        elif isinstance(msg, AskFailed) and st.seq and msg.request_id in st.asks:
+            why = f"{msg.target} did not answer the heartbeat: {msg.reason}"
+            self._end(ctx, False, why, ())
+
+    def _end(self, ctx: Context, ok: bool, reason: str, steps: tuple[int, ...]) -> None:
+        st = self.state
+        seq, to = st.seq, st.reply_to
+        ctx.record(HbRoundEnded(ok=ok))
+        ctx.send(to, HeartbeatAck(te=self.te, generation=self.generation, seq=seq, ok=ok, reason=reason, steps=steps))

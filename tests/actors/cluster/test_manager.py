@@ -1,0 +1,114 @@
+"""The cluster manager against a scripted pod launcher: the directory published on every change,
+failed boots retried up to the cap, a boot that never registers timed out, and the stand-in
+behaviour (no pods: TEs register themselves) kept for `deepserve sim`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from deepserve.actors.cluster.manager import ClusterManager
+from deepserve.actors.cluster.messages import (
+    DirectoryUpdate,
+    RemoveTe,
+    TeBootFailed,
+    TeBootStep,
+    TeFailed,
+)
+from deepserve.actors.flowserve.messages import RegisterTe
+from deepserve.actors.je.messages import TeGroupMembership
+from deepserve.actors.ports.pod import LaunchPod, PodLaunched, StopPod, TeSlot
+from deepserve.core import Actor, Context, MemorySink, Message, SimDriver
+from deepserve.persistence.api import MemoryLog
+from deepserve.replay import verify
+
+G = "m/colocated"
+
+
+class ScriptedPods(Actor[dict]):
+    """Answers LaunchPod at once; the TE then boots ("ok"), fails its boot ("fail"), or stays
+    silent ("silent"); `fail_first` boots fail before the script applies."""
+
+    def __init__(self, script: str = "ok", fail_first: int = 0) -> None:
+        self.script, self.fail_first, self.launches = script, fail_first, 0
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, LaunchPod):
+            self.launches += 1
+            ctx.send(msg.reply_to, PodLaunched(pod_id=msg.pod_id, te=msg.te, generation=msg.generation,
+                                               endpoint=f"ipc:///run/{msg.te.replace('/', '-')}", duration_s=0.5))  # fmt: skip
+            fail = self.launches <= self.fail_first or self.script == "fail"
+            if fail:
+                ctx.send(msg.manager, TeBootFailed(te=msg.te, generation=msg.generation, pod_id=msg.pod_id,
+                                                   reason="HostLoadFailed: ssd read error"))  # fmt: skip
+            elif self.script == "ok":
+                ctx.send(msg.manager, TeBootStep(te=msg.te, generation=msg.generation, pod_id=msg.pod_id,
+                                                 step="dram_to_npu", duration_s=0.9, detail="dram-hit"))  # fmt: skip
+                ctx.send(msg.manager, RegisterTe(te=msg.te, model="m", role="colocated", dp_groups=1, npus=()))
+        elif isinstance(msg, StopPod):
+            pass
+
+
+def slots(n: int) -> list[dict[str, Any]]:
+    return [msgspec.to_builtins(TeSlot(te=f"te/{i}", group=G, model="m", role="colocated", server=0, host="hw/s0/host",
+                                       npus=(f"hw/s0/npu{i}",), tp=1, dp_groups=1, te_config={})) for i in range(n)]  # fmt: skip
+
+
+def run(script: str, fail_first: int = 0, extra: tuple[tuple[float, Message], ...] = (), **cfg: Any) -> tuple[SimDriver, list[Any]]:
+    d = SimDriver(1, sink=MemorySink())
+    out: list[Any] = []
+    d.on_external = lambda _t, env: out.append((env.dst, env.msg))
+    d.spawn("pods", ScriptedPods, script=script, fail_first=fail_first)
+    config = {"jes": ["ext/je"], "pods": "pods", "slots": slots(2), "groups": {G: 2}, "initial_source": "cold",
+              "directory_subscribers": ["ext/dir"], **cfg}  # fmt: skip
+    d.spawn("cluster", ClusterManager, config=config)
+    for at, m in extra:
+        d.inject("cluster", m, at=at)
+    d.run(until=100.0)
+    return d, out
+
+
+def test_directory_is_published_on_every_change_and_membership_pushed() -> None:
+    d, out = run("ok", extra=((5.0, TeFailed(te="te/1", generation=1, reason="operator says so")),))
+    dirs = [m for dst, m in out if dst == "ext/dir"]
+    assert isinstance(dirs[0], DirectoryUpdate) and dirs[0].routes == {"te/0": "ipc:///run/te-0", "te/0/": "ipc:///run/te-0"}
+    assert dirs[-1].routes == {"te/0": "ipc:///run/te-0", "te/0/": "ipc:///run/te-0", "te/1": "ipc:///run/te-1",
+                               "te/1/": "ipc:///run/te-1"}  # fmt: skip
+    assert ("te/1", "te/1/") in [m.removed for m in dirs]  # the failed generation's entries went first
+    assert [m.version for m in dirs] == list(range(1, len(dirs) + 1))
+    pushes = [m.tes for dst, m in out if isinstance(m, TeGroupMembership)]
+    assert pushes == [("te/0",), ("te/0", "te/1"), ("te/0",), ("te/0", "te/1")]
+    r = d.actor("cluster").state.tes["te/1"]
+    assert (r.generation, r.state, r.steps["pod_start"], r.details["dram_to_npu"]) == (2, "ready", 0.5, "dram-hit")
+    assert verify(MemoryLog(d.sink)).identical  # type: ignore[arg-type]
+
+
+def test_failed_boots_are_retried_up_to_the_cap_then_left_stopped() -> None:
+    d, _ = run("ok", fail_first=2)  # te/0 gen 1 and te/1 gen 1 fail, their gen 2 boot
+    st = d.actor("cluster").state
+    assert {te: (r.generation, r.state) for te, r in st.tes.items()} == {"te/0": (2, "ready"), "te/1": (2, "ready")}
+    d, _ = run("fail", max_boot_failures=3)
+    st = d.actor("cluster").state
+    assert {te: (r.generation, r.state) for te, r in st.tes.items()} == {"te/0": (3, "stopped"), "te/1": (3, "stopped")}
+    assert "3 boots failed in a row" in st.tes["te/0"].reason and d.actor("pods").launches == 6
+
+
+def test_a_boot_that_never_registers_times_out() -> None:
+    d, _ = run("silent", boot_timeout_s=10.0, max_boot_failures=2)
+    st = d.actor("cluster").state
+    assert st.tes["te/0"].state == "stopped" and st.tes["te/0"].generation == 2
+    assert st.tes["te/0"].history[-1]["reason"] == "not registered within 10s"
+
+
+def test_without_pods_it_is_the_stand_in() -> None:
+    d = SimDriver(1, sink=MemorySink())
+    out: list[Any] = []
+    d.on_external = lambda _t, env: out.append(env.msg)
+    d.spawn("cm", ClusterManager, jes=["ext/je"])
+    for te in ("te/0", "te/1"):
+        d.inject("cm", RegisterTe(te=te, model="m", role="colocated", dp_groups=1, npus=()), at=0.0)
+    d.inject("cm", RemoveTe(te="te/0"), at=1.0)
+    d.run()  # ends: no timers without pods or heartbeats
+    assert [m.tes for m in out] == [("te/0",), ("te/0", "te/1"), ("te/1",)]
+    assert d.actor("cm").state.tes["te/0"].state == "stopped"

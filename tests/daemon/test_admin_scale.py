@@ -1,0 +1,90 @@
+"""The admin API with a bearer token (`daemon.admin_token`): 401 without it, works with it;
+`deepserve scale GROUP N` launches a TE through the cold path and drains TEs on the way down;
+bad arguments exit 2 with one line naming the field; every admin action is an external input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+from daemonproc import start_daemon, stop_daemon
+
+from deepserve.persistence import open_log
+from deepserve.replay import verify
+
+TOKEN = "s3cret"
+GROUP = "llama3-8b/colocated"
+SETTINGS = (f"daemon.admin_token={TOKEN!r}".replace("'", '"'), "cluster.tes=2", "control.spare_tes=1",
+            "control.pod_start_s=0.2", "control.te_preload_s=0.3", "control.heartbeat_interval_s=0.5",
+            "pd.prefill_tes=0", "pd.decode_tes=0")  # fmt: skip
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "deepserve", *args], capture_output=True, text=True, timeout=60)
+
+
+def wait_for(admin: str, pred: Any, timeout_s: float = 15.0) -> dict[str, Any]:
+    end = time.monotonic() + timeout_s
+    while True:
+        st = httpx.get(admin + "/admin/status", headers=AUTH, timeout=10).json()
+        if pred(st) or time.monotonic() > end:
+            return st
+        time.sleep(0.1)
+
+
+def states(st: dict[str, Any]) -> dict[str, tuple[int, str]]:
+    return {t["te"]: (t["generation"], t["state"]) for t in st["tes"]}
+
+
+def test_token_scale_up_and_down(tmp_path: Path) -> None:
+    proc, info = start_daemon(tmp_path / "run", *[a for s in SETTINGS for a in ("--set", s)])
+    admin = info["admin_url"]
+    try:
+        assert httpx.get(admin + "/admin/status", timeout=10).status_code == 401
+        wrong = httpx.get(admin + "/admin/status", headers={"Authorization": "Bearer nope"}, timeout=10)
+        assert wrong.status_code == 401 and wrong.json()["error"]["type"] == "authentication_error"
+        assert httpx.post(admin + "/admin/scale", json={"group": GROUP, "size": 3}, timeout=10).status_code == 401
+        ok = httpx.get(admin + "/admin/status", headers=AUTH, timeout=10)
+        assert ok.status_code == 200 and states(ok.json()) == {"te/0": (1, "ready"), "te/1": (1, "ready")}
+        denied = cli("status", "--admin-url", admin)
+        assert denied.returncode == 2 and denied.stderr.count("\n") == 1 and "401" in denied.stderr
+
+        up = cli("scale", GROUP, "3", "--admin-url", admin, "--token", TOKEN)
+        assert up.returncode == 0 and f"group {GROUP}: target 3 (was 2)" in up.stdout, up.stderr
+        st = wait_for(admin, lambda s: states(s).get("te/2") == (1, "ready"))
+        te2 = next(t for t in st["tes"] if t["te"] == "te/2")
+        assert te2["state"] == "ready", te2
+        steps = te2["boot_steps"]
+        assert steps["pod_start"] >= 0.2 and steps["te_pre_load"] >= 0.3 and steps["ssd_to_dram"] > 1.0
+        assert steps["registered"] >= steps["pod_start"] + steps["ssd_to_dram"] + steps["dram_to_npu"]
+        assert st["groups"][GROUP] == {"target": 3, "ready": 3, "slots": 3}
+
+        for args, field in ((("scale", GROUP, "9"), "size"), (("scale", "nope/colocated", "1"), "group"),
+                            (("scale", GROUP, "-1"), "size"), (("fault", "kill-te", "te/9"), "target")):  # fmt: skip
+            bad = cli(*args, "--admin-url", admin, "--token", TOKEN)
+            assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and field in bad.stderr, (args, bad.stderr)
+
+        down = cli("scale", GROUP, "1", "--admin-url", admin, "--token", TOKEN)
+        assert down.returncode == 0 and "target 1 (was 3)" in down.stdout
+        st = wait_for(admin, lambda s: [t["state"] for t in s["tes"]] == ["ready", "stopped", "stopped"])
+        assert states(st) == {"te/0": (1, "ready"), "te/1": (1, "stopped"), "te/2": (1, "stopped")}
+        assert all("drained" in t["reason"] for t in st["tes"][1:])
+        r = httpx.post(info["url"] + "/v1/completions", json={"model": "llama3-8b", "prompt": "hi", "max_tokens": 3,
+                                                              "ignore_eos": True}, timeout=30)  # fmt: skip
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        inputs = httpx.get(admin + "/admin/faults", headers=AUTH, timeout=10).json()["inputs"]
+        scales = [i for i in inputs if i["input"] == "ScaleGroup"]
+        assert len(scales) == 2 and all(i["from"] == "ext/admin" and i["to"] == "cluster" for i in scales)
+    finally:
+        out = stop_daemon(proc)
+    assert proc.returncode == 0, out
+    log = open_log(info["log"])
+    try:
+        assert verify(log).identical
+    finally:
+        log.close()

@@ -1,0 +1,27 @@
+"""The daemon's `[control]` section: validated with an error naming the key (exit 2, one line)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize(("setting", "key"), [
+    ("control.heartbeat_misses=0", "heartbeat_misses: must be in [1, 1000]"),
+    ("control.heartbeat_interval_s=0", "heartbeat_interval_s: must be in (0, 3600]"),
+    ("control.heartbeat_timeout_s=2.0", "heartbeat_timeout_s: must be >= 0 and below heartbeat_interval_s"),
+    ("control.spare_tes=-1", "spare_tes"),
+    ("control.pods=1", "control.pods: unknown key"),
+    ("cluster.scheduler.aggregate=true", "cluster.scheduler.aggregate: must be false while control.heartbeats is on"),
+])  # fmt: skip
+def test_bad_control_settings_name_the_key(setting: str, key: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "deepserve", "config", "show", "--set", setting],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and key in r.stderr, r.stderr
+
+
+def test_the_resolved_config_shows_the_control_plane() -> None:
+    r = subprocess.run([sys.executable, "-m", "deepserve", "config", "show"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "[control]\nheartbeats = true\nheartbeat_interval_s = 1.0\nheartbeat_misses = 3" in r.stdout
