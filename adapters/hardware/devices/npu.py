@@ -87,6 +87,18 @@ def variance_factor(rng_draw: float) -> float:
     return math.exp(sigma * rng_draw - sigma * sigma / 2)
 
 
+def delay_until(now: float, due: float) -> float:
+    """The timer delay that fires at exactly `due` (the kernel adds it to `now`, and
+    `due - now` is not always exact when `now` < due / 2): a delayed start then ends on the same
+    float as a timer armed at the start would, so the stepwise timeline is unchanged."""
+    delay = due - now
+    while now + delay < due:
+        delay = math.nextafter(delay, math.inf)
+    while delay > 0.0 and now + delay > due:
+        delay = math.nextafter(delay, -math.inf)
+    return delay
+
+
 def _not_before(p: Pending) -> float:
     """The earliest start of a queued graph: its arrival plus the start delay it asked for."""
     delay = p.req.start_delay_s
@@ -252,7 +264,8 @@ class Npu(Actor[NpuState]):
         factor = variance_factor(ctx.rng.gauss(0.0, 1.0)) if self.variance else 1.0
         duration = expected_s * factor
         ctx.record(NpuForwardStarted(start, duration, mode, tokens, arrived))
-        delay = duration if start == now else (start + duration) - now  # fires at start + duration
+        # Fires at start + duration, the float a timer armed at the start would reach
+        delay = duration if start == now else delay_until(now, start + duration)
         ctx.after(delay, NpuGraphDone(head.req.req_id), key=GRAPH_KEY)
 
     def _graph_done(self, ctx: Context, msg: NpuGraphDone) -> None:
@@ -297,7 +310,10 @@ class Npu(Actor[NpuState]):
         hi = next_chunk(0, req.iterations)
         ends = self._run_passes(ctx, req, 0, hi, start)
         ctx.record(NpuRunStarted(start, ends, mode, tokens, req.iterations, arrived))
-        ctx.after(ends[-1] - ctx.now(), NpuGraphDone(req.req_id), key=GRAPH_KEY)
+        # Where a timer armed at the start would fire (start + (end - start)), to the bit
+        now = ctx.now()
+        due = ends[-1] - now if start == now else delay_until(now, start + (ends[-1] - start))
+        ctx.after(due, NpuGraphDone(req.req_id), key=GRAPH_KEY)
 
     def _extend_run(self, ctx: Context, req: NpuForwardRun, done: int, limit: int, last_end: float) -> None:
         hi = done + next_chunk(done, limit)
