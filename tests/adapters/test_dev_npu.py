@@ -329,3 +329,12 @@ def test_start_delay_must_be_finite_and_not_negative():
     _, err = answer_for(d, "b")
     assert isinstance(err, NpuError) and err.kind == "bad_request"
     assert err.reason == "start_delay_s: must be finite and >= 0, got -1.0"
+
+
+@given(now=st.floats(0.0, 1e7), ahead=st.floats(0.0, 1e3))
+def test_delay_until_fires_exactly_at_the_due_float(now: float, ahead: float):
+    from deepserve.adapters.hardware.devices.npu import delay_until
+
+    due = now + ahead
+    delay = delay_until(now, due)
+    assert delay >= 0.0 and now + delay == due  # what the kernel computes for a timer's due time
