@@ -32,11 +32,16 @@ class Transport(Protocol):
 
 
 def longest_prefix(routes: dict[str, Any], addr: str) -> Any | None:
-    """Route table lookup: ``{"te/": node}`` matches ``te/3/dp/1``."""
+    """Route table lookup by whole path segments: ``{"te/": node}`` and ``{"te/3": node}``
+    match ``te/3/dp/1``; ``hw/s0/npu1`` matches itself and ``hw/s0/npu1/...`` but not
+    ``hw/s0/npu10`` (an address is a route to that actor and its children, never to a
+    sibling whose name it happens to start)."""
     best, best_len = None, -1
+    n = len(addr)
     for prefix, target in routes.items():
-        if addr.startswith(prefix) and len(prefix) > best_len:
-            best, best_len = target, len(prefix)
+        k = len(prefix)
+        if k > best_len and addr.startswith(prefix) and (k == n or prefix[-1] == "/" or addr[k] == "/"):
+            best, best_len = target, k
     return best
 
 

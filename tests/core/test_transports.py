@@ -93,3 +93,14 @@ async def test_a_send_the_transport_refuses_is_a_recorded_dead_letter():
     assert d.actor("a/0").state.notes == (
         "undelivered:Add#1:far/1:transport refused", "askfailed:transport refused",
     )
+
+
+def test_a_route_matches_whole_path_segments_only() -> None:
+    from deepserve.core.transport import longest_prefix
+
+    routes = {"te/": "a", "hw/s0/npu1": "b", "hw/s0/": "c"}
+    assert longest_prefix(routes, "te/3/dp/1") == "a"
+    assert longest_prefix(routes, "hw/s0/npu1") == "b"
+    assert longest_prefix(routes, "hw/s0/npu1/queue") == "b"
+    assert longest_prefix(routes, "hw/s0/npu10") == "c"  # a sibling, not npu1's
+    assert longest_prefix(routes, "hw/s1/npu1") is None
