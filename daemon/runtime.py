@@ -114,13 +114,17 @@ class Runtime:
         d.on_external = self._on_external
         c = self.cfg.cluster
         spawn_topology(d, build(c.topology, self.placement.servers), variance=c.npu_variance)
-        je = {**je_config(Scheduling(), c.kv_block_tokens), "stream_to": STREAM_ADDR}
+        self.spawn_front(d)
+        self.spawn_control(d)
+        self.accepting = True
+
+    def spawn_front(self, d: AsyncDriver) -> None:
+        """The JEs and the gateway (at `daemon.ingress`, the one address the frontend talks to)."""
+        je = {**je_config(Scheduling(), self.cfg.cluster.kv_block_tokens), "stream_to": STREAM_ADDR}
         for addr in JES:
             d.spawn(addr, JobExecutor, config=je)
         d.spawn(self.cfg.daemon.ingress, Gateway, config={"jes": list(JES),
                                                            "max_inflight_per_model": self.cfg.daemon.max_inflight})  # fmt: skip
-        self.spawn_control(d)
-        self.accepting = True
 
     def spawn_control(self, d: AsyncDriver) -> None:
         """The control plane with the in-process pod launcher (processes mode overrides this to
@@ -129,22 +133,15 @@ class Runtime:
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop accepting, let in-flight requests finish for `grace_s`, fail the rest with a
-        reason (recorded), stop the heartbeats, flush the log."""
+        reason (recorded), stop the heartbeats, stop the pods (`_stop_pods`), flush the log."""
         d = self.driver
         if d is None:
             return
         self.accepting = False
-        deadline = time.monotonic() + grace_s
-        while self.streams and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        if self.streams:
-            await d.inject(self.cfg.daemon.ingress, EndOfRun(reason="the daemon shut down"),
-                           src="ext/operator")  # fmt: skip
-            end = time.monotonic() + 2.0
-            while self.streams and time.monotonic() < end:
-                await asyncio.sleep(0.01)
+        await self._drain(d, grace_s)
         if self.cfg.control.heartbeats:
             await d.inject(MONITOR_ADDR, StopMonitor(reason="the daemon shut down"), src="ext/operator")
+        await self._stop_pods()
         try:
             await d.__aexit__(None, None, None)
         except TypeError as exc:  # a final snapshot the kernel cannot encode: still flush the log
@@ -152,6 +149,23 @@ class Runtime:
         finally:
             self.driver = None
             self._sink.close()
+            self._closed()
+
+    async def _drain(self, d: AsyncDriver, grace_s: float) -> None:
+        deadline = time.monotonic() + grace_s
+        while self.streams and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if self.streams:
+            await d.inject(self.cfg.daemon.ingress, EndOfRun(reason="the daemon shut down"), src="ext/operator")
+            end = time.monotonic() + 2.0
+            while self.streams and time.monotonic() < end:
+                await asyncio.sleep(0.01)
+
+    async def _stop_pods(self) -> None:
+        """In-process pods stop with the driver; processes mode stops and reaps its processes."""
+
+    def _closed(self) -> None:
+        """After the log is closed (processes mode removes its socket directory)."""
 
     # ---- requests ------------------------------------------------------------------------
     def new_request_id(self, kind: str) -> str:

@@ -292,35 +292,40 @@ class JobExecutor(Actor[JeState]):
         """P/D-Serve batch forwarding: `te` just took a task or freed a slot, so it is likely
         idle — offer it the oldest waiting prefill task now (its answer brings the next)."""
         s = self.state
-        while s.waiting:
-            rid = s.waiting[0]
-            j = s.jobs[rid]
-            if ctx.now() - j.arrival_s >= self.cfg.forwarding.ttft_deadline_s:
-                self._expire(ctx, rid)
-                continue
-            if te in j.excluded or te not in s.groups.get(j.model, {}).get("prefill", ()):
-                return
-            cand = Candidate(te=te, subgroup="pd", load=s.open.get(te, 0))
-            decision = Decision(policy="batch_forwarding", params={}, chosen=te, subgroup="pd",
-                                ranked=ranked([cand]), reason=f"{te} is taking work: the oldest of "
-                                f"{len(s.waiting)} waiting prefill tasks, until it refuses")  # fmt: skip
-            self._send(ctx, rid, j, "prefill", j.attempt + 1, decision)
+        oldest = self._oldest_waiting(ctx)
+        if oldest is None:
             return
+        rid, j = oldest
+        if te in j.excluded or te not in s.groups.get(j.model, {}).get("prefill", ()):
+            return
+        cand = Candidate(te=te, subgroup="pd", load=s.open.get(te, 0))
+        decision = Decision(policy="batch_forwarding", params={}, chosen=te, subgroup="pd",
+                            ranked=ranked([cand]), reason=f"{te} is taking work: the oldest of "
+                            f"{len(s.waiting)} waiting prefill tasks, until it refuses")  # fmt: skip
+        self._send(ctx, rid, j, "prefill", j.attempt + 1, decision)
 
     def _sweep(self, ctx: Context) -> None:
         """The fallback when no prefill state change was seen (another JE's task ended): offer
         the oldest waiting task around, fewest open streams first; backoff doubles per miss."""
+        oldest = self._oldest_waiting(ctx)
+        if oldest is None:
+            return
+        rid, j = oldest
+        decision = self._offer(ctx, rid, j)
+        if decision is not None:
+            self._send(ctx, rid, j, "prefill", j.attempt + 1, decision)
+
+    def _oldest_waiting(self, ctx: Context) -> tuple[str, Job] | None:
+        """The oldest waiting prefill task still inside its TTFT deadline; the ones past it are
+        failed on the way (recorded)."""
         s = self.state
         while s.waiting:
             rid = s.waiting[0]
             j = s.jobs[rid]
-            if ctx.now() - j.arrival_s >= self.cfg.forwarding.ttft_deadline_s:
-                self._expire(ctx, rid)
-                continue
-            decision = self._offer(ctx, rid, j)
-            if decision is not None:
-                self._send(ctx, rid, j, "prefill", j.attempt + 1, decision)
-            return
+            if ctx.now() - j.arrival_s < self.cfg.forwarding.ttft_deadline_s:
+                return rid, j
+            self._expire(ctx, rid)
+        return None
 
     def _route_req(self, rid: str, j: Job) -> RouteRequest:
         return RouteRequest(request_id=rid, prompt_tokens=j.prompt.num_tokens,

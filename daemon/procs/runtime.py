@@ -12,33 +12,26 @@ fan-out and DP masters, and writes `te-<n>-g<generation>.db` beside it. See docs
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import structlog
 
-from deepserve.actors.cluster.messages import StopMonitor
-from deepserve.actors.gateway.actor import Gateway
-from deepserve.actors.je.actor import JobExecutor
-from deepserve.actors.workload.messages import EndOfRun
 from deepserve.adapters.hardware.devices.fabric import Fabric
 from deepserve.adapters.hardware.devices.host import Host
 from deepserve.adapters.hardware.devices.topology import FABRIC, build, host_addr
 from deepserve.adapters.scenario.control import MONITOR_ADDR, PODS_ADDR, spawn_control_plane
-from deepserve.adapters.scenario.sched import Scheduling, je_config
 from deepserve.adapters.zmq import Limits, ZmqTransport
 from deepserve.core.asyncdriver import AsyncDriver
 from deepserve.core.messages import Message
 from deepserve.persistence import open_sink
 
-from ..runtime import JES, STREAM_ADDR, Runtime
+from ..runtime import JES, Runtime
 from .launcher import ProcessPods
 from .messages import PeerRoutes, SignalProcess, SpawnProcess
 from .routes import apply_peer_routes, main_prefixes
@@ -76,11 +69,7 @@ class ProcRuntime(Runtime):
         d.spawn(FABRIC, Fabric, cluster=topo.cluster, servers=topo.servers)
         for s in range(topo.servers):
             d.spawn(host_addr(s), Host, server=s, server_kind=topo.server_kind)
-        je = {**je_config(Scheduling(), c.kv_block_tokens), "stream_to": STREAM_ADDR}
-        for addr in JES:
-            d.spawn(addr, JobExecutor, config=je)
-        d.spawn(self.cfg.daemon.ingress, Gateway, config={"jes": list(JES),
-                                                           "max_inflight_per_model": self.cfg.daemon.max_inflight})  # fmt: skip
+        self.spawn_front(d)
         base = {"run_id": d.run_id, "seed": d.seed, "epoch": d.epoch, "main_endpoint": self.transport.endpoint,
                 "main_prefixes": main_prefixes([*d.cells, PODS_ADDR, MONITOR_ADDR, "cluster"]),
                 "npu_kind": topo.npu_kind, "variance": c.npu_variance, "parent_pid": os.getpid(),
@@ -97,38 +86,15 @@ class ProcRuntime(Runtime):
         spawn_control_plane(d, self.slots, self.groups, list(JES), self.cfg.control,
                             directory_subscribers=(PODS_ADDR,), pods_addr=PODS_ADDR, in_process_pods=False)  # fmt: skip
 
-    async def stop(self, grace_s: float = 10.0) -> None:
-        """Stop accepting; in-flight requests finish within `grace_s` or fail with a recorded
-        reason; heartbeats stop; every TE process is stopped (its log flushed) and reaped, its
-        exit recorded; then the main driver's final snapshots, transport and log."""
-        d = self.driver
-        if d is None:
-            return
-        self.accepting = False
-        await self._drain(d, grace_s)
-        if self.cfg.control.heartbeats:
-            await d.inject(MONITOR_ADDR, StopMonitor(reason="the daemon shut down"), src="ext/operator")
+    async def _stop_pods(self) -> None:
+        """Every TE process is stopped (its log flushed) and reaped, its exit recorded, before
+        the main driver's final snapshots, transport and log close."""
         if self.supervisor is not None:
             await self.supervisor.shutdown()
-        try:
-            await d.__aexit__(None, None, None)
-        except TypeError as exc:  # a final snapshot the kernel cannot encode: still flush the log
-            log.error("final snapshots failed; the log is closed without them", error=str(exc))
-        finally:
-            self.driver = None
-            self._sink.close()
-            if self.sock_dir is not None:
-                shutil.rmtree(self.sock_dir, ignore_errors=True)
 
-    async def _drain(self, d: AsyncDriver, grace_s: float) -> None:
-        deadline = time.monotonic() + grace_s
-        while self.streams and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        if self.streams:
-            await d.inject(self.cfg.daemon.ingress, EndOfRun(reason="the daemon shut down"), src="ext/operator")
-            end = time.monotonic() + 2.0
-            while self.streams and time.monotonic() < end:
-                await asyncio.sleep(0.01)
+    def _closed(self) -> None:
+        if self.sock_dir is not None:
+            shutil.rmtree(self.sock_dir, ignore_errors=True)
 
     # ---- the launcher's outside world ------------------------------------------------------
     def _on_external_procs(self, t: float, env: Any) -> None:

@@ -40,3 +40,21 @@ def stop_daemon(proc: subprocess.Popen[str], timeout_s: float = 30) -> str:
         return f.read()
 
 
+
+
+async def stream_story(client: Any, model: str, i: int, max_tokens: int) -> tuple[str, str]:
+    """One streamed chat through the `openai` client: ("finished", finish_reason) or
+    ("error", "status: message") when the daemon answered with an error before any token."""
+    import openai
+
+    try:
+        stream = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": f"tell me a story {i} " * 6}],
+            max_tokens=max_tokens, stream=True, extra_body={"ignore_eos": True})  # fmt: skip
+        finish = ""
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+        return ("finished", finish)
+    except openai.APIStatusError as exc:
+        return ("error", f"{exc.status_code}: {exc.message}")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx2 as httpx
 import openai
-from daemonproc import start_daemon, stop_daemon
+from daemonproc import start_daemon, stop_daemon, stream_story
 
 from deepserve.core.codec import decode
 from deepserve.persistence import open_log
@@ -35,17 +35,7 @@ async def load(url: str, admin_url: str) -> list[tuple[str, str]]:
 
     async def one(i: int) -> tuple[str, str]:
         await asyncio.sleep(i * 0.075)  # arrivals over 3 s: some reach te/1 after it died
-        try:
-            stream = await c.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": f"tell me a story {i} " * 6}],
-                max_tokens=96, stream=True, extra_body={"ignore_eos": True})  # fmt: skip
-            finish = ""
-            async for chunk in stream:
-                if chunk.choices and chunk.choices[0].finish_reason:
-                    finish = chunk.choices[0].finish_reason
-            return ("finished", finish)
-        except openai.APIStatusError as exc:
-            return ("error", f"{exc.status_code}: {exc.message}")
+        return await stream_story(c, MODEL, i, 96)
 
     async def kill() -> subprocess.CompletedProcess[str]:
         await asyncio.sleep(0.3)

@@ -19,7 +19,7 @@ from typing import Any
 import httpx2 as httpx
 import openai
 import pytest
-from daemonproc import start_daemon, stop_daemon
+from daemonproc import start_daemon, stop_daemon, stream_story
 
 import deepserve.actors.je.actor  # noqa: F401  (registers the JE's event types for decode)
 from deepserve.core.codec import decode
@@ -74,17 +74,7 @@ async def load(url: str, victim_pid: int) -> list[tuple[str, str]]:
 
     async def one(i: int) -> tuple[str, str]:
         await asyncio.sleep(i * 0.05)  # arrivals over 2 s: some reach the victim after it died
-        try:
-            stream = await c.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": f"tell me a story {i} " * 6}],
-                max_tokens=64, stream=True, extra_body={"ignore_eos": True})  # fmt: skip
-            finish = ""
-            async for chunk in stream:
-                if chunk.choices and chunk.choices[0].finish_reason:
-                    finish = chunk.choices[0].finish_reason
-            return ("finished", finish)
-        except openai.APIStatusError as exc:
-            return ("error", f"{exc.status_code}: {exc.message}")
+        return await stream_story(c, MODEL, i, 64)
 
     async def kill() -> None:
         await asyncio.sleep(0.4)
