@@ -72,12 +72,24 @@ class Mailbox:
                 space.set_result(None)
         return item
 
-    async def get(self) -> Any:
+    async def get(self) -> Any | None:
+        """The next item, waiting for one; None if `wake` woke the waiter first."""
         item = self.get_nowait()
         if item is None:
-            create_future = asyncio.get_running_loop().create_future
-            while item is None:
-                self._waiter = waiter = create_future()
-                await waiter
-                item = self.get_nowait()
+            self._waiter = waiter = asyncio.get_running_loop().create_future()
+            await waiter
+            item = self.get_nowait()
         return item
+
+    def parked(self) -> bool:
+        """Empty, with its reader waiting for an item that nobody has announced yet."""
+        waiter = self._waiter
+        return not self._q and waiter is not None and not waiter.done()
+
+    def wake(self) -> None:
+        """Wake the waiting reader without an item (its `get` returns None)."""
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)

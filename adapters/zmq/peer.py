@@ -16,7 +16,7 @@ from collections import deque
 import msgspec
 import zmq
 
-from .frames import data_frame, read_ack
+from .frames import EVENTS, NOBLOCK, POLLIN, data_frame, read_ack
 
 
 class Limits(msgspec.Struct, frozen=True):
@@ -105,7 +105,7 @@ class Peer:
         while queued and len(inflight) < window:
             if not self._send_batch(want_ack):
                 break
-        if self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if self.sock.getsockopt(EVENTS) & POLLIN:
             self.loop.call_soon(self.read_acks)  # the send may have taken the FD's signal
 
     def _send_batch(self, want_ack: bool) -> bool:
@@ -118,7 +118,7 @@ class Peer:
         inflight.extend(items)
         want = want_ack or self.closing or len(inflight) >= lim.window // 2
         try:
-            self.sock.send(data_frame(self.sender_id, self.acked + 1, first, want, items), zmq.NOBLOCK)
+            self.sock.send(data_frame(self.sender_id, self.acked + 1, first, want, items), NOBLOCK)
         except zmq.Again:
             return False
         return True
@@ -155,7 +155,7 @@ class Peer:
             return
         while True:
             try:
-                frame = sock.recv(zmq.NOBLOCK)
+                frame = sock.recv(NOBLOCK)
             except zmq.Again:
                 return
             ack = read_ack(frame)

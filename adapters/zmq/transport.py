@@ -26,7 +26,7 @@ from deepserve.core.envelope import Envelope
 from deepserve.core.transport import Deliver, wire_decode, wire_encode
 
 from .directory import Directory, EndpointError, check_endpoint
-from .frames import ack_frame, envelope_of, read_data
+from .frames import EVENTS, NOBLOCK, POLLIN, RCVMORE, ack_frame, envelope_of, read_data
 from .peer import Limits, Peer
 
 log = structlog.get_logger("deepserve.zmq")
@@ -227,12 +227,12 @@ class ZmqTransport:
             return
         for _ in range(DRAIN_FRAMES):
             # EVENTS first: cheaper than a recv that raises Again, the usual end of a drain.
-            if not router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            if not router.getsockopt(EVENTS) & POLLIN:
                 return
-            ident = router.recv(zmq.NOBLOCK)
-            frame = router.recv(zmq.NOBLOCK)  # our DEALERs send one frame: [ident, frame]
-            while router.getsockopt(zmq.RCVMORE):  # anything longer is not ours: drop the rest
-                router.recv(zmq.NOBLOCK)
+            ident = router.recv(NOBLOCK)
+            frame = router.recv(NOBLOCK)  # our DEALERs send one frame: [ident, frame]
+            while router.getsockopt(RCVMORE):  # anything longer is not ours: drop the rest
+                router.recv(NOBLOCK)
             rest = self._on_frame(ident, frame)
             if rest is not None:  # a full mailbox: stop reading until it has room
                 self._paused = True
@@ -312,7 +312,7 @@ class ZmqTransport:
         if self._router is None or self._closed:
             return
         try:
-            self._router.send_multipart([st.ident, ack_frame(st.expected - 1, gap)], zmq.NOBLOCK)
+            self._router.send_multipart([st.ident, ack_frame(st.expected - 1, gap)], NOBLOCK)
         except zmq.ZMQError:
             pass  # an ack lost is an ack resent: the sender's timer asks again
 
@@ -322,7 +322,7 @@ class ZmqTransport:
             if st.dirty:
                 self._send_ack(st)
         router = self._router
-        if router is not None and not self._closed and router.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if router is not None and not self._closed and router.getsockopt(EVENTS) & POLLIN:
             self._loop_now().call_soon(self._drain)  # the sends may have taken the FD's signal
 
 
