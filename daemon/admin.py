@@ -82,11 +82,11 @@ def create_admin_app(rt: Runtime, metrics: Metrics, token: str) -> FastAPI:
     async def status() -> dict[str, Any]:
         return rt.status()
 
-    queries = LogQueries.for_sqlite(str(rt.log_path))
+    queries = LogQueries.for_run_dir(rt.run_dir, rt.log_path)
 
     @app.get("/admin/requests/{request_id}")
     async def request_timeline(request_id: str) -> JSONResponse:
-        """A request's steps and events, read from the live log (SQLAlchemy async, aiosqlite)."""
+        """A request's steps and events, read from the run's live logs (SQLAlchemy async, aiosqlite)."""
         rows = await queries.request_timeline(request_id)
         if not rows:
             return JSONResponse(error_body(f"no request {request_id!r} in the log (yet)", "not_found_error"), 404)

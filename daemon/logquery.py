@@ -1,39 +1,85 @@
-"""Queries of the running daemon's event log for the admin API: SQLAlchemy's async engine on
+"""Queries of the running daemon's event logs for the admin API: SQLAlchemy's async engine on
 aiosqlite, so a read never blocks the event loop, and the same query runs on PostgreSQL by URL.
 
-The log is written by the sink's thread in WAL mode; these reads see what has committed (a few
-milliseconds behind the live state)."""
+A run directory holds one log per process: `daemon.db` (the main process) and, in processes mode,
+one per TE process and generation (`te-1-g2.db`). A request's story spans them (the JE in the
+main process, its tasks in the TE processes), so a query reads every log of the run directory,
+including the logs of processes that have died, and merges the rows by time (the processes of a
+run share one epoch, so their clocks compare). Each log is written by its own process in WAL mode;
+these reads see what has committed (a few milliseconds behind the live state)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
 
 from deepserve.persistence.schema import events, inputs
 
 MAX_ROWS = 1000  # a limit on everything
+MAX_LOGS = 4096  # logs of one run directory read by one query
+
+
+def read_only_url(path: Path) -> str:
+    """An aiosqlite URL that opens `path` read-only (another process writes it)."""
+    return f"sqlite+aiosqlite:///file:{path.resolve()}?mode=ro&uri=true"
 
 
 class LogQueries:
-    def __init__(self, url: str) -> None:
-        self.engine: AsyncEngine = create_async_engine(url)
+    """`sources()` names the logs to read: (label, URL) pairs; an engine per URL, kept."""
+
+    def __init__(self, sources: Callable[[], list[tuple[str, str]]]) -> None:
+        self.sources = sources
+        self.engines: dict[str, AsyncEngine] = {}
 
     @classmethod
     def for_sqlite(cls, path: str) -> LogQueries:
-        return cls(f"sqlite+aiosqlite:///{path}")
+        return cls(lambda: [(Path(path).stem, read_only_url(Path(path)))])
+
+    @classmethod
+    def for_run_dir(cls, run_dir: Path, main_log: Path) -> LogQueries:
+        """The main log first, then every other `*.db` of the run directory, by name."""
+        def sources() -> list[tuple[str, str]]:
+            others = sorted(p for p in run_dir.glob("*.db") if p != main_log)[: MAX_LOGS - 1]
+            return [(p.stem, read_only_url(p)) for p in (main_log, *others)]
+        return cls(sources)
 
     async def close(self) -> None:
-        await self.engine.dispose()
+        for engine in self.engines.values():
+            await engine.dispose()
+        self.engines.clear()
+
+    def _engine(self, url: str) -> AsyncEngine:
+        engine = self.engines.get(url)
+        if engine is None:
+            # No pool: a query opens and closes its connection, so the logs of processes that
+            # are gone hold no file handle or thread here.
+            engine = self.engines[url] = create_async_engine(url, poolclass=NullPool)
+        return engine
 
     async def request_timeline(self, request_id: str, limit: int = MAX_ROWS) -> list[dict[str, Any]]:
         """Every step whose input carries the request id (its correlation id), with the events
-        the step recorded, in log order."""
+        the step recorded, from every log, by time (then log, then log order)."""
         limit = max(1, min(limit, MAX_ROWS))
+        rows: list[tuple[float, int, int, dict[str, Any]]] = []
+        for n, (label, url) in enumerate(self.sources()):
+            try:
+                found = await self._timeline_in(url, request_id, limit)
+            except SQLAlchemyError:
+                continue  # a process's log not created yet (or not yet a log): nothing of it to show
+            rows += [(r["t"], n, i, {**r, "process": label}) for i, r in enumerate(found)]
+        rows.sort(key=lambda r: r[:3])
+        return [r[3] for r in rows[:limit]]
+
+    async def _timeline_in(self, url: str, request_id: str, limit: int) -> list[dict[str, Any]]:
         q = (select(inputs.c.id, inputs.c.t.label("at"), inputs.c.actor, inputs.c.src, inputs.c.type, inputs.c.external)
              .where(inputs.c.corr == request_id).order_by(inputs.c.id).limit(limit))  # fmt: skip
-        async with self.engine.connect() as conn:
+        async with self._engine(url).connect() as conn:
             steps = (await conn.execute(q)).all()
             ids = [s.id for s in steps]
             evs = (await conn.execute(select(events.c.step_id, events.c.type).where(events.c.step_id.in_(ids))
@@ -45,10 +91,12 @@ class LogQueries:
                  "events": by_step.get(s.id, [])} for s in steps]  # fmt: skip
 
     async def recent_admin_inputs(self, limit: int = 50) -> list[dict[str, Any]]:
-        """The latest admin actions (faults, operator inputs), newest first."""
+        """The latest admin actions (faults, operator inputs), newest first (the main log's:
+        admin inputs enter the run in the main process)."""
         limit = max(1, min(limit, MAX_ROWS))
         q = (select(inputs.c.t.label("at"), inputs.c.actor, inputs.c.src, inputs.c.type)
              .where(inputs.c.src.in_(("ext/admin", "ext/operator"))).order_by(inputs.c.id.desc()).limit(limit))  # fmt: skip
-        async with self.engine.connect() as conn:
+        _, url = self.sources()[0]
+        async with self._engine(url).connect() as conn:
             rows = (await conn.execute(q)).all()
         return [{"t": r.at, "to": r.actor, "from": r.src, "input": r.type} for r in rows]

@@ -21,6 +21,7 @@ from deepserve.actors.je.messages import TeGroupMembership
 from deepserve.actors.ports.pod import (
     LaunchPod,
     LoadSource,
+    PodExited,
     PodFailed,
     PodLaunched,
     StopPod,
@@ -132,6 +133,10 @@ class ClusterManager(Actor[CmState]):
             self._failed(ctx, msg.te, msg.generation, msg.reason)
         elif isinstance(msg, TeBootFailed | PodFailed):
             self._failed(ctx, msg.te, msg.generation, f"boot failed: {msg.reason}")
+        elif isinstance(msg, PodExited):
+            r = st.tes.get(msg.te)  # a registered TE is the heartbeat monitor's (see PodExited)
+            if r is not None and r.generation == msg.generation and r.state in ("starting", "replacing"):
+                self._failed(ctx, msg.te, msg.generation, f"boot failed: {msg.reason} during boot")
         elif isinstance(msg, BootTimeout):
             r = st.tes.get(msg.te)
             if r is not None and r.generation == msg.generation and r.state in ("starting", "replacing"):

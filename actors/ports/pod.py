@@ -2,7 +2,8 @@
 the pod that holds a TE (DeepServe §6, step 1 "Scaler-Pre": creating pods to hold the TE).
 
 The manager sends `LaunchPod` to the launcher's address (`pods` by default); the launcher answers
-`PodLaunched(pod_id, te, endpoint)` once the pod runs, or `PodFailed(pod_id, reason)`. Inside the
+`PodLaunched(pod_id, te, endpoint)` once the pod runs, or `PodFailed(pod_id, reason)`; a pod
+whose process later ends on its own is reported as `PodExited`. Inside the
 pod the TE's bootstrap (`actors/cluster/boot.py: TeBoot`, at `{te}/boot`, built from the
 `BootSpec` below) does TE-Pre-Load, loads the weights (TE-Load: for `source="cold"` SSD → DRAM page
 cache → NPU through the host port), spawns the TE shell (TE-Post-Load), reports each step to the
@@ -93,6 +94,18 @@ class PodLaunched(Message, frozen=True, kw_only=True):
 
 
 class PodFailed(Message, frozen=True, kw_only=True):
+    pod_id: str
+    te: str
+    generation: int
+    reason: str
+
+
+class PodExited(Message, frozen=True, kw_only=True):
+    """The pod's process ended without being asked to, after `PodLaunched` (processes mode: the
+    supervisor reaped it). The manager acts on it only while the TE boots: no heartbeat watches a
+    TE before it registers, so without this a crash during TE-Load waits for the boot timeout. A
+    registered TE's crash stays the heartbeat monitor's to notice (a hung process sends nothing)."""
+
     pod_id: str
     te: str
     generation: int

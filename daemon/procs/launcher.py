@@ -7,10 +7,11 @@ reports back (`messages.py`). `LaunchPod` → `SpawnProcess`; the supervisor's `
 bootstrap (`TeBoot`: TE-Pre-Load, weights through the host port, the TE shell, `RegisterTe`).
 `PodLaunched` leaves first, so the manager knows the pod before the TE can register.
 
-A process that exits is reaped and reported (`ProcessExited`) — and that is all: a crashed TE
-is noticed by the heartbeat monitor, declared failed by the cluster manager and replaced
-through this port like any other launch, never restarted here. Only a pod that dies before it
-ever came up answers `PodFailed` (no heartbeat watches it yet).
+A process that exits is reaped and reported (`ProcessExited`), and nothing here restarts it: a
+pod that dies before it came up answers `PodFailed`; one that dies on its own after is reported
+to the manager as `PodExited`, which fails the TE at once while it boots (no heartbeat watches
+it before it registers) and leaves a registered TE to the heartbeat monitor; either way the
+cluster manager decides the replacement and launches it through this port.
 
 `PodAgent` (at `{te}/pod`, in the TE process) starts the bootstrap and hands the cluster
 manager's directory (relayed here as `PeerRoutes`) to its process's transport.
@@ -29,6 +30,7 @@ from deepserve.actors.ports.pod import (
     BootSpec,
     KillPod,
     LaunchPod,
+    PodExited,
     PodFailed,
     PodLaunched,
     PodStopped,
@@ -206,9 +208,11 @@ class ProcessPods(Actor[ProcPodsState]):
         pod = self.state.pods[pid]
         never_up = pod.phase == "starting"
         ctx.record(ProcPodGone(pod_id=pid, returncode=returncode, reason=reason, failed=never_up))
+        m = pod.launch
         if never_up:  # no heartbeat watches a pod that never came up: say so now
-            m = pod.launch
             ctx.send(pod.reply_to, PodFailed(pod_id=pid, te=m.te, generation=m.generation, reason=reason))
+        elif pod.phase == "up" or (pod.killed and pod.pid):  # a crash, or `KillPod` (a crash on purpose)
+            ctx.send(pod.reply_to, PodExited(pod_id=pid, te=m.te, generation=m.generation, reason=reason))
 
     def _directory(self, ctx: Context, msg: DirectoryUpdate) -> None:
         if msg.version <= self.state.dir_version:

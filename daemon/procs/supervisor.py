@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import time
@@ -53,8 +54,12 @@ class Child:
             self.pending = signal.SIGKILL if sig == signal.SIGKILL else (self.pending or sig)
             return
         if self.proc.returncode is None:
+            # os.kill, not `send_signal`: Popen.send_signal first polls (waitpid WNOHANG) and so
+            # reaps a child that has just exited, stealing it from asyncio's child watcher,
+            # which then reports status 255 instead of the real one. A zombie cannot be reused,
+            # so signalling it is harmless until the watcher reaps it (and sets `returncode`).
             with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(sig)
+                os.kill(self.proc.pid, sig)
 
 
 def log_name(pod_id: str) -> str:

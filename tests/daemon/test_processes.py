@@ -121,6 +121,20 @@ async def stop_under_load(url: str, proc: subprocess.Popen[str]) -> list[tuple[s
         await c.close()
 
 
+def request_story(url: str, admin: str) -> list[dict[str, Any]]:
+    """A finished request's steps from `/admin/requests/{id}`, once a TE process's log has them."""
+    r = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "tell it", "max_tokens": 4}, timeout=30)
+    rid = r.headers["x-request-id"]
+    end, steps = time.monotonic() + 15, []
+    while time.monotonic() < end:  # each log commits a few milliseconds behind its process
+        got = httpx.get(f"{admin}/admin/requests/{rid}", timeout=10)
+        steps = got.json().get("steps", []) if got.status_code == 200 else []
+        if any("JobFinished" in s["events"] for s in steps) and any(s["process"] != "daemon" for s in steps):
+            break
+        time.sleep(0.1)
+    return steps
+
+
 def test_kill_9_a_te_process_under_load(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc, info = start_daemon(run_dir, "--processes", *[a for s in SETTINGS for a in ("--set", s)])
@@ -150,6 +164,11 @@ def test_kill_9_a_te_process_under_load(tmp_path: Path) -> None:
         assert row["pid"] != victim["pid"] and alive(row["pid"]) and not alive(victim["pid"])
         assert st["groups"][f"{MODEL}/colocated"]["ready"] == 2 and st["inflight"] == 0
         pids |= {p["pid"] for p in st["processes"]} | children_of(proc.pid)
+        story = request_story(info["url"], admin)  # one request, told from every process's log
+        te_steps = [s for s in story if s["actor"].startswith("te/")]
+        assert story[0]["process"] == "daemon" and story[0]["input"] == "Arrive", story[:2]
+        assert te_steps and all(s["process"].startswith("te-") for s in te_steps), story
+        assert [s["t"] for s in story] == sorted(s["t"] for s in story)
         shown = subprocess.run([sys.executable, "-m", "deepserve", "status", "--admin-url", admin],
                                capture_output=True, text=True, timeout=30)  # fmt: skip
         assert shown.returncode == 0 and f"pid {row['pid']}" in shown.stdout, shown.stdout + shown.stderr

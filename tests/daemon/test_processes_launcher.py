@@ -16,6 +16,7 @@ from deepserve.actors.ports.pod import (
     BootSpec,
     KillPod,
     LaunchPod,
+    PodExited,
     PodFailed,
     PodLaunched,
     PodStopped,
@@ -103,11 +104,13 @@ def test_a_launch_is_a_process_spawn_and_up_is_pod_launched_before_the_boot() ->
     assert (pod.phase, pod.pid, pod.log) == ("up", 4242, "/run/te-0-g1.db")
 
 
-def test_an_exit_is_recorded_and_nothing_restarts_it() -> None:
+def test_an_exit_is_recorded_reported_to_the_manager_and_nothing_restarts_it() -> None:
     d, out = cluster((0.0, launch()), (1.0, ProcessUp(pod_id="te/0#g1", pid=7, endpoint=EP, log="")),
                      (5.0, ProcessExited(pod_id="te/0#g1", pid=7, returncode=-9)))  # fmt: skip
     assert [type(m) for _, dst, m in out if dst == SUPERVISOR] == [SpawnProcess]  # no second spawn
-    assert [type(m) for m in got(d, "cluster")] == [PodLaunched]  # the manager hears it from heartbeats
+    launched, exited = got(d, "cluster")  # the manager is told; replacing it is its decision
+    assert isinstance(launched, PodLaunched) and isinstance(exited, PodExited)
+    assert (exited.pod_id, exited.generation, exited.reason) == ("te/0#g1", 1, "the TE process was killed by SIGKILL")
     st = d.actor("pods").state
     assert (st.pods, st.exited, st.failed) == ({}, 1, 0)
     assert exit_reason(-9) == "the TE process was killed by SIGKILL"

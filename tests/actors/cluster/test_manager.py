@@ -18,7 +18,7 @@ from deepserve.actors.cluster.messages import (
 )
 from deepserve.actors.flowserve.messages import RegisterTe
 from deepserve.actors.je.messages import TeGroupMembership
-from deepserve.actors.ports.pod import LaunchPod, PodLaunched, StopPod, TeSlot
+from deepserve.actors.ports.pod import LaunchPod, PodExited, PodLaunched, StopPod, TeSlot
 from deepserve.core import Actor, Context, MemorySink, Message, SimDriver
 from deepserve.persistence.api import MemoryLog
 from deepserve.replay import verify
@@ -42,12 +42,22 @@ class ScriptedPods(Actor[dict]):
             if fail:
                 ctx.send(msg.manager, TeBootFailed(te=msg.te, generation=msg.generation, pod_id=msg.pod_id,
                                                    reason="HostLoadFailed: ssd read error"))  # fmt: skip
+            elif self.script == "crash":  # the pod's process dies during TE-Load, once a TE
+                if msg.generation == 1:
+                    ctx.send(msg.manager, PodExited(pod_id=msg.pod_id, te=msg.te, generation=msg.generation,
+                                                    reason="the TE process was killed by SIGKILL"))  # fmt: skip
+                else:
+                    self._register(ctx, msg)
             elif self.script == "ok":
                 ctx.send(msg.manager, TeBootStep(te=msg.te, generation=msg.generation, pod_id=msg.pod_id,
                                                  step="dram_to_npu", duration_s=0.9, detail="dram-hit"))  # fmt: skip
                 ctx.send(msg.manager, RegisterTe(te=msg.te, model="m", role="colocated", dp_groups=1, npus=()))
         elif isinstance(msg, StopPod):
             pass
+
+
+    def _register(self, ctx: Context, msg: LaunchPod) -> None:
+        ctx.send(msg.manager, RegisterTe(te=msg.te, model="m", role="colocated", dp_groups=1, npus=()))
 
 
 def slots(n: int) -> list[dict[str, Any]]:
@@ -99,6 +109,19 @@ def test_a_boot_that_never_registers_times_out() -> None:
     st = d.actor("cluster").state
     assert st.tes["te/0"].state == "stopped" and st.tes["te/0"].generation == 2
     assert st.tes["te/0"].history[-1]["reason"] == "not registered within 10s"
+
+
+def test_a_pod_that_dies_during_boot_is_replaced_at_once_and_after_registering_is_left_to_heartbeats() -> None:
+    d, _ = run("crash", boot_timeout_s=50.0)
+    st = d.actor("cluster").state
+    assert {te: (r.generation, r.state) for te, r in st.tes.items()} == {"te/0": (2, "ready"), "te/1": (2, "ready")}
+    (failed,) = [h for h in st.tes["te/0"].history if h.get("generation") == 1]
+    assert failed["reason"] == "boot failed: the TE process was killed by SIGKILL during boot"
+    assert st.tes["te/0"].launched_s < 1.0  # replaced at once, not at the 50 s boot timeout
+    late = PodExited(pod_id="te/0#g2", te="te/0", generation=2, reason="the TE process was killed by SIGKILL")
+    d2, _ = run("crash", boot_timeout_s=50.0, extra=((5.0, late),))  # te/0 registered at gen 2
+    assert d2.actor("cluster").state.tes["te/0"].generation == 2  # the heartbeat monitor's to notice
+    assert verify(MemoryLog(d2.sink)).identical  # type: ignore[arg-type]
 
 
 def test_without_pods_it_is_the_stand_in() -> None:
