@@ -80,7 +80,12 @@ class AsyncDriver(DriverBase):
         self._remote_pressure: Any = None
         # A remote envelope for an idle actor runs in the receive callback (`_run_inline`).
         self.inline_remote = True
+        # ... and one for an idle local actor runs after the sender's step, in the sender's
+        # task (`_drain_inline`). Both keep each actor's order; `inline_deliveries` counts.
+        self.inline_local = True
         self.inline_deliveries = 0
+        self._stepping = False  # routing a step's outputs (only then may `_enqueue` queue inline)
+        self._inline_q: deque[tuple[Cell, Envelope]] = deque()
 
     # ---- lifecycle ---------------------------------------------------------
     async def __aenter__(self) -> AsyncDriver:
@@ -245,20 +250,26 @@ class AsyncDriver(DriverBase):
             outputs = ctx.outputs
             if sink is None:
                 if outputs:
+                    self._stepping = True  # `_enqueue` may queue for a parked actor (`_drain_inline`)
                     self._route(cell, outputs, now)
+                    self._stepping = False
             else:
                 step = make_step(cell, env, now, snapshot)
                 ticket = sink.append(step)
                 if self.outbox:  # released by `_release` once the store reports the commit
                     self._held.append((ticket, cell, outputs, now))
                 elif outputs:
+                    self._stepping = True
                     self._route(cell, outputs, now, step.outputs)
+                    self._stepping = False
             if not cell.alive and not self.outbox:
                 self._retire(cell, now)
             if stats.failed != failed:
                 failed = stats.failed
                 self._report_failure(cell)
             burst += 1
+            if self._inline_q:
+                burst += self._drain_inline(self.burst)
             if self._pressure is not None or burst >= self.burst or self._remote_pressure is not None:
                 # Fairness and backpressure: let other actors (and the receiver we
                 # just filled past its high-water mark) run before we go on.
@@ -299,11 +310,19 @@ class AsyncDriver(DriverBase):
         cell = self.cells.get(dst)
         if cell is not None and cell.alive:
             mailbox = cell.mailbox
+            if self._stepping and not cell.inline and self.inline_local and mailbox.parked():
+                cell.inline = 1  # run after the step, in this task (`_drain_inline`)
+                self._inline_q.append((cell, env))
+                return True
+            # A second message in the same step goes to the mailbox and wakes the actor's
+            # task: a burst is the actor's own to handle, in its loop (the queued first one
+            # is put in front of it, `_drain_inline`).
             queue = mailbox._q
-            if len(queue) < mailbox.capacity and mailbox._waiter is None:
+            room = len(queue) + cell.inline < mailbox.capacity  # a queued inline message counts
+            if room and mailbox._waiter is None:
                 queue.append(env)  # put_nowait, inlined: nobody to wake
                 mailbox.puts += 1
-            elif not mailbox.put_nowait(env):
+            elif not room or not mailbox.put_nowait(env):
                 cell.stats.mailbox_full += 1
                 self._bounce(env, t, FULL)
                 return False
@@ -362,9 +381,39 @@ class AsyncDriver(DriverBase):
                 return self._admit_later(cell, env)
             if self.inline_remote and cell.mailbox.parked() and self._remote_pressure is None:
                 self._run_inline(cell, env)
+                if self._inline_q:
+                    self._drain_inline(self.burst)
                 return None
         self._send(env, self.clock())
         return None
+
+    def _drain_inline(self, limit: int) -> int:
+        """Run the deliveries queued for parked actors during a step (`_enqueue`), in this
+        task, up to `limit` (what they send to parked actors joins the queue); then hand the
+        rest to the actors' own tasks, in order. Returns how many ran. A message to an idle
+        actor then costs no task switch: a local ask and its answer run in one task."""
+        q = self._inline_q
+        ran = 0
+        while q:
+            cell, env = q.popleft()
+            cell.inline = 0
+            if not cell.alive:
+                self._bounce(env, self.clock(), DEAD)
+            elif ran < limit and cell.mailbox.parked():
+                self._run_inline(cell, env)
+                ran += 1
+            else:  # over the limit, or more came for it since: first in its mailbox
+                self._to_front(cell, env)
+        return ran
+
+    def _to_front(self, cell: Cell, env: Envelope) -> None:
+        """Put `env` at the head of the mailbox (it was sent before what is there) and wake
+        the actor's task. It may exceed the capacity by this one message, as a notice does."""
+        mailbox = cell.mailbox
+        mailbox._q.appendleft(env)
+        mailbox.puts += 1
+        cell.stats.mailbox_depth += 1
+        mailbox.wake()
 
     def _run_inline(self, cell: Cell, env: Envelope) -> None:
         """Run a remote envelope's handler here, in the transport's receive callback,
@@ -387,14 +436,18 @@ class AsyncDriver(DriverBase):
         sink = self.sink
         if sink is None:
             if outputs:
+                self._stepping = True
                 self._route(cell, outputs, now)
+                self._stepping = False
         else:
             step = make_step(cell, env, now, snapshot)
             ticket = sink.append(step)
             if self.outbox:
                 self._held.append((ticket, cell, outputs, now))
             elif outputs:
+                self._stepping = True
                 self._route(cell, outputs, now, step.outputs)
+                self._stepping = False
         if not cell.alive:
             if not self.outbox:
                 self._retire(cell, now)

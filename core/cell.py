@@ -56,7 +56,7 @@ class Cell:
     __slots__ = (
         "addr", "actor", "seq", "hlc", "out_seq", "parent", "alive", "ctx", "stats",
         "snap", "events_since_snap", "event_bytes_since_snap", "final_seq", "restart_times",
-        "mailbox", "task", "open_asks", "failed_asks",
+        "mailbox", "task", "open_asks", "failed_asks", "inline",
     )
 
     def __init__(self, addr: str, seed: int, seq: int = 0) -> None:
@@ -76,6 +76,7 @@ class Cell:
         self.restart_times: list[float] = []
         self.mailbox: Any = None  # driver-specific
         self.task: Any = None
+        self.inline = 0  # AsyncDriver: deliveries waiting in its inline queue for this cell
         # Asks routed and not yet settled, and (bounded, oldest first out) asks that
         # failed: an answer to either after it is settled is late (see `settle_ask`).
         self.open_asks: set[int] = set()

@@ -16,19 +16,19 @@ from deepserve.core.records import DEAD
 pytestmark = pytest.mark.timeout(60)
 
 
-class Ping(Message, frozen=True):
+class ZiPing(Message, frozen=True):
     n: int
 
 
-class Quit(Message, frozen=True):
+class ZiQuit(Message, frozen=True):
     pass
 
 
 class Echo(Actor[None]):
     def handle(self, ctx: Context, msg: Message) -> None:
-        if isinstance(msg, Ping):
-            ctx.reply(Ping(msg.n))
-        elif isinstance(msg, Quit):
+        if isinstance(msg, ZiPing):
+            ctx.reply(ZiPing(msg.n))
+        elif isinstance(msg, ZiQuit):
             ctx.stop()
 
 
@@ -36,16 +36,16 @@ SEEN: list[int] = []  # the answers Asker got (the test's instrument, not actor 
 
 
 class Asker(Actor[None]):
-    """Asks `e/0` `Ping(n)` for n = 1..3, one after the other."""
+    """Asks `e/0` `ZiPing(n)` for n = 1..3, one after the other."""
 
     def handle(self, ctx: Context, msg: Message) -> None:
-        if isinstance(msg, Ping):
+        if isinstance(msg, ZiPing):
             if ctx.sender != "e/0":  # the start
-                ctx.ask("e/0", Ping(1), 5.0)
+                ctx.ask("e/0", ZiPing(1), 5.0)
                 return
             SEEN.append(msg.n)
             if msg.n < 3:
-                ctx.ask("e/0", Ping(msg.n + 1), 5.0)
+                ctx.ask("e/0", ZiPing(msg.n + 1), 5.0)
 
 
 def _pair(tmp: Path) -> tuple[ZmqTransport, ZmqTransport]:
@@ -66,13 +66,13 @@ async def test_round_trips_to_idle_actors_run_inline_and_are_logged_like_any_del
     async with AsyncDriver(sink=sa, transport=ta) as a, AsyncDriver(sink=sb, transport=tb) as b:
         b.spawn("e/0", Echo)
         asker = a.spawn("c/0", Asker)
-        await a.inject(asker, Ping(0))
+        await a.inject(asker, ZiPing(0))
         await _until(lambda: len(SEEN) == 3)
         # Every remote delivery found its actor parked: three asks in e/0, three answers in c/0.
         assert (a.inline_deliveries, b.inline_deliveries) == (3, 3)
         assert SEEN == [1, 2, 3]
     # Logged like any delivery: e/0's steps hold the three asks, each answered.
-    pings = [s for s in sb.steps if s.input.actor == "e/0" and s.input.type == "Ping"]
+    pings = [s for s in sb.steps if s.input.actor == "e/0" and s.input.type == "ZiPing"]
     assert [len(s.outputs) for s in pings] == [1, 1, 1]
 
 
@@ -83,13 +83,13 @@ async def test_an_actor_stopped_by_an_inline_delivery_leaves_and_later_mail_is_d
         b.spawn("e/0", Echo)
         a.spawn("c/0", Asker)
         await anyio.sleep(0.05)  # e/0's task parks on its empty mailbox
-        a.inject_nowait("e/0", Quit(), src="ext/test")
+        a.inject_nowait("e/0", ZiQuit(), src="ext/test")
         await _until(lambda: b.inline_deliveries == 1 and "e/0" not in b.cells)
         await _until(lambda: "actor e/0" not in {t.get_name() for t in asyncio.all_tasks()})  # its task left
-        a.inject_nowait("e/0", Ping(7), src="ext/test")
+        a.inject_nowait("e/0", ZiPing(7), src="ext/test")
         await _until(lambda: any(s.input.kind == DEAD for s in sb.steps))
         b.spawn("e/0", Echo)  # the address is free again: its old task has gone
         await anyio.sleep(0.05)
         SEEN.clear()
-        await a.inject("c/0", Ping(0))
+        await a.inject("c/0", ZiPing(0))
         await _until(lambda: len(SEEN) == 3)
