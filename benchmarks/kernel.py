@@ -86,7 +86,7 @@ def one_cpu() -> Iterator[str]:
     Pykka's threads hand a message over several times faster on one core than across two
     (measured here: ask ~42k/s pinned against ~15k/s spread; which one a run got depended on
     the scheduler's placement, so the comparison flipped between runs). Pinned, Pykka is at
-    its fastest and steady; the AsyncDriver is one thread and runs under the same pin."""
+    its fastest and steady."""
     getaff = getattr(os, "sched_getaffinity", None)
     setaff = getattr(os, "sched_setaffinity", None)
     if getaff is None or setaff is None:
@@ -101,21 +101,23 @@ def one_cpu() -> Iterator[str]:
         setaff(0, old)
 
 
-def async_rows(scale: float, rounds: int = ROUNDS) -> list[Row]:
+def _pinned(fn: Callable[[], Any]) -> Any:
     with one_cpu():
-        return _async_rows(scale, rounds)
+        return fn()
 
 
-def _async_rows(scale: float, rounds: int) -> list[Row]:
+def async_rows(scale: float, rounds: int = ROUNDS) -> list[Row]:
     n = int(300_000 * scale)
     loop = _loop_name()
+    # Each side at its fastest placement: Pykka's two threads on one CPU (`one_cpu`), the
+    # AsyncDriver (one thread) where the scheduler puts it (pinned it ran ~10% slower here).
     best = best_of(rounds, {
         "stream": lambda: run_async(w._async_stream, n // w.Streamer.batch),
         "queue": lambda: run_async(w._queue_stream, n),
-        "pykka_tell": lambda: w.pykka_tell(int(100_000 * scale)),
+        "pykka_tell": lambda: _pinned(lambda: w.pykka_tell(int(100_000 * scale))),
         "asks": lambda: run_async(w._async_asks, int(80_000 * scale)),
         "futures": lambda: run_async(w._future_roundtrips, int(100_000 * scale)),
-        "pykka_ask": lambda: w.pykka_ask(int(10_000 * scale)),
+        "pykka_ask": lambda: _pinned(lambda: w.pykka_ask(int(10_000 * scale))),
     })
     (stream, stream_cpu), (rts, rts_cpu) = best["stream"], best["asks"]
     rows = [
@@ -227,8 +229,8 @@ def kernel_bench(scale: float = 1.0, pg_url: str | None = None,
                 progress(label)
             rows.extend(fn())
     title = (
-        f"deepserve bench kernel (AsyncDriver loop: {_loop_name()}, {os.cpu_count()} cores, the AsyncDriver "
-        "rows and their baselines (Pykka too) pinned to one CPU; "
+        f"deepserve bench kernel (AsyncDriver loop: {_loop_name()}, {os.cpu_count()} cores; Pykka pinned to "
+        "one CPU, its fastest placement; "
         f"each row and its baseline: best of {rounds} interleaved runs; *_per_cpu_s rows: per "
         "second of CPU time, all threads and the log writer process included)"
     )
