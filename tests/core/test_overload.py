@@ -64,12 +64,14 @@ async def test_twice_the_sustainable_rate_sheds_at_the_edge_and_recovers():
             while len(_outcomes(d)) < 600:
                 await anyio.sleep(0.005)
         rate = 600 / (time.monotonic() - start)
-        # Twice that rate; a rate measured while a shared machine stalled can be low, so if
-        # nothing was shed the drive repeats at four, then eight times it (new job numbers).
-        earlier: list[tuple[float, int]] = []  # accepted in a drive that shed nothing
+        # Twice that rate. The rate measured from one backlog can be below what the node
+        # sustains (a shared machine stalled meanwhile; or idle workers run in the router's
+        # task, AsyncDriver's inline deliveries), so if under a tenth was shed the drive
+        # repeats at four, then eight times it (new job numbers).
+        earlier: list[tuple[float, int]] = []  # accepted in a drive that shed too little
         for factor, first in ((2, 1_000_000), (4, 2_000_000), (8, 3_000_000)):
             over, over_refused = await _drive(d, factor * rate, 3.0, first)
-            if over_refused:
+            if len(over_refused) >= 0.1 * (len(over) + len(over_refused)):
                 break
             earlier += over
         # Back to a normal rate: the backlog drains, then nothing is refused.
