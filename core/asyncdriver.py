@@ -22,6 +22,7 @@ from .cell import Cell, execute, make_step, settle_ask
 from .context import Out
 from .driver import ASK_SRC, TRANSPORT_REFUSED, AskError, DriverBase
 from .envelope import Envelope
+from .inline import InlineDelivery
 from .mailbox import Mailbox
 from .messages import HandlerFailed, Message, Stopped
 from .records import DEAD, FULL, LATE, LogSink
@@ -30,7 +31,7 @@ from .transport import Transport
 log = structlog.get_logger("deepserve.kernel")
 
 
-class AsyncDriver(DriverBase):
+class AsyncDriver(InlineDelivery, DriverBase):
     mode = "daemon"
 
     def __init__(
@@ -386,74 +387,6 @@ class AsyncDriver(DriverBase):
                 return None
         self._send(env, self.clock())
         return None
-
-    def _drain_inline(self, limit: int) -> int:
-        """Run the deliveries queued for parked actors during a step (`_enqueue`), in this
-        task, up to `limit` (what they send to parked actors joins the queue); then hand the
-        rest to the actors' own tasks, in order. Returns how many ran. A message to an idle
-        actor then costs no task switch: a local ask and its answer run in one task."""
-        q = self._inline_q
-        ran = 0
-        while q:
-            cell, env = q.popleft()
-            cell.inline = 0
-            if not cell.alive:
-                self._bounce(env, self.clock(), DEAD)
-            elif ran < limit and cell.mailbox.parked():
-                self._run_inline(cell, env)
-                ran += 1
-            else:  # over the limit, or more came for it since: first in its mailbox
-                self._to_front(cell, env)
-        return ran
-
-    def _to_front(self, cell: Cell, env: Envelope) -> None:
-        """Put `env` at the head of the mailbox (it was sent before what is there) and wake
-        the actor's task. It may exceed the capacity by this one message, as a notice does."""
-        mailbox = cell.mailbox
-        mailbox._q.appendleft(env)
-        mailbox.puts += 1
-        cell.stats.mailbox_depth += 1
-        mailbox.wake()
-
-    def _run_inline(self, cell: Cell, env: Envelope) -> None:
-        """Run a remote envelope's handler here, in the transport's receive callback,
-        instead of waking the actor's task for it: a round trip then costs one turn
-        of the event loop a side, not two. Only for a cell whose task is parked on an
-        empty mailbox, so nothing queued for it is overtaken and its task is not in
-        the middle of a delivery; the handler's outputs (a reply to the peer) leave
-        before the callback returns. The same steps as `_actor_loop`'s body."""
-        cell.mailbox.puts += 1
-        self.inline_deliveries += 1
-        now = self.clock()
-        if env.reply_to is not None and not settle_ask(cell, env):
-            self._bounce(env, now, LATE)
-            return
-        stats = cell.stats
-        failed = stats.failed
-        snapshot = execute(cell, env, now)
-        self._pressure = None  # no sender to slow down here; the receiver reads on
-        outputs = cell.ctx.outputs
-        sink = self.sink
-        if sink is None:
-            if outputs:
-                self._stepping = True
-                self._route(cell, outputs, now)
-                self._stepping = False
-        else:
-            step = make_step(cell, env, now, snapshot)
-            ticket = sink.append(step)
-            if self.outbox:
-                self._held.append((ticket, cell, outputs, now))
-            elif outputs:
-                self._stepping = True
-                self._route(cell, outputs, now, step.outputs)
-                self._stepping = False
-        if not cell.alive:
-            if not self.outbox:
-                self._retire(cell, now)
-            cell.mailbox.wake()  # its task leaves its loop (and drains what came since)
-        if stats.failed != failed:
-            self._report_failure(cell)
 
     async def _admit_later(self, cell: Cell, env: Envelope) -> None:
         with anyio.move_on_after(self.max_remote_wait_s):
