@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import anyio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from deepserve.core import Actor, AsyncDriver, Context, MemorySink, Message, SimDriver
 from deepserve.persistence.api import MemoryLog
@@ -111,3 +113,61 @@ def test_sim_and_async_agree_on_what_each_actor_saw() -> None:
     sim.inject("f/0", InlineNote(7), at=1.0)
     sim.run()
     assert sim.actor("k/0").state == [1, 2, 3, 7, 8, 9] and sim.actor("k/1").state == [-1, -7]
+
+
+# ---- property: per-pair FIFO order with inline deliveries on ------------------------------
+class Hop(Message, frozen=True):
+    seq: int  # the sender's count of messages it sent to this receiver
+    left: int  # hops still to go
+    key: int  # picks the next targets
+
+
+class Relay(Actor[None]):
+    """Forwards each hop to one or two peers picked by its key; remembers, per sender, the
+    `seq` of each arrival (the instrument, not actor state) and numbers what it sends per
+    receiver."""
+
+    def __init__(self, peers: int) -> None:
+        self.peers = peers
+        self.sent: dict[str, int] = {}
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if not isinstance(msg, Hop):
+            return
+        ARRIVALS.setdefault((ctx.sender, ctx.self), []).append(msg.seq)
+        if msg.left <= 0:
+            return
+        fan = 1 + msg.key % 2
+        for j in range(fan):
+            dst = f"r/{(msg.key // 2 + j * 7) % self.peers}"
+            n = self.sent[dst] = self.sent.get(dst, 0) + 1
+            ctx.send(dst, Hop(n, msg.left - 1, (msg.key * 31 + j + 1) % 1009))
+
+
+ARRIVALS: dict[tuple[str, str], list[int]] = {}
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(peers=st.integers(2, 6), starts=st.lists(st.integers(0, 1008), min_size=1, max_size=6),
+       hops=st.integers(1, 5))
+def test_every_sender_receiver_pair_stays_fifo_with_inline_deliveries(peers: int, starts: list[int], hops: int) -> None:
+    ARRIVALS.clear()
+
+    async def main() -> int:
+        async with AsyncDriver(seed=3) as d:
+            for i in range(peers):
+                d.spawn(f"r/{i}", Relay, peers=peers)
+            await d.idle()
+            for n, key in enumerate(starts):
+                d.inject_nowait(f"r/{key % peers}", Hop(n + 1, hops, key), src="ext/start")
+            await d.idle()
+            return d.inline_deliveries
+
+    inline = anyio.run(main)
+    crossed = any(src.startswith("r/") and src != dst for src, dst in ARRIVALS)
+    if len(starts) == 1 and crossed:  # one chain from an idle node: its first hop found its target parked
+        assert inline > 0
+    for (src, dst), seqs in ARRIVALS.items():
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), (src, dst, seqs)
+        if src.startswith("r/"):  # nothing lost between actors: 1..n, each once
+            assert seqs == list(range(1, len(seqs) + 1)), (src, dst, seqs)
