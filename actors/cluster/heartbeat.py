@@ -2,7 +2,8 @@
 
 Every `interval_s` it sends each watched TE's shell a `Heartbeat`; the shell's fan-out (`{te}/hb`)
 acks once every DP master answered, and a master answers only while its loop moves
-(`liveness.py`). An ack missing at the next tick is a miss; `misses` in a row and the monitor
+(`liveness.py`). A tick with no answer since the last one is a miss (an answer to an earlier ping
+counts: it arrived late, but the TE lives); `misses` in a row and the monitor
 sends `TeFailed` to the cluster manager (which replaces the TE) and stops watching it. A dead
 TE (its actors stopped, its process killed) misses the same way. The manager tells the monitor
 what to watch (`WatchTe` / `UnwatchTe`); ticks run only while something is watched, and
@@ -128,7 +129,9 @@ class HeartbeatMonitor(Actor[MonitorState]):
             self._tick(ctx)
         elif isinstance(msg, HeartbeatAck):
             w = st.watched.get(msg.te)
-            if w is not None and w.generation == msg.generation and msg.seq == w.sent and w.acked < msg.seq:
+            # A late answer (to an earlier ping) is still a sign of life: misses count ticks in a
+            # row with no answer at all, so a loaded but live TE is not declared failed.
+            if w is not None and w.generation == msg.generation and w.acked < msg.seq <= w.sent:
                 ctx.record(HbAcked(te=msg.te, seq=msg.seq, ok=msg.ok, reason=msg.reason))
         elif isinstance(msg, StopMonitor) and not st.stopped:
             ctx.cancel(TICK)

@@ -24,23 +24,30 @@ from deepserve.replay import verify
 
 
 class FakeShell(Actor[dict]):
-    """Acks every heartbeat while alive (before `dies_at_s`), then answers nothing."""
+    """Acks every heartbeat while alive (before `dies_at_s`), `lag_s` after it came, then answers nothing."""
 
-    def __init__(self, dies_at_s: float = 1e9) -> None:
-        self.dies_at_s = dies_at_s
+    def __init__(self, dies_at_s: float = 1e9, lag_s: float = 0.0) -> None:
+        self.dies_at_s, self.lag_s = dies_at_s, lag_s
 
     def handle(self, ctx: Context, msg: Message) -> None:
         if isinstance(msg, Heartbeat) and ctx.now() < self.dies_at_s:
-            ctx.send(msg.reply_to, HeartbeatAck(te=msg.te, generation=msg.generation, seq=msg.seq, ok=True))
+            ack = HeartbeatAck(te=msg.te, generation=msg.generation, seq=msg.seq, ok=True)
+            if self.lag_s:
+                ctx.after(self.lag_s, ack, key=f"ack{msg.seq}")
+            else:
+                ctx.send(msg.reply_to, ack)
+        elif isinstance(msg, HeartbeatAck):  # the delayed answer, due now
+            ctx.send("hb", msg)
 
 
-def monitor(tes: dict[str, float], extra: tuple[tuple[float, str, Message], ...] = ()) -> tuple[SimDriver, list[Any]]:
+def monitor(tes: dict[str, float], extra: tuple[tuple[float, str, Message], ...] = (),
+            lag_s: float = 0.0) -> tuple[SimDriver, list[Any]]:  # fmt: skip
     d = SimDriver(2, sink=MemorySink())
     out: list[Any] = []
     d.on_external = lambda t, env: out.append((t, env.msg))
     d.spawn("hb", HeartbeatMonitor, config={"manager": "ext/cm", "interval_s": 1.0, "misses": 3})
     for te, dies in tes.items():
-        d.spawn(te, FakeShell, dies_at_s=dies)
+        d.spawn(te, FakeShell, dies_at_s=dies, lag_s=lag_s)
         d.inject("hb", WatchTe(te=te, generation=4), at=0.0)
     for at, dst, m in extra:
         d.inject(dst, m, at=at)
@@ -56,6 +63,17 @@ def test_a_dead_te_is_declared_failed_at_the_third_missed_tick_and_ticks_then_st
     assert "3 heartbeats missed in a row (last: no answer within 1s)" == failed[0][1].reason
     # te/9 is no actor: pinged at 13, missed at 14, 15, 16; then nothing is watched, no timer left
     assert d.now == 16.0
+    assert verify(MemoryLog(d.sink)).identical  # type: ignore[arg-type]
+
+
+def test_a_live_te_answering_late_is_never_declared_failed_and_a_dead_one_still_is() -> None:
+    # every answer comes 1.5 intervals late (after the next ping): each tick counts one miss, the
+    # late answer that follows resets the count, so only the TE that stops answering fails
+    d, out = monitor({"te/0": 1e9, "te/1": 6.2}, extra=((20.0, "hb", StopMonitor()),), lag_s=1.5)
+    failed = [(t, m.te) for t, m in out if isinstance(m, TeFailed)]
+    # te/1 answers the pings of t=1..6 (the last at 7.5); ticks at 8, 9, 10 see nothing new
+    assert failed == [(10.0, "te/1")]
+    assert d.actor("hb").state.watched["te/0"].acked >= 17
     assert verify(MemoryLog(d.sink)).identical  # type: ignore[arg-type]
 
 
