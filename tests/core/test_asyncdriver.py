@@ -123,3 +123,19 @@ async def test_root_escalation_is_kept_by_the_driver():
         await d.idle()
     assert d.escalations == [("root/0", "escalate: RuntimeError: boom")]
     assert not d.alive("root/0")
+
+
+async def test_answered_asks_cost_the_timer_task_no_wake_each():
+    # 300 asks answered at once leave 300 cancelled timeouts behind; the timer task drops them
+    # together instead of waking once for each at its deadline (a daemon asks all day long)
+    async with AsyncDriver() as d:
+        d.spawn("c/0", Counter)
+        d.spawn("c/1", Counter)
+        for _ in range(300):
+            await d.inject("c/0", AskIt("c/1", 0.05))
+        await d.inject("c/1", SetTimer("late", 0.15, 1))
+        await anyio.sleep(0.3)
+        # every ask answered (c/1 answers each with its running total), none timed out
+        assert d.actor("c/0").state.total == sum(range(1, 301)) and not d.actor("c/0").state.notes
+        assert d.actor("c/1").state.total == 300 + 1  # the live timer fired
+        assert d.timer_wakes <= 3 and not d._timer_heap
