@@ -85,7 +85,7 @@ class AsyncDriver(InlineDelivery, DriverBase):
         # task (`_drain_inline`). Both keep each actor's order; `inline_deliveries` counts.
         self.inline_local = True
         self.inline_deliveries = 0
-        self.timer_wakes = 0  # times the timer task woke for a deadline (not per timer due)
+        self.timer_wakes = 0  # times the timer task woke (a deadline, or a timer due earlier)
         self._stepping = False  # routing a step's outputs (only then may `_enqueue` queue inline)
         self._inline_q: deque[tuple[Cell, Envelope]] = deque()
 
@@ -426,25 +426,28 @@ class AsyncDriver(InlineDelivery, DriverBase):
         heap, timers = self._timer_heap, self._timers
         while True:
             self._timer_wake = anyio.Event()
-            # A cancelled timer (an answered ask's timeout) leaves its entry: drop those at
-            # the top now rather than waking for each at its deadline.
-            while heap and timers.get((heap[0][2].dst, heap[0][3])) != heap[0][1]:
-                heappop(heap)
             if not heap:
                 await self._timer_wake.wait()
+                self.timer_wakes += 1
                 continue
             now = self.clock()
             delay = heap[0][0] - now
-            if delay > 0:
+            if delay > 0:  # a new timer due earlier than the top sets the wake event
                 with anyio.move_on_after(delay):
                     await self._timer_wake.wait()
+                self.timer_wakes += 1
                 continue
-            self.timer_wakes += 1
             while heap and heap[0][0] <= now:  # every timer due, in deadline order, in one wake
                 _, seq, env, key = heappop(heap)
                 if timers.get((env.dst, key)) == seq:
                     del timers[(env.dst, key)]
                     self._send(env, self.clock())
+            # A cancelled timer (an answered ask's timeout) leaves its entry: drop those now
+            # at the top, so the next wake is for a live one, not one wake per old deadline.
+            # Only here: dropping them on a new timer's wake-up would empty the heap between
+            # asks, and every ask would then wake this task.
+            while heap and timers.get((heap[0][2].dst, heap[0][3])) != heap[0][1]:
+                heappop(heap)
 
 
 

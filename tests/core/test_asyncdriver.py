@@ -127,7 +127,8 @@ async def test_root_escalation_is_kept_by_the_driver():
 
 async def test_answered_asks_cost_the_timer_task_no_wake_each():
     # 300 asks answered at once leave 300 cancelled timeouts behind; the timer task drops them
-    # together instead of waking once for each at its deadline (a daemon asks all day long)
+    # together instead of waking once for each at its deadline (a daemon asks all day long),
+    # and a new ask does not wake it either: woken by the first ask, at 0.05 s, at 0.15 s
     async with AsyncDriver() as d:
         d.spawn("c/0", Counter)
         d.spawn("c/1", Counter)
