@@ -163,6 +163,11 @@ class NpuForwardRun(Message, frozen=True, kw_only=True):
     regions: tuple[str, ...] = DEFAULT_REGIONS
     start_delay_s: float = 0.0  # as NpuForward's: the first pass starts no earlier
     starts: bool = True  # False: the answer leaves `starts_s` empty (the caller recomputes them)
+    # Pass 0's shapes when they differ from the passes after it (a batch whose prefill chunks
+    # complete their prompts in pass 0, every sequence decoding from pass 1 on): then pass i >= 1
+    # runs `seqs` appended i - 1 times. Empty: every pass runs `seqs` (pass i: appended i times).
+    # `mode` and `tokens` in the answer describe the passes of `seqs`.
+    head: tuple[SeqShape, ...] = ()
 
 
 class NpuForwardTruncate(Message, frozen=True, kw_only=True):
@@ -184,5 +189,6 @@ class NpuForwardRunDone(Message, frozen=True, kw_only=True):
     mode: str
     tokens: int  # tokens of one pass
     truncated: bool
+    first_pass_s: float = 0.0  # pass 0's duration (a run with a `head`: the prefill's)
 
 NPU_REQUESTS = (*NPU_REQUESTS, NpuForwardRun)

@@ -35,7 +35,7 @@ from deepserve.actors.flowserve.master.messages import (
 )
 from deepserve.actors.flowserve.master.output import finished_message, token_message
 from deepserve.actors.flowserve.master.prefetch import should_populate
-from deepserve.actors.flowserve.master.scheduler import schedule
+from deepserve.actors.flowserve.master.scheduler import has_head, schedule
 from deepserve.actors.flowserve.master.state import (
     LOADING,
     WAITING,
@@ -253,6 +253,11 @@ class DpMaster(Actor[MasterState]):
             fwd: NpuForward | NpuForwardRun = NpuForward(
                 req_id=req_id, model=cfg.model, seqs=seqs, tp=cfg.tp, sample=True, start_delay_s=gap
             )
+        elif has_head(st, fl.entries):  # pass 0 completes prompts; every sequence decodes after it
+            after = tuple(SeqShape(1, s.context_tokens + s.new_tokens) for s in seqs)
+            fwd = NpuForwardRun(req_id=req_id, model=cfg.model, seqs=after, head=seqs, tp=cfg.tp,
+                                sample=True, iterations=iterations, gap_s=gap, start_delay_s=gap,
+                                starts=False)  # fmt: skip
         else:
             fwd = NpuForwardRun(req_id=req_id, model=cfg.model, seqs=seqs, tp=cfg.tp, sample=True,
                                 iterations=iterations, gap_s=gap, start_delay_s=gap,
@@ -265,7 +270,9 @@ class DpMaster(Actor[MasterState]):
         if fl is None or msg.req_id != f"fwd:{fl.step}":
             return  # a late answer to a batch already failed
         if isinstance(msg, NpuForwardRunDone):
-            self._finish_batch(ctx, msg.ends_s, 0.0)
+            # Pass 0 of a run with a head is a prefill: its duration samples the prefill rate.
+            head_s = msg.first_pass_s if has_head(self.state, fl.entries) else 0.0
+            self._finish_batch(ctx, msg.ends_s, head_s)
         else:
             prefill = any(e.n > 1 for e in fl.entries)
             self._finish_batch(ctx, (ctx.now(),), msg.duration_s if prefill else 0.0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from deepserve.actors.flowserve import rtc
+from deepserve.actors.flowserve.master.scheduler import has_head
 from deepserve.actors.flowserve.master.state import (
     DEFERRED,
     HELD,
@@ -102,9 +103,21 @@ def _ended(st: MasterState, e: BatchEnded) -> None:
         st.run_pass_s = sample if old == 0.0 else (1 - RUN_PASS_WEIGHT) * old + RUN_PASS_WEIGHT * sample
     reqs = st.reqs
     prefill_tokens = 0
+    head = passes > 1 and has_head(st, fl.entries)
     for entry in fl.entries:
         r = reqs.get(entry.task_id)
         if r is None or r.status != RUNNING:
+            continue
+        if head:  # pass 0 completes every prompt (the entry's n tokens), then one token a pass
+            k = passes if r.cancelled_at is None else _before(e.ends_s, r.cancelled_at)
+            if k == 0:
+                continue  # cancelled while pass 0 ran: as a single pass, nothing is delivered
+            if entry.n > 1:
+                prefill_tokens += entry.n
+            r.num_computed += entry.n + k - 1
+            r.emitted += k
+            if r.first_token_s is None:
+                r.first_token_s = e.ends_s[0]
             continue
         if passes > 1:  # a run: every entry decodes one token per pass
             k = passes if r.cancelled_at is None else _before(e.ends_s, r.cancelled_at)

@@ -177,27 +177,39 @@ class _Step:
 
     # ---- the simulation's fast path ---------------------------------------------------
     def passes(self) -> int:
-        """How many passes the batch may run unchanged: only a pure-decode batch with no
-        admission or preemption extends, up to the first task that finishes and to what the
-        free blocks allow (allocated now, so no pass of the run can run out)."""
+        """How many passes the batch may run unchanged: a batch whose every entry decodes, or
+        completes its prompt in this pass (its first pass is then the run's head), with no
+        preemption and nothing left waiting (a waiting task would be admitted at the next pass),
+        extends up to the first task that finishes and to what the free blocks allow (allocated
+        now, so no pass of the run can run out)."""
         st, cfg = self.st, self.cfg
-        if not cfg.aggregate or not self.entries or self.preempted or self.admitted:
+        if not cfg.aggregate or not self.entries or self.preempted:
             return 1
-        reqs = st.reqs
+        reqs, admitted = st.reqs, dict(self.admitted)
         tasks = [reqs[e.task_id] for e in self.entries]
-        if any(e.n != 1 or not _is_decode(r) for e, r in zip(self.entries, tasks, strict=True)):
+        # tokens each entry has computed when the batch starts (an admission's, for a new one)
+        c0 = [admitted.get(e.task_id, r.num_computed) for e, r in zip(self.entries, tasks, strict=True)]
+        head = False
+        for e, r, c in zip(self.entries, tasks, c0, strict=True):
+            if e.n == 1 and _is_decode(r) and e.task_id not in admitted:
+                continue
+            if c + e.n != r.num_tokens:
+                return 1  # a prefill chunk that leaves more of its prompt: the next pass differs
+            head = True
+        # A head's prefill may have spent the token budget a waiting task needed: at the next
+        # pass it would be admitted, so the batch would not run unchanged.
+        if head and any(t not in admitted for t in st.waiting):
             return 1
         k = min(run_cap(st, cfg), *(r.out_len - r.emitted for r in tasks))
         if k <= 1:
             return 1
         B, R = cfg.block_tokens, st.rtc
         held = [len(rtc.block_table(R, e.task_id)) for e in self.entries]
+        # after j passes an entry has computed its first pass's n tokens and one a pass since
+        after = [c + e.n - 1 for e, c in zip(self.entries, c0, strict=True)]
 
         def extra(j: int) -> int:
-            return sum(
-                max(0, blocks_needed(r.num_computed + j, B) - h)
-                for r, h in zip(tasks, held, strict=True)
-            )
+            return sum(max(0, blocks_needed(a + j, B) - h) for a, h in zip(after, held, strict=True))
 
         free = rtc.hbm_free_blocks(R)
         lo, hi = 1, k  # extra(1) == 0: the first pass's blocks are allocated
@@ -209,11 +221,18 @@ class _Step:
                 lo = mid
             else:
                 hi = mid - 1
-        for e, r, h in zip(self.entries, tasks, held, strict=True):
-            more = blocks_needed(r.num_computed + lo, B) - h
+        for e, a, h in zip(self.entries, after, held, strict=True):
+            more = blocks_needed(a + lo, B) - h
             if more > 0:
                 self.record(rtc.allocate(R, e.task_id, more))
         return lo
+
+
+def has_head(st: MasterState, entries: tuple[Entry, ...] | list[Entry]) -> bool:
+    """Whether a run of these entries starts with a pass of its own (an entry completes its
+    prompt in it) rather than a decode pass like the rest."""
+    reqs = st.reqs
+    return any(not (e.n == 1 and _is_decode(reqs[e.task_id])) for e in entries if e.task_id in reqs)
 
 
 def schedule(st: MasterState, cfg: MasterConfig, record: Record) -> Plan:

@@ -285,6 +285,7 @@ class Npu(Actor[NpuState]):
                 req_id=msg.req_id, starts_s=starts, ends_s=run.ends_s, queued_s=queued,
                 mode=run.mode, tokens=run.tokens,
                 truncated=run.limit < run.pending.req.iterations,
+                first_pass_s=run.ends_s[0] - run.started_at_s,
             )  # fmt: skip
             answer(ctx, run.pending.to, done_run)
             self._start_next(ctx)

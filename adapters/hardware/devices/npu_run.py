@@ -6,6 +6,10 @@ model's for exactly that pass's shapes (the same `forward_cost_s` a single NpuFo
 its own variance factor, so a run is the same timeline as the passes sent one by one — in one
 request, one answer and a few events instead of three messages and three events per pass. Passes
 are drawn in doubling chunks as the run proceeds, so a run truncated early costs little.
+
+A run may start with a `head`: pass 0 of other shapes (prefill chunks that complete their
+prompts), priced as a forward of them; every pass after it decodes. The master sends one when
+a prompt's last chunk would otherwise be a forward of its own followed by a run.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ def check_run(msg: NpuForwardRun) -> str | None:
         return f"iterations: must be in [1, {MAX_RUN_ITERATIONS}], got {msg.iterations}"
     if not msg.gap_s >= 0.0:
         return f"gap_s: must be >= 0, got {msg.gap_s}"
+    if msg.head and len(msg.head) != len(msg.seqs):
+        return f"head: one shape per sequence of seqs ({len(msg.seqs)}), got {len(msg.head)}"
     return None
 
 
@@ -90,6 +96,8 @@ def check_run_cost(npu: str, msg: NpuForwardRun) -> None:
     prices a run pass by pass as it draws them). For a dense model's main part these are
     forward_time's checks, in its order: the layout against the model, the sequences, the
     layout against the largest cluster of this NPU kind; anything else is priced to be checked."""
+    if msg.head:
+        head_cost_s(npu, msg)  # pass 0's own shapes
     if msg.part != "main" or not _dense_main(msg.model):
         forward_cost_s(npu, msg)
         return
@@ -176,8 +184,31 @@ def dense_plan(npu: str, msg: NpuForwardRun) -> DensePlan | None:
     )  # fmt: skip
 
 
+def head_request(msg: NpuForwardRun) -> NpuForwardRun:
+    """Pass 0 of a run with a `head`, as a one-pass request of its own shapes."""
+    return msgspec.structs.replace(msg, seqs=msg.head, head=(), iterations=1)
+
+
+@functools.lru_cache(maxsize=256)  # checked on arrival, priced at the start: once
+def head_cost_s(npu: str, msg: NpuForwardRun) -> float:
+    """Pass 0's duration from the model (raises what `forward_cost_s` raises; not cached then)."""
+    return forward_cost_s(npu, head_request(msg))[0]
+
+
 def pass_costs(npu: str, msg: NpuForwardRun, lo: int, hi: int) -> list[float]:
     """The performance model's duration of passes lo..hi-1 of the run (the request validated).
+    With a `head`, pass 0 is priced as a forward of its shapes (`forward_cost_s`, as a single
+    NpuForward of them would be) and pass i >= 1 as pass i - 1 of `seqs`."""
+    if not msg.head:
+        return _body_costs(npu, msg, lo, hi)
+    out = [head_cost_s(npu, msg)] if lo == 0 < hi else []
+    if hi > max(lo, 1):
+        out += _body_costs(npu, msg, max(lo, 1) - 1, hi - 1)
+    return out
+
+
+def _body_costs(npu: str, msg: NpuForwardRun, lo: int, hi: int) -> list[float]:
+    """The performance model's duration of passes lo..hi-1 of `msg.seqs` (no head).
 
     For a dense GQA model only the attention core depends on the context, and its FLOPs and
     bytes are linear in the sequences' summed attended pairs and cached tokens, which grow by

@@ -12,9 +12,12 @@ from hypothesis import strategies as st
 from test_master import finished, tokens
 
 from deepserve.actors.flowserve.master.actor import DpMaster
+from deepserve.actors.flowserve.master.scheduler import PROBE_RUN_PASSES
 from deepserve.actors.flowserve.master.state import MasterConfig
 from deepserve.actors.flowserve.master.timeline import token_timeline
 from deepserve.actors.flowserve.messages import CancelTask, TaskTokens
+from deepserve.actors.ports.npu import NpuForwardRun
+from deepserve.core.codec import decode
 
 M = "te/0/dp/0"
 
@@ -138,3 +141,34 @@ def test_a_task_submitted_without_stream_gets_only_its_terminal_message() -> Non
         assert len(times) == out
         assert (times[0], times[-1]) == (done[tid].first_token_s, done[tid].finish_s)
     assert_replays(d)
+
+
+def _alone(aggregate: bool):
+    d = driver(seed=3)
+    hardware(d)
+    cfg = master_config(aggregate=aggregate, hbm_blocks=400, max_num_seqs=8)
+    d.spawn(M, DpMaster, config=cfg)
+    d.inject(M, task(0, 700, 40), at=0.0, src=REQ)
+    d.run()
+    return d
+
+
+def test_a_prompt_completed_in_a_pass_and_its_decode_are_one_run() -> None:
+    # The prompt fits the token budget: its prefill is pass 0 (the head) of the run that decodes
+    # it, so the NPU gets runs only, not a forward and then a run.
+    agg, step = _alone(True), _alone(False)
+    asked = [decode(s.input.type, s.input.payload) for s in agg.sink.steps
+             if s.input.actor == "hw/s0/npu0" and s.input.type.startswith("NpuForward")]  # fmt: skip
+    first = asked[0]
+    assert isinstance(first, NpuForwardRun) and first.iterations == PROBE_RUN_PASSES, first
+    assert [(s.new_tokens, s.context_tokens) for s in first.head] == [(700, 0)]
+    assert [(s.new_tokens, s.context_tokens) for s in first.seqs] == [(1, 700)]
+    assert all(isinstance(m, NpuForwardRun) and not m.head for m in asked[1:]) and len(asked) > 1
+    step_t, agg_t = tokens(step), tokens(agg)
+    assert agg_t.keys() == step_t.keys() == {"t0"} and len(agg_t["t0"]) == 40
+    # the same token times as a forward and then one pass at a time
+    assert [t for _, t in agg_t["t0"]] == pytest.approx([t for _, t in step_t["t0"]], abs=1e-9, rel=0)
+    # the prefill rate is learned from the head pass as from a forward (to the float's last bits)
+    a, s = agg.actor(M).state.prefill_tokens_per_s, step.actor(M).state.prefill_tokens_per_s
+    assert a == pytest.approx(s, rel=1e-12) and a != 2.0e4  # MasterConfig's starting estimate
+    assert_replays(agg)

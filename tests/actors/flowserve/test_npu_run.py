@@ -177,3 +177,27 @@ def test_a_run_is_refused_exactly_as_a_forward_of_its_first_pass(seqs, layout) -
     got = {m.req_id: m for _, m in out_to(d) if isinstance(m, NpuError)}
     assert got["r"].kind == got["f"].kind == "bad_request"
     assert got["r"].reason == got["f"].reason
+
+
+def test_a_run_with_a_head_is_a_forward_of_the_head_then_the_run_and_a_bad_head_is_refused() -> None:
+    head = (SeqShape(900, 0), SeqShape(1, 2999), SeqShape(40, 0))  # two prompts complete
+    d = driver()
+    d.spawn(NPU, Npu, npu="910b", variance=False)
+    d.inject(NPU, NpuForward(req_id="f", model="llama3-8b", seqs=head), at=0.0, src=TEST_SRC)
+    body = NpuForwardRun(req_id="b", model="llama3-8b", seqs=SEQS, iterations=12, gap_s=0.002)
+    d.inject(NPU, body, at=1.0, src=TEST_SRC)
+    run = NpuForwardRun(req_id="h", model="llama3-8b", seqs=SEQS, head=head, iterations=13, gap_s=0.002)
+    d.inject(NPU, run, at=2.0, src=TEST_SRC)
+    wrong = NpuForwardRun(req_id="w", model="llama3-8b", seqs=SEQS, head=head[:2], iterations=3)
+    d.inject(NPU, wrong, at=3.0, src=TEST_SRC)
+    d.run()
+    out = {m.req_id: m for _, m in out_to(d) if hasattr(m, "req_id")}
+    f, b, h = out["f"], out["b"], out["h"]
+    assert len(h.ends_s) == 13 and h.starts_s[0] == 2.0
+    assert h.first_pass_s == pytest.approx(f.duration_s, rel=1e-12)  # pass 0: the head's forward
+    assert h.ends_s[0] - 2.0 == pytest.approx(f.duration_s, rel=1e-12)
+    # pass i >= 1: pass i - 1 of the body (SEQS are the head's sequences after it)
+    assert [e - s for s, e in zip(h.starts_s[1:], h.ends_s[1:], strict=True)] == pytest.approx(
+        [e - s for s, e in zip(b.starts_s, b.ends_s, strict=True)], rel=1e-12)  # fmt: skip
+    assert isinstance(out["w"], NpuError) and "head: one shape per sequence" in out["w"].reason
+    assert_replays(d)
