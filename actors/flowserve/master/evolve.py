@@ -108,21 +108,16 @@ def _ended(st: MasterState, e: BatchEnded) -> None:
         r = reqs.get(entry.task_id)
         if r is None or r.status != RUNNING:
             continue
-        if head:  # pass 0 completes every prompt (the entry's n tokens), then one token a pass
+        if passes > 1:  # a run: pass 0 computes the entry's n tokens (a head's prompt), then one a pass
             k = passes if r.cancelled_at is None else _before(e.ends_s, r.cancelled_at)
             if k == 0:
                 continue  # cancelled while pass 0 ran: as a single pass, nothing is delivered
             if entry.n > 1:
                 prefill_tokens += entry.n
-            r.num_computed += entry.n + k - 1
+            r.num_computed += entry.n + k - 1  # every pass emits: each prompt completes in pass 0
             r.emitted += k
-            if r.first_token_s is None:
+            if head and r.first_token_s is None:
                 r.first_token_s = e.ends_s[0]
-            continue
-        if passes > 1:  # a run: every entry decodes one token per pass
-            k = passes if r.cancelled_at is None else _before(e.ends_s, r.cancelled_at)
-            r.num_computed += k
-            r.emitted += k
             continue
         if r.cancelled_at is not None and e.ends_s[0] >= r.cancelled_at:
             continue  # cancelled while this pass ran: its token is not delivered
