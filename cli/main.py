@@ -8,6 +8,7 @@ its parser's defaults; its return value is the exit status.
 
 from __future__ import annotations
 
+import gc
 import os
 import sqlite3
 import sys
@@ -50,7 +51,16 @@ def build_parser() -> CliParser:
     return parser
 
 
+# The cyclic GC's first threshold for the command's process (CPython's default: 700). A
+# simulation allocates and frees containers by the million; at 700 the collector ran ~400
+# times over the first 2,000 Mooncake requests (0.49 s of ~5 s, measured with gc.callbacks),
+# at 10,000 ~120 times (0.25 s). Only the CLI's own process: an embedding program keeps its
+# settings.
+GC_GEN0_THRESHOLD = 10_000
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
     args = build_parser().parse_args(argv)
     status = _run(args)
     # A log sink still open (a command's, or one opened by user code loaded with

@@ -276,19 +276,19 @@ def input_record(cell: Cell, env: Envelope, now: float, kind: int = DELIVERED) -
     )
 
 
-def event_records(cell: Cell, events: list[Event]) -> list[EventRec]:
+def event_records(cell: Cell, events: list[Event]) -> tuple[EventRec, ...]:
     if not events:
-        return []
+        return ()
     addr, seq = cell.addr, cell.seq
     blobs = cell.ctx.event_blobs
     if events is not cell.ctx.events or len(blobs) != len(events):
         blobs = [encode(e) for e in events]
-    return [EventRec(addr, seq, i, type(e).__name__, b) for i, (e, b) in enumerate(zip(events, blobs, strict=True))]
+    return tuple([EventRec(addr, seq, i, type(e).__name__, b) for i, (e, b) in enumerate(zip(events, blobs, strict=True))])
 
 
-def output_records(cell: Cell, outputs: list[Out]) -> list[OutputRec]:
+def output_records(cell: Cell, outputs: list[Out]) -> tuple[OutputRec, ...]:
     if not outputs:
-        return []
+        return ()
     addr, seq = cell.addr, cell.seq
     recs = []
     for i, o in enumerate(outputs):
@@ -300,7 +300,7 @@ def output_records(cell: Cell, outputs: list[Out]) -> list[OutputRec]:
                 o.ask, name, payload,
             )
         )
-    return recs
+    return tuple(recs)
 
 
 def snapshot_record(cell: Cell) -> SnapshotRec:
@@ -324,7 +324,7 @@ def final_snapshot(cell: Cell, now: float) -> Step | None:
     rec = InputRec(
         cell.addr, -1, now, cell.hlc, SNAPSHOT, cell.addr, 0, None, None, False, "", b"", False, 0
     )
-    return Step(rec, [], [], snap)
+    return Step(rec, (), (), snap)
 
 
 def folded_snapshot(cell: Cell) -> SnapshotRec:
@@ -362,7 +362,7 @@ def make_step(cell: Cell, env: Envelope, now: float, snapshot: bool) -> Step:
         i += 1
     return Step(
         inp,
-        event_records(cell, events) if events else [],
-        outs,
+        event_records(cell, events) if events else (),
+        tuple(outs),
         snapshot_record(cell) if snapshot else None,
     )

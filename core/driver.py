@@ -293,7 +293,7 @@ class DriverBase(abc.ABC):
         if self.sink is not None:
             ghost = Cell(env.dst, self.seed, -1)  # seq -1 marks "not delivered"
             ghost.hlc = env.hlc  # so merged logs still order it by time
-            self.sink.append(Step(input_record(ghost, env, t, kind), [], []))
+            self.sink.append(Step(input_record(ghost, env, t, kind), (), ()))
         if kind == LATE:
             return None
         if reason is None:

@@ -93,9 +93,12 @@ class SnapshotRec(msgspec.Struct, array_like=True, gc=False):
 
 
 class Step(msgspec.Struct, array_like=True, gc=False):
+    # Tuples, not lists: a step waits in the sink's buffer until its batch is written, and
+    # lists there are containers the cyclic GC re-scans each collection (~20 % of a logged
+    # delivery's CPU, measured); a tuple of untracked records is untracked after one.
     input: InputRec
-    events: list[EventRec]
-    outputs: list[OutputRec]
+    events: tuple[EventRec, ...]
+    outputs: tuple[OutputRec, ...]
     snapshot: SnapshotRec | None = None
 
 

@@ -38,7 +38,7 @@ def digest(reader: LogReader, run_id: str | None = None) -> str:
 
 
 def _without_tracebacks(step: Step) -> Step:
-    events = [_strip(ev) if ev.type == "HandlerFailed" else ev for ev in step.events]
+    events = tuple([_strip(ev) if ev.type == "HandlerFailed" else ev for ev in step.events])
     return Step(step.input, events, step.outputs, step.snapshot)
 
 

@@ -212,7 +212,7 @@ def test_a_log_whose_last_writes_fail_at_exit_sets_the_exit_status(tmp_path: Pat
         "sink = open_sink('left.db')\n"
         "sink.begin_run(RunRec('r', 'sim', 1, '{}', 'v', 'h', 0.0))\n"
         "bad = InputRec('a/1', 0, 0.0, 1, 0, 'ext/x', 1, None, None, True, 'M', object())\n"
-        "sink.append(Step(bad, [], []))  # a value SQLite does not take: the last write fails\n"
+        "sink.append(Step(bad, (), ()))  # a value SQLite does not take: the last write fails\n"
         "raise SystemExit(main(['sim', 'example', '--requests', '5', '--log', 'ok.db']))\n"
     )
     res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)

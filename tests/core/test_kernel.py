@@ -65,7 +65,7 @@ def test_failed_handler_is_recorded_and_its_effects_discarded():
     failed = decode("HandlerFailed", step.events[0].payload)
     assert failed.error == "RuntimeError: boom"
     assert "Traceback" in failed.traceback and "raise RuntimeError" in failed.traceback
-    assert step.outputs == []  # the send to nowhere/0 was discarded
+    assert step.outputs == ()  # the send to nowhere/0 was discarded
     assert d.dead_letters == 0
 
 

@@ -20,9 +20,9 @@ from deepserve.persistence import open_sink
 
 sink = open_sink(sys.argv[1], writer=sys.argv[2])
 sink.begin_run(RunRec("r", "sim", 1, "{}", "v", "h", 0.0))
-sink.append(Step(InputRec("a/1", 0, 0.0, 1, 0, "ext/x", 1, None, None, True, "M", b"ok"), [], []))
+sink.append(Step(InputRec("a/1", 0, 0.0, 1, 0, "ext/x", 1, None, None, True, "M", b"ok"), (), ()))
 if sys.argv[3] == "bad":  # a value neither SQLite nor msgpack takes: the last write fails
-    sink.append(Step(InputRec("a/1", 1, 0.0, 2, 0, "ext/x", 2, None, None, True, "M", object()), [], []))
+    sink.append(Step(InputRec("a/1", 1, 0.0, 2, 0, "ext/x", 2, None, None, True, "M", object()), (), ()))
 print("done")  # stdout is the program's: the report must not land here
 """
 
@@ -61,7 +61,7 @@ def test_close_open_sinks_returns_the_failure_for_the_exit_status(tmp_path: Path
     sink = open_sink(path)
     sink.begin_run(RunRec("r", "sim", 1, "{}", "v", "h", 0.0))
     bad = InputRec("a/1", 0, 0.0, 1, 0, "ext/x", 1, None, None, True, "M", object())  # type: ignore[arg-type]
-    sink.append(Step(bad, [], []))
+    sink.append(Step(bad, (), ()))
     failed = close_open_sinks()
     assert len(failed) == 1 and failed[0].startswith(f"{path}: log writer failed")
     assert failed[0] in close_failures()

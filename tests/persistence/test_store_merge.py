@@ -13,7 +13,7 @@ from deepserve.persistence import LogError, open_log, open_sink
 
 def _step(actor: str, seq: int, hlc: int, corr: str = "c", snap: bool = False) -> Step:
     inp = InputRec(actor, seq, hlc / 10, hlc, 0, "x/1", seq, corr, None, False, "M", b"%d" % hlc)
-    return Step(inp, [], [], SnapshotRec(actor, seq, "m:S", b"s") if snap else None)
+    return Step(inp, (), (), SnapshotRec(actor, seq, "m:S", b"s") if snap else None)
 
 
 def _write(

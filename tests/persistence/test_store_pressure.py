@@ -21,7 +21,7 @@ PER_REQUEST = 5  # logged deliveries per admitted request, as in the overload so
 
 
 def _step(i: int) -> Step:
-    return Step(InputRec("a/1", i, float(i), i, 0, "ext/x", i, None, None, True, "T", b"p"), [], [])
+    return Step(InputRec("a/1", i, float(i), i, 0, "ext/x", i, None, None, True, "T", b"p"), (), ())
 
 
 class SlowDisk:

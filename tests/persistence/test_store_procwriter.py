@@ -23,7 +23,7 @@ def _step(i: int, hlc: int | None = None) -> Step:
     inp = InputRec(
         "a/1", i, float(i), i if hlc is None else hlc, 0, "ext/x", i, None, None, True, "T", b"p"
     )
-    return Step(inp, [], [])
+    return Step(inp, (), ())
 
 
 def _gone(pid: int, timeout: float = 10.0) -> bool:
@@ -165,7 +165,7 @@ from deepserve.core.records import InputRec, RunRec, Step
 from deepserve.persistence import open_sink
 
 def step(i):
-    return Step(InputRec("a/1", i, float(i), i, 0, "ext/x", i, None, None, True, "T", b"x"), [], [])
+    return Step(InputRec("a/1", i, float(i), i, 0, "ext/x", i, None, None, True, "T", b"x"), (), ())
 
 sink = open_sink(sys.argv[1], "async", writer="process", max_batch=100)
 sink.begin_run(RunRec("crash", "sim", 0, "{}", "0", "h", 0.0))

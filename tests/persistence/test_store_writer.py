@@ -19,7 +19,7 @@ def _step(i: int, actor: str = "a/1", hlc: int | None = None) -> Step:
     inp = InputRec(
         actor, i, float(i), i if hlc is None else hlc, 0, "ext/x", i, None, None, True, "T", b"p"
     )
-    return Step(inp, [], [])
+    return Step(inp, (), ())
 
 
 class GatedStore:
