@@ -5,6 +5,7 @@ documented distribution and is deterministic."""
 from __future__ import annotations
 
 import math
+import random
 import statistics
 import sys
 
@@ -15,7 +16,12 @@ from deepserve.adapters.hardware import compute
 from deepserve.adapters.hardware.batch import Batch, Parallel, Seq, logits_tokens
 from deepserve.adapters.hardware.calibration import DP_COMPUTE_CV
 from deepserve.adapters.hardware.compute import ForwardCost, forward_time
-from deepserve.adapters.hardware.devices.npu_run import pass_starts, run_ends, variance_factors
+from deepserve.adapters.hardware.devices.npu_run import (
+    _factor_table,
+    pass_starts,
+    run_ends,
+    variance_factors,
+)
 from deepserve.adapters.hardware.layout import span_for
 from deepserve.adapters.hardware.models import model_profile
 from deepserve.adapters.hardware.specs import npu_spec
@@ -91,7 +97,7 @@ def test_the_cached_part_is_keyed_by_value() -> None:
 
 
 def test_variance_factors_are_lognormal_with_mean_one_and_the_calibrated_cv() -> None:
-    factors = variance_factors(DeliveryRng(7), 40_001)  # odd: the last pair's half is dropped
+    factors = variance_factors(DeliveryRng(7), 40_001)
     assert len(factors) == 40_001 and min(factors) > 0
     mean = statistics.fmean(factors)
     assert mean == pytest.approx(1.0, abs=4 * DP_COMPUTE_CV / math.sqrt(len(factors)))
@@ -100,6 +106,25 @@ def test_variance_factors_are_lognormal_with_mean_one_and_the_calibrated_cv() ->
     sigma = math.sqrt(math.log1p(DP_COMPUTE_CV**2))
     skew = statistics.fmean(((x + sigma * sigma / 2) / sigma) ** 3 for x in logs)
     assert abs(skew) < 0.05
+
+
+def test_the_factor_table_is_the_calibrated_lognormal_with_mean_exactly_one() -> None:
+    table = _factor_table()
+    assert len(table) == 1 << 16 and list(table) == sorted(table)
+    mean = math.fsum(table) / len(table)
+    assert mean == pytest.approx(1.0, abs=1e-15)
+    cv = math.sqrt(math.fsum((x - mean) ** 2 for x in table) / len(table)) / mean
+    assert cv == pytest.approx(DP_COMPUTE_CV, rel=1e-4)
+
+
+def test_variance_factors_pick_quantiles_by_little_endian_16_bit_draws() -> None:
+    """The picks are defined by the bytes, not by the machine's byte order: a log made on one
+    machine replays on another."""
+    for k in (1, 5):
+        raw = random.Random(DeliveryRng(5).getrandbits(64)).randbytes(2 * k)
+        want = [_factor_table()[int.from_bytes(raw[2 * i : 2 * i + 2], "little")] for i in range(k)]
+        assert variance_factors(DeliveryRng(5), k) == want
+    assert variance_factors(DeliveryRng(5), 0) == []
 
 
 def test_variance_factors_are_deterministic_and_chunks_independent() -> None:
