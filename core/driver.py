@@ -204,7 +204,7 @@ class DriverBase(abc.ABC):
 
     # ---- routing: one core, per-driver hooks --------------------------------
     def _route(
-        self, cell: Cell, outputs: list[Out], t: float, recs: list[OutputRec] | None = None
+        self, cell: Cell, outputs: list[Out], t: float, recs: tuple[OutputRec, ...] | None = None
     ) -> None:
         """Carry out a delivery's outputs. `recs`, the logged records of them, lend
         their encodings to the receivers' input records (a message is encoded once)."""
