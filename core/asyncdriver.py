@@ -54,7 +54,7 @@ class AsyncDriver(InlineDelivery, DriverBase):
         self.epoch = epoch
         self._tg: TaskGroup | None = None
         self._t0 = 0.0
-        self._timer_heap: list[tuple[float, int, Envelope, str | None]] = []
+        self._timer_heap: list[tuple[float, int, Envelope, str]] = []
         self._timer_seq = 0
         self._timer_wake = anyio.Event()
         self._held: deque[tuple[int, Cell, list[Out], float]] = deque()
@@ -358,7 +358,7 @@ class AsyncDriver(InlineDelivery, DriverBase):
     def _spawn_child(self, env: Envelope, t: float) -> None:
         self._start_cell(env, t)
 
-    def _timer_entries(self) -> list[tuple[float, int, Envelope, str | None]]:
+    def _timer_entries(self) -> list[tuple[float, int, Envelope, str]]:
         return self._timer_heap
 
     def _report_failure(self, cell: Cell) -> None:
