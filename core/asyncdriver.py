@@ -67,7 +67,7 @@ class AsyncDriver(InlineDelivery, DriverBase):
         self.edge_limit = max(1, mailbox_capacity // 2)
         self._high_water = mailbox_capacity // 2
         self.refused = 0
-        self._pressure_sink = sink if hasattr(sink, "wait_for_room") else None
+        self._pressure_sink: Any = sink if hasattr(sink, "wait_for_room") else None
         # Deliveries an actor makes before yielding to the others.
         self.burst = 64
         # A sender that filled a mailbox past half waits this many yields at most:

@@ -102,8 +102,9 @@ class Context:
     # ---- acting ---------------------------------------------------------
     def record(self, event: Event) -> None:
         """Record a state change and apply it at once through `evolve`."""
-        cell = self._cell
-        cell.actor.state = cell.actor.evolve(cell.actor.state, event)
+        actor = self._cell.actor
+        assert actor is not None  # a context records only for a started actor
+        actor.state = actor.evolve(actor.state, event)
         self.events.append(event)
 
     def send(self, dst: str, msg: Message, corr: str | None = None) -> int:

@@ -13,7 +13,7 @@ import json
 import socket
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .address import EXTERNAL_PREFIX, HLC_LOGICAL_BITS, check_address, hlc_physical
@@ -158,7 +158,7 @@ class DriverBase(abc.ABC):
         return self._external_env(addr, started, None, src, t)
 
     def _pending_timers(
-        self, addr: str, entries: list[tuple[float, int, Envelope, str | None]],
+        self, addr: str, entries: Sequence[tuple[float, int, Envelope, str | None]],
         timers: dict[tuple[str, str], int],
     ) -> list[Envelope]:  # fmt: skip
         """Take `addr`'s live timers out of `timers`, in the order they were set.
@@ -271,7 +271,7 @@ class DriverBase(abc.ABC):
         ...
 
     @abc.abstractmethod
-    def _timer_entries(self) -> list[tuple[float, int, Envelope, str | None]]:
+    def _timer_entries(self) -> Sequence[tuple[float, int, Envelope, str | None]]:
         ...
 
     # ---- undeliverable ---------------------------------------------------

@@ -16,6 +16,7 @@ Each actor's order, its mailbox capacity and the log are as with a task hop: the
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from .cell import Cell, execute, make_step, settle_ask
@@ -32,6 +33,13 @@ class InlineDelivery:
     _held: deque[Any]
     sink: Any
     outbox: bool
+    # ... and the driver methods it calls (DriverBase's and AsyncDriver's; annotations only,
+    # so the method resolution order is untouched)
+    clock: Callable[[], float]
+    _bounce: Callable[..., None]
+    _route: Callable[..., None]
+    _retire: Callable[[Cell, float], None]
+    _report_failure: Callable[[Cell], None]
 
     def _drain_inline(self, limit: int) -> int:
         """Run the deliveries queued for parked actors during a step (`_enqueue`), in this

@@ -61,8 +61,8 @@ class DeliveryRng(random.Random):
             got += 64
         return out & ((1 << k) - 1)
 
-    def getstate(self) -> tuple[int, float | None]:
+    def getstate(self) -> tuple[int, float | None]:  # type: ignore[override]
         return (self._state, self.gauss_next)
 
     def setstate(self, state: tuple[int, float | None]) -> None:  # type: ignore[override]
-        self._state, self.gauss_next = state
+        self._state, self.gauss_next = state  # type: ignore[assignment]

@@ -134,7 +134,7 @@ class NpuError(Message, frozen=True, kw_only=True):
     region: str | None = None
 
 
-NPU_REQUESTS = (NpuForward, NpuAlloc, NpuFree, NpuProbe)
+NPU_REQUESTS: tuple[type, ...] = (NpuForward, NpuAlloc, NpuFree, NpuProbe)
 
 
 # ---- aggregated decode runs (simulation fast path; additive) ------------------------------

@@ -249,8 +249,8 @@ def forward_time(
         span = link if isinstance(link, Span) else Span.single(link)
     if is_dense_plan(m, part):
         tokens, logits, graph = batch.tokens, logits_tokens(batch), is_graph_batch(batch)
-        fixed = dense_fixed(m, npu, par, span, part, tokens, logits, graph)
-        return fixed.cost(attention_core_time_s(m, batch.seqs, par.tp, npu))
+        plan = dense_fixed(m, npu, par, span, part, tokens, logits, graph)
+        return plan.cost(attention_core_time_s(m, batch.seqs, par.tp, npu))
     totals = dict.fromkeys(_Layer.__struct_fields__, 0.0)
     ops = 0
     for is_moe, count in _layer_plan(m, part):

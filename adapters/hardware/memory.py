@@ -56,7 +56,7 @@ def kv_bytes_per_token_per_npu(m: ModelProfile, par: Parallel) -> float:
     """KV bytes one token occupies on one NPU: GQA splits KV heads over TP (replicating them
     when there are fewer heads than ranks); MLA's latent is replicated on every TP rank."""
     layers = math.ceil(m.n_layers / par.pp)
-    per_layer = kv_bytes_per_token_layer(m)
+    per_layer: float = kv_bytes_per_token_layer(m)
     if m.mla is None:
         per_layer *= math.ceil(m.n_kv_heads / par.tp) / m.n_kv_heads
     return layers * per_layer

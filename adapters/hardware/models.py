@@ -7,6 +7,8 @@ entry to PROFILES.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 from msgspec import Struct
 
@@ -51,7 +53,7 @@ class ModelProfile(Struct, frozen=True, kw_only=True):
     mtp_layers: int = 0  # multi-token-prediction modules shipped with the model
 
 
-def _llama(name: str, source: str, **shape: int) -> ModelProfile:
+def _llama(name: str, source: str, **shape: Any) -> ModelProfile:
     """A Llama-style dense model: GQA attention, SwiGLU MLP, BF16 weights, untied embeddings."""
     return ModelProfile(name=name, source=source, head_dim=128, weight_dtype="bf16", **shape)
 

@@ -365,16 +365,17 @@ class DpMaster(Actor[MasterState]):
         c = st.rtc.copies.get(copy_id)
         if c is None:
             return
-        ok = isinstance(msg, LinkTransferDone)
-        ctx.record(rtc.finish_copy(st.rtc, copy_id, ok, "" if ok else msg.reason))
-        r = st.reqs.get(c.seq) if c.seq is not None else None
-        if r is not None and r.status == LOADING:
+        reason = msg.reason if isinstance(msg, LinkTransferFailed) else ""
+        ctx.record(rtc.finish_copy(st.rtc, copy_id, isinstance(msg, LinkTransferDone), reason))
+        seq = c.seq
+        r = st.reqs.get(seq) if seq is not None else None
+        if seq is not None and r is not None and r.status == LOADING:
             if r.cancelled is not None:
                 self.end(ctx, r, "cancelled", r.cancelled)
             else:
-                table = len(rtc.block_table(st.rtc, c.seq))
+                table = len(rtc.block_table(st.rtc, seq))
                 computed = min(table * self.cfg.block_tokens, r.num_tokens - 1)
-                ctx.record(TaskStatus(task_id=c.seq, status=WAITING, num_computed=computed))
+                ctx.record(TaskStatus(task_id=seq, status=WAITING, num_computed=computed))
         # A run's blocks are allocated for all its passes, so a finished copy can change the
         # next plan only through a task that may now be admitted (its populate is done, or the
         # copy's blocks became evictable again): with nothing waiting the run goes on, exactly

@@ -171,10 +171,10 @@ def evolve_master(st: MasterState, e: Event) -> MasterState:
         r.cancelled, r.cancelled_at = e.reason, e.at_s
     elif isinstance(e, TransferHeld):
         st.held[e.handle.transfer_id] = e.handle
-        r = st.reqs.get(e.task_id)
-        if r is not None:
+        held = st.reqs.get(e.task_id)
+        if held is not None:
             _drop(st.running, e.task_id)
-            r.status = HELD
+            held.status = HELD
     elif isinstance(e, TransferReleased):
         st.held.pop(e.transfer_id, None)
     elif isinstance(e, ChannelOpened):

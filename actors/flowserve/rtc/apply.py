@@ -193,7 +193,7 @@ _APPLY = {
 
 def apply(rtc: Rtc, event: object) -> Rtc:
     """Fold one RTC event into `rtc` in place and return it (so `evolve` can return it)."""
-    _APPLY[type(event)](rtc, event)  # type: ignore[index]
+    _APPLY[type(event)](rtc, event)  # type: ignore[index, operator]
     return rtc
 
 

@@ -122,8 +122,8 @@ class RtcExecutor(Actor[ExecutorState]):
         p = self.state.copies.get(copy_id)
         if p is None:
             return  # not ours, or a late answer after the copy was settled
-        ok = isinstance(msg, LinkTransferDone)
-        ctx.record(CopyPartEnded(copy_id=copy_id, ok=ok, reason="" if ok else msg.reason))
+        reason = msg.reason if isinstance(msg, LinkTransferFailed) else ""
+        ctx.record(CopyPartEnded(copy_id=copy_id, ok=isinstance(msg, LinkTransferDone), reason=reason))
         if copy_id not in self.state.copies:  # the last rank answered
             done = CopyExecuted(copy_id=copy_id, ok=not p.failed, reason=p.failed,
                                 duration_s=ctx.now() - p.started_s)  # fmt: skip

@@ -144,7 +144,7 @@ class Host(Actor[HostState]):
             if tp < 1 or not targets or len(targets) % tp:
                 raise ValueError(f"targets: need k x {tp} target NPUs, got {len(targets)}")
             per_npu = self._shard(m, msg, tp)
-            parts = [
+            parts: list[LinkBroadcast] | list[LinkTransfer] = [
                 LinkBroadcast(
                     req_id=f"{key}#{r}", src=msg.sources[r], targets=targets[r::tp],
                     nbytes=per_npu, via=msg.via,

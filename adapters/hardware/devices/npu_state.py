@@ -169,11 +169,10 @@ def evolve_npu(st: NpuState, e: Event) -> NpuState:
         )
         return replace(st, running=run, queue=queue)
     if isinstance(e, NpuRunExtended):
-        run = st.running
-        assert run is not None, "no run to extend"
-        ends = run.ends_s + e.ends_s
-        run = replace(run, ends_s=ends, duration_s=ends[-1] - run.started_at_s)
-        return replace(st, running=run)
+        cur = st.running
+        assert cur is not None, "no run to extend"
+        ends = cur.ends_s + e.ends_s
+        return replace(st, running=replace(cur, ends_s=ends, duration_s=ends[-1] - cur.started_at_s))
     if isinstance(e, NpuRunTruncated):
         return _truncate(st, e)
     if isinstance(e, NpuForwardEnded):
