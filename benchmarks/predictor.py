@@ -53,11 +53,12 @@ def train(traces: tuple[str, ...], max_depth: int = 8, limit: int | None = None,
         raise ValueError("--trace: the training split needs at least two decode-length buckets")
     clf = DecisionTreeClassifier(max_depth=max_depth, min_samples_leaf=20, random_state=seed)
     clf.fit(train_x, train_y)
-    t = clf.tree_
-    buckets = [int(clf.classes_[v.argmax()]) for v in t.value[:, 0, :]]
+    fitted: Any = clf.tree_
+    buckets = [int(clf.classes_[v.argmax()]) for v in fitted.value[:, 0, :]]
     tree = DecodeLengthTree(
-        feature=tuple(int(f) if f >= 0 else 0 for f in t.feature), threshold=tuple(float(v) for v in t.threshold),
-        left=tuple(int(c) for c in t.children_left), right=tuple(int(c) for c in t.children_right),
+        feature=tuple(int(f) if f >= 0 else 0 for f in fitted.feature),
+        threshold=tuple(float(v) for v in fitted.threshold),
+        left=tuple(int(c) for c in fitted.children_left), right=tuple(int(c) for c in fitted.children_right),
         bucket=tuple(buckets), trained_on=tuple(traces),
     )  # fmt: skip
     majority = Counter(train_y).most_common(1)[0][0]

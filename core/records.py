@@ -36,10 +36,10 @@ class OutputKind(IntEnum):
 DELIVERED, DEAD, FULL, SNAPSHOT, LATE = InputKind
 SEND, TIMER, CANCEL, SPAWN, STOP = OutputKind
 
-INPUT_KIND_NAMES = {
+INPUT_KIND_NAMES: dict[int, str] = {
     DELIVERED: "deliver", DEAD: "dead", FULL: "full", SNAPSHOT: "snapshot", LATE: "late",
 }
-OUTPUT_KIND_NAMES = {k: k.name.lower() for k in OutputKind}
+OUTPUT_KIND_NAMES: dict[int, str] = {k: k.name.lower() for k in OutputKind}
 
 
 class InputRec(msgspec.Struct, array_like=True, gc=False):

@@ -59,7 +59,7 @@ class Frontend:
             if len(raw) > limit:
                 raise HttpError(413, f"request body exceeds {limit} bytes", "invalid_request_error")
         try:
-            req = msgspec.json.decode(bytes(raw), type=cls)
+            req: Any = msgspec.json.decode(bytes(raw), type=cls)
             stops = req.stops()
         except msgspec.ValidationError as exc:
             text = str(exc)

@@ -223,7 +223,7 @@ class Runtime:
     def cluster_state(self) -> Any:
         """The cluster manager's state (TEs with generation and state, groups), or None."""
         cell = self.driver.cells.get(MANAGER_ADDR) if self.driver is not None else None
-        return cell.actor.state if cell is not None else None
+        return cell.actor.state if cell is not None and cell.actor is not None else None
 
     def status(self) -> dict[str, Any]:
         """TEs with generation and state, roles, DP groups, loads and KV usage (masters' state)."""
@@ -240,7 +240,8 @@ class Runtime:
                 if cell is None or not cell.alive:
                     dps.append({"master": addr, "alive": False})
                     continue
-                ld = dp_load(cell.actor.state, cell.actor.cfg)
+                master: Any = cell.actor  # a DP-group master: its state and config
+                ld = dp_load(master.state, master.cfg)
                 dps.append({"master": addr, "alive": True, **msgspec.to_builtins(ld)})
             rows.append({"te": te, "role": slot.role, "group": slot.group, "server": slot.server,
                          "npus": list(slot.npus), "generation": r.generation, "state": r.state,

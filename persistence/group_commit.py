@@ -294,7 +294,7 @@ def runs_and_steps(items: Sequence[Step | RunRec]) -> list[RunRec | list[Step]]:
         if steps:
             parts.append(steps)
             steps = []
-        parts.append(item)
+        parts.append(item)  # type: ignore[arg-type]  # a RunRec: steps went above
     if steps:
         parts.append(steps)
     return parts

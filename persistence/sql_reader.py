@@ -135,7 +135,7 @@ class SqlLog(LogReader):
         self.label = db.label
 
     def runs(self) -> list[RunRec]:
-        return [RunRec(*r) for r in self.db.all(select(*RUN_COLS).order_by(runs.c.id))]
+        return [RunRec(*r) for r in self.db.all(select(*RUN_COLS).order_by(runs.c.id))]  # type: ignore[arg-type]
 
     def has_run(self, run_id: str) -> bool:
         return bool(self.db.all(select(runs.c.id).where(runs.c.run_id == run_id).limit(1)))

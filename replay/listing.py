@@ -38,7 +38,7 @@ INDENT = " " * 16  # under the actor column, so a step reads as a block
 
 # What a non-delivered input was, in words: one label per `InputKind`, so a new kind
 # shows as its number rather than as some other kind's label.
-INPUT_LABELS = {
+INPUT_LABELS: dict[int, str] = {
     DEAD: "dead letter",
     FULL: "dropped: mailbox full",
     SNAPSHOT: "final state: snapshot at run end or stop",

@@ -194,7 +194,7 @@ def _launching(s: CmState, e: TeLaunching) -> None:
                    pod_id=e.pod_id, source=e.source, launched_s=e.at_s, since_s=e.at_s)  # fmt: skip
     if old is not None:
         rec.failures, rec.boot_failures = old.failures, old.boot_failures
-        past = {"generation": old.generation, "state": old.state, "reason": old.reason, "steps": dict(old.steps)}
+        past: dict[str, object] = {"generation": old.generation, "state": old.state, "reason": old.reason, "steps": dict(old.steps)}
         rec.history = [*old.history, past][-MAX_HISTORY:]
     s.tes[e.te] = rec
     s.launches += 1

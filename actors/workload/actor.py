@@ -115,7 +115,7 @@ class Workload(Actor[WorkloadState]):
     def _on_arrive(self, ctx: Context, msg: Arrive) -> None:
         if msg.request_id in self.state.pending:
             return  # a duplicate arrival: the request is already in flight
-        phase = "chat" if self.mode == "colocated" else "prefill"
+        phase: Literal["chat", "prefill", "decode"] = "chat" if self.mode == "colocated" else "prefill"
         te = self._next(phase)
         keep = self.mode == "pd"
         ctx.record(RequestDispatched(

@@ -93,7 +93,7 @@ class ZmqTransport:
             self.ctx.destroy(linger=0)
             raise TransportError(f"cannot bind {bind}: {exc}") from None
         self._router = router
-        self.endpoint = self._router.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.endpoint = self._router.getsockopt_string(zmq.LAST_ENDPOINT)
 
     @property
     def routes(self) -> Directory:
@@ -210,14 +210,14 @@ class ZmqTransport:
     # ---- receiving ---------------------------------------------------------------------
     def _start_reading(self) -> None:
         assert self._router is not None
-        self._loop_now().add_reader(self._router.getsockopt(zmq.FD), self._drain)
+        self._loop_now().add_reader(self._router.getsockopt(zmq.FD), self._drain)  # type: ignore[arg-type]
         self._reading = True
         self._loop_now().call_soon(self._drain)
 
     def _stop_reading(self) -> None:
         loop = self._loop
         if self._reading and self._router is not None and loop is not None and not loop.is_closed():
-            loop.remove_reader(self._router.getsockopt(zmq.FD))
+            loop.remove_reader(self._router.getsockopt(zmq.FD))  # type: ignore[arg-type]
         self._reading = False
 
     def _drain(self) -> None:
@@ -227,7 +227,7 @@ class ZmqTransport:
             return
         for _ in range(DRAIN_FRAMES):
             # EVENTS first: cheaper than a recv that raises Again, the usual end of a drain.
-            if not router.getsockopt(EVENTS) & POLLIN:
+            if not router.getsockopt(EVENTS) & POLLIN:  # type: ignore[operator]
                 return
             ident = router.recv(NOBLOCK)
             frame = router.recv(NOBLOCK)  # our DEALERs send one frame: [ident, frame]
@@ -237,7 +237,7 @@ class ZmqTransport:
             if rest is not None:  # a full mailbox: stop reading until it has room
                 self._paused = True
                 self._stop_reading()
-                task = self._loop_now().create_task(rest)
+                task: asyncio.Task[None] = self._loop_now().create_task(rest)  # type: ignore[arg-type]
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
                 return
@@ -322,7 +322,7 @@ class ZmqTransport:
             if st.dirty:
                 self._send_ack(st)
         router = self._router
-        if router is not None and not self._closed and router.getsockopt(EVENTS) & POLLIN:
+        if router is not None and not self._closed and router.getsockopt(EVENTS) & POLLIN:  # type: ignore[operator]
             self._loop_now().call_soon(self._drain)  # the sends may have taken the FD's signal
 
 

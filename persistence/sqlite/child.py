@@ -138,7 +138,7 @@ def fast_binding() -> None:
     adapter registered it is a dict hit and a C call. The values stored do not change
     (NULL, integer 0/1, blob). Process-wide, which is why only the writer process
     does it."""
-    sqlite3.register_adapter(type(None), {}.get)  # None -> None, in C
+    sqlite3.register_adapter(type(None), {}.get)  # type: ignore[arg-type]  # None -> None, in C
     sqlite3.register_adapter(bool, int)
     sqlite3.register_adapter(bytes, bytes)  # returns its argument unchanged
 

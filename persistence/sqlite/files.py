@@ -117,7 +117,7 @@ def prepare_sqlite(path: str, *, create: bool, upgrade: bool) -> tuple[int, int]
 
     def _setup(conn: Connection) -> tuple[int, int]:
         if not exists:  # WAL is persistent, and cannot be switched on inside a transaction
-            conn.connection.driver_connection.execute("PRAGMA journal_mode=WAL")
+            conn.connection.driver_connection.execute("PRAGMA journal_mode=WAL")  # type: ignore[union-attr]
         with conn.begin():
             return ensure_schema(conn, path, create=create, upgrade=upgrade)
 

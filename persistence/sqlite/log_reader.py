@@ -85,11 +85,11 @@ class SqliteLog(SqlLog):
         span = self._prefetch_span(run) if where.whole_run else None
         conds = input_filter(run, where)
         reader = None if span is None else self._start_reader(conds, span[1])
-        if reader is None:
+        if span is None or reader is None:
             yield from self._local(conds)
             return
         try:
-            yield from self._local([*conds, inputs.c.id.between(*span)])
+            yield from self._local([*conds, inputs.c.id.between(span[0], span[1])])
             yield from reader.steps()
         finally:
             reader.stop()

@@ -98,7 +98,7 @@ class ReaderProcess:
         return view if self._fill(view) else None
 
     def _fill(self, view: memoryview) -> bool:
-        readinto = self._src.readinto
+        readinto = self._src.readinto  # type: ignore[attr-defined]  # a buffered reader
         got = 0
         while got < len(view):
             n = readinto(view[got:])

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 from ..rows import Row, group_steps, id_range_is_dense
@@ -115,7 +115,7 @@ class Children:
 
 def read_steps(
     conn: sqlite3.Connection, sql: str, params: Sequence[Any], heads: Sequence[str], size: int
-) -> Iterator[list[tuple]]:
+) -> Generator[list[tuple], None, None]:
     """Step tuples of the input query `sql` (its rows end with the step id, in id
     order), `size` steps at a time. The open cursor keeps one read transaction, so
     the child queries see the same snapshot as the inputs."""
