@@ -10,7 +10,7 @@ PY_OK := import sys; sys.exit(sys.version_info < (3, 11))
 # link) is rebuilt from scratch: re-running pip in it would only fail the same way.
 VENV_BROKEN := $(shell $(PY) -c '$(PY_OK); import pip' >/dev/null 2>&1 || echo yes)
 
-.PHONY: test demo demo-sim up lint typecheck typecheck-all bench setup clean venv
+.PHONY: test demo demo-sim up lint typecheck typecheck-all bench setup clean venv kernel
 
 $(STAMP): pyproject.toml $(if $(VENV_BROKEN),venv)
 	$(PY) -m pip install -q --upgrade pip
@@ -24,9 +24,18 @@ venv:
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 
-setup: $(STAMP)
+# The compiled kernel (core/compiled.py): mypyc builds the hot modules of core/ into
+# build/mypyc/, again whenever a module of core/ changes. If it cannot (no C compiler), one
+# line says so and the pure Python kernel runs: same behaviour, same logs, slower.
+KERNEL_BUILT := build/mypyc/manifest.json
+$(KERNEL_BUILT): $(STAMP) $(wildcard core/*.py)
+	@echo "compiling the kernel with mypyc (core/compiled.py) ..."
+	@$(PY) -c 'import deepserve.core.compiled as c; c.main()'
+kernel: $(KERNEL_BUILT)
 
-test: $(STAMP)
+setup: $(STAMP) $(KERNEL_BUILT) $(KERNEL_BUILT)
+
+test: $(STAMP) $(KERNEL_BUILT)
 	$(PY) -m ruff check .
 	$(MAKE) --no-print-directory typecheck
 	$(PY) -m pytest -rs
@@ -45,18 +54,18 @@ typecheck-all: $(STAMP)
 	@$(call MYPY,--exclude '^deepserve/(\.venv|tests|runs|build)/' deepserve)
 
 # The daemon's tour: deepserve up on a free port, a streamed chat completion, status, stop, replay verify.
-demo: $(STAMP)
+demo: $(STAMP) $(KERNEL_BUILT)
 	$(PY) -m deepserve.examples.daemon_tour
 
 # The kernel's example scenario (the demo before the daemon).
-demo-sim: $(STAMP)
+demo-sim: $(STAMP) $(KERNEL_BUILT)
 	$(VENV)/bin/deepserve sim example --seed 0  # writes runs/example-0.db
 	$(VENV)/bin/deepserve replay verify runs/example-0.db
 
-up: $(STAMP)
+up: $(STAMP) $(KERNEL_BUILT)
 	$(VENV)/bin/deepserve up
 
-bench: $(STAMP)
+bench: $(STAMP) $(KERNEL_BUILT)
 	$(VENV)/bin/deepserve bench kernel
 
 clean:

@@ -2,6 +2,13 @@
 
 The public API for embedding actors in one's own program; see docs/kernel.md."""
 
+# First, before any kernel module is imported: the compiled build of the hot modules, when
+# `make` built one from these very sources (core/compiled.py).
+from .compiled import select as _select_build
+
+KERNEL_BUILD = _select_build(__path__)
+
+# ruff: noqa: E402 (the imports below must follow the choice above)
 from .actor import Actor, Directive, MissingEvolve, Supervision
 from .address import address, deterministic_id
 from .asyncdriver import AsyncDriver, run
@@ -27,7 +34,7 @@ from .sim import SimDriver
 from .transport import InProcHub, Transport
 
 __all__ = [
-    "Actor", "AskError", "AskFailed", "AsyncDriver", "ChildFailed", "Context", "DecodeError",
+    "KERNEL_BUILD", "Actor", "AskError", "AskFailed", "AsyncDriver", "ChildFailed", "Context", "DecodeError",
     "Directive", "DurableSink", "Envelope", "Event", "HandlerFailed", "InProcHub", "InputKind",
     "LogSink", "MemorySink", "Message", "MissingEvolve", "OutputKind", "Raw", "ReplyHandle",
     "Restarted", "RunRec", "SimDriver", "Started", "Step", "Stopped", "Supervision", "Transport",

@@ -31,7 +31,7 @@ from .transport import Transport
 log = structlog.get_logger("deepserve.kernel")
 
 
-class AsyncDriver(InlineDelivery, DriverBase):
+class AsyncDriver(DriverBase, InlineDelivery):
     mode = "daemon"
 
     def __init__(
@@ -42,9 +42,11 @@ class AsyncDriver(InlineDelivery, DriverBase):
         transport: Transport | None = None,
         outbox: bool = False,
         epoch: float | None = None,
-        **kwargs: Any,
+        run_id: str | None = None,
+        config: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(seed, sink=sink, mailbox_capacity=mailbox_capacity, **kwargs)
+        # (the base's arguments spelled out, not `**kwargs`: see SimDriver.__init__)
+        super().__init__(seed, sink, mailbox_capacity, run_id, config)
         if outbox and not hasattr(sink, "on_commit"):
             raise ValueError("outbox durability needs a sink that reports commits (a DurableSink)")
         self.transport = transport
@@ -248,7 +250,7 @@ class AsyncDriver(InlineDelivery, DriverBase):
                 self._bounce(env, now, LATE)
                 continue
             snapshot = execute(cell, env, now)
-            self._pressure = None
+            self._clear_pressure()
             outputs = ctx.outputs
             if sink is None:
                 if outputs:
@@ -280,6 +282,12 @@ class AsyncDriver(InlineDelivery, DriverBase):
                 if self._remote_pressure is not None:
                     await self._wait_remote()
         self._drain_dead(cell)
+
+    def _clear_pressure(self) -> None:
+        # A method, not `self._pressure = None` inline: a type checker then narrows the
+        # attribute to None for the rest of `_actor_loop`, although `_route` may set it, and
+        # mypyc (core/compiled.py) compiles that narrowing into a run-time type check.
+        self._pressure = None
 
     async def _yield_to(self, target: Cell | None) -> None:
         await anyio.lowlevel.checkpoint()

@@ -32,11 +32,13 @@ from .messages import (
 )
 from .records import DELIVERED, SNAPSHOT, EventRec, InputRec, OutputRec, SnapshotRec, Step
 
+STAT_FIELDS = ("handled", "failed", "handler_time_s", "mailbox_depth", "mailbox_full", "dead")
+
 
 class ActorStats:
     """Per-actor counters, readable while the driver runs."""
 
-    __slots__ = ("handled", "failed", "handler_time_s", "mailbox_depth", "mailbox_full", "dead")
+    __slots__ = STAT_FIELDS
 
     def __init__(self) -> None:
         self.handled = 0
@@ -47,7 +49,7 @@ class ActorStats:
         self.dead = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return {name: getattr(self, name) for name in STAT_FIELDS}
 
 
 class Cell:

@@ -16,14 +16,16 @@ Each actor's order, its mailbox capacity and the log are as with a task hop: the
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from typing import Any
+
+from mypy_extensions import trait
 
 from .cell import Cell, execute, make_step, settle_ask
 from .envelope import Envelope
 from .records import DEAD, LATE
 
 
+@trait  # a mixin that mypyc (core/compiled.py) can compile; listed after DriverBase
 class InlineDelivery:
     # (declared for readers and type checkers; AsyncDriver.__init__ sets them)
     _inline_q: deque[tuple[Cell, Envelope]]
@@ -33,13 +35,25 @@ class InlineDelivery:
     _held: deque[Any]
     sink: Any
     outbox: bool
-    # ... and the driver methods it calls (DriverBase's and AsyncDriver's; annotations only,
-    # so the method resolution order is untouched)
-    clock: Callable[[], float]
-    _bounce: Callable[..., None]
-    _route: Callable[..., None]
-    _retire: Callable[[Cell, float], None]
-    _report_failure: Callable[[Cell], None]
+    # ... and the driver methods it calls, which DriverBase and AsyncDriver define (both come
+    # before this mixin in AsyncDriver's method resolution order, so these never run). Methods,
+    # not `Callable` annotations: mypyc would take those for data attributes.
+    def clock(self) -> float:
+        raise NotImplementedError
+
+    def _bounce(self, env: Envelope, t: float, kind: int, reason: str | None = None) -> None:
+        raise NotImplementedError
+
+    def _route(
+        self, cell: Cell, outputs: list[Any], t: float, recs: tuple[Any, ...] | None = None
+    ) -> None:
+        raise NotImplementedError
+
+    def _retire(self, cell: Cell, t: float) -> None:
+        raise NotImplementedError
+
+    def _report_failure(self, cell: Cell) -> None:
+        raise NotImplementedError
 
     def _drain_inline(self, limit: int) -> int:
         """Run the deliveries queued for parked actors during a step (`_enqueue`), in this

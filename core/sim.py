@@ -15,7 +15,7 @@ from .cell import execute, make_step, settle_ask
 from .driver import ASK_SRC, AskError, DriverBase
 from .envelope import Envelope
 from .messages import Message, Started
-from .records import DEAD, FULL, LATE
+from .records import DEAD, FULL, LATE, LogSink
 
 Invariant = Callable[["SimDriver"], None]
 
@@ -23,8 +23,17 @@ Invariant = Callable[["SimDriver"], None]
 class SimDriver(DriverBase):
     mode = "sim"
 
-    def __init__(self, seed: int = 0, **kwargs: Any) -> None:
-        super().__init__(seed, **kwargs)
+    def __init__(
+        self,
+        seed: int = 0,
+        sink: LogSink | None = None,
+        mailbox_capacity: int = 65_536,
+        run_id: str | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        # (the base's arguments spelled out, not `**kwargs`: mypyc, core/compiled.py, passes
+        # a `**kwargs` through to a compiled base wrongly)
+        super().__init__(seed, sink, mailbox_capacity, run_id, config)
         self.now = 0.0
         self._heap: list[tuple[float, int, Envelope, str | None]] = []
         self._seq = 0
