@@ -10,7 +10,7 @@ PY_OK := import sys; sys.exit(sys.version_info < (3, 11))
 # link) is rebuilt from scratch: re-running pip in it would only fail the same way.
 VENV_BROKEN := $(shell $(PY) -c '$(PY_OK); import pip' >/dev/null 2>&1 || echo yes)
 
-.PHONY: test demo demo-sim up lint typecheck typecheck-all bench setup clean venv kernel
+.PHONY: test demo demo-sim up lint typecheck typecheck-all bench setup clean venv compiled
 
 $(STAMP): pyproject.toml $(if $(VENV_BROKEN),venv)
 	$(PY) -m pip install -q --upgrade pip
@@ -24,21 +24,21 @@ venv:
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 
-# The compiled kernel (core/compiled.py): mypyc builds the hot modules of core/ into
-# build/mypyc/, again whenever a module of core/ changes. If it cannot (no C compiler), one
-# line says so and the pure Python kernel runs: same behaviour, same logs, slower.
-KERNEL_BUILT := build/mypyc/manifest.json
-$(KERNEL_BUILT): $(STAMP) $(wildcard core/*.py)
-	@echo "compiling the kernel with mypyc (core/compiled.py) ..."
-	@$(PY) -c 'import deepserve.core.compiled as c; c.main()'
-kernel: $(KERNEL_BUILT)
+# The compiled build (compiled.py): mypyc builds the hot modules into build/mypyc/, again
+# whenever one of them changes (the step checks their hashes: a no-op when they are unchanged).
+# If it cannot (no C compiler), one line says so and pure Python runs: same logs, slower.
+compiled: $(STAMP)
+	@$(PY) -c 'import deepserve.compiled as c; c.main()'
 
-setup: $(STAMP) $(KERNEL_BUILT) $(KERNEL_BUILT)
+setup: $(STAMP) compiled
 
-test: $(STAMP) $(KERNEL_BUILT)
+# The compile (one core), lint and type check run side by side; then the suite, on every core.
+test: $(STAMP)
+	$(MAKE) --no-print-directory -j2 compiled lint typecheck
+	$(PY) -m pytest -rs -n auto
+
+lint: $(STAMP)
 	$(PY) -m ruff check .
-	$(MAKE) --no-print-directory typecheck
-	$(PY) -m pytest -rs
 
 # mypy. `make test` checks the kernel, the hardware and FlowServe (~10 s); `make typecheck-all`
 # the whole package, tests aside (~30-40 s: too long to add to every test run). Both are clean.
@@ -54,18 +54,18 @@ typecheck-all: $(STAMP)
 	@$(call MYPY,--exclude '^deepserve/(\.venv|tests|runs|build)/' deepserve)
 
 # The daemon's tour: deepserve up on a free port, a streamed chat completion, status, stop, replay verify.
-demo: $(STAMP) $(KERNEL_BUILT)
+demo: $(STAMP) compiled
 	$(PY) -m deepserve.examples.daemon_tour
 
 # The kernel's example scenario (the demo before the daemon).
-demo-sim: $(STAMP) $(KERNEL_BUILT)
+demo-sim: $(STAMP) compiled
 	$(VENV)/bin/deepserve sim example --seed 0  # writes runs/example-0.db
 	$(VENV)/bin/deepserve replay verify runs/example-0.db
 
-up: $(STAMP) $(KERNEL_BUILT)
+up: $(STAMP) compiled
 	$(VENV)/bin/deepserve up
 
-bench: $(STAMP) $(KERNEL_BUILT)
+bench: $(STAMP) compiled
 	$(VENV)/bin/deepserve bench kernel
 
 clean:

@@ -1,0 +1,8 @@
+"""deepserve: serverless LLM serving as an event-logged actor system (README.md).
+
+First, before any other deepserve module is imported: the compiled build of the hot modules,
+when `make` built one from these very sources (compiled.py)."""
+
+from .compiled import install as _install
+
+BUILD = _install()

@@ -6,8 +6,8 @@ import json
 
 import msgspec
 
-from deepserve.core import KERNEL_BUILD
-from deepserve.core.compiled import describe
+from deepserve import BUILD
+from deepserve.compiled import describe
 
 
 class Row(msgspec.Struct, frozen=True):
@@ -33,7 +33,7 @@ def render(title: str, rows: list[Row]) -> str:
             ratio = f"{r.value / r.baseline_value:.2f}x"
         lines.append((r.name, _num(r.value), r.unit, r.baseline or "-", _num(r.baseline_value), ratio))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    out = [title, describe(KERNEL_BUILD)]
+    out = [title, describe(BUILD)]
     for n, line in enumerate(lines):
         out.append("  ".join(cell.ljust(w) if i in (0, 2, 3) else cell.rjust(w)
                              for i, (cell, w) in enumerate(zip(line, widths, strict=True))))
@@ -43,5 +43,5 @@ def render(title: str, rows: list[Row]) -> str:
 
 
 def as_json_lines(rows: list[Row]) -> str:
-    """One object a row, each saying which kernel build it measured (core/compiled.py)."""
-    return "\n".join(json.dumps({**msgspec.to_builtins(r), "kernel": KERNEL_BUILD}) for r in rows)
+    """One object a row, each saying which build it measured (compiled.py)."""
+    return "\n".join(json.dumps({**msgspec.to_builtins(r), "build": BUILD}) for r in rows)

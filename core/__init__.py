@@ -2,13 +2,8 @@
 
 The public API for embedding actors in one's own program; see docs/kernel.md."""
 
-# First, before any kernel module is imported: the compiled build of the hot modules, when
-# `make` built one from these very sources (core/compiled.py).
-from .compiled import select as _select_build
+from deepserve import BUILD as KERNEL_BUILD  # compiled or pure (deepserve/compiled.py)
 
-KERNEL_BUILD = _select_build(__path__)
-
-# ruff: noqa: E402 (the imports below must follow the choice above)
 from .actor import Actor, Directive, MissingEvolve, Supervision
 from .address import address, deterministic_id
 from .asyncdriver import AsyncDriver, run

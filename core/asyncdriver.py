@@ -286,7 +286,7 @@ class AsyncDriver(DriverBase, InlineDelivery):
     def _clear_pressure(self) -> None:
         # A method, not `self._pressure = None` inline: a type checker then narrows the
         # attribute to None for the rest of `_actor_loop`, although `_route` may set it, and
-        # mypyc (core/compiled.py) compiles that narrowing into a run-time type check.
+        # mypyc (compiled.py) compiles that narrowing into a run-time type check.
         self._pressure = None
 
     async def _yield_to(self, target: Cell | None) -> None:

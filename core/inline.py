@@ -25,7 +25,7 @@ from .envelope import Envelope
 from .records import DEAD, LATE
 
 
-@trait  # a mixin that mypyc (core/compiled.py) can compile; listed after DriverBase
+@trait  # a mixin that mypyc (compiled.py) can compile; listed after DriverBase
 class InlineDelivery:
     # (declared for readers and type checkers; AsyncDriver.__init__ sets them)
     _inline_q: deque[tuple[Cell, Envelope]]

@@ -31,7 +31,7 @@ class SimDriver(DriverBase):
         run_id: str | None = None,
         config: dict[str, Any] | None = None,
     ) -> None:
-        # (the base's arguments spelled out, not `**kwargs`: mypyc, core/compiled.py, passes
+        # (the base's arguments spelled out, not `**kwargs`: mypyc, compiled.py, passes
         # a `**kwargs` through to a compiled base wrongly)
         super().__init__(seed, sink, mailbox_capacity, run_id, config)
         self.now = 0.0

@@ -19,8 +19,8 @@ def test_bench_kernel_json_rows(tmp_path: Path) -> None:
     rows = {r["name"]: r for r in map(json.loads, res.stdout.splitlines())}
     assert ROWS <= rows.keys()
     for r in rows.values():
-        assert set(r) == {"name", "value", "unit", "baseline", "baseline_value", "kernel"}
-        assert r["kernel"] in ("compiled", "pure", "stale")
+        assert set(r) == {"name", "value", "unit", "baseline", "baseline_value", "build"}
+        assert r["build"] in ("compiled", "pure", "stale")
         assert r["value"] > 0 and r["unit"].endswith("/s")
         assert r["baseline"] and r["baseline_value"] > 0
 

@@ -1,4 +1,4 @@
-"""The compiled kernel (core/compiled.py) is the pure one, faster: the same seed writes the same
+"""The compiled build (compiled.py) is the pure one, faster: the same seed writes the same
 log byte for byte under both builds, each verifies the other's log, and a build of other
 sources is never loaded."""
 
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-import deepserve.core as core
-from deepserve.core import compiled
+import deepserve
+from deepserve import compiled
 
 HERE = Path(__file__).resolve().parent
 needs_build = pytest.mark.skipif(
-    core.KERNEL_BUILD != "compiled",
-    reason=f"the kernel runs {core.KERNEL_BUILD} Python here: `make` builds the compiled one",
+    deepserve.BUILD != "compiled",
+    reason=f"deepserve runs {deepserve.BUILD} Python here: `make` builds the compiled one",
 )
 
 
@@ -46,7 +46,7 @@ def _cli(*commands: list[str], tmp: Path, pure: bool, before: str = "") -> list[
 
 @needs_build
 def test_both_builds_say_which_they_are(tmp_path: Path) -> None:
-    code = "import deepserve.core as c, deepserve.core.cell as m; print(c.KERNEL_BUILD, m.__file__)"
+    code = "import deepserve, deepserve.core.cell as m; print(deepserve.BUILD, m.__file__)"
     pure = _python(code, tmp_path, pure=True).stdout.split()
     fast = _python(code, tmp_path, pure=False).stdout.split()
     assert pure[0] == "pure" and pure[1].endswith("core/cell.py")
@@ -83,8 +83,7 @@ def test_a_simulation_logs_the_same_bytes(tmp_path: Path, scenario: list[str]) -
 
 def _fake_build(tmp_path: Path, **change: object) -> Path:
     """A build directory whose manifest matches today's sources, then `change`d."""
-    manifest = {"python": sys.implementation.cache_tag, "group": "nothing__mypyc",
-                "sources": compiled.source_hashes()}
+    manifest = {"python": sys.implementation.cache_tag, "sources": compiled.source_hashes()}
     manifest.update(change)
     build = tmp_path / "build"
     build.mkdir()
@@ -94,18 +93,26 @@ def _fake_build(tmp_path: Path, **change: object) -> Path:
 
 def test_a_build_of_other_sources_is_not_loaded(tmp_path: Path) -> None:
     hashes = compiled.source_hashes()
-    build = _fake_build(tmp_path, sources={**hashes, "cell": "0" * 64})
-    path = ["core"]
-    assert compiled.select(path, build) == "stale"
-    assert path == ["core"]
-    assert "older than core/" in compiled.describe("stale")
+    assert compiled.check(_fake_build(tmp_path)) == "compiled"
+    shutil.rmtree(tmp_path / "build")
+    assert compiled.check(_fake_build(tmp_path, sources={**hashes, "core.cell": "0" * 64})) == "stale"
+    shutil.rmtree(tmp_path / "build")
+    missing = {m: h for m, h in hashes.items() if m != "core.cell"}  # a module added since
+    assert compiled.check(_fake_build(tmp_path, sources=missing)) == "stale"
+    assert "older than the sources" in compiled.describe("stale")
 
 
 def test_a_build_for_another_interpreter_or_none_is_not_loaded(tmp_path: Path, monkeypatch) -> None:
-    path = ["core"]
-    assert compiled.select(path, _fake_build(tmp_path, python="cpython-399")) == "pure"
-    assert compiled.select(path, tmp_path / "no-such-build") == "pure"
+    assert compiled.check(_fake_build(tmp_path, python="cpython-399")) == "pure"
+    assert compiled.check(tmp_path / "no-such-build") == "pure"
     shutil.rmtree(tmp_path / "build")
     monkeypatch.setenv(compiled.PURE_ENV, "1")
-    assert compiled.select(path, _fake_build(tmp_path)) == "pure"
-    assert path == ["core"]
+    assert compiled.check(_fake_build(tmp_path)) == "pure"
+
+
+def test_the_finder_serves_only_the_compiled_modules(tmp_path: Path) -> None:
+    finder = compiled.CompiledFinder(tmp_path)
+    spec = finder.find_spec("deepserve.core.cell")
+    assert spec is not None and spec.origin == str(tmp_path / "deepserve" / "core" / f"cell{compiled.SUFFIX}")
+    assert finder.find_spec("deepserve.core.actor") is None  # user actors subclass it: pure
+    assert finder.find_spec("cell") is None
