@@ -57,14 +57,25 @@ def check(build_dir: Path = BUILD_DIR) -> str:
     another interpreter's, or `DEEPSERVE_PURE`) or "stale" (a build of other sources)."""
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
         return "pure"
-    try:
-        manifest = json.loads((build_dir / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return "pure"
+    manifest = _manifest(build_dir)
     if manifest.get("python") != sys.implementation.cache_tag:
         return "pure"
     # Quietly: a warning on stderr would change what every CLI command prints.
     return "compiled" if manifest.get("sources") == source_hashes() else "stale"
+
+
+def _manifest(build_dir: Path = BUILD_DIR) -> dict:
+    try:
+        manifest = json.loads((build_dir / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def _mypyc_version() -> str:
+    from mypy.version import __version__  # build time only (dev)
+
+    return __version__
 
 
 class CompiledFinder(importlib.abc.MetaPathFinder):
@@ -119,8 +130,9 @@ def _load_group(name: str, build_dir: Path) -> None:
 
 def build(opt_level: str = "3") -> Path:
     """Compile every group into a fresh directory, then swap it in with its manifest."""
-    from mypyc.build import mypycify  # type: ignore[import-untyped]  # build time only (dev)
-    from setuptools import Distribution  # type: ignore[import-untyped]
+    # build time only (mypy is a dev dependency); older mypy releases ship no types for these
+    from mypyc.build import mypycify  # type: ignore[import-untyped, unused-ignore]
+    from setuptools import Distribution  # type: ignore[import-untyped, unused-ignore]
 
     hashes = source_hashes()  # before compiling: a source edited meanwhile reads as stale
     with tempfile.TemporaryDirectory(prefix="deepserve-mypyc-") as tmp:
@@ -134,7 +146,8 @@ def build(opt_level: str = "3") -> Path:
             def files(modules: tuple[str, ...]) -> list[str]:
                 return [f"deepserve/{m.replace('.', '/')}.py" for m in modules]
 
-            groups = [(files(ms), f"deepserve_{g}") for g, ms in GROUPS.items() if ms]
+            groups: list[tuple[list[str], str | None]] = [
+                (files(ms), f"deepserve_{g}") for g, ms in GROUPS.items() if ms]
             options = ["--config-file", str(PACKAGE_ROOT / "pyproject.toml")]
             extensions = mypycify(files(COMPILED) + options, opt_level=opt_level,
                                   separate=groups, target_dir="c")
@@ -144,7 +157,8 @@ def build(opt_level: str = "3") -> Path:
             dist.run_command("build_ext")
         finally:
             os.chdir(cwd)
-        manifest = {"python": sys.implementation.cache_tag, "sources": hashes}
+        manifest = {"python": sys.implementation.cache_tag, "sources": hashes,
+                    "mypyc": _mypyc_version()}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
         shutil.rmtree(BUILD_DIR, ignore_errors=True)
         BUILD_DIR.parent.mkdir(parents=True, exist_ok=True)
@@ -153,9 +167,11 @@ def build(opt_level: str = "3") -> Path:
 
 
 def main() -> int:
-    """`make`'s step: build unless the build in place is of exactly these sources."""
+    """`make`'s step: build unless the build in place is of exactly these sources, by the
+    mypyc installed now (an upgrade of mypy rebuilds)."""
     if os.environ.get(PURE_ENV, "") in ("", "0") and check() == "compiled":
-        return 0
+        if _manifest().get("mypyc") == _mypyc_version():
+            return 0
     print(f"deepserve: compiling {len(COMPILED)} modules with mypyc (compiled.py) ...",
           file=sys.stderr, flush=True)
     try:
