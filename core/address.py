@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import Final
 
 _ADDRESS = re.compile(r"^[A-Za-z0-9_.:-]+(/[A-Za-z0-9_.:-]+)*$")
-EXTERNAL_PREFIX = "ext/"
+EXTERNAL_PREFIX: Final = "ext/"  # (Final: compiled code inlines it, compiled.py)
 
 
 class BadAddress(ValueError):
@@ -36,7 +37,7 @@ def deterministic_id(seed: int, actor: str, seq: int, n: int = 0) -> str:
 
 # A hybrid logical clock packed into one int: physical microseconds in the high
 # bits, a logical counter in the low 16. Packing keeps comparisons and storage cheap.
-HLC_LOGICAL_BITS = 16
+HLC_LOGICAL_BITS: Final = 16
 
 
 def hlc_physical(now_s: float) -> int:

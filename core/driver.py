@@ -14,7 +14,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from .address import EXTERNAL_PREFIX, HLC_LOGICAL_BITS, check_address, hlc_physical
 from .cell import Cell, final_snapshot, input_record
@@ -39,6 +39,10 @@ from .records import (
 CODE_VERSION = "0.1.0"
 TRANSPORT_REFUSED = "transport refused"
 ASK_SRC = "ext/ask"  # the source address of asks from outside the actor system
+# Module-level names of the per-message path again, as `Final`: C statics in the compiled
+# build (compiled.py), where a plain module global costs a dict lookup at every use.
+_SEND: Final = SEND
+_Envelope: Final = Envelope
 
 
 class AskError(Exception):
@@ -212,19 +216,18 @@ class DriverBase(abc.ABC):
         hlc = cell.hlc
         # Every output is a send event at t: `hlc_tick`, unrolled (`hlc_physical` inlined).
         pt = int(t * 1_000_000) << HLC_LOGICAL_BITS
-        send, enqueue = self._send, self._enqueue
         for i, o in enumerate(outputs):
             hlc = pt if pt > hlc else hlc + 1
             kind = o.kind
-            if kind is SEND:  # the hot path: `_send` inlined
+            if kind is _SEND:  # the hot path: `_send` inlined
                 if o.ask:
                     cell.open_asks.add(o.msg_id)
                 payload = recs[i].payload if recs is not None else None
-                env = Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg, o.reply_to, o.ask, False, payload)
+                env = _Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg, o.reply_to, o.ask, False, payload)
                 if o.dst.startswith(EXTERNAL_PREFIX):
                     self._to_outside(t, env)
                 else:
-                    enqueue(env, t)
+                    self._enqueue(env, t)
             elif kind is TIMER:
                 env = Envelope(addr, addr, o.msg_id, hlc, o.corr, o.msg, o.reply_to)
                 self._set_timer(t + o.delay, env, o.key)  # type: ignore[arg-type]
@@ -233,7 +236,7 @@ class DriverBase(abc.ABC):
             elif kind is SPAWN:
                 self._spawn_child(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg), t)
             else:  # STOP another actor
-                send(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, Stop(by=addr)), t)
+                self._send(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, Stop(by=addr)), t)
         cell.hlc = hlc
 
     def _send(self, env: Envelope, t: float) -> bool:
