@@ -11,7 +11,7 @@ from .classpath import UnknownActorClass
 from .codec import DecodeError, decode, encode
 from .context import Context
 from .driver import AskError
-from .envelope import Envelope, ReplyHandle
+from .envelope import Envelope
 from .messages import (
     AskFailed,
     ChildFailed,
@@ -19,6 +19,7 @@ from .messages import (
     HandlerFailed,
     Message,
     Raw,
+    ReplyHandle,
     Restarted,
     Started,
     Stopped,

@@ -12,7 +12,7 @@ import asyncio
 import time
 from collections import deque
 from heapq import heappop, heappush
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import structlog
@@ -29,6 +29,7 @@ from .records import DEAD, FULL, LATE, LogSink
 from .transport import Transport
 
 log = structlog.get_logger("deepserve.kernel")
+_heappush: Final = heappush  # (Final: a C static in the compiled build, compiled.py)
 
 
 class AsyncDriver(DriverBase, InlineDelivery):
@@ -428,7 +429,7 @@ class AsyncDriver(DriverBase, InlineDelivery):
         heap = self._timer_heap
         if not heap or deadline < heap[0][0]:
             self._timer_wake.set()
-        heappush(heap, (deadline, self._timer_seq, env, key))
+        _heappush(heap, (deadline, self._timer_seq, env, key))
 
     async def _timer_loop(self) -> None:
         heap, timers = self._timer_heap, self._timers

@@ -110,7 +110,7 @@ def settle_ask(cell: Cell, env: Envelope) -> bool:
     if rid is None:
         return True
     opened = rid in cell.open_asks
-    if type(env.msg) is AskFailed:
+    if type(env.msg) is _AskFailed:
         if not opened:
             return False
         cell.open_asks.discard(rid)

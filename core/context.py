@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .address import deterministic_id
 from .classpath import class_path
-from .envelope import ReplyHandle
-from .messages import AskFailed, Event, Message, Started
+from .messages import AskFailed, Event, Message, ReplyHandle, Started
 from .records import CANCEL, SEND, SPAWN, STOP, TIMER, OutputKind
 from .rng import DeliveryRng, address_hash, delivery_seed
 
@@ -24,6 +23,8 @@ if TYPE_CHECKING:
 
 # (`Final`: a C static in the compiled build, compiled.py; a module global is a dict lookup)
 _SEND: Final = SEND
+_TIMER: Final = TIMER
+_AskFailed: Final = AskFailed
 
 
 class Out:
@@ -138,12 +139,13 @@ class Context:
     def reply(self, msg: Message, to: ReplyHandle | None = None) -> int:
         """Answer the message being handled, or the one `to` names. The receiver
         sees `reply_to` set, which also cancels an `ask`'s timeout."""
-        if to is None:
-            env = self._env()
-            to = ReplyHandle(env.src, env.msg_id, env.corr)
         cell = self._cell
         cell.out_seq += 1
-        self.outputs.append(Out(SEND, to.addr, msg, 0.0, cell.out_seq, to.corr, to.msg_id))
+        if to is None:  # the envelope's return address, read directly (the ask's answer path)
+            env = self._env()
+            self.outputs.append(Out(_SEND, env.src, msg, 0.0, cell.out_seq, env.corr, env.msg_id))
+        else:
+            self.outputs.append(Out(_SEND, to.addr, msg, 0.0, cell.out_seq, to.corr, to.msg_id))
         return cell.out_seq
 
     def ask(self, dst: str, msg: Message, timeout_s: float, corr: str | None = None) -> int:
@@ -157,11 +159,11 @@ class Context:
         cell, env, outputs = self._cell, self.env, self.outputs
         env_corr = env.corr if env is not None else None
         rid = cell.out_seq = cell.out_seq + 1
-        outputs.append(Out(SEND, dst, msg, 0.0, rid, env_corr if corr is None else corr, None, True))
-        fail = AskFailed(request_id=rid, target=dst, reason=f"timeout after {timeout_s}s")
+        outputs.append(Out(_SEND, dst, msg, 0.0, rid, env_corr if corr is None else corr, None, True))
+        fail = _AskFailed(request_id=rid, target=dst, reason=f"timeout after {timeout_s}s")
         cell.out_seq += 1
         # The timeout names its request in reply_to, as every AskFailed does.
-        outputs.append(Out(TIMER, cell.addr, fail, timeout_s + 0.0, cell.out_seq, env_corr, rid, False, f"ask:{rid}"))
+        outputs.append(Out(_TIMER, cell.addr, fail, timeout_s + 0.0, cell.out_seq, env_corr, rid, False, f"ask:{rid}"))
         return rid
 
     def after(self, delay_s: float, msg: Message, key: str | None = None) -> str:

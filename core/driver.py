@@ -42,7 +42,8 @@ ASK_SRC = "ext/ask"  # the source address of asks from outside the actor system
 # Module-level names of the per-message path again, as `Final`: C statics in the compiled
 # build (compiled.py), where a plain module global costs a dict lookup at every use.
 _SEND: Final = SEND
-_Envelope: Final = Envelope
+_TIMER: Final = TIMER
+_CANCEL: Final = CANCEL
 
 
 class AskError(Exception):
@@ -223,15 +224,15 @@ class DriverBase(abc.ABC):
                 if o.ask:
                     cell.open_asks.add(o.msg_id)
                 payload = recs[i].payload if recs is not None else None
-                env = _Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg, o.reply_to, o.ask, False, payload)
+                env = Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg, o.reply_to, o.ask, False, payload)
                 if o.dst.startswith(EXTERNAL_PREFIX):
                     self._to_outside(t, env)
                 else:
                     self._enqueue(env, t)
-            elif kind is TIMER:
+            elif kind is _TIMER:
                 env = Envelope(addr, addr, o.msg_id, hlc, o.corr, o.msg, o.reply_to)
                 self._set_timer(t + o.delay, env, o.key)  # type: ignore[arg-type]
-            elif kind is CANCEL:
+            elif kind is _CANCEL:
                 self._timers.pop((addr, o.key), None)  # type: ignore[arg-type]
             elif kind is SPAWN:
                 self._spawn_child(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg), t)

@@ -145,3 +145,11 @@ class Stop(Message, frozen=True):
 
     system: ClassVar[bool] = True
     by: str
+
+
+class ReplyHandle(msgspec.Struct, frozen=True, array_like=True):
+    """Where, and to which message, a later answer goes (storable in actor state)."""
+
+    addr: str
+    msg_id: int
+    corr: str | None = None

@@ -116,3 +116,20 @@ def test_the_finder_serves_only_the_compiled_modules(tmp_path: Path) -> None:
     assert spec is not None and spec.origin == str(tmp_path / "deepserve" / "core" / f"cell{compiled.SUFFIX}")
     assert finder.find_spec("deepserve.core.actor") is None  # user actors subclass it: pure
     assert finder.find_spec("cell") is None
+
+
+@pytest.mark.parametrize("module", compiled.COMPILED)
+def test_no_msgspec_struct_is_defined_in_a_compiled_module(module: str) -> None:
+    """mypyc keeps a compiled module's annotations in a form msgspec cannot read: a Struct
+    defined there decodes `str | None` as `type` (found when `ReplyHandle` lived beside
+    `Envelope`). Structs belong in pure modules (messages.py, records.py)."""
+    import importlib
+    import inspect
+
+    import msgspec
+
+    mod = importlib.import_module(f"deepserve.{module}")
+    structs = [name for name, cls in inspect.getmembers(mod, inspect.isclass)
+               if cls.__module__ == mod.__name__ and issubclass(cls, msgspec.Struct)]
+    assert structs == [], f"{module} defines msgspec Structs {structs}: move them to a pure module"
+
