@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 from typing import Any, Final
 
 import anyio
@@ -30,6 +30,7 @@ from .transport import Transport
 
 log = structlog.get_logger("deepserve.kernel")
 _heappush: Final = heappush  # (Final: a C static in the compiled build, compiled.py)
+TIMER_HEAP_SLACK = 1024  # cancelled entries tolerated beyond twice the live timers
 
 
 class AsyncDriver(DriverBase, InlineDelivery):
@@ -425,11 +426,24 @@ class AsyncDriver(DriverBase, InlineDelivery):
     # ---- timers --------------------------------------------------------------------
     def _set_timer(self, deadline: float, env: Envelope, key: str) -> None:
         self._timer_seq += 1
-        self._timers[(env.dst, key)] = self._timer_seq
+        timers = self._timers
+        timers[(env.dst, key)] = self._timer_seq
         heap = self._timer_heap
+        if len(heap) > 2 * len(timers) + TIMER_HEAP_SLACK:
+            self._compact_timers()
         if not heap or deadline < heap[0][0]:
             self._timer_wake.set()
         _heappush(heap, (deadline, self._timer_seq, env, key))
+
+    def _compact_timers(self) -> None:
+        """Drop cancelled timers' entries (answered asks' timeouts), which otherwise stay in
+        the heap until their deadlines: with a 30 s ask timeout, every ask of the last 30 s,
+        its envelope and its `AskFailed`, for the cyclic GC to scan again and again. Run when
+        the heap holds more than twice the live timers (plus a slack), so it costs O(1) a
+        timer, amortized. The live entries keep their (deadline, seq) order."""
+        heap, timers = self._timer_heap, self._timers
+        heap[:] = [e for e in heap if timers.get((e[2].dst, e[3])) == e[1]]
+        heapify(heap)
 
     async def _timer_loop(self) -> None:
         heap, timers = self._timer_heap, self._timers

@@ -140,3 +140,26 @@ async def test_answered_asks_cost_the_timer_task_no_wake_each():
         assert d.actor("c/0").state.total == sum(range(1, 301)) and not d.actor("c/0").state.notes
         assert d.actor("c/1").state.total == 300 + 1  # the live timer fired
         assert d.timer_wakes <= 3 and not d._timer_heap
+
+
+async def test_answered_asks_do_not_pile_up_in_the_timer_heap() -> None:
+    """Each ask sets a timeout that its answer cancels; the cancelled entries are dropped
+    once they outnumber the live timers (`_compact_timers`), and a live timer set before
+    them all still fires, once."""
+    from deepserve.benchmarks.kernel_workloads import Asker, BPing, Echo
+    from deepserve.core.asyncdriver import TIMER_HEAP_SLACK
+
+    n = 3 * TIMER_HEAP_SLACK
+    async with AsyncDriver(seed=1) as d:
+        d.spawn("c/0", Counter)
+        d.spawn("e/0", Echo)
+        d.spawn("a/0", Asker, peer="e/0")
+        await d.inject("c/0", SetTimer("late", 0.5, 7))  # live through all the asks
+        await d.idle()
+        await d.inject("a/0", BPing(n))
+        await d.idle()
+        assert d.cells["e/0"].stats.handled == n + 1  # its Started, and n asks
+        assert len(d._timer_heap) <= 2 * len(d._timers) + TIMER_HEAP_SLACK + 1
+        assert ("c/0", "late") in d._timers
+        await d.idle(timers=True)
+    assert d.actor("c/0").state.total == 7
