@@ -28,8 +28,9 @@ from types import ModuleType
 
 # Groups of modules, one shared library each (groups compile in parallel; a call between two
 # groups is an ordinary Python call). Message, event and state types stay pure: they are msgspec
-# Structs, C already. FlowServe's and the NPU's hottest modules were tried as a second group and
-# left out: the whole-trace simulation did not get faster (docs/decisions.md, 2026-11-26).
+# Structs, C already. FlowServe's and the NPU's hottest modules, and the ZeroMQ transport, were
+# tried as further groups and left out: neither the whole-trace simulation nor the transport's
+# round trips got faster (docs/decisions.md, 2026-11-26).
 GROUPS: dict[str, tuple[str, ...]] = {
     # The kernel: every delivery runs through these.
     "kernel": ("core.envelope", "core.mailbox", "core.cell", "core.context", "core.driver",
