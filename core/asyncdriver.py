@@ -20,7 +20,7 @@ from anyio.abc import TaskGroup
 
 from .cell import Cell, execute, make_step, settle_ask
 from .context import Out
-from .driver import ASK_SRC, TRANSPORT_REFUSED, AskError, DriverBase
+from .driver import ASK_SRC, TRANSPORT_REFUSED, AskError
 from .envelope import Envelope
 from .inline import InlineDelivery
 from .mailbox import Mailbox
@@ -33,7 +33,7 @@ _heappush: Final = heappush  # (Final: a C static in the compiled build, compile
 TIMER_HEAP_SLACK = 1024  # cancelled entries tolerated beyond twice the live timers
 
 
-class AsyncDriver(DriverBase, InlineDelivery):
+class AsyncDriver(InlineDelivery):
     mode = "daemon"
 
     def __init__(

@@ -10,50 +10,40 @@ mailbox runs without waking that task.
   of it (`_to_front`), so a burst is handled in the actor's own loop.
 
 Each actor's order, its mailbox capacity and the log are as with a task hop: the same steps run
-(docs/decisions.md, 2026-11-24). A mixin of `AsyncDriver`, whose attributes it uses.
+(docs/decisions.md, 2026-11-24). `AsyncDriver`'s base class, whose attributes it uses.
 """
 
 from __future__ import annotations
 
+import abc
 from collections import deque
 from typing import Any
 
-from mypy_extensions import trait
-
 from .cell import Cell, execute, make_step, settle_ask
+from .driver import DriverBase
 from .envelope import Envelope
 from .records import DEAD, LATE
 
 
-@trait  # a mixin that mypyc (compiled.py) can compile; listed after DriverBase
-class InlineDelivery:
+class InlineDelivery(DriverBase):
+    """DriverBase with deliveries that skip a task switch; `AsyncDriver` is its one subclass."""
+
     # (declared for readers and type checkers; AsyncDriver.__init__ sets them)
     _inline_q: deque[tuple[Cell, Envelope]]
     inline_deliveries: int
     _stepping: bool
     _pressure: Cell | None
     _held: deque[Any]
-    sink: Any
     outbox: bool
-    # ... and the driver methods it calls, which DriverBase and AsyncDriver define (both come
-    # before this mixin in AsyncDriver's method resolution order, so these never run). Methods,
-    # not `Callable` annotations: mypyc would take those for data attributes.
+
+    # AsyncDriver's, called from here
+    @abc.abstractmethod
     def clock(self) -> float:
-        raise NotImplementedError
+        ...
 
-    def _bounce(self, env: Envelope, t: float, kind: int, reason: str | None = None) -> None:
-        raise NotImplementedError
-
-    def _route(
-        self, cell: Cell, outputs: list[Any], t: float, recs: tuple[Any, ...] | None = None
-    ) -> None:
-        raise NotImplementedError
-
-    def _retire(self, cell: Cell, t: float) -> None:
-        raise NotImplementedError
-
+    @abc.abstractmethod
     def _report_failure(self, cell: Cell) -> None:
-        raise NotImplementedError
+        ...
 
     def _drain_inline(self, limit: int) -> int:
         """Run the deliveries queued for parked actors during a step (`_enqueue`), in this
