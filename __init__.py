@@ -3,6 +3,6 @@
 First, before any other deepserve module is imported: the compiled build of the hot modules,
 when `make` built one from these very sources (compiled.py)."""
 
-from .compiled import install as _install
+from deepserve.compiled import install as _install  # (absolute: pytest may import this file alone)
 
 BUILD = _install()
