@@ -28,13 +28,12 @@ from deepserve.actors.ports.npu import (
     SeqShape,
 )
 from deepserve.adapters.hardware.devices.npu import Npu, variance_factor
+from deepserve.adapters.hardware.devices.npu_draws import run_ends, variance_factors
 from deepserve.adapters.hardware.devices.npu_run import (
     forward_cost_s,
     next_chunk,
     pass_costs,
     pass_shapes,
-    run_ends,
-    variance_factors,
 )
 from deepserve.benchmarks.table import Row
 from deepserve.core import SimDriver

@@ -5,21 +5,24 @@ documented distribution and is deterministic."""
 from __future__ import annotations
 
 import math
-import random
 import statistics
 import sys
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deepserve.adapters.hardware import compute
 from deepserve.adapters.hardware.batch import Batch, Parallel, Seq, logits_tokens
 from deepserve.adapters.hardware.calibration import DP_COMPUTE_CV
 from deepserve.adapters.hardware.compute import ForwardCost, forward_time
-from deepserve.adapters.hardware.devices.npu_run import (
-    _factor_table,
+from deepserve.adapters.hardware.devices.npu_draws import (
+    factor_picks,
+    factor_table,
     pass_starts,
     run_ends,
+    truncation_point,
     variance_factors,
 )
 from deepserve.adapters.hardware.layout import span_for
@@ -71,7 +74,9 @@ BATCHES = [
 ]
 
 
-@pytest.mark.parametrize("model", ["llama2-7b", "llama3-8b", "llama2-13b", "llama3-70b", "qwen2-72b"])
+@pytest.mark.parametrize(
+    "model", ["llama2-7b", "llama3-8b", "llama2-13b", "llama3-70b", "qwen2-72b"]
+)
 @pytest.mark.parametrize("npu", ["910b", "910c"])
 def test_the_dense_split_is_the_per_layer_loop(model: str, npu: str) -> None:
     m, spec = model_profile(model), npu_spec(npu)
@@ -97,7 +102,7 @@ def test_the_cached_part_is_keyed_by_value() -> None:
 
 
 def test_variance_factors_are_lognormal_with_mean_one_and_the_calibrated_cv() -> None:
-    factors = variance_factors(DeliveryRng(7), 40_001)
+    factors = variance_factors(DeliveryRng(7), 40_001).tolist()
     assert len(factors) == 40_001 and min(factors) > 0
     mean = statistics.fmean(factors)
     assert mean == pytest.approx(1.0, abs=4 * DP_COMPUTE_CV / math.sqrt(len(factors)))
@@ -109,8 +114,8 @@ def test_variance_factors_are_lognormal_with_mean_one_and_the_calibrated_cv() ->
 
 
 def test_the_factor_table_is_the_calibrated_lognormal_with_mean_exactly_one() -> None:
-    table = _factor_table()
-    assert len(table) == 1 << 16 and list(table) == sorted(table)
+    table = factor_table().tolist()
+    assert len(table) == 1 << 16 and table == sorted(table)
     mean = math.fsum(table) / len(table)
     assert mean == pytest.approx(1.0, abs=1e-15)
     cv = math.sqrt(math.fsum((x - mean) ** 2 for x in table) / len(table)) / mean
@@ -119,30 +124,71 @@ def test_the_factor_table_is_the_calibrated_lognormal_with_mean_exactly_one() ->
 
 def test_variance_factors_pick_quantiles_by_little_endian_16_bit_draws() -> None:
     """The picks are defined by the bytes, not by the machine's byte order: a log made on one
-    machine replays on another."""
-    for k in (1, 5):
-        raw = random.Random(DeliveryRng(5).getrandbits(64)).randbytes(2 * k)
-        want = [_factor_table()[int.from_bytes(raw[2 * i : 2 * i + 2], "little")] for i in range(k)]
-        assert variance_factors(DeliveryRng(5), k) == want
-    assert variance_factors(DeliveryRng(5), 0) == []
+    machine replays on another. The bytes are SHAKE-128 of the 64-bit draw's 8 LE bytes."""
+    import hashlib
+
+    for k in (1, 5, 300):
+        seed = DeliveryRng(5).getrandbits(64)
+        raw = hashlib.shake_128(seed.to_bytes(8, "little")).digest(2 * k)
+        picks = [int.from_bytes(raw[2 * i : 2 * i + 2], "little") for i in range(k)]
+        assert factor_picks(seed, k).tolist() == picks
+        want = [factor_table().tolist()[p] for p in picks]
+        assert variance_factors(DeliveryRng(5), k).tolist() == want
+    assert variance_factors(DeliveryRng(5), 0).tolist() == []
 
 
 def test_variance_factors_are_deterministic_and_chunks_independent() -> None:
     a, b = DeliveryRng(11), DeliveryRng(11)
-    assert variance_factors(a, 33) == variance_factors(b, 33)
-    first, second = variance_factors(a, 64), variance_factors(a, 64)  # one draw of rng each
+    assert variance_factors(a, 33).tolist() == variance_factors(b, 33).tolist()
+    first, second = (
+        variance_factors(a, 64).tolist(),
+        variance_factors(a, 64).tolist(),
+    )  # one draw each
     assert first != second
-    assert variance_factors(DeliveryRng(12), 33) != variance_factors(DeliveryRng(11), 33)
+    assert (
+        variance_factors(DeliveryRng(12), 33).tolist()
+        != variance_factors(DeliveryRng(11), 33).tolist()
+    )
+
+
+def _stepwise_ends(
+    gap: float, start: float, costs: list[float], factors: list[float] | None
+) -> list[float]:
+    t, expect = start, []
+    for i, c in enumerate(costs):
+        t = t + (c if factors is None else c * factors[i])
+        expect.append(t)
+        t = t + gap
+    return expect
 
 
 def test_run_ends_and_starts_are_the_stepwise_arithmetic() -> None:
     costs, factors, gap = [0.021, 0.0215, 0.022], [1.01, 0.97, 1.0], 0.0007
     ends = run_ends(gap, 5.0, costs, factors)
-    t, expect = 5.0, []
-    for c, f in zip(costs, factors, strict=True):
-        t = t + c * f
-        expect.append(t)
-        t = t + gap
-    assert list(ends) == expect
+    assert list(ends) == _stepwise_ends(gap, 5.0, costs, factors)
     assert pass_starts(5.0, ends, gap) == (5.0, ends[0] + gap, ends[1] + gap)
     assert run_ends(gap, 5.0, costs, None) == run_ends(gap, 5.0, costs, [1.0] * 3)
+    assert run_ends(gap, 5.0, [], None) == ()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(1e-6, 5.0), min_size=1, max_size=5000),
+    st.floats(0.0, 1e-2), st.floats(0.0, 1e6), st.integers(0, 2**64 - 1),
+)  # fmt: skip
+def test_the_array_running_sum_is_the_loop_bit_for_bit(costs: list[float], gap: float, start: float,
+                                                       seed: int) -> None:  # fmt: skip
+    """`np.add.accumulate` adds one element at a time, left to right (no pairwise summation):
+    every end is the float the stepwise loop computes, over runs of thousands of passes."""
+    factors = factor_table()[factor_picks(seed, len(costs))]
+    got = run_ends(gap, start, costs, factors)
+    assert list(got) == _stepwise_ends(gap, start, costs, factors.tolist())
+    assert list(run_ends(gap, start, costs, None)) == _stepwise_ends(gap, start, costs, None)
+
+
+def test_truncation_keeps_passes_up_to_the_first_ending_at_or_after_now() -> None:
+    ends = (1.0, 2.0, 3.0)
+    for now, keep in [(0.5, 1), (1.0, 1), (1.5, 2), (2.0, 2), (2.9, 3), (3.0, 3), (7.0, 3)]:
+        want = next((i + 1 for i, e in enumerate(ends) if e >= now), len(ends))
+        assert truncation_point(ends, now) == keep == want
+    assert truncation_point((), 1.0) == 0

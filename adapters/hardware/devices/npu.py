@@ -36,17 +36,19 @@ from deepserve.actors.ports.npu import (
 )
 from deepserve.adapters.hardware.calibration import DP_COMPUTE_CV
 from deepserve.adapters.hardware.devices.common import ReplyTo, answer, reply_to, respond
+from deepserve.adapters.hardware.devices.npu_draws import (
+    pass_starts,
+    run_ends,
+    truncation_point,
+    variance_factors,
+)
 from deepserve.adapters.hardware.devices.npu_run import (
     check_run,
     check_run_cost,
     forward_cost_s,
     next_chunk,
     pass_costs,
-    pass_starts,
-    run_ends,
     run_shape,
-    truncation_point,
-    variance_factors,
 )
 from deepserve.adapters.hardware.devices.npu_state import (
     HEALTHY,
@@ -301,7 +303,7 @@ class Npu(Actor[NpuState]):
         self, ctx: Context, req: NpuForwardRun, lo: int, hi: int, start_s: float
     ) -> tuple[float, ...]:
         """When passes lo..hi-1 of a run end: the model's costs, each times its own variance
-        factor (one 64-bit draw of ctx.rng seeds the chunk's factors, npu_run.variance_factors)."""
+        factor (one 64-bit draw of ctx.rng seeds the chunk's factors, npu_draws.variance_factors)."""
         factors = variance_factors(ctx.rng, hi - lo) if self.variance else None
         return run_ends(req.gap_s, start_s, pass_costs(self.npu, req, lo, hi), factors)
 

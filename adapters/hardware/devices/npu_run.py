@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import functools
 import math
-import random
-import sys
-from array import array
-from operator import itemgetter
-from statistics import NormalDist
 
 import msgspec
+import numpy as np
+from numpy.typing import NDArray
 
 from deepserve.actors.ports.npu import NpuForward, NpuForwardRun, SeqShape
 from deepserve.adapters.hardware.batch import GRAPH_MAX_NEW_TOKENS, Batch, Parallel, Seq, validate
-from deepserve.adapters.hardware.calibration import DP_COMPUTE_CV
 from deepserve.adapters.hardware.compute import (
     dense_fixed,
     forward_time,
@@ -205,118 +201,56 @@ def head_cost_s(npu: str, msg: NpuForwardRun) -> float:
     return forward_cost_s(npu, head_request(msg))[0]
 
 
-def pass_costs(npu: str, msg: NpuForwardRun, lo: int, hi: int) -> list[float]:
+def pass_costs(npu: str, msg: NpuForwardRun, lo: int, hi: int) -> NDArray[np.float64]:
     """The performance model's duration of passes lo..hi-1 of the run (the request validated).
     With a `head`, pass 0 is priced as a forward of its shapes (`forward_cost_s`, as a single
     NpuForward of them would be) and pass i >= 1 as pass i - 1 of `seqs`."""
     if not msg.head:
         return _body_costs(npu, msg, lo, hi)
-    out = [head_cost_s(npu, msg)] if lo == 0 < hi else []
-    if hi > max(lo, 1):
-        out += _body_costs(npu, msg, max(lo, 1) - 1, hi - 1)
-    return out
+    body = _body_costs(npu, msg, max(lo, 1) - 1, hi - 1) if hi > max(lo, 1) else _NONE
+    if lo == 0 < hi:
+        return np.concatenate(([head_cost_s(npu, msg)], body))
+    return body
 
 
-def _body_costs(npu: str, msg: NpuForwardRun, lo: int, hi: int) -> list[float]:
+_NONE: NDArray[np.float64] = np.empty(0, dtype=np.float64)
+# Integer sums below this are exact in int64 and in the float conversion's input (a guard: the
+# sums of any run a 910B/910C holds are far below it; beyond it the pass-by-pass path prices).
+_INT_LIMIT = 1 << 62
+
+
+def _body_costs(npu: str, msg: NpuForwardRun, lo: int, hi: int) -> NDArray[np.float64]:
     """The performance model's duration of passes lo..hi-1 of `msg.seqs` (no head).
 
     For a dense GQA model only the attention core depends on the context, and its FLOPs and
     bytes are linear in the sequences' summed attended pairs and cached tokens, which grow by
     fixed integers each pass. So pass i costs the shape's context-free part (`dense_fixed`,
-    cached) plus a roofline max over two affine terms — O(1) a pass instead of a whole
-    forward_time. The sums are kept in integers and the float operations are forward_time's,
-    in its order, so a pass's cost is the same float as `forward_cost_s` of its shapes whenever
-    the attention sums are exact in binary floating point (integers below 2^53: every dense
-    model of models.py at any context a 910B/910C holds; test_npu_run checks bit equality);
-    otherwise equal up to float rounding. Anything else (MoE, MLA) is computed pass by pass."""
+    cached) plus a roofline max over two affine terms, computed for the whole chunk on arrays.
+    The sums are kept in integers and the float operations are forward_time's, in its order
+    (numpy's elementwise products, quotients and maxima are the IEEE operations Python does), so
+    a pass's cost is the same float as `forward_cost_s` of its shapes whenever the attention
+    sums are exact in binary floating point (integers below 2^53: every dense model of models.py
+    at any context a 910B/910C holds; test_npu_run checks bit equality); otherwise equal up to
+    float rounding. Anything else (MoE, MLA) is computed pass by pass."""
     p = dense_plan(npu, msg)
-    if p is None:
-        return [
+    last = hi - 1
+    if p is None or max(p.pairs0 + last * p.dpairs, p.kv0 + last * p.tokens) >= _INT_LIMIT:
+        return np.array([
             forward_cost_s(npu, msgspec.structs.replace(msg, seqs=pass_shapes(msg, i)))[0]
             for i in range(lo, hi)
-        ]
-    fixed, layers, lin, coll, head, floor = p.fixed, p.layers, p.linear, p.collective, p.head, p.floor
-    fpp, pairs0, dpairs, peak = p.flops_per_pair, p.pairs0, p.dpairs, p.peak
-    kv_layer, kv0, tokens, q_bytes, bw = p.kv_layer, p.kv0, p.tokens, p.q_bytes, p.bw
-    # op_time_s's max(compute, memory) and forward_time's max(executed, launch floor), written
-    # as comparisons (the same floats: max keeps the first of equals; no call per pass)
-    if p.sampling is None:
-        return [
-            fixed + (x if (x := layers * (c if (c := fpp * (pairs0 + i * dpairs) / peak)
-                                          > (b := (kv_layer * (kv0 + i * tokens) + q_bytes) / bw)
-                                          else b) + lin + coll + head) >= floor else floor)
-            for i in range(lo, hi)
-        ]  # fmt: skip
-    sampling = p.sampling  # forward_cost_s adds it after the forward's total: (fixed + busy) + s
-    return [
-        fixed + (x if (x := layers * (c if (c := fpp * (pairs0 + i * dpairs) / peak)
-                                      > (b := (kv_layer * (kv0 + i * tokens) + q_bytes) / bw)
-                                      else b) + lin + coll + head) >= floor else floor) + sampling
-        for i in range(lo, hi)
-    ]  # fmt: skip
-
-
-SIGMA = math.sqrt(math.log1p(DP_COMPUTE_CV**2))  # lognormal with mean 1 and CV DP_COMPUTE_CV
-
-
-_BIG_ENDIAN = sys.byteorder == "big"
-
-
-@functools.cache
-def _factor_table() -> tuple[float, ...]:
-    """The lognormal's quantiles at the midpoints of 2**16 equal-probability slices (one per
-    16-bit draw), scaled so that their mean is exactly 1. Built once, on first use (~40 ms)."""
-    n, normal, half = 1 << 16, NormalDist(), SIGMA * SIGMA / 2
-    q = [math.exp(SIGMA * normal.inv_cdf((i + 0.5) / n) - half) for i in range(n)]
-    mean = math.fsum(q) / n
-    return tuple(x / mean for x in q)
-
-
-def variance_factors(rng: random.Random, k: int) -> list[float]:
-    """k independent duration factors, each lognormal with mean 1 and coefficient of variation
-    DP_COMPUTE_CV (calibration.py: a DP group's compute variation between two barriers) — the
-    distribution a single forward draws (`npu.variance_factor`), as a table of its 2**16
-    equal-probability quantiles (its CV within 0.01 % of the calibrated one; the tails end at
-    the quantiles 1/2**17 and 1 - 1/2**17, 4.3 sigma).
-
-    One 64-bit draw of the caller's seeded rng (`ctx.rng`) seeds a Mersenne Twister
-    (`random.Random`) whose bytes pick the quantiles, all in C calls: ~0.15 us a factor against
-    ~0.7 us for the Box-Muller transform in Python (docs/decisions.md). Same seed, same factors."""
-    if k <= 0:
-        return []
-    table = _factor_table()
-    picks = array("H", random.Random(rng.getrandbits(64)).randbytes(2 * k))
-    if _BIG_ENDIAN:  # the same picks on every machine: the bytes read as little-endian
-        picks.byteswap()
-    return [table[picks[0]]] if k == 1 else list(itemgetter(*picks)(table))
-
-
-def run_ends(
-    gap_s: float, start_s: float, costs_s: list[float], factors: list[float] | None
-) -> tuple[float, ...]:
-    """When each of consecutive passes ends: pass i+1 starts `gap_s` after pass i ends. The
-    arithmetic is the stepwise path's (end = start + duration x factor; next start = end + gap);
-    no factors is variance off (a factor of 1.0 leaves the duration unchanged)."""
-    ends: list[float] = []
-    end = ends.append
-    t = start_s
-    durations = costs_s if factors is None else [c * f for c, f in zip(costs_s, factors, strict=True)]
-    for d in durations:
-        t += d
-        end(t)
-        t += gap_s
-    return tuple(ends)
-
-
-def pass_starts(start_s: float, ends_s: tuple[float, ...], gap_s: float) -> tuple[float, ...]:
-    """When each pass started: the same floats run_ends computed (next start = end + gap)."""
-    return (start_s, *[e + gap_s for e in ends_s[:-1]]) if ends_s else ()
-
-
-def truncation_point(ends_s: tuple[float, ...], now: float) -> int:
-    """How many passes a run keeps when truncated at `now`: up to the first pass ending at or
-    after `now` (the one running, or the one about to start after a gap)."""
-    for i, end in enumerate(ends_s):
-        if end >= now:
-            return i + 1
-    return len(ends_s)
+        ], dtype=np.float64)  # fmt: skip
+    i: NDArray[np.int64] = np.arange(lo, hi, dtype=np.int64)
+    # op_time_s's max(compute, memory), then forward_time's layers x core + linear + collective
+    # + head and max(executed, launch floor): maxima of positive floats, as Python's `max` keeps
+    compute = p.flops_per_pair * (p.pairs0 + i * p.dpairs) / p.peak
+    memory = (p.kv_layer * (p.kv0 + i * p.tokens) + p.q_bytes) / p.bw
+    x = np.maximum(compute, memory, out=compute)
+    x *= p.layers
+    x += p.linear
+    x += p.collective
+    x += p.head
+    np.maximum(x, p.floor, out=x)
+    cost = np.add(p.fixed, x, out=x)  # fixed + busy, then + sampling (forward_cost_s's order)
+    if p.sampling is not None:
+        cost += p.sampling
+    return cost
