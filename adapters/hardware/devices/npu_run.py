@@ -239,17 +239,23 @@ def _body_costs(npu: str, msg: NpuForwardRun, lo: int, hi: int) -> NDArray[np.fl
             forward_cost_s(npu, msgspec.structs.replace(msg, seqs=pass_shapes(msg, i)))[0]
             for i in range(lo, hi)
         ], dtype=np.float64)  # fmt: skip
-    i: NDArray[np.int64] = np.arange(lo, hi, dtype=np.int64)
+    # The integer sums of passes lo..hi-1 (exact: both stay below _INT_LIMIT), one arange each
+    pairs: NDArray[np.int64] = np.arange(p.pairs0 + lo * p.dpairs, p.pairs0 + hi * p.dpairs, p.dpairs, dtype=np.int64)
+    cached: NDArray[np.int64] = np.arange(p.kv0 + lo * p.tokens, p.kv0 + hi * p.tokens, p.tokens, dtype=np.int64)
+    assert len(pairs) == len(cached) == hi - lo
     # op_time_s's max(compute, memory), then forward_time's layers x core + linear + collective
     # + head and max(executed, launch floor): maxima of positive floats, as Python's `max` keeps
-    compute = p.flops_per_pair * (p.pairs0 + i * p.dpairs) / p.peak
-    memory = (p.kv_layer * (p.kv0 + i * p.tokens) + p.q_bytes) / p.bw
+    compute = p.flops_per_pair * pairs / p.peak
+    memory = p.kv_layer * cached
+    memory += p.q_bytes
+    memory /= p.bw
     x = np.maximum(compute, memory, out=compute)
     x *= p.layers
     x += p.linear
     x += p.collective
     x += p.head
-    np.maximum(x, p.floor, out=x)
+    if p.floor > 0.0:  # graph mode has none: max(x, 0.0) is x for the positive x here
+        np.maximum(x, p.floor, out=x)
     cost = np.add(p.fixed, x, out=x)  # fixed + busy, then + sampling (forward_cost_s's order)
     if p.sampling is not None:
         cost += p.sampling
