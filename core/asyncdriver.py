@@ -19,7 +19,7 @@ import structlog
 from anyio.abc import TaskGroup
 
 from .cell import Cell, execute, make_step, settle_ask
-from .context import Out
+from .context import Out, timeout_reason
 from .driver import ASK_SRC, TRANSPORT_REFUSED, AskError
 from .envelope import Envelope
 from .inline import InlineDelivery
@@ -30,6 +30,7 @@ from .transport import Transport
 
 log = structlog.get_logger("deepserve.kernel")
 _heappush: Final = heappush  # (Final: a C static in the compiled build, compiled.py)
+_monotonic: Final = time.monotonic
 TIMER_HEAP_SLACK = 1024  # cancelled entries tolerated beyond twice the live timers
 
 
@@ -127,7 +128,7 @@ class AsyncDriver(InlineDelivery):
         return result
 
     def clock(self) -> float:
-        return time.monotonic() - self._t0
+        return _monotonic() - self._t0
 
     # ---- the outside world ---------------------------------------------------
     def spawn(self, addr: str, cls: type, *, src: str = "ext/operator", **kwargs: Any) -> str:
@@ -194,7 +195,7 @@ class AsyncDriver(InlineDelivery):
         finally:
             del self._waiters[rid]
         if not slot[0].is_set():
-            raise AskError(rid, dst, f"timeout after {timeout_s}s")
+            raise AskError(rid, dst, timeout_reason(timeout_s))
         return self._ask_result(rid, dst, slot[1])
 
     def _answer(self, slot: list[Any], msg: Any) -> None:
@@ -229,7 +230,7 @@ class AsyncDriver(InlineDelivery):
         self._tg.start_soon(self._actor_loop, cell, name=f"actor {cell.addr}")
 
     async def _actor_loop(self, cell: Cell) -> None:
-        mailbox = cell.mailbox
+        mailbox: Mailbox = cell.mailbox  # typed: native attribute access when compiled
         queue = mailbox._q
         sink = self.sink
         stats = cell.stats
@@ -237,15 +238,17 @@ class AsyncDriver(InlineDelivery):
         monotonic, t0 = time.monotonic, self._t0
         burst = failed = 0
         while cell.alive:
+            # `env` typed: the mailbox holds Any, and compiled code reads an Any's fields by name
             if queue and mailbox._space is None:  # get_nowait, inlined
-                env = queue.popleft()
+                env: Envelope = queue.popleft()
             else:
-                env = mailbox.get_nowait()
-                if env is None:
-                    env = await mailbox.get()
+                got = mailbox.get_nowait()
+                if got is None:
+                    got = await mailbox.get()
                     burst = 0
-                    if env is None:  # woken empty: an inline delivery stopped the cell
+                    if got is None:  # woken empty: an inline delivery stopped the cell
                         continue
+                env = got
             stats.mailbox_depth -= 1
             now = monotonic() - t0  # self.clock(), inlined
             if env.reply_to is not None and not settle_ask(cell, env):
@@ -321,7 +324,7 @@ class AsyncDriver(InlineDelivery):
         dst = env.dst
         cell = self.cells.get(dst)
         if cell is not None and cell.alive:
-            mailbox = cell.mailbox
+            mailbox: Mailbox = cell.mailbox  # typed (Cell.mailbox is driver-specific: Any)
             if self._stepping and not cell.inline and self.inline_local and mailbox.parked():
                 cell.inline = 1  # run after the step, in this task (`_drain_inline`)
                 self._inline_q.append((cell, env))
@@ -347,9 +350,10 @@ class AsyncDriver(InlineDelivery):
         if cell is None and transport is not None and transport.owns(dst):
             if transport.send(env):
                 if self._flow is not None:
-                    room = self._flow.congestion()
-                    if room is not None:
-                        self._remote_pressure = room
+                    # (not `room`: that name is a bool above, and compiled code checks it)
+                    congestion = self._flow.congestion()
+                    if congestion is not None:
+                        self._remote_pressure = congestion
                 return True
             # The peer is gone or far behind: a dead letter like any other.
             self._bounce(env, t, DEAD, TRANSPORT_REFUSED)
@@ -391,7 +395,8 @@ class AsyncDriver(InlineDelivery):
         if cell is not None and cell.alive:
             if cell.stats.mailbox_depth >= self._high_water:
                 return self._admit_later(cell, env)
-            if self.inline_remote and cell.mailbox.parked() and self._remote_pressure is None:
+            mailbox: Mailbox = cell.mailbox
+            if self.inline_remote and mailbox.parked() and self._remote_pressure is None:
                 self._run_inline(cell, env)
                 if self._inline_q:
                     self._drain_inline(self.burst)
