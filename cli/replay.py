@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -18,13 +18,15 @@ from deepserve.cli.util import (
     require_driver,
     seconds,
 )
-from deepserve.persistence import LogReader, migrate, open_log
 from deepserve.replay.common import compact
-from deepserve.replay.digest import digest
-from deepserve.replay.integrity import check_integrity
-from deepserve.replay.listing import check_filters, listing, listing_records
-from deepserve.replay.state import state_at
-from deepserve.replay.verify import Divergence, verify
+
+if TYPE_CHECKING:
+    from deepserve.persistence import LogReader
+    from deepserve.replay.verify import Divergence
+
+# The log machinery (SQLAlchemy, the readers, re-execution) is imported by the commands that
+# use it, not when the parser is built: `deepserve --help` and the other command groups do
+# not pay ~0.4 s for it.
 
 EXIT_DIVERGED = 1
 
@@ -82,6 +84,8 @@ def _read(args: argparse.Namespace) -> LogReader:
     """Open for reading without changing the file: an incident log is evidence. An older
     schema gets a one-line error that names `deepserve replay migrate`; a damaged file
     is refused before anything is answered from it."""
+    from deepserve.persistence import open_log
+
     load_user_code(args)
     require_driver(args.log)
     reader = open_log(args.log, upgrade=False)
@@ -106,6 +110,9 @@ def _check_run_choice(args: argparse.Namespace, reader: LogReader) -> None:
 
 
 def _migrate(args: argparse.Namespace) -> int:
+    from deepserve.persistence import migrate
+    from deepserve.replay.integrity import check_integrity
+
     require_driver(args.log)
     check_integrity(args.log)  # never rewrite a damaged file: it would hide the damage
     done = migrate(args.log)
@@ -119,6 +126,7 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from deepserve.replay.verify import verify
     from deepserve.replay.verify_logs import one_run_per_process
 
     if one_run_per_process(args.log):  # a processes-mode run: one log per process, each verified alone
@@ -166,6 +174,8 @@ def _describe(view: Any) -> str:
 
 
 def _state(args: argparse.Namespace) -> int:
+    from deepserve.replay.state import state_at
+
     st = state_at(_read(args), args.actor, args.at, args.run)
     data = st.state_data()
     if args.json:
@@ -183,6 +193,8 @@ def _state(args: argparse.Namespace) -> int:
 def _log(args: argparse.Namespace) -> int:
     if args.since is not None and args.until is not None and args.since > args.until:
         raise CliError(f"empty time range: --since {args.since:g} is after --until {args.until:g}")
+    from deepserve.replay.listing import check_filters, listing, listing_records
+
     reader = _read(args)
     filters = dict(actor=args.actor, corr=args.corr, since=args.since, until=args.until, run_id=args.run)
     check_filters(reader, **filters)
@@ -203,6 +215,8 @@ def _why(args: argparse.Namespace) -> int:
 
 
 def _digest(args: argparse.Namespace) -> int:
+    from deepserve.replay.digest import digest
+
     value = digest(_read(args), args.run)
     if args.json:
         print_json({"digest": value})

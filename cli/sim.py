@@ -15,7 +15,6 @@ from typing import Any
 
 from deepserve.adapters.scenario import cli as scenario_cli
 from deepserve.cli.util import CliError, CliParser, positive_int, print_json, require_driver
-from deepserve.persistence import open_log, open_sink
 from deepserve.persistence.api import LogError
 
 # name -> ("module:function", one-line description). The function is
@@ -85,6 +84,8 @@ def _sim(args: argparse.Namespace) -> int:
         # Only our own default directory is created: a typo in --log must not grow a tree.
         _prepare(Path(target), create_parent=args.log is None)
     # The writer process: the run ends with close(), and logging stays off the driver's core.
+    from deepserve.persistence import open_sink  # (here: building the parser need not load it)
+
     sink = open_sink(target, "async", writer="process")
     t0 = time.perf_counter()
     try:
@@ -114,6 +115,8 @@ def _prepare(path: Path, *, create_parent: bool) -> None:
         raise CliError(f"--log {path} is a directory")
     if not path.exists():
         return
+    from deepserve.persistence import open_log
+
     try:
         open_log(str(path)).close()
     except LogError:

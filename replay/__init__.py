@@ -1,13 +1,47 @@
-"""Reading logs: exact re-execution, state at a time, listings, digests, integrity."""
+"""Reading logs: exact re-execution, state at a time, listings, digests, integrity.
 
-from .common import ReplayError
-from .digest import digest
-from .integrity import check_integrity
-from .listing import check_filters, listing, listing_records
-from .state import ActorState, state_at
-from .verify import Divergence, VerifyResult, verify
+Exports load on first use (PEP 562), as `deepserve.persistence`'s do: the CLI imports
+`replay.common` for its error type on every command, and `integrity` brings in the log
+factory and SQLAlchemy (~0.4 s), which `deepserve --help` or `deepserve bench` never use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .common import ReplayError
+    from .digest import digest
+    from .integrity import check_integrity
+    from .listing import check_filters, listing, listing_records
+    from .state import ActorState, state_at
+    from .verify import Divergence, VerifyResult, verify
+
+_EXPORTS = {
+    "ReplayError": ".common",
+    "digest": ".digest",
+    "check_integrity": ".integrity",
+    "check_filters": ".listing",
+    "listing": ".listing",
+    "listing_records": ".listing",
+    "ActorState": ".state",
+    "state_at": ".state",
+    "Divergence": ".verify",
+    "VerifyResult": ".verify",
+    "verify": ".verify",
+}
 
 __all__ = [
     "ActorState", "Divergence", "ReplayError", "VerifyResult", "check_filters", "check_integrity",
     "digest", "listing", "listing_records", "state_at", "verify",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
