@@ -237,7 +237,9 @@ class Runtime:
             for i in range(slot.dp_groups if r.state not in ("stopped", "failed") else 0):
                 addr = f"{te}/dp/{i}"
                 cell = d.cells.get(addr) if d is not None else None
-                if cell is None or not cell.alive:
+                # A replacement's master is alive from its spawn, but has no actor (nor
+                # state) until its `Started` is delivered: under load that can take a while.
+                if cell is None or not cell.alive or cell.actor is None:
                     dps.append({"master": addr, "alive": False})
                     continue
                 master: Any = cell.actor  # a DP-group master: its state and config
