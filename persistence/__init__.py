@@ -40,8 +40,9 @@ Exports load on first use (PEP 562): a child process imports `deepserve.persiste
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from deepserve.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .api import Durability, DurableSink, LogReader, PressureSink, SinkStatistics, StepFilter
@@ -74,13 +75,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 __all__ = [
