@@ -22,7 +22,7 @@ from .cell import Cell, execute, make_step, settle_ask
 from .context import Out, timeout_reason
 from .driver import ASK_SRC, TRANSPORT_REFUSED, AskError
 from .envelope import Envelope
-from .inline import InlineDelivery
+from .inline import InlineDelivery, mailbox_of
 from .mailbox import Mailbox
 from .messages import HandlerFailed, Message, Stopped
 from .records import DEAD, FULL, LATE, LogSink
@@ -230,12 +230,12 @@ class AsyncDriver(InlineDelivery):
         self._tg.start_soon(self._actor_loop, cell, name=f"actor {cell.addr}")
 
     async def _actor_loop(self, cell: Cell) -> None:
-        mailbox: Mailbox = cell.mailbox  # typed: native attribute access when compiled
+        mailbox = mailbox_of(cell)
         queue = mailbox._q
         sink = self.sink
         stats = cell.stats
         ctx = cell.ctx
-        monotonic, t0 = time.monotonic, self._t0
+        monotonic, t0 = _monotonic, self._t0
         burst = failed = 0
         while cell.alive:
             # `env` typed: the mailbox holds Any, and compiled code reads an Any's fields by name
@@ -324,7 +324,7 @@ class AsyncDriver(InlineDelivery):
         dst = env.dst
         cell = self.cells.get(dst)
         if cell is not None and cell.alive:
-            mailbox: Mailbox = cell.mailbox  # typed (Cell.mailbox is driver-specific: Any)
+            mailbox = mailbox_of(cell)
             if self._stepping and not cell.inline and self.inline_local and mailbox.parked():
                 cell.inline = 1  # run after the step, in this task (`_drain_inline`)
                 self._inline_q.append((cell, env))
@@ -395,8 +395,7 @@ class AsyncDriver(InlineDelivery):
         if cell is not None and cell.alive:
             if cell.stats.mailbox_depth >= self._high_water:
                 return self._admit_later(cell, env)
-            mailbox: Mailbox = cell.mailbox
-            if self.inline_remote and mailbox.parked() and self._remote_pressure is None:
+            if self.inline_remote and mailbox_of(cell).parked() and self._remote_pressure is None:
                 self._run_inline(cell, env)
                 if self._inline_q:
                     self._drain_inline(self.burst)

@@ -26,10 +26,12 @@ from .mailbox import Mailbox
 from .records import DEAD, LATE
 
 
-def _mailbox(cell: Cell) -> Mailbox:
-    """The cell's mailbox, typed: `Cell.mailbox` is driver-specific (Any), and compiled code
-    reaches an Any's attributes and methods by name (~300 instructions a call, measured)."""
-    return cell.mailbox  # type: ignore[no-any-return]
+def mailbox_of(cell: Cell) -> Mailbox:
+    """An AsyncDriver cell's mailbox, typed: `Cell.mailbox` is driver-specific (Any), and
+    compiled code reaches an Any's attributes and methods by name (~300 instructions a call,
+    measured); through this it reads the mailbox's C fields."""
+    mailbox: Mailbox = cell.mailbox
+    return mailbox
 
 
 class InlineDelivery(DriverBase):
@@ -64,7 +66,7 @@ class InlineDelivery(DriverBase):
             cell.inline = 0
             if not cell.alive:
                 self._bounce(env, self.clock(), DEAD)
-            elif ran < limit and _mailbox(cell).parked():
+            elif ran < limit and mailbox_of(cell).parked():
                 self._run_inline(cell, env)
                 ran += 1
             else:  # over the limit, or more came for it since: first in its mailbox
@@ -74,7 +76,7 @@ class InlineDelivery(DriverBase):
     def _to_front(self, cell: Cell, env: Envelope) -> None:
         """Put `env` at the head of the mailbox (it was sent before what is there) and wake
         the actor's task. It may exceed the capacity by this one message, as a notice does."""
-        mailbox = _mailbox(cell)
+        mailbox = mailbox_of(cell)
         mailbox._q.appendleft(env)
         mailbox.puts += 1
         cell.stats.mailbox_depth += 1
@@ -84,7 +86,7 @@ class InlineDelivery(DriverBase):
         """Run `env`'s handler here instead of waking the actor's task for it: the steps of
         `_actor_loop`'s body. Only for a cell whose task is parked on an empty mailbox, so
         nothing queued for it is overtaken and its task is not mid-delivery."""
-        _mailbox(cell).puts += 1
+        mailbox_of(cell).puts += 1
         self.inline_deliveries += 1
         now = self.clock()
         if env.reply_to is not None and not settle_ask(cell, env):
@@ -113,6 +115,6 @@ class InlineDelivery(DriverBase):
         if not cell.alive:
             if not self.outbox:
                 self._retire(cell, now)
-            _mailbox(cell).wake()  # its task leaves its loop (and drains what came since)
+            mailbox_of(cell).wake()  # its task leaves its loop (and drains what came since)
         if stats.failed != failed:
             self._report_failure(cell)
