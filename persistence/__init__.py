@@ -11,13 +11,16 @@ How a step goes from a handler to a row and back:
             └ BatchStore.write(batch)             transaction: sqlite/batch_store.py or
                                                   postgres.py
           ProcessSink      sqlite/process_writer.py  batches msgpack-encoded to a child
-            └ child.py "write"                    process that commits them
+            └ child.py "write"                    process that stores each as one page
+                                                  (pages.py: simulations, no rows)
       → rows.step_rows(steps, run, first id)      THE row builder: [step id, run id,
                                                   *fields] per record, one list a table
       → INSERT (sqlite/sql.py) or COPY            tables: schema.py (columns = fields)
     and back:
     open_log(target) → LogReader (api.py)         .steps(run, actor=, corr=, since=, until=)
       → read_steps(run, StepFilter)               THE filter (api.py); SQL: sql_reader.py
+                                                  (a paged run: pages.page_steps, one
+                                                  decode a page, then the filter)
       → rows ending with their step id            sqlite/sql.read_steps (plain sqlite3, in
                                                   this process or child.py "read"), or
                                                   SqlLog (SQLAlchemy, PostgreSQL)
@@ -27,7 +30,7 @@ How a step goes from a handler to a row and back:
 Files: `api` (interfaces, `StepFilter`), `errors` (`LogError`, `one_line`), `memory`
 (the in-memory backend), `target` (parsing a target), `factory` (opening), `schema`
 and `versions` (tables; schema versions, migrations), `rows` (builder and assembly),
-`open_sinks` (sinks closed at exit, failures reported), `group_commit`
+`pages` (the paged layout), `open_sinks` (sinks closed at exit, failures reported), `group_commit`
 (the thread writer), `sql_reader` and `merged_reader` (readers), `postgres`, and the
 SQLite backend in `sqlite/`: `files` (checks, schema setup, the reader's database),
 `sql` (statements), `batch_store`, `log_reader`, `child` (everything that runs in a

@@ -1,5 +1,8 @@
 """`SqlLog`: the `LogReader` over one SQL database (an SQLite file or PostgreSQL).
 
+A run is stored in rows (below) or, written by the writer process, in pages
+(`pages.py`): every method asks `is_paged` first.
+
 Steps stream: input rows come from one cursor `CHUNK` at a time, and for each chunk
 the events, outputs and snapshots of exactly those steps are fetched by step id,
 grouped into step tuples (`rows.group_steps`) and converted to `Step`s in one
@@ -23,6 +26,7 @@ from deepserve.core.records import RunRec, SnapshotRec, Step
 
 from .api import LogReader, StepFilter
 from .errors import LogError
+from .pages import Page, checked_body, page_actors, page_snapshots, page_steps
 from .rows import group_steps, id_range_is_dense
 from .schema import (
     EVENT_FIELDS,
@@ -33,11 +37,13 @@ from .schema import (
     events,
     inputs,
     outputs,
+    pages,
     runs,
     snapshots,
 )
 
 CHUNK = 1000
+PAGE_CHUNK = 8  # pages fetched at a time: ~1 MB of a simulation's steps
 
 
 class Db(Protocol):
@@ -153,12 +159,42 @@ class SqlLog(LogReader):
         run = self.resolve_run(run_id)
         if run is None:
             return []
+        if self.is_paged(run):
+            return sorted(page_actors(self.label, run, self.page_bodies(run)))
         stmt = select(inputs.c.actor).where(inputs.c.run_id == run, inputs.c.seq >= 0).distinct()
         return sorted(r[0] for r in self.db.all(stmt))  # Python order: collation-independent
+
+    # ---- the paged layout (`pages.py`): a run written by the writer process -----------
+    def is_paged(self, run: str) -> bool:
+        """Whether `run`'s steps are in pages (it has no rows then)."""
+        return bool(self.db.all(select(pages.c.id).where(pages.c.run_id == run).limit(1)))
+
+    def page_bodies(self, run: str, where: StepFilter | None = None) -> Iterator[Page]:
+        """`run`'s pages in log order, as (id, body, crc32); with a time range, only
+        the pages that hold an input inside it (by their `t_first`/`t_last`)."""
+        stmt = select(pages.c.id, pages.c.body, pages.c.crc32).where(pages.c.run_id == run)
+        if where is not None and where.since is not None:
+            stmt = stmt.where(pages.c.t_last >= where.since)
+        if where is not None and where.until is not None:
+            stmt = stmt.where(pages.c.t_first <= where.until)
+        for chunk in self.db.chunks(stmt.order_by(pages.c.id), PAGE_CHUNK):
+            for row in chunk:
+                yield row[0], row[1], row[2]
+
+    def check_pages(self) -> None:
+        """Every page of every run against its checksum (`LogError` at the first that
+        fails): part of `check_integrity` for a file that holds pages."""
+        stmt = select(pages.c.run_id, pages.c.id, pages.c.body, pages.c.crc32).order_by(pages.c.id)
+        for chunk in self.db.chunks(stmt, PAGE_CHUNK):
+            for run, *page in chunk:
+                checked_body(self.label, run, tuple(page))  # type: ignore[arg-type]
 
     def read_steps(self, run_id: str | None, where: StepFilter) -> Iterator[Step]:
         run = self.resolve_run(run_id)
         if run is None:
+            return
+        if self.is_paged(run):
+            yield from page_steps(self.label, run, self.page_bodies(run, where), where)
             return
         stmt = select(*INPUT_COLS).where(*input_filter(run, where)).order_by(inputs.c.id)
         for chunk in self.db.chunks(stmt, CHUNK):
@@ -171,6 +207,9 @@ class SqlLog(LogReader):
     ) -> Iterator[SnapshotRec]:
         run = self.resolve_run(run_id)
         if run is None:
+            return
+        if self.is_paged(run):
+            yield from page_snapshots(self.label, run, self.page_bodies(run), actor)
             return
         stmt = select(*CHILD_COLS["snapshots"]).where(snapshots.c.run_id == run)
         if actor is not None:

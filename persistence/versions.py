@@ -51,8 +51,14 @@ def _v2_to_v3(conn: Connection) -> None:
         conn.execute(text(f"ALTER TABLE inputs ADD COLUMN {ddl}"))
 
 
+def _v3_to_v4(conn: Connection) -> None:
+    """v4 adds the `pages` table (the paged layout of the writer process); a v3 log's
+    runs are all rows and read as before."""
+    metadata.tables["pages"].create(conn)  # with its index
+
+
 # version v -> the step that upgrades a v database to v+1
-MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
+MIGRATIONS: dict[int, Callable[[Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
 
 
 def stored_version(conn: Connection, label: str) -> int | None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from msgspec.structs import astuple
-from sqlalchemy import func, insert, select
+from sqlalchemy import insert
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from deepserve.core.records import RunRec, Step
@@ -21,7 +21,7 @@ from deepserve.core.records import RunRec, Step
 from ..errors import RunExists
 from ..group_commit import runs_and_steps
 from ..rows import STEP_TABLES, step_rows
-from ..schema import INSERT_COLUMNS, RUN_FIELDS, inputs, metadata
+from ..schema import INSERT_COLUMNS, RUN_FIELDS, metadata
 from .files import BUSY_MS
 from .sql import RUN_EXISTS, MultiInsert, transaction
 
@@ -54,7 +54,13 @@ def writer_pragmas(durability: str, synchronous: str | None = None) -> list[str]
 
 
 def max_id_sql() -> str:
-    return str(select(func.max(inputs.c.id)).compile(dialect=sqlite_dialect.dialect()))
+    """The last step id given out, in rows (`inputs.id`) or pages: both layouts draw
+    from one sequence. Both lookups are O(1): the rowid's maximum, and the last page
+    (pages are inserted in step-id order, under the write lock)."""
+    return (
+        "SELECT max(coalesce((SELECT max(id) FROM inputs), 0), "
+        "coalesce((SELECT first_step + steps - 1 FROM pages ORDER BY id DESC LIMIT 1), 0))"
+    )
 
 
 def process_writer_config(path: str, synchronous: str | None) -> dict[str, Any]:
@@ -67,7 +73,7 @@ def process_writer_config(path: str, synchronous: str | None) -> dict[str, Any]:
         "pragmas": writer_pragmas("async", synchronous),
         "runs_sql": sql["runs"],
         "runs_cols": len(INSERT_COLUMNS["runs"]),
-        "step_tables": [[sql[t], len(INSERT_COLUMNS[t])] for t in STEP_TABLES],
+        "page_sql": sql["pages"],
         "max_id_sql": max_id_sql(),
         "run_id_index": RUN_FIELDS.index("run_id"),
         "process_index": RUN_FIELDS.index("process"),

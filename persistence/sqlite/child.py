@@ -11,9 +11,10 @@ it as the first frame (writer) or on stdin (reader). The parents' sides are
 A frame, either way: an 8-byte little-endian length, then the payload; its first
 byte says what it is.
 - writer (`write DATA_FD ACK_FD`): parent to child CONFIG (msgpack map), RUN (a
-  msgpack `RunRec`), STEPS (a msgpack `list[Step]`), each committed in one
-  transaction; child to parent ACK (frames and steps committed so far, two
-  little-endian u64) or ERROR (one line, UTF-8), after which it exits.
+  msgpack `RunRec`), PAGE (a `PAGE_HEAD`, then a msgpack `list[Step]`, stored
+  as it came: one `pages` row, not decoded), each committed in one transaction;
+  child to parent ACK (frames and steps committed so far, two little-endian u64) or
+  ERROR (one line, UTF-8), after which it exits.
 - reader (`read OUT_FD`, config on stdin): child to parent STEPS (a msgpack list of
   step tuples, at most `frame_bytes` unless one step is larger), END (the number of
   steps sent) or ERROR (msgpack `[from_sqlite, one line]`), after which it exits.
@@ -29,22 +30,18 @@ import sqlite3
 import struct
 import subprocess
 import sys
+import zlib
 from typing import Any, BinaryIO
 
 import msgspec
 
 from ..errors import LogError, RunExists, one_line
-from ..rows import step_rows
 from .sql import RUN_EXISTS, MultiInsert, read_steps, transaction
 
-EXISTING_RUN = "SELECT 1 FROM runs LIMIT 1"
-SECONDARY_INDEXES = (  # explicit CREATE INDEX statements (not the primary keys' autoindexes)
-    "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL "
-    "AND tbl_name IN ('inputs', 'events', 'outputs', 'snapshots') ORDER BY name"
-)
 HEADER = struct.Struct("<Q")
 ACK_BODY = struct.Struct("<QQ")
-CONFIG, RUN, STEPS, ACK, ERROR, END = b"CRSAEZ"
+PAGE_HEAD = struct.Struct("<Qdd")  # a PAGE's step count, least and greatest input time
+CONFIG, RUN, STEPS, ACK, ERROR, END, PAGE = b"CRSAEZP"
 PIPE_BYTES = 1 << 20  # Linux's default limit for an unprivileged F_SETPIPE_SZ
 
 
@@ -78,11 +75,14 @@ class FrameEncoder:
         self.buf = bytearray(HEADER.size + 1)
         self._encode_into = msgspec.msgpack.Encoder().encode_into
 
-    def encode(self, kind: int, obj: Any) -> bytearray:
+    def encode(self, kind: int, obj: Any, head: bytes = b"") -> bytearray:
+        """The frame of `obj`, behind `head` (fixed-size fields of the kind) if given."""
         buf = self.buf
-        self._encode_into(obj, buf, HEADER.size + 1)
+        start = HEADER.size + 1
+        self._encode_into(obj, buf, start + len(head))
         HEADER.pack_into(buf, 0, len(buf) - HEADER.size)
         buf[HEADER.size] = kind
+        buf[start : start + len(head)] = head
         return buf
 
 
@@ -131,20 +131,9 @@ def spawn(role: str, *, stdin: bytes | None = None) -> tuple[subprocess.Popen[by
 
 
 # ---- the writer process ----------------------------------------------------------------
-def fast_binding() -> None:
-    """sqlite3 binds int, float, str and bytearray directly, but for None, bool and
-    bytes it first looks for an adapter: a registry miss, then attribute lookups that
-    build and discard an AttributeError (~0.3 µs a value, ten values a step). With an
-    adapter registered it is a dict hit and a C call. The values stored do not change
-    (NULL, integer 0/1, blob). Process-wide, which is why only the writer process
-    does it."""
-    sqlite3.register_adapter(type(None), {}.get)  # type: ignore[arg-type]  # None -> None, in C
-    sqlite3.register_adapter(bool, int)
-    sqlite3.register_adapter(bytes, bytes)  # returns its argument unchanged
-
-
-class FlatWriter:
-    """Commits RUN and STEPS payloads, one transaction each."""
+class PageWriter:
+    """Commits RUN and PAGE payloads, one transaction each. A page is stored as the
+    bytes it came in (`pages.py`): this process never decodes a step."""
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.conn = sqlite3.connect(cfg["path"], isolation_level=None, timeout=cfg["timeout"])
@@ -152,53 +141,30 @@ class FlatWriter:
             self.conn.execute(f"PRAGMA {pragma}")
         max_vars = self.conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         self.runs = MultiInsert(cfg["runs_sql"], cfg["runs_cols"], max_vars)
-        # inputs, events, outputs, snapshots: the order of `rows.step_rows`
-        self.tables = [MultiInsert(sql, n, max_vars) for sql, n in cfg["step_tables"]]
+        self.page_sql: str = cfg["page_sql"]
         self.max_id: str = cfg["max_id_sql"]
         self.run_id_index: int = cfg["run_id_index"]
         self.process_index: int = cfg["process_index"]
         self.label: str = cfg["label"]
         self.run_id: str | None = None
         self.decode = msgspec.msgpack.Decoder().decode
-        self.deferred: list[str] = self._defer_indexes()
-
-    def _defer_indexes(self) -> list[str]:
-        """A log that holds no run yet is written without its secondary indexes, which
-        are built once, sorted, when the writer finishes (`finish`): appending rows to
-        the tables alone costs ~30 % less CPU than updating four b-trees per row, and
-        a sorted build of all of them costs less than that saving. Returns the DDL
-        dropped. A file that holds runs already keeps its indexes (its readers use
-        them). If this process dies before `finish`, the log stays correct and
-        readable, only its filtered reads scan (docs/decisions.md)."""
-        c = self.conn
-        if c.execute(EXISTING_RUN).fetchone() is not None:
-            return []
-        ddl = c.execute(SECONDARY_INDEXES).fetchall()
-        if ddl:
-            transaction(c, lambda conn: [conn.execute(f'DROP INDEX "{name}"') for name, _ in ddl])
-        return [sql for _, sql in ddl]
-
-    def finish(self) -> None:
-        """Build the indexes dropped by `_defer_indexes` (one transaction)."""
-        ddl, self.deferred = self.deferred, []
-        if ddl:
-            transaction(self.conn, lambda conn: [conn.execute(sql) for sql in ddl])
 
     def write(self, payload: bytes) -> int:
         """Commit one payload; returns how many steps it held."""
-        kind, body = payload[0], memoryview(payload)[1:]
+        kind = payload[0]
         if kind == RUN:
-            run = self.decode(body)
+            run = self.decode(memoryview(payload)[1:])
             transaction(self.conn, lambda c: self._run(c, run))
             self.run_id = run[self.run_id_index]
             return 0
-        if kind != STEPS:
+        if kind != PAGE:
             raise ValueError(f"unknown frame kind {kind!r}")
-        steps = self.decode(body)
         if self.run_id is None:
             raise ValueError("a step was appended before begin_run()")
-        transaction(self.conn, lambda c: self._steps(c, steps))
-        return len(steps)
+        steps, t_first, t_last = PAGE_HEAD.unpack_from(payload, 1)
+        body = memoryview(payload)[1 + PAGE_HEAD.size :]
+        transaction(self.conn, lambda c: self._page(c, steps, t_first, t_last, body))
+        return steps
 
     def _run(self, c: sqlite3.Connection, run: list[Any]) -> None:
         key = (run[self.run_id_index], run[self.process_index])
@@ -206,13 +172,11 @@ class FlatWriter:
             raise RunExists(self.label, *key)
         self.runs.run_flat(c, run)
 
-    def _steps(self, c: sqlite3.Connection, steps: list[Any]) -> None:
+    def _page(self, c: sqlite3.Connection, steps: int, t_first: float, t_last: float,
+              body: memoryview) -> None:
         # Step ids are assigned under the write lock, as in `SqliteBatchStore`.
-        base = c.execute(self.max_id).fetchone()[0] or 0
-        rows = step_rows(steps, self.run_id, base + 1, iter)  # type: ignore[arg-type]
-        for table, params in zip(self.tables, rows, strict=True):
-            if params:
-                table.run_flat(c, params)
+        first = (c.execute(self.max_id).fetchone()[0] or 0) + 1
+        c.execute(self.page_sql, (self.run_id, first, steps, t_first, t_last, body, zlib.crc32(body)))
 
     def close(self) -> None:
         self.conn.close()
@@ -248,11 +212,10 @@ def serve_writer(src: BinaryIO, acks: Acks) -> int:
     cfg = msgspec.msgpack.decode(memoryview(head)[1:])
     label = cfg["label"]
     try:
-        writer = FlatWriter(cfg)
+        writer = PageWriter(cfg)
     except Exception as exc:
         acks.error(f"{label}: cannot open the log: {type(exc).__name__}: {exc}")
         return 1
-    fast_binding()
     # The loop makes no reference cycles (decoded lists, ints, strings), so reference
     # counting frees everything; the cyclic collector would only re-scan each batch's
     # fresh containers, which costs more than the decoding itself.
@@ -264,7 +227,6 @@ def serve_writer(src: BinaryIO, acks: Acks) -> int:
             steps += writer.write(payload)
             frames += 1
             acks.ack(frames, steps)
-        writer.finish()  # before exiting: the parent's close() waits for our exit
     except LogError as exc:  # one line for the user as it is (a refused run)
         acks.error(str(exc))
         return 1
@@ -272,8 +234,6 @@ def serve_writer(src: BinaryIO, acks: Acks) -> int:
         acks.error(f"{label}: log writer failed: {type(exc).__name__}: {exc}")
         return 1
     finally:
-        with contextlib.suppress(Exception):  # after a failure: the indexes, if it can
-            writer.finish()
         writer.close()
     return 0
 

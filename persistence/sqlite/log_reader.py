@@ -14,7 +14,8 @@ other core (`process_reader`): this process reads the first `PREFETCH_LEAD` step
 covering the child's start (~40 ms), and the child streams the rest. `deepserve bench
 kernel --scale 0.5` (2 cores): `replay_inputs_per_s_sqlite` ~64k -> ~140k inputs/s
 (~90k with the in-process path alone), against ~160k verifying an in-memory log.
-Filtered reads select few steps and are read in-process.
+Filtered reads select few steps and are read in-process. A run in pages (`pages.py`,
+written by the writer process) is read in-process too: a page is one msgspec decode.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from deepserve.core.records import Step
 
 from ..api import StepFilter
+from ..pages import page_steps
 from ..schema import inputs
 from ..sql_reader import CHILD_COLS, INPUT_COLS, SqlLog, input_filter, to_steps
 from .files import BUSY_MS, SqliteDb
@@ -81,6 +83,9 @@ class SqliteLog(SqlLog):
     def read_steps(self, run_id: str | None, where: StepFilter) -> Iterator[Step]:
         run = self.resolve_run(run_id)
         if run is None:
+            return
+        if self.is_paged(run):  # one decode a page: no reader process needed
+            yield from page_steps(self.label, run, self.page_bodies(run, where), where)
             return
         span = self._prefetch_span(run) if where.whole_run else None
         conds = input_filter(run, where)
@@ -148,7 +153,8 @@ class SqliteLog(SqlLog):
         return reader
 
     def check_integrity(self) -> None:
-        self.db.check_integrity()
+        self.db.check_integrity()  # the file's structures and indexes, then what pages hold
+        self.check_pages()
 
     def close(self) -> None:
         for reader in list(self._readers):

@@ -3,10 +3,11 @@
 The thread writer (`GroupCommitSink`) builds rows and binds them to SQLite while
 holding the GIL, ~6 µs a step that the simulation cannot use, so a logged SimDriver
 runs on one core. Here the driver only buffers steps and, every `max_batch` of them,
-encodes the batch with msgpack (~0.3 µs a step) and writes it to a pipe; the writer
-process (`child.py`, "write", on the other core) decodes and commits it, one transaction per
-batch, and acknowledges. A reader thread takes the acknowledgements (it wakes once
-per batch). See docs/decisions.md (2026-11-23) for where it is used.
+encodes the batch with msgpack and writes it to a pipe as one page (`pages.py`); the
+writer process (`child.py`, "write", on the other core) stores the page's bytes as
+they came, one row and one transaction per page, and acknowledges. A reader thread
+takes the acknowledgements (it wakes once per batch). Where it is used and why pages:
+docs/decisions.md (2026-11-23, 2026-11-26 third session).
 
 Contract, as `GroupCommitSink` in `async` mode: `flush()` returns once everything
 appended is committed; `close()` flushes and waits for the process to exit; at most
@@ -33,10 +34,11 @@ from deepserve.core.records import RunRec, Step
 
 from .. import open_sinks
 from ..errors import LogError, one_line
+from ..pages import page_head
 from ..pressure import Pressure
 from . import child
 from .batch_store import process_writer_config
-from .child import ACK, ACK_BODY, CONFIG, ERROR, RUN, STEPS
+from .child import ACK, ACK_BODY, CONFIG, ERROR, PAGE, PAGE_HEAD, RUN
 
 DEFAULT_BATCH = 1024
 DEFAULT_PENDING = 16 * DEFAULT_BATCH
@@ -222,11 +224,11 @@ class ProcessSink(Pressure):
             self._note_blocked(since)
         batch, self._buf = self._buf, []
         if batch:
-            self._send_frame(STEPS, batch)
+            self._send_frame(PAGE, batch, PAGE_HEAD.pack(*page_head(batch)))
 
-    def _send_frame(self, kind: int, obj: object) -> None:
+    def _send_frame(self, kind: int, obj: object, head: bytes = b"") -> None:
         try:
-            data = self._frames.encode(kind, obj)
+            data = self._frames.encode(kind, obj, head)
         except Exception as exc:  # a malformed record: as the thread writer, a LogError
             self._fail(f"{self.label}: log writer failed: {type(exc).__name__}: {exc}")
             raise LogError(self._error) from None

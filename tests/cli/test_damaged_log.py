@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from cliproc import assert_one_line_error, deepserve
 
+from deepserve.persistence import open_log, open_sink
+
 COMMANDS = (
     ("verify",),
     ("state", "--actor", "dispatch"),
@@ -25,13 +27,30 @@ COMMANDS = (
 
 
 @pytest.fixture(scope="module")
-def demo_log(tmp_path_factory) -> Path:
+def paged_log(tmp_path_factory) -> Path:
+    """The example simulation's log, as `deepserve sim` writes it: in pages."""
     where = tmp_path_factory.mktemp("demo")
-    res = deepserve("sim", "example", "--log", "demo.db", cwd=where)
+    res = deepserve("sim", "example", "--log", "paged.db", cwd=where)
     assert res.returncode == 0, res.stderr
-    with sqlite3.connect(where / "demo.db") as db:  # every page in the main file
+    return _checkpointed(where / "paged.db")
+
+
+@pytest.fixture(scope="module")
+def demo_log(paged_log: Path) -> Path:
+    """The same steps in rows, as a daemon's writer keeps them (indexed per record)."""
+    rows = paged_log.parent / "demo.db"
+    with open_log(str(paged_log)) as log, open_sink(str(rows)) as sink:
+        for run in log.runs():
+            sink.begin_run(run)
+            for step in log.steps(run.run_id):
+                sink.append(step)
+    return _checkpointed(rows)
+
+
+def _checkpointed(path: Path) -> Path:
+    with sqlite3.connect(path) as db:  # every page in the main file
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    return where / "demo.db"
+    return path
 
 
 def _leaf_pages(path: Path, index: str) -> list[int]:
@@ -95,8 +114,30 @@ def test_every_replay_command_refuses_a_damaged_index(demo_log: Path, tmp_path: 
     assert bad.read_bytes() == before  # migrate refused: the evidence is untouched
 
 
-def test_a_whole_log_passes_the_check(demo_log: Path, tmp_path: Path) -> None:
-    res = deepserve("replay", "verify", str(demo_log), cwd=tmp_path)
+def test_every_replay_command_refuses_a_damaged_page(paged_log: Path, tmp_path: Path) -> None:
+    """16 bytes inside a page's steps: SQLite's check passes (it does not look into a
+    blob), the page's checksum does not."""
+    bad = tmp_path / "bad.db"
+    with sqlite3.connect(paged_log) as db:
+        page_id, body = db.execute("SELECT id, body FROM pages ORDER BY id LIMIT 1 OFFSET (SELECT count(*) / 2 FROM pages)").fetchone()
+    data = paged_log.read_bytes()
+    at = data.index(body[len(body) // 2 : len(body) // 2 + 64])  # within one overflow page
+    bad.write_bytes(data[:at] + b"\x5a" * 16 + data[at + 16 :])
+    assert _integrity(bad) == "ok"
+    for command, *rest in COMMANDS:
+        res = deepserve("replay", command, str(bad), *rest, cwd=tmp_path)
+        if command == "migrate":  # a current log: nothing to read, nothing written
+            assert res.returncode == 0 and "already schema" in res.stdout, res.stderr
+            continue
+        line = assert_one_line_error(res, str(bad), f"damaged log: page {page_id} of run")
+        assert line.endswith("fails its checksum (its steps cannot be trusted)"), line
+        assert res.stdout == "", (command, res.stdout[:200])
+
+
+@pytest.mark.parametrize("layout", ["rows", "pages"])
+def test_a_whole_log_passes_the_check(demo_log: Path, paged_log: Path, tmp_path: Path, layout) -> None:
+    log = demo_log if layout == "rows" else paged_log
+    res = deepserve("replay", "verify", str(log), cwd=tmp_path)
     assert res.returncode == 0 and res.stdout.startswith("identical"), res.stderr
 
 

@@ -212,17 +212,20 @@ def test_v1_log_opens_after_migration(tmp_path: Path) -> None:
     )
     assert [e.payload for e in step.events] == [b"\x02"] and step.outputs[0].ask is False
     log.close()
-    assert _versions(p) == [1, 2, 3]
+    assert _versions(p) == list(range(1, SCHEMA_VERSION + 1))
 
 
 def test_v1_log_refused_without_upgrade_then_migrated(tmp_path: Path) -> None:
     p = _v1_log(tmp_path / "v1.db")
     msg = _one_line_error(p, fn=lambda t: open_log(t, upgrade=False))
-    want = "log schema version 1 is older than 3; migrate it first (deepserve replay migrate LOG)"
+    want = (
+        f"log schema version 1 is older than {SCHEMA_VERSION}; migrate it first "
+        "(deepserve replay migrate LOG)"
+    )
     assert msg == f"{p}: {want}"
     assert _versions(p) == [1]  # untouched
-    assert migrate(p) == {p: (1, 3)}
-    assert migrate(p) == {p: (3, 3)}  # idempotent
+    assert migrate(p) == {p: (1, SCHEMA_VERSION)}
+    assert migrate(p) == {p: (SCHEMA_VERSION, SCHEMA_VERSION)}  # idempotent
     assert open_log(p, upgrade=False).runs()[0].process == "main"
 
 
@@ -243,7 +246,7 @@ def test_migrate_a_directory(tmp_path: Path) -> None:
     a = _v1_log(tmp_path / "a.db")
     b = tmp_path / "b.db"
     _write_log(b)
-    assert migrate(str(tmp_path)) == {a: (1, 3), str(b): (3, 3)}
+    assert migrate(str(tmp_path)) == {a: (1, SCHEMA_VERSION), str(b): (SCHEMA_VERSION, SCHEMA_VERSION)}
 
 
 def test_migrate_postgres(postgres_server: Any) -> None:
@@ -254,9 +257,9 @@ def test_migrate_postgres(postgres_server: Any) -> None:
     ddl = ddl.replace("DOUBLE", "DOUBLE PRECISION").replace("BLOB", "BYTEA")
     ddl = ddl.replace("x'0", "'\\x0")
     postgres_server.execute(ddl, database=db)
-    with pytest.raises(LogError, match="older than 3"):
+    with pytest.raises(LogError, match=f"older than {SCHEMA_VERSION}"):
         open_log(url, upgrade=False)
-    assert migrate(url) == {url: (1, 3)}
+    assert migrate(url) == {url: (1, SCHEMA_VERSION)}
     log = open_log(url)
     assert log.runs()[0].process == "main"
     [step] = list(log.steps())

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from store_testdata import edge_steps, encoded, expected, run_rec
 
@@ -103,15 +105,22 @@ def test_backpressure_blocks_append(tmp_path: Path) -> None:
     assert sum(1 for _ in open_log(str(tmp_path / "x.db")).steps()) == 50
 
 
+def _failing_pages(path: str) -> None:
+    """Make every page insert into `path` fail, as a full disk would."""
+    with sqlite3.connect(path) as c:
+        c.execute("CREATE TRIGGER full BEFORE INSERT ON pages BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+
+
 def test_writer_failure_surfaces_as_one_line(tmp_path: Path) -> None:
     p = str(tmp_path / "x.db")
     sink = open_sink(p, writer="process")
     sink.begin_run(run_rec("r"))
-    sink.append(_step(1, hlc=2**63))  # does not fit a 64-bit column
+    _failing_pages(p)
+    sink.append(_step(1))
     with pytest.raises(LogError) as info:
         sink.flush()
     msg = str(info.value)
-    assert msg.startswith(f"{p}: log writer failed: OverflowError") and "\n" not in msg
+    assert msg == f"{p}: log writer failed: IntegrityError: disk full"
     with pytest.raises(LogError, match="log writer failed"):
         sink.append(_step(2))
     with pytest.raises(LogError, match="log writer failed"):
@@ -125,8 +134,9 @@ def test_failure_surfaces_on_a_later_append(tmp_path: Path) -> None:
     p = str(tmp_path / "x.db")
     sink = open_sink(p, writer="process", max_batch=4, max_pending=8)
     sink.begin_run(run_rec("r"))
-    sink.append(_step(0, hlc=2**63))
-    with pytest.raises(LogError, match="^.*: log writer failed: OverflowError"):
+    _failing_pages(p)
+    sink.append(_step(0))
+    with pytest.raises(LogError, match="^.*: log writer failed: IntegrityError: disk full"):
         for i in range(1, 100_000):
             sink.append(_step(i))
     with pytest.raises(LogError):
@@ -257,34 +267,84 @@ def _indexes(path: str) -> list[str]:
     return [r[0] for r in rows]
 
 
-def test_a_fresh_log_gets_its_indexes_at_close_and_reads_the_same_meanwhile(tmp_path: Path) -> None:
-    # The writer process builds a fresh log's secondary indexes once, at the end;
-    # meanwhile the committed steps read back the same (filters scan instead).
+def _count(path: str, table: str) -> int:
+    with sqlite3.connect(path) as c:
+        return c.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+def test_a_run_written_by_the_process_is_paged_and_reads_as_its_rows_would(tmp_path: Path) -> None:
+    """The writer process stores pages (`persistence/pages.py`), the thread writer rows:
+    every reader answer is the same, filters, actors and snapshots included."""
     run, steps = expected(requests=200)
-    thread_log, proc_log = str(tmp_path / "t.db"), str(tmp_path / "p.db")
-    with open_sink(thread_log) as sink:
+    rows_log, paged_log = str(tmp_path / "t.db"), str(tmp_path / "p.db")
+    with open_sink(rows_log) as sink:
         sink.begin_run(run)
         for s in steps:
             sink.append(s)
-    want = _indexes(thread_log)
-    assert {"ix_inputs_actor", "ix_inputs_corr", "ix_inputs_t", "ix_outputs_step"} <= set(want)
-    sink = open_sink(proc_log, writer="process")
-    sink.begin_run(run)
-    for s in steps:
-        sink.append(s)
-    sink.flush()
-    assert _indexes(proc_log) == []
-    actor = steps[-1].input.actor
-    mid = open_log(proc_log)
-    filtered = encoded(list(mid.steps(run.run_id, actor=actor)))
-    assert encoded(list(mid.steps(run.run_id))) == encoded(steps)
-    mid.close()
-    sink.close()
-    assert _indexes(proc_log) == want
-    log = open_log(proc_log)
-    assert encoded(list(log.steps(run.run_id, actor=actor))) == filtered
-    assert encoded(list(log.steps(run.run_id))) == encoded(steps)
-    log.check_integrity()
+    with open_sink(paged_log, writer="process", max_batch=64) as sink:
+        sink.begin_run(run)
+        for s in steps:
+            sink.append(s)
+    assert _count(paged_log, "inputs") == _count(paged_log, "outputs") == 0
+    assert _count(paged_log, "pages") == -(-len(steps) // 64) and _count(rows_log, "pages") == 0
+    rows, paged = open_log(rows_log), open_log(paged_log)
+    mid_t = steps[len(steps) // 2].input.t
+    corr = next(s.input.corr for s in steps if s.input.corr is not None)
+    for where in ({}, {"actor": steps[-1].input.actor}, {"corr": corr}, {"since": mid_t},
+                  {"until": mid_t}, {"since": mid_t, "until": mid_t + 0.5}):
+        want = encoded(list(rows.steps(run.run_id, **where)))
+        assert want and encoded(list(paged.steps(run.run_id, **where))) == want, where
+    assert paged.actors() == rows.actors()
+    assert list(paged.snapshots()) == list(rows.snapshots()) != []
+    actor = rows.actors()[0]
+    assert list(paged.snapshots(actor=actor)) == list(rows.snapshots(actor=actor))
+    paged.check_integrity()
+
+
+def test_page_ids_continue_the_step_ids_of_rows(tmp_path: Path) -> None:
+    """Rows and pages draw step ids from one sequence, in either order."""
+    p = str(tmp_path / "x.db")
+    with open_sink(p) as sink:
+        sink.begin_run(run_rec("rows"))
+        for i in range(5):
+            sink.append(_step(i))
+    with open_sink(p, writer="process", max_batch=3) as sink:
+        sink.begin_run(run_rec("paged"))
+        for i in range(7):
+            sink.append(_step(i))
+    with open_sink(p) as sink:
+        sink.begin_run(run_rec("rows again"))
+        sink.append(_step(0))
+    with sqlite3.connect(p) as c:
+        pages = c.execute("SELECT first_step, steps FROM pages ORDER BY id").fetchall()
+        last_row = c.execute("SELECT max(id) FROM inputs").fetchone()[0]
+    assert pages == [(6, 3), (9, 3), (12, 1)] and last_row == 13
+    log = open_log(p)
+    assert [s.input.seq for s in log.steps("paged")] == list(range(7))
+    assert [len(list(log.steps(r))) for r in ("rows", "paged", "rows again")] == [5, 7, 1]
+
+
+def test_a_damaged_page_is_refused_by_every_read_and_by_the_integrity_check(tmp_path: Path) -> None:
+    """One byte of a payload changed: the page still decodes (into other steps), and
+    SQLite's own check passes; the page's checksum is what tells."""
+    p = str(tmp_path / "x.db")
+    with open_sink(p, writer="process") as sink:
+        sink.begin_run(run_rec("r"))
+        for i in range(10):
+            sink.append(_step(i))
+    with sqlite3.connect(p) as c:
+        (body,) = c.execute("SELECT body FROM pages").fetchone()
+        at = body.rindex(b"p")  # the last step's one-byte payload
+        bad = body[:at] + b"q" + body[at + 1 :]
+        c.execute("UPDATE pages SET body = ?", (bad,))
+    assert [s.input.payload for s in msgspec.msgpack.decode(bad, type=list[Step])][-1] == b"q"
+    log = open_log(p)
+    want = f"{p}: damaged log: page 1 of run 'r' fails its checksum (its steps cannot be trusted)"
+    for read in (log.check_integrity, lambda: list(log.steps()), log.actors,
+                 lambda: list(log.snapshots()), lambda: list(log.steps(actor="a/1"))):
+        with pytest.raises(LogError) as info:
+            read()
+        assert str(info.value) == want
 
 
 def test_a_log_with_runs_keeps_its_indexes_while_a_process_writes(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from cliproc import deepserve
 from envactors import EnvReader, Peek
 
 from deepserve.core import SimDriver
-from deepserve.persistence import open_log, open_sink
+from deepserve.persistence import SCHEMA_VERSION, open_log, open_sink
 from deepserve.replay.verify import verify
 
 
@@ -35,20 +35,21 @@ def test_replay_migrate_upgrades_an_old_log(tmp_path: Path) -> None:
         d = SimDriver(seed=1, sink=sink)
         d.spawn("env/0", EnvReader)
         d.run()
-    con = sqlite3.connect(path)  # make it a v2 log: drop the v3 columns and version row
+    con = sqlite3.connect(path)  # make it a v2 log: drop what v3 and v4 added
     con.execute("ALTER TABLE inputs DROP COLUMN ask")
     con.execute("ALTER TABLE inputs DROP COLUMN src_hlc")
-    con.execute("UPDATE schema_version SET version = 2 WHERE version = 3")
+    con.execute("DROP TABLE pages")
+    con.execute("UPDATE schema_version SET version = 2")
     con.commit()
     con.close()
     refused = deepserve("replay", "verify", str(path), cwd=tmp_path)  # reading never migrates
     assert refused.returncode == 2 and refused.stderr.strip() == (
-        f"deepserve: error: {path}: log schema version 2 is older than 3; "
+        f"deepserve: error: {path}: log schema version 2 is older than {SCHEMA_VERSION}; "
         "migrate it first (deepserve replay migrate LOG)"
     )
     res = deepserve("replay", "migrate", str(path), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == f"{path}: schema 2 -> 3"
+    assert res.stdout.strip() == f"{path}: schema 2 -> {SCHEMA_VERSION}"
     again = deepserve("replay", "migrate", str(path), cwd=tmp_path)
-    assert again.stdout.strip() == f"{path}: already schema 3"
+    assert again.stdout.strip() == f"{path}: already schema {SCHEMA_VERSION}"
     assert verify(open_log(str(path))).identical

@@ -1,0 +1,114 @@
+"""The paged layout (schema v4): a run's steps stored as pages, each the msgpack
+`list[Step]` its driver encoded, one `pages` row per page (`schema.pages`).
+
+Why: a row costs the SQLite writer ~3-8 µs to insert on a 2-core machine, and a step is
+one row per record (an input, its events and outputs), so the writer process bounded a
+logged simulation near 60-100k steps a second. A page of ~1,000 steps is one row: the
+writer copies the bytes it was sent without decoding them, and a reader turns a page
+back into `Step`s in one msgspec call. Each page carries a CRC-32 of its bytes, checked
+whenever it is read and by `check_integrity`: SQLite does not check what a blob holds,
+so a row's damaged payload goes unseen, a page's does not. What a page gives up is the per-record indexes:
+a filter by actor or correlation id decodes the run's pages and tests each step
+(`StepFilter.matches`); a time range skips the pages outside it (`t_first`/`t_last`).
+
+Both sides live here: `page_head` (what the writer process stores beside a page's
+bytes; the frame that carries it is `sqlite/child.py`'s PAGE), and the readers'
+`page_steps`, `page_actors` and `page_snapshots`.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
+
+import msgspec
+
+from deepserve.core.records import SnapshotRec, Step
+
+from .errors import LogError
+
+
+class PageHead(NamedTuple):
+    steps: int
+    t_first: float
+    t_last: float
+
+
+def page_head(steps: list[Step]) -> PageHead:
+    """The head of a page of `steps` (at least one)."""
+    ts = [s.input.t for s in steps]
+    return PageHead(len(steps), min(ts), max(ts))
+
+
+class _InputHead(msgspec.Struct, array_like=True):
+    # `InputRec`'s first fields: msgspec skips the rest of the array
+    actor: str
+    seq: int  # -1: a dead letter or a drop, not a delivery to `actor`
+
+
+class _StepHead(msgspec.Struct, array_like=True):
+    input: _InputHead
+
+
+_STEPS = msgspec.msgpack.Decoder(list[Step])
+_HEADS = msgspec.msgpack.Decoder(list[_StepHead])
+
+# A stored page as readers fetch it: (id, body, crc32).
+Page = tuple[int, bytes, int]
+
+
+def checked_body(label: str, run_id: str, page: Page) -> bytes:
+    """The page's body once it matches its checksum; else the log is damaged."""
+    page_id, body, crc = page
+    if zlib.crc32(body) != crc:
+        raise LogError(
+            f"{label}: damaged log: page {page_id} of run {run_id!r} fails its checksum "
+            "(its steps cannot be trusted)"
+        )
+    return body
+
+
+def decode_page(label: str, run_id: str, page: Page) -> list[Step]:
+    """A page's steps; a page that fails its checksum or does not decode is a
+    damaged log (`LogError`)."""
+    body = checked_body(label, run_id, page)
+    try:
+        return _STEPS.decode(body)
+    except msgspec.DecodeError as exc:
+        raise LogError(f"{label}: a page of run {run_id!r} does not decode ({exc})") from None
+
+
+def page_steps(label: str, run_id: str, pages: Iterable[Page], where: Any) -> Iterator[Step]:
+    """The steps of `pages` (in log order) that `where` (a `StepFilter`) selects."""
+    whole = where.whole_run
+    for page in pages:
+        steps = decode_page(label, run_id, page)
+        if whole:
+            yield from steps
+        else:
+            yield from (s for s in steps if where.matches(s.input))
+
+
+def page_actors(label: str, run_id: str, pages: Iterable[Page]) -> set[str]:
+    """Actors that were delivered an input in these pages (decoding only the head of
+    each input), as `SqlLog.actors` selects them from rows (`seq >= 0`)."""
+    seen: set[str] = set()
+    for page in pages:
+        body = checked_body(label, run_id, page)
+        try:
+            seen.update(h.input.actor for h in _HEADS.decode(body) if h.input.seq >= 0)
+        except msgspec.DecodeError as exc:
+            raise LogError(f"{label}: a page of run {run_id!r} does not decode ({exc})") from None
+    return seen
+
+
+def page_snapshots(
+    label: str, run_id: str, pages: Iterable[Page], actor: str | None
+) -> Iterator[SnapshotRec]:
+    """The snapshots in these pages, in log order (of `actor` only, if given)."""
+    for page in pages:
+        for step in decode_page(label, run_id, page):
+            snap = step.snapshot
+            if snap is not None and (actor is None or snap.actor == actor):
+                yield snap
