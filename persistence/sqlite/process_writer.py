@@ -127,11 +127,16 @@ class ProcessSink(Pressure):
         """Buffer a step (no I/O); returns its ticket. Every `max_batch` steps the
         batch is sent, which blocks only while `max_pending` steps are unacknowledged
         (backpressure). Safe from several threads: tickets follow append order."""
-        with self._lock:
-            if self._ok and len(self._buf) < self._max_batch:
-                self._buf.append(step)
-                self._ticket += 1
-                return self._ticket
+        lock = self._lock
+        lock.acquire()  # not `with`: this runs once per logged delivery, and `with` costs more
+        try:
+            buf = self._buf
+            if len(buf) < self._max_batch and self._ok:
+                buf.append(step)
+                ticket = self._ticket = self._ticket + 1
+                return ticket
+        finally:
+            lock.release()
         with self._sending(), self._lock:
             if not self._ok:
                 self._raise_state()
