@@ -74,12 +74,22 @@ def check_filters(
     if corr is not None and next(iter(reader.steps(run.run_id, corr=corr)), None) is None:
         raise ReplayError(
             f"no input with corr {corr!r} in run {run.run_id!r} "
-            f"(correlation ids: {some(_first_corrs(reader, run.run_id))})"
+            f"(correlation ids: {_first_corrs(reader, run.run_id)})"
         )
 
 
-def _first_corrs(reader: LogReader, run_id: str, limit: int = 9) -> list[str]:
-    """The first distinct correlation ids of a run, in log order (stops reading early)."""
+def _first_corrs(reader: LogReader, run_id: str, limit: int = 8) -> str:
+    """The first distinct correlation ids of a run, in log order, then "…" if there
+    are more: reading stops at the first one past `limit`, so how many more is not
+    known (a count would read the whole run)."""
+    corrs = _distinct_corrs(reader, run_id, limit + 1)
+    if len(corrs) > limit:
+        return ", ".join(corrs[:limit]) + ", … and more"
+    return some(corrs)
+
+
+def _distinct_corrs(reader: LogReader, run_id: str, limit: int) -> list[str]:
+    """The first `limit` distinct correlation ids of a run, in log order (stops reading early)."""
     seen: dict[str, None] = {}
     for step in reader.steps(run_id):
         corr = step.input.corr

@@ -197,3 +197,20 @@ def test_listing_labels_every_input_kind(kind: InputKind, label: str) -> None:
     assert (row["kind"], row["label"]) == (kind.name.lower(), label[1:-1])
     delivered = next(r for r in listing_records(MemoryLog(sink)) if r["kind"] == "deliver")
     assert "label" not in delivered
+
+
+def test_an_absent_corr_lists_the_first_ones_without_inventing_a_count(example: MemorySink) -> None:
+    """The listing stops reading at the ninth distinct id: it cannot say how many more."""
+    from deepserve.replay.listing import check_filters
+
+    log = MemoryLog(example)
+    with pytest.raises(ReplayError) as info:
+        check_filters(log, corr="nope")
+    first = list(dict.fromkeys(s.input.corr for s in example.steps if s.input.corr))[:8]
+    assert str(info.value).endswith(f"(correlation ids: {', '.join(first)}, … and more)")
+    few = MemorySink()
+    few.runs = list(example.runs)
+    few.steps = [s for s in example.steps if s.input.corr in (None, "job-0", "job-1")]
+    with pytest.raises(ReplayError) as info:
+        check_filters(MemoryLog(few), corr="nope")
+    assert str(info.value).endswith("(correlation ids: job-0, job-1)")
