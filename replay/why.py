@@ -3,8 +3,9 @@
 Reads only the log: the gateway's `GatewayRouted`/`GatewayRefused` (admission, the JE drawn),
 the JE's `RouteDecided` (each task's policy, parameters, candidates ranked with their loads and
 prefix matches, heatmap cell, predicted bucket), task ends and refusals, and the terminal record;
-runs driven by the workload stand-in show its `Dispatched` round-robin hops instead. Streams the
-log once, decoding only the event types it shows.
+runs driven by the workload stand-in (`deepserve sim`) show its `RequestDispatched` round-robin
+hops, its `RequestPrefilled` (P/D) and `RequestFinished` instead. Streams the log once, decoding
+only the event types it shows.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from .common import ReplayError, pick_run
 
 HOP_TYPES = frozenset({
     "GatewayRouted", "GatewayRefused", "RouteDecided", "OfferRefused", "JeTaskEnded", "JePrefilled",
-    "JobFinished", "Dispatched", "Finished",
+    "JobFinished", "RequestDispatched", "RequestPrefilled", "RequestFinished",
 })  # fmt: skip
+TERMINAL = ("JobFinished", "RequestFinished")
+MAX_KNOWN = 8  # request ids named when the one asked for is absent
 
 
 def _load_types() -> None:
@@ -37,6 +40,7 @@ def request_hops(reader: LogReader, request_id: str, run_id: str | None = None) 
 
     run = pick_run(reader, run_id)
     hops: list[dict[str, Any]] = []
+    known: dict[str, None] = {}  # the first request ids seen, for the error below
     for step in reader.steps(run.run_id):
         for ev in step.events:
             if ev.type not in HOP_TYPES:
@@ -46,16 +50,19 @@ def request_hops(reader: LogReader, request_id: str, run_id: str | None = None) 
             if rid == request_id:
                 data.pop("type", None)
                 hops.append({"t": step.input.t, "actor": step.input.actor, "event": ev.type, **data})
+            elif rid is not None and len(known) <= MAX_KNOWN:
+                known[rid] = None
     if not hops:
+        ids = list(known)
+        named = ", ".join(ids[:MAX_KNOWN]) + (", … and more" if len(ids) > MAX_KNOWN else "")
         raise ReplayError(
-            f"no request {request_id!r} in this log; list the ids with "
-            f"`deepserve replay log LOG --json` (the `corr` of each input) or "
-            f"`deepserve replay log LOG --actor je/0`")
+            f"no request {request_id!r} in run {run.run_id!r} "
+            f"({'requests: ' + named if ids else 'it records no request hops'})")
     return hops
 
 
 def why_lines(hops: list[dict[str, Any]]) -> Iterator[str]:
-    end = next((h for h in reversed(hops) if h["event"] in ("JobFinished", "Finished")), None)
+    end = next((h for h in reversed(hops) if h["event"] in TERMINAL), None)
     rid = hops[0]["request_id"] if "request_id" in hops[0] else hops[0]["done"]["request_id"]
     if end is not None:
         d = end["done"]
@@ -88,10 +95,13 @@ def _hop_lines(h: dict[str, Any]) -> Iterator[str]:
         yield f"{at}  {who}: task {h['task_id']} on {h['te']} {h['status']}: {h['reason']}"
     elif ev == "JePrefilled":
         yield f"{at}  {who}: prefill done ({h['cached_prompt_tokens']}/{h['prompt_tokens']} prompt tokens cached)"
-    elif ev == "Dispatched":
+    elif ev == "RequestDispatched":
         yield (f"{at}  workload stand-in {who}: {h['phase']} task attempt {h['attempt']} -> {h['te']} "
                f"(round robin over the role's TEs; no scheduling policy configured)")
-    elif ev in ("JobFinished", "Finished"):
+    elif ev == "RequestPrefilled":
+        yield (f"{at}  {who}: prefill done ({h['cached_prompt_tokens']} prompt tokens cached); "
+               "KV registered for the decode side")
+    elif ev in TERMINAL:
         d = h["done"]
         yield f"{at}  {who}: {d['status']} on {d['te'] or '-'}: {d['reason']}"
 

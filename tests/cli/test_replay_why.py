@@ -79,4 +79,21 @@ def test_why_json_has_every_hop_with_the_decision_inputs(log: Path, tmp_path: Pa
 
 def test_why_unknown_request_is_exit_2_saying_how_to_find_ids(log: Path, tmp_path: Path) -> None:
     res = deepserve("replay", "why", str(log), "nope", cwd=tmp_path)
-    assert_one_line_error(res, "no request 'nope'", "deepserve replay log")
+    assert_one_line_error(res, "no request 'nope'", "(requests: r0, r1)")
+
+
+def test_why_on_a_simulation_log_shows_the_workload_hops(tmp_path: Path) -> None:
+    """`deepserve sim` drives TEs through the workload stand-in: its dispatches, the P/D
+    prefill's end and the terminal record are the hops (no gateway or JE)."""
+    log = tmp_path / "pd.db"
+    assert deepserve("sim", "pd-1p1d", "--requests", "3", "--log", str(log), cwd=tmp_path).returncode == 0
+    res = deepserve("replay", "why", str(log), "r1", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("request r1: completed (length) — TTFT ")
+    assert "prefill task attempt 1 -> te/0/dp/0" in lines[1]
+    assert "prefill done (0 prompt tokens cached)" in lines[2]
+    assert "decode task attempt 1 -> te/1/dp/0" in lines[3]
+    assert lines[4].endswith("completed on te/1: length") and len(lines) == 5
+    missing = deepserve("replay", "why", str(log), "r9", cwd=tmp_path)
+    assert_one_line_error(missing, "no request 'r9' in run", "(requests: r0, r1, r2)")
