@@ -21,7 +21,7 @@ from collections.abc import Callable
 import zmq
 
 from deepserve.benchmarks.table import Row
-from deepserve.benchmarks.transport_rt import actor_echo, raw_echo, round_trips
+from deepserve.benchmarks.transport_rt import actor_echo, asyncio_echo, raw_echo, round_trips
 from deepserve.core.asyncdriver import run as run_async
 from deepserve.core.envelope import Envelope
 from deepserve.core.messages import Message
@@ -162,7 +162,7 @@ def transport_bench(scale: float, progress: Progress, rounds: int = 3) -> tuple[
             if got != report["accepted"] or report["refused"] or report["unacknowledged"]:
                 break  # a loss: report this run
         progress(f"round trips: {rt_rounds} x {n_rts:,} a side, interleaved (raw DEALER/ROUTER echo, "
-                 "actor asks between two AsyncDrivers)")
+                 "the same on zmq.asyncio, actor asks between two AsyncDrivers)")
         rts = round_trips(tmp, n_rts, rt_rounds)
         progress("a raw PUSH sender exiting at once after sending")
         _, raw_got = raw_one_way(tmp, n_msgs, "exit", decode=False)
@@ -175,6 +175,11 @@ def transport_bench(scale: float, progress: Progress, rounds: int = 3) -> tuple[
             rts["raw_rate"]),
         # A ratio of latencies reads inverted: above 1x is slower than raw.
         Row("zmq_roundtrip_us_p50", rts["our_p50"], "us", "raw_dealer_router_echo_us_p50", rts["raw_p50"]),
+        # The same echo on pyzmq's asyncio sockets (transport_rt.py's docstring says why both).
+        Row("zmq_roundtrips_per_s_vs_asyncio", rts["our_rate"], "round trips/s",
+            "raw_asyncio_dealer_router_echo_per_s", rts["araw_rate"]),
+        Row("zmq_roundtrip_us_p50_vs_asyncio", rts["our_p50"], "us",
+            "raw_asyncio_dealer_router_echo_us_p50", rts["araw_p50"]),
         # The transport's sender exits through `aclose` (flush, acks) right after its
         # last send; the raw sender exits at once. Accepted = send() returned True.
         Row("zmq_lost_on_exit", float(report["accepted"] - got), "msgs",
@@ -184,7 +189,8 @@ def transport_bench(scale: float, progress: Progress, rounds: int = 3) -> tuple[
     ]
     title = (f"deepserve bench transport: ipc:// between two processes; one way {n_msgs:,} messages, "
              f"median of {len(ours)} runs; round trips: actor asks between two AsyncDrivers vs a raw "
-             f"blocking DEALER/ROUTER echo, median of {rt_rounds} interleaved segments of {n_rts:,} "
+             f"blocking DEALER/ROUTER echo (and one on zmq.asyncio), median of {rt_rounds} "
+             f"interleaved segments of {n_rts:,} "
              "(a loaded machine: compare ratios within one run)")
     return title, rows
 
@@ -195,6 +201,8 @@ def _main(argv: list[str]) -> None:
         _raw_push(argv[1], int(argv[2]), argv[3])
     elif role == "raw-echo":
         raw_echo(argv[1])
+    elif role == "asyncio-echo":
+        run_async(asyncio_echo, argv[1])
     elif role == "zmq-send":
         run_async(_zmq_send, argv[1], int(argv[2]))
     elif role == "actor-echo":

@@ -10,7 +10,7 @@ import pytest
 from cliproc import deepserve
 
 RATES = {"zmq_msgs_per_s", "zmq_msgs_per_s_vs_bare", "zmq_roundtrips_per_s",
-         "zmq_roundtrip_us_p50"}
+         "zmq_roundtrip_us_p50", "zmq_roundtrips_per_s_vs_asyncio", "zmq_roundtrip_us_p50_vs_asyncio"}
 
 
 @pytest.mark.timeout(120)
