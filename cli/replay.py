@@ -198,13 +198,20 @@ def _log(args: argparse.Namespace) -> int:
     reader = _read(args)
     filters = dict(actor=args.actor, corr=args.corr, since=args.since, until=args.until, run_id=args.run)
     check_filters(reader, **filters)
+    shown = 0
     if args.json:
         for record in listing_records(reader, **filters):
             print_json(record)
+            shown += 1
     else:
         out = sys.stdout
         for line in listing(reader, **filters):
             out.write(line + "\n")
+            shown += 1
+    if shown == 0:  # each filter names something the run holds, together they select nothing
+        chosen = [f"{k} {v!r}" if isinstance(v, str) else f"{k} {v:g}"
+                  for k, v in filters.items() if v is not None and k != "run_id"]
+        print(f"no inputs match ({', '.join(chosen)})", file=sys.stderr)
     return 0
 
 

@@ -126,6 +126,16 @@ def test_unknown_message_type(tmp_path: Path, monkeypatch) -> None:
 def test_filters_that_match_something_still_list(good_log: Path) -> None:
     res = deepserve("replay", "log", str(good_log), "--actor", "worker/0", "--corr", "job-0", cwd=good_log.parent)
     assert res.returncode == 0 and "worker/0#2" in res.stdout, res.stderr
+    assert res.stderr == ""
+
+
+def test_filters_that_each_hold_but_select_nothing_say_so(good_log: Path) -> None:
+    """Both names exist; no input has both: an empty listing, and one line saying why."""
+    for extra in ((), ("--json",)):
+        res = deepserve("replay", "log", str(good_log), "--actor", "dispatch", "--corr", "job-0",
+                        "--since", "1e9", *extra, cwd=good_log.parent)
+        assert res.returncode == 0 and res.stdout == "", res.stderr
+        assert res.stderr == "no inputs match (actor 'dispatch', corr 'job-0', since 1e+09)\n"
 
 
 def test_a_refused_seed_writes_nothing(tmp_path: Path) -> None:
