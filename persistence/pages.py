@@ -5,10 +5,12 @@ Why: a row costs the SQLite writer ~3-8 µs to insert on a 2-core machine, and a
 one row per record (an input, its events and outputs), so the writer process bounded a
 logged simulation near 60-100k steps a second. A page of ~1,000 steps is one row: the
 writer copies the bytes it was sent without decoding them, and a reader turns a page
-back into `Step`s in one msgspec call. Each page carries a CRC-32 of its bytes, checked
-whenever it is read and by `check_integrity`: SQLite does not check what a blob holds,
-so a row's damaged payload goes unseen, a page's does not. What a page gives up is the per-record indexes:
-a filter by actor or correlation id decodes the run's pages and tests each step
+back into `Step`s in one msgspec call.
+
+Each page carries a CRC-32 of its bytes, checked whenever it is read and by
+`check_integrity`: SQLite does not check what a blob holds, so a row's damaged payload
+goes unseen, a page's does not. What a page gives up is the per-record indexes: a filter
+by actor or correlation id decodes the run's pages and tests each step
 (`StepFilter.matches`); a time range skips the pages outside it (`t_first`/`t_last`).
 
 Both sides live here: `page_head` (what the writer process stores beside a page's
@@ -26,6 +28,7 @@ import msgspec
 
 from deepserve.core.records import SnapshotRec, Step
 
+from .api import StepFilter
 from .errors import LogError
 
 
@@ -69,17 +72,26 @@ def checked_body(label: str, run_id: str, page: Page) -> bytes:
     return body
 
 
-def decode_page(label: str, run_id: str, page: Page) -> list[Step]:
-    """A page's steps; a page that fails its checksum or does not decode is a
-    damaged log (`LogError`)."""
+def _decode(decoder: msgspec.msgpack.Decoder[Any], label: str, run_id: str, page: Page) -> Any:
+    """A page decoded; a page that fails its checksum or does not decode is a damaged
+    log (`LogError`)."""
     body = checked_body(label, run_id, page)
     try:
-        return _STEPS.decode(body)
+        return decoder.decode(body)
     except msgspec.DecodeError as exc:
-        raise LogError(f"{label}: a page of run {run_id!r} does not decode ({exc})") from None
+        raise LogError(
+            f"{label}: damaged log: page {page[0]} of run {run_id!r} does not decode ({exc})"
+        ) from None
 
 
-def page_steps(label: str, run_id: str, pages: Iterable[Page], where: Any) -> Iterator[Step]:
+def decode_page(label: str, run_id: str, page: Page) -> list[Step]:
+    """A page's steps (`LogError` for a damaged page)."""
+    return _decode(_STEPS, label, run_id, page)  # type: ignore[no-any-return]
+
+
+def page_steps(
+    label: str, run_id: str, pages: Iterable[Page], where: StepFilter
+) -> Iterator[Step]:
     """The steps of `pages` (in log order) that `where` (a `StepFilter`) selects."""
     whole = where.whole_run
     for page in pages:
@@ -95,11 +107,7 @@ def page_actors(label: str, run_id: str, pages: Iterable[Page]) -> set[str]:
     each input), as `SqlLog.actors` selects them from rows (`seq >= 0`)."""
     seen: set[str] = set()
     for page in pages:
-        body = checked_body(label, run_id, page)
-        try:
-            seen.update(h.input.actor for h in _HEADS.decode(body) if h.input.seq >= 0)
-        except msgspec.DecodeError as exc:
-            raise LogError(f"{label}: a page of run {run_id!r} does not decode ({exc})") from None
+        seen.update(h.input.actor for h in _decode(_HEADS, label, run_id, page) if h.input.seq >= 0)
     return seen
 
 

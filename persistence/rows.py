@@ -8,9 +8,10 @@ Columns are named and ordered like the fields of the kernel's record structs
 Writing — `step_rows`: steps become one flat parameter list per table (inputs,
 events, outputs, snapshots), each row `[step id, run id, *fields]` in
 `schema.INSERT_COLUMNS` order. A step is anything that unpacks as `(input, events,
-outputs, snapshot)` and whose records `fields` turns into their values: `Step`
-structs (`astuple`, the thread writers) or the lists msgpack decodes them into
-(`iter`, the writer process). `rows_of` cuts a flat list into row tuples (COPY).
+outputs, snapshot)` and whose records `fields` turns into their values (`Step`
+structs and `astuple`, in the thread writers and PostgreSQL's). `rows_of` cuts a flat
+list into row tuples (COPY). The writer process writes no rows: it stores pages
+(`pages.py`).
 
 Reading — `group_steps`: input rows and the child rows of those steps, every row
 ending with its step id, become step tuples `(input row, [event rows], [output
