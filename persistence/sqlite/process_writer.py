@@ -229,10 +229,11 @@ class ProcessSink(Pressure):
             self._note_blocked(since)
         batch, self._buf = self._buf, []
         if batch:
-            self._send_frame(PAGE, batch, PAGE_HEAD.pack(*page_head(batch)))
+            self._send_frame(PAGE, batch)
 
-    def _send_frame(self, kind: int, obj: object, head: bytes = b"") -> None:
+    def _send_frame(self, kind: int, obj: Any) -> None:
         try:
+            head = PAGE_HEAD.pack(*page_head(obj)) if kind == PAGE else b""
             data = self._frames.encode(kind, obj, head)
         except Exception as exc:  # a malformed record: as the thread writer, a LogError
             self._fail(f"{self.label}: log writer failed: {type(exc).__name__}: {exc}")

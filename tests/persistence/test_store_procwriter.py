@@ -360,3 +360,17 @@ def test_a_log_with_runs_keeps_its_indexes_while_a_process_writes(tmp_path: Path
     assert _indexes(p) == before  # readers of the first run keep their indexes
     sink.close()
     assert _indexes(p) == before
+
+
+def test_a_record_that_is_not_a_step_is_a_log_error(tmp_path: Path) -> None:
+    """As with the thread writer: what cannot become a page fails the sink in one line."""
+    p = str(tmp_path / "x.db")
+    sink = open_sink(p, writer="process")
+    sink.begin_run(run_rec("r"))
+    sink.append(_step(0))
+    sink.append(object())  # type: ignore[arg-type]
+    with pytest.raises(LogError) as info:
+        sink.flush()
+    assert str(info.value) == f"{p}: log writer failed: AttributeError: 'object' object has no attribute 'input'"
+    with pytest.raises(LogError):
+        sink.close()
