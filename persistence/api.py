@@ -14,11 +14,20 @@ from typing import Literal, NamedTuple, Protocol
 
 import msgspec
 
-from deepserve.core.records import DurableSink, InputRec, LogSink, RunRec, SnapshotRec, Step
+from deepserve.core.records import DurableSink, LogSink, RunRec, SnapshotRec, Step
 
 from .errors import LogError
 
 Durability = Literal["async", "outbox"]
+
+
+class FilteredInput(Protocol):
+    """What `StepFilter.matches` reads of an input: an `InputRec`, or the head of one
+    (`pages.py` decodes only the head of each input to decide whether a page matches)."""
+
+    actor: str
+    corr: str | None
+    t: float
 
 
 class StepFilter(NamedTuple):
@@ -34,7 +43,7 @@ class StepFilter(NamedTuple):
     def whole_run(self) -> bool:
         return self.actor is None and self.corr is None and self.since is None and self.until is None
 
-    def matches(self, i: InputRec) -> bool:
+    def matches(self, i: FilteredInput) -> bool:
         return (
             (self.actor is None or i.actor == self.actor)
             and (self.corr is None or i.corr == self.corr)

@@ -374,3 +374,29 @@ def test_a_record_that_is_not_a_step_is_a_log_error(tmp_path: Path) -> None:
     assert str(info.value) == f"{p}: log writer failed: AttributeError: 'object' object has no attribute 'input'"
     with pytest.raises(LogError):
         sink.close()
+
+
+def test_a_filter_decodes_in_full_only_the_pages_it_selects_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deepserve.persistence import pages
+
+    p = str(tmp_path / "x.db")
+    with open_sink(p, writer="process", max_batch=10) as sink:
+        sink.begin_run(run_rec("r"))
+        for i in range(100):  # ten pages; correlation id "c35" only in the fourth
+            inp = InputRec("a/1", i, float(i), i, 0, "ext/x", i, f"c{i}", None, True, "T", b"p")
+            sink.append(Step(inp, (), ()))
+    full: list[int] = []
+
+    class Counting:
+        def decode(self, body: bytes) -> list[Step]:
+            full.append(len(body))
+            return msgspec.msgpack.decode(body, type=list[Step])
+
+    monkeypatch.setattr(pages, "_STEPS", Counting())
+    log = open_log(p)
+    assert [s.input.seq for s in log.steps(corr="c35")] == [35] and len(full) == 1
+    assert [s.input.seq for s in log.steps(since=41.5, until=58)] == list(range(42, 59))
+    assert len(full) == 1 + 2  # the pages of steps 40-49 and 50-59 (time bounds skip the rest)
+    assert len(list(log.steps())) == 100 and len(full) == 3 + 10
