@@ -61,8 +61,17 @@ class _StepHead(msgspec.Struct, array_like=True):
     input: _InputHead
 
 
+class _StepSnapshot(msgspec.Struct, array_like=True):
+    # A step with only its snapshot built: the rest stays undecoded bytes (`Raw`).
+    input: msgspec.Raw
+    events: msgspec.Raw
+    outputs: msgspec.Raw
+    snapshot: SnapshotRec | None = None
+
+
 _STEPS = msgspec.msgpack.Decoder(list[Step])
 _HEADS = msgspec.msgpack.Decoder(list[_StepHead])
+_SNAPSHOTS = msgspec.msgpack.Decoder(list[_StepSnapshot])
 
 # A stored page as readers fetch it: (id, body, crc32).
 Page = tuple[int, bytes, int]
@@ -128,9 +137,10 @@ def page_actors(label: str, run_id: str, pages: Iterable[Page]) -> set[str]:
 def page_snapshots(
     label: str, run_id: str, pages: Iterable[Page], actor: str | None
 ) -> Iterator[SnapshotRec]:
-    """The snapshots in these pages, in log order (of `actor` only, if given)."""
+    """The snapshots in these pages, in log order (of `actor` only, if given). Only the
+    snapshots are built (~a quarter of a full decode's time on a simulation's log)."""
     for page in pages:
-        for step in decode_page(label, run_id, page):
+        for step in _decode(_SNAPSHOTS, label, run_id, page):
             snap = step.snapshot
             if snap is not None and (actor is None or snap.actor == actor):
                 yield snap
