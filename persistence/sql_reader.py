@@ -186,15 +186,19 @@ class SqlLog(LogReader):
         fails): part of `check_integrity` for a file that holds pages."""
         stmt = select(pages.c.run_id, pages.c.id, pages.c.body, pages.c.crc32).order_by(pages.c.id)
         for chunk in self.db.chunks(stmt, PAGE_CHUNK):
-            for run, *page in chunk:
-                checked_body(self.label, run, tuple(page))  # type: ignore[arg-type]
+            for run, page_id, body, crc in chunk:
+                checked_body(self.label, run, (page_id, body, crc))
+
+    def paged_steps(self, run: str, where: StepFilter) -> Iterator[Step]:
+        """The steps of a paged run that `where` selects (`pages.page_steps`)."""
+        return page_steps(self.label, run, self.page_bodies(run, where), where)
 
     def read_steps(self, run_id: str | None, where: StepFilter) -> Iterator[Step]:
         run = self.resolve_run(run_id)
         if run is None:
             return
         if self.is_paged(run):
-            yield from page_steps(self.label, run, self.page_bodies(run, where), where)
+            yield from self.paged_steps(run, where)
             return
         stmt = select(*INPUT_COLS).where(*input_filter(run, where)).order_by(inputs.c.id)
         for chunk in self.db.chunks(stmt, CHUNK):

@@ -42,6 +42,14 @@ def some(names: list[str], limit: int = 8) -> str:
     return shown + (f", … {len(names) - limit} more" if len(names) > limit else "")
 
 
+def first_few(names: list[str], limit: int = 8) -> str:
+    """`some` for a list cut short by its reader: `names` holds at most `limit + 1` items,
+    the last only telling that there are more (how many is not known)."""
+    if len(names) <= limit:
+        return some(names, limit)
+    return ", ".join(names[:limit]) + ", … and more"
+
+
 def load_hint(cls: str) -> str:
     """What to do about an actor class replay cannot import."""
     if cls.startswith("__main__:"):

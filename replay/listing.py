@@ -27,6 +27,7 @@ from .common import (
     ReplayError,
     compact,
     event_view,
+    first_few,
     input_view,
     output_view,
     pick_run,
@@ -79,13 +80,9 @@ def check_filters(
 
 
 def _first_corrs(reader: LogReader, run_id: str, limit: int = 8) -> str:
-    """The first distinct correlation ids of a run, in log order, then "…" if there
-    are more: reading stops at the first one past `limit`, so how many more is not
-    known (a count would read the whole run)."""
-    corrs = _distinct_corrs(reader, run_id, limit + 1)
-    if len(corrs) > limit:
-        return ", ".join(corrs[:limit]) + ", … and more"
-    return some(corrs)
+    """The first distinct correlation ids of a run, in log order (`first_few`: reading
+    stops at the first one past `limit`; a count would read the whole run)."""
+    return first_few(_distinct_corrs(reader, run_id, limit + 1), limit)
 
 
 def _distinct_corrs(reader: LogReader, run_id: str, limit: int) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any
 from deepserve.core import decode
 from deepserve.persistence.api import LogReader
 
-from .common import ReplayError, pick_run
+from .common import ReplayError, first_few, pick_run
 
 HOP_TYPES = frozenset({
     "GatewayRouted", "GatewayRefused", "RouteDecided", "OfferRefused", "JeTaskEnded", "JePrefilled",
@@ -53,11 +53,8 @@ def request_hops(reader: LogReader, request_id: str, run_id: str | None = None) 
             elif rid is not None and len(known) <= MAX_KNOWN:
                 known[rid] = None
     if not hops:
-        ids = list(known)
-        named = ", ".join(ids[:MAX_KNOWN]) + (", … and more" if len(ids) > MAX_KNOWN else "")
-        raise ReplayError(
-            f"no request {request_id!r} in run {run.run_id!r} "
-            f"({'requests: ' + named if ids else 'it records no request hops'})")
+        named = f"requests: {first_few(list(known), MAX_KNOWN)}" if known else "it records no request hops"
+        raise ReplayError(f"no request {request_id!r} in run {run.run_id!r} ({named})")
     return hops
 
 

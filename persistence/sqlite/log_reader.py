@@ -31,7 +31,6 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from deepserve.core.records import Step
 
 from ..api import StepFilter
-from ..pages import page_steps
 from ..schema import inputs
 from ..sql_reader import CHILD_COLS, INPUT_COLS, SqlLog, input_filter, to_steps
 from .files import BUSY_MS, SqliteDb
@@ -85,7 +84,7 @@ class SqliteLog(SqlLog):
         if run is None:
             return
         if self.is_paged(run):  # one decode a page: no reader process needed
-            yield from page_steps(self.label, run, self.page_bodies(run, where), where)
+            yield from self.paged_steps(run, where)
             return
         span = self._prefetch_span(run) if where.whole_run else None
         conds = input_filter(run, where)
