@@ -33,8 +33,8 @@ from types import ModuleType
 # round trips got faster (docs/decisions.md, 2026-11-26).
 GROUPS: dict[str, tuple[str, ...]] = {
     # The kernel: every delivery runs through these.
-    "kernel": ("core.envelope", "core.mailbox", "core.cell", "core.context", "core.driver",
-               "core.inline", "core.sim", "core.asyncdriver"),
+    "kernel": ("core.codec", "core.envelope", "core.mailbox", "core.cell", "core.context",
+               "core.driver", "core.inline", "core.sim", "core.asyncdriver"),
 }
 COMPILED = tuple(m for modules in GROUPS.values() for m in modules)
 PACKAGE_ROOT = Path(__file__).resolve().parent

@@ -44,7 +44,7 @@ _InputRec: Final = InputRec
 _OutputRec: Final = OutputRec
 _EventRec: Final = EventRec
 _Step: Final = Step
-_DELIVERED: Final = DELIVERED
+_DELIVERED: Final = int(DELIVERED)  # a plain int: msgspec encodes an IntEnum slowly
 
 STAT_FIELDS = ("handled", "failed", "handler_time_s", "mailbox_depth", "mailbox_full", "dead")
 
@@ -353,7 +353,10 @@ def make_step(cell: Cell, env: Envelope, now: float, snapshot: bool) -> Step:
     """The log record of the delivery `execute` just made. `input_record` and
     `output_records`, inlined: this runs once per logged delivery."""
     ctx = cell.ctx
-    addr, seq = cell.addr, cell.seq
+    addr = cell.addr
+    # Boxed once, shared by the input and output records (the compiled build keeps ints and
+    # floats unboxed, and would box `seq` again for every record).
+    seq: Any = cell.seq
     msg = env.msg
     payload = env.payload
     if payload is None:
@@ -363,22 +366,27 @@ def make_step(cell: Cell, env: Envelope, now: float, snapshot: bool) -> Step:
         env.reply_to, env.external, type(msg).__name__, payload, env.ask, env.hlc,
     )
     events = ctx.events
-    outs: list[OutputRec] = []
-    i = 0
-    for o in ctx.outputs:
-        m = o.msg
-        if m is None:
-            name, blob = "", b""
-        else:
-            name, blob = type(m).__name__, _encode(m)
-        outs.append(_OutputRec(
-            addr, seq, i, o.kind, o.dst, o.msg_id, o.delay, o.key, o.corr, o.reply_to,
-            o.ask, name, blob,
-        ))
-        i += 1
+    outputs = ctx.outputs
+    if not outputs:
+        outs: tuple[OutputRec, ...] = ()
+    elif len(outputs) == 1:  # the common case, without a list to build and drop
+        outs = (_output_record(addr, seq, 0, outputs[0]),)
+    else:
+        outs = tuple([_output_record(addr, seq, i, o) for i, o in enumerate(outputs)])
     return _Step(
         inp,
         event_records(cell, events) if events else (),
-        tuple(outs),
+        outs,
         snapshot_record(cell) if snapshot else None,
+    )
+
+
+def _output_record(addr: str, seq: Any, i: int, o: Out) -> OutputRec:
+    m = o.msg
+    if m is None:
+        name, blob = "", b""
+    else:
+        name, blob = type(m).__name__, _encode(m)
+    return _OutputRec(
+        addr, seq, i, o.kind, o.dst, o.msg_id, o.delay, o.key, o.corr, o.reply_to, o.ask, name, blob
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
@@ -21,11 +21,17 @@ _raw_decoder = msgspec.msgpack.Decoder()
 _decoders: dict[type, msgspec.msgpack.Decoder] = {}
 
 
+# Bound once: `encode` runs for every logged message and event (the compiled build,
+# compiled.py, then calls the encoder's C method without looking it up each time).
+_encode: Final = _encoder.encode
+_encode_insertion: Final = _insertion_encoder.encode
+
+
 def encode(obj: Any) -> bytes:
     try:
-        return _encoder.encode(obj)
+        return _encode(obj)
     except TypeError:
-        return _insertion_encoder.encode(obj)
+        return _encode_insertion(obj)
 
 
 class DecodeError(ValueError):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .address import deterministic_id
 from .classpath import class_path
 from .messages import AskFailed, Event, Message, ReplyHandle, Started
-from .records import CANCEL, SEND, SPAWN, STOP, TIMER, OutputKind
+from .records import CANCEL, SEND, SPAWN, STOP, TIMER
 from .rng import DeliveryRng, address_hash, delivery_seed
 
 if TYPE_CHECKING:
@@ -22,8 +22,13 @@ if TYPE_CHECKING:
 
 
 # (`Final`: a C static in the compiled build, compiled.py; a module global is a dict lookup)
-_SEND: Final = SEND
-_TIMER: Final = TIMER
+# Output kinds as plain ints: an `IntEnum` member costs msgspec a slow path each time a
+# record carrying it is encoded (`OutputRec.kind`), and the drivers compare them as ints.
+_SEND: Final = int(SEND)
+_TIMER: Final = int(TIMER)
+_CANCEL: Final = int(CANCEL)
+_SPAWN: Final = int(SPAWN)
+_STOP: Final = int(STOP)
 _AskFailed: Final = AskFailed
 # An ask's timeout reason by its timeout: formatting the float costs more than the rest of an
 # ask (a round trip is ~26k instructions; the f-string ~1k), and a program uses a few timeouts.
@@ -52,7 +57,7 @@ class Out:
     __slots__ = ("kind", "dst", "msg", "delay", "msg_id", "corr", "reply_to", "ask", "key")
 
     def __init__(
-        self, kind: OutputKind, dst: str, msg: Any, delay: float, msg_id: int, corr: str | None,
+        self, kind: int, dst: str, msg: Any, delay: float, msg_id: int, corr: str | None,
         reply_to: int | None = None, ask: bool = False, key: str | None = None,
     ) -> None:
         self.kind = kind
@@ -191,13 +196,13 @@ class Context:
         cell.out_seq += 1
         key = key if key is not None else f"t{cell.out_seq}"
         corr = self.env.corr if self.env is not None else None
-        self.outputs.append(Out(TIMER, cell.addr, msg, delay_s, cell.out_seq, corr, key=key))
+        self.outputs.append(Out(_TIMER, cell.addr, msg, delay_s, cell.out_seq, corr, key=key))
         return key
 
     def cancel(self, key: str) -> None:
         cell = self._cell
         cell.out_seq += 1
-        self.outputs.append(Out(CANCEL, cell.addr, None, 0.0, cell.out_seq, None, key=key))
+        self.outputs.append(Out(_CANCEL, cell.addr, None, 0.0, cell.out_seq, None, key=key))
 
     def spawn(self, addr: str, cls: type, **kwargs: Any) -> str:
         """Start a child actor at `addr`, built as `cls(**kwargs)`."""
@@ -205,7 +210,7 @@ class Context:
         cell.out_seq += 1
         started = Started(cls=class_path(cls), args=kwargs, parent=cell.addr)
         corr = self.env.corr if self.env is not None else None
-        self.outputs.append(Out(SPAWN, addr, started, 0.0, cell.out_seq, corr))
+        self.outputs.append(Out(_SPAWN, addr, started, 0.0, cell.out_seq, corr))
         return addr
 
     def stop(self, addr: str | None = None) -> None:
@@ -215,4 +220,4 @@ class Context:
             return
         cell = self._cell
         cell.out_seq += 1
-        self.outputs.append(Out(STOP, addr, None, 0.0, cell.out_seq, None))
+        self.outputs.append(Out(_STOP, addr, None, 0.0, cell.out_seq, None))

@@ -41,9 +41,10 @@ TRANSPORT_REFUSED = "transport refused"
 ASK_SRC = "ext/ask"  # the source address of asks from outside the actor system
 # Module-level names of the per-message path again, as `Final`: C statics in the compiled
 # build (compiled.py), where a plain module global costs a dict lookup at every use.
-_SEND: Final = SEND
-_TIMER: Final = TIMER
-_CANCEL: Final = CANCEL
+_SEND: Final = int(SEND)  # `Out.kind` is a plain int (context.py)
+_TIMER: Final = int(TIMER)
+_CANCEL: Final = int(CANCEL)
+_SPAWN: Final = int(SPAWN)
 
 
 class AskError(Exception):
@@ -116,11 +117,15 @@ class DriverBase(abc.ABC):
         for env in self._pending_timers(cell.addr, self._timer_entries(), self._timers):
             self._bounce(env, t, DEAD)
 
+    def _log(self, step: Step) -> None:
+        """Hand a record to the sink (`SimDriver` batches them)."""
+        self.sink.append(step)  # type: ignore[union-attr]
+
     def _log_final(self, cell: Cell, t: float) -> None:
         if self.sink is not None:
             step = final_snapshot(cell, t)
             if step is not None:
-                self.sink.append(step)
+                self._log(step)
 
     def _snapshot_live(self, t: float) -> None:
         """Log the live state of every actor that changed since its last final
@@ -220,7 +225,7 @@ class DriverBase(abc.ABC):
         for i, o in enumerate(outputs):
             hlc = pt if pt > hlc else hlc + 1
             kind = o.kind
-            if kind is _SEND:  # the hot path: `_send` inlined
+            if kind == _SEND:  # the hot path: `_send` inlined
                 if o.ask:
                     cell.open_asks.add(o.msg_id)
                 payload = recs[i].payload if recs is not None else None
@@ -229,12 +234,12 @@ class DriverBase(abc.ABC):
                     self._to_outside(t, env)
                 else:
                     self._enqueue(env, t)
-            elif kind is _TIMER:
+            elif kind == _TIMER:
                 env = Envelope(addr, addr, o.msg_id, hlc, o.corr, o.msg, o.reply_to)
                 self._set_timer(t + o.delay, env, o.key)  # type: ignore[arg-type]
-            elif kind is _CANCEL:
+            elif kind == _CANCEL:
                 self._timers.pop((addr, o.key), None)  # type: ignore[arg-type]
-            elif kind is SPAWN:
+            elif kind == _SPAWN:
                 self._spawn_child(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg), t)
             else:  # STOP another actor
                 self._send(Envelope(addr, o.dst, o.msg_id, hlc, o.corr, Stop(by=addr)), t)
@@ -297,7 +302,7 @@ class DriverBase(abc.ABC):
         if self.sink is not None:
             ghost = Cell(env.dst, self.seed, -1)  # seq -1 marks "not delivered"
             ghost.hlc = env.hlc  # so merged logs still order it by time
-            self.sink.append(Step(input_record(ghost, env, t, kind), (), ()))
+            self._log(Step(input_record(ghost, env, t, kind), (), ()))
         if kind == LATE:
             return None
         if reason is None:

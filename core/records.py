@@ -128,6 +128,10 @@ class LogSink(Protocol):
 
     def close(self) -> None: ...
 
+    # Optional, for drivers that batch their records (`SimDriver`):
+    # `append_many(steps) -> int`, the same as `append` on each step in order (the last
+    # ticket), in one call. It must not keep the list: the driver reuses it.
+    #
     # Optional, for designed backpressure (persistence's `PressureSink`):
     # `under_pressure` (True while the writer is behind) and `await wait_for_room()`.
     # `AsyncDriver` then admits no external input (`inject` waits, `inject_nowait`

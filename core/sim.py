@@ -15,9 +15,10 @@ from .cell import execute, make_step, settle_ask
 from .driver import ASK_SRC, AskError, DriverBase
 from .envelope import Envelope
 from .messages import Message, Started
-from .records import DEAD, FULL, LATE, LogSink
+from .records import DEAD, FULL, LATE, LogSink, Step
 
 Invariant = Callable[["SimDriver"], None]
+LOG_BATCH = 1024  # records handed to the sink at a time (a page of the process writer's)
 
 
 class SimDriver(DriverBase):
@@ -45,6 +46,11 @@ class SimDriver(DriverBase):
         # only when virtual time reaches them, so a whole trace injected up front
         # does not make mailboxes read as full.
         self._scheduled: list[tuple[float, int, Envelope, str | None]] = []
+        # Records wait here and reach the sink `LOG_BATCH` at a time, and whenever `run`
+        # returns: one call per batch instead of one per delivery (`append_many`, where
+        # the sink has it). The order is the order of the deliveries, as before.
+        self._log_buf: list[Step] = []
+        self._append_many: Callable[[list[Step]], int] | None = getattr(sink, "append_many", None)
 
     # ---- the outside world -------------------------------------------------
     def spawn(self, addr: str, cls: type, *, src: str = "ext/operator", **kwargs: Any) -> str:
@@ -122,10 +128,18 @@ class SimDriver(DriverBase):
     def run(self, until: float | None = None, max_deliveries: int | None = None) -> int:
         """Deliver until the heap is empty, virtual time passes `until`, or the
         delivery budget is spent. Returns the number of deliveries made."""
-        heap, cells, timers, sink, depth = self._heap, self.cells, self._timers, self.sink, self._depth
-        sched = self._scheduled
-        invariants = self.invariants
         budget = -1 if max_deliveries is None else max_deliveries
+        n = 0
+        try:
+            n = self._loop(until, budget)
+        finally:
+            self._flush_log()  # what a caller reads from the sink is complete when run returns
+        return n
+
+    def _loop(self, until: float | None, budget: int) -> int:
+        heap, cells, timers, sink, depth = self._heap, self.cells, self._timers, self.sink, self._depth
+        sched, log_buf = self._scheduled, self._log_buf
+        invariants = self.invariants
         n = 0
         while n != budget:
             if sched and (not heap or sched[0][0] <= heap[0][0]):
@@ -159,7 +173,9 @@ class SimDriver(DriverBase):
             snapshot = execute(cell, env, t)
             if sink is not None:
                 step = make_step(cell, env, t, snapshot)
-                sink.append(step)
+                log_buf.append(step)  # `_log`, inlined
+                if len(log_buf) >= LOG_BATCH:
+                    self._flush_log()
                 if step.outputs:
                     self._route(cell, cell.ctx.outputs, t, step.outputs)
             elif cell.ctx.outputs:
@@ -181,6 +197,31 @@ class SimDriver(DriverBase):
         """Log every live actor's final state now (done by `run` when nothing is
         pending; call it after a run stopped early by `until` or a budget)."""
         self._snapshot_live(self.now)
+        self._flush_log()
+
+    # ---- the log ---------------------------------------------------------------
+    def _log(self, step: Step) -> None:
+        buf = self._log_buf
+        buf.append(step)
+        if len(buf) >= LOG_BATCH:
+            self._flush_log()
+
+    def _flush_log(self) -> None:
+        """Hand the buffered records to the sink, in order, and empty the buffer
+        (also when the sink fails: its error says what was lost)."""
+        buf = self._log_buf
+        if not buf:
+            return
+        try:
+            many = self._append_many
+            if many is not None:
+                many(buf)
+            else:
+                append = self.sink.append  # type: ignore[union-attr]
+                for step in buf:
+                    append(step)
+        finally:
+            buf.clear()
 
     # ---- routing hooks (the core is `DriverBase._route`) ---------------------
     def _push(self, t: float, env: Envelope, key: str | None = None) -> int:

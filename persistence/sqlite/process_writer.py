@@ -34,11 +34,10 @@ from deepserve.core.records import RunRec, Step
 
 from .. import open_sinks
 from ..errors import LogError, one_line
-from ..pages import page_head
 from ..pressure import Pressure
 from . import child
 from .batch_store import process_writer_config
-from .child import ACK, ACK_BODY, CONFIG, ERROR, PAGE, PAGE_HEAD, RUN
+from .child import ACK, ACK_BODY, CONFIG, ERROR, PAGE, RUN
 
 DEFAULT_BATCH = 1024
 DEFAULT_PENDING = 16 * DEFAULT_BATCH
@@ -147,6 +146,23 @@ class ProcessSink(Pressure):
             self._ticket += 1
             return self._ticket
 
+    def append_many(self, steps: list[Step]) -> int:
+        """`append` each of `steps` in order, in one call (what `SimDriver` calls, a
+        batch at a time); returns the last ticket. Pages stay at most `max_batch` steps."""
+        with self._sending(), self._lock:
+            if not self._ok:
+                self._raise_state()
+            batch, i = self._max_batch, 0
+            while i < len(steps):
+                if len(self._buf) >= batch:
+                    self._note_pending()
+                    self._send_steps()
+                chunk = steps[i : i + batch - len(self._buf)]
+                self._buf.extend(chunk)
+                self._ticket += len(chunk)
+                i += len(chunk)
+            return self._ticket
+
     @property
     def committed_ticket(self) -> int:
         return self._committed
@@ -233,8 +249,7 @@ class ProcessSink(Pressure):
 
     def _send_frame(self, kind: int, obj: Any) -> None:
         try:
-            head = PAGE_HEAD.pack(*page_head(obj)) if kind == PAGE else b""
-            data = self._frames.encode(kind, obj, head)
+            data = self._frames.encode(kind, obj)
         except Exception as exc:  # a malformed record: as the thread writer, a LogError
             self._fail(f"{self.label}: log writer failed: {type(exc).__name__}: {exc}")
             raise LogError(self._error) from None

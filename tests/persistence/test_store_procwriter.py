@@ -63,6 +63,28 @@ def test_round_trip_in_many_small_batches(tmp_path: Path) -> None:
     assert _gone(sink.pid, timeout=0)  # close() waited for the process
 
 
+def test_append_many_writes_what_append_writes_in_pages_of_at_most_max_batch(
+    tmp_path: Path,
+) -> None:
+    run, steps = expected(requests=300)
+    p = str(tmp_path / "x.db")
+    with open_sink(p, writer="process", max_batch=64) as sink:
+        assert isinstance(sink, ProcessSink)
+        sink.begin_run(run)
+        # Uneven slices: some fill a page exactly, some cross page bounds, one is empty.
+        cuts = [0, 5, 5, 69, 197, 200, 500, len(steps)]
+        tickets = [sink.append_many(steps[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
+        tickets.append(sink.append(steps[0]))
+    assert tickets == [*cuts[1:], len(steps) + 1]
+    log = open_log(p)
+    assert encoded(list(log.steps(run.run_id))) == encoded([*steps, steps[0]])
+    with sqlite3.connect(p) as db:
+        sizes = [n for (n,) in db.execute("SELECT steps FROM pages ORDER BY id")]
+    assert sum(sizes) == len(steps) + 1 and max(sizes) == 64
+    with pytest.raises(LogError, match="closed"):
+        sink.append_many(steps[:1])
+
+
 def test_flush_makes_everything_readable(tmp_path: Path) -> None:
     p = str(tmp_path / "x.db")
     sink = open_sink(p, writer="process")
@@ -362,18 +384,30 @@ def test_a_log_with_runs_keeps_its_indexes_while_a_process_writes(tmp_path: Path
     assert _indexes(p) == before
 
 
-def test_a_record_that_is_not_a_step_is_a_log_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("record", "error"),
+    [
+        # msgpack cannot encode it: the driver's side fails when the page is sent
+        (object(), "TypeError: Encoding objects of type object is unsupported"),
+        # encodable, but not a step: the writer process refuses the page, stores nothing
+        (7, "ValidationError: Expected `array`, got `int` - at `$[1]`"),
+    ],
+)
+def test_a_record_that_is_not_a_step_is_a_log_error(
+    tmp_path: Path, record: object, error: str
+) -> None:
     """As with the thread writer: what cannot become a page fails the sink in one line."""
     p = str(tmp_path / "x.db")
     sink = open_sink(p, writer="process")
     sink.begin_run(run_rec("r"))
     sink.append(_step(0))
-    sink.append(object())  # type: ignore[arg-type]
+    sink.append(record)  # type: ignore[arg-type]
     with pytest.raises(LogError) as info:
         sink.flush()
-    assert str(info.value) == f"{p}: log writer failed: AttributeError: 'object' object has no attribute 'input'"
+    assert str(info.value) == f"{p}: log writer failed: {error}"
     with pytest.raises(LogError):
         sink.close()
+    assert _count(p, "pages") == 0
 
 
 def test_a_filter_decodes_in_full_only_the_pages_it_selects_from(
