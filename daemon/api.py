@@ -14,17 +14,51 @@ MAX_STOPS = 4  # OpenAI's limit
 MAX_MESSAGES = 4096
 
 
+class TextPart(msgspec.Struct, tag="text", tag_field="type", forbid_unknown_fields=True):
+    """A content part. Only text: any other `type` (image_url, input_audio, file) is a
+    400 naming `messages[i].content[j].type`, since the emulated model reads no media."""
+
+    text: str
+
+
 class ChatMessage(msgspec.Struct, kw_only=True):
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str
+    # A string, or text parts (OpenAI's array form, which many clients send); null for an
+    # assistant turn that only called tools.
+    content: str | list[TextPart] | None
     name: str | None = None
+    tool_call_id: str | None = None
+    tool_calls: list[Any] | None = None  # history only: turns a client sends back
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(p.text for p in self.content)  # as vLLM joins text parts
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False
 
 
-class _Common(msgspec.Struct, kw_only=True):
+class ResponseFormat(msgspec.Struct, kw_only=True):
+    type: str
+    json_schema: Any = None
+
+
+# OpenAI fields deepserve cannot honour: accepted at their neutral value (clients often send
+# it), otherwise a 400 naming the field. Never ignored: a request whose output would differ
+# from what was asked fails, rather than succeeding silently.
+NO_PROBS = "deepserve's emulated model has no token probabilities"
+NO_TOOLS = "deepserve's emulated model does not call functions"
+
+
+def _refuse(field: str, why: str, value: str = "") -> tuple[str, str]:
+    return field, f"`{field}`{value} is not supported: {why}"
+
+
+class _Common(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     max_tokens: MaxTok | None = None
     max_completion_tokens: MaxTok | None = None
@@ -39,6 +73,12 @@ class _Common(msgspec.Struct, kw_only=True):
     user: str | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # Accepted and without effect here: they change no output.
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    # Checked by `unsupported` (neutral values only).
+    logit_bias: dict[str, float] | None = None
 
     def stops(self) -> list[str]:
         if self.stop is None:
@@ -48,14 +88,50 @@ class _Common(msgspec.Struct, kw_only=True):
             raise msgspec.ValidationError(f"at most {MAX_STOPS} stop sequences - at `$.stop`")
         return [s for s in stops if s]
 
+    def unsupported(self) -> tuple[str, str] | None:
+        """(field, message) for the first field asking what deepserve cannot do."""
+        if self.logit_bias:
+            return _refuse("logit_bias", NO_PROBS)
+        return None
+
 
 class ChatRequest(_Common, kw_only=True):
     messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.logprobs or self.top_logprobs:
+            return _refuse("logprobs" if self.logprobs else "top_logprobs", NO_PROBS)
+        if self.tools:
+            return _refuse("tools", NO_TOOLS)
+        if self.tool_choice not in (None, "none", "auto"):
+            return _refuse("tool_choice", NO_TOOLS, f" {self.tool_choice!r}")
+        if self.response_format is not None and self.response_format.type != "text":
+            return _refuse("response_format", "the emulated model writes plain text ('text')",
+                           f" {self.response_format.type!r}")  # fmt: skip
+        return super().unsupported()
 
 
 class CompletionRequest(_Common, kw_only=True):
     prompt: str | list[str]
     echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def unsupported(self) -> tuple[str, str] | None:
+        if self.logprobs:
+            return _refuse("logprobs", NO_PROBS)
+        if self.best_of is not None and self.best_of > 1:
+            return _refuse("best_of", "one completion a request", f" {self.best_of}")
+        if self.suffix:
+            return _refuse("suffix", "no fill-in-the-middle")
+        return super().unsupported()
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:

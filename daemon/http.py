@@ -8,6 +8,7 @@ cancels its request all the way to the TE (whose master frees the KV blocks).
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -38,6 +39,19 @@ def _error(exc: HttpError) -> JSONResponse:
                         headers=exc.headers)  # fmt: skip
 
 
+_UNKNOWN_FIELD = re.compile(r"Object contains unknown field `([^`]*)`(?: - at `\$\.?([^`]*)`)?")
+
+
+def _param_of(error: str) -> str | None:
+    """The field a msgspec validation error is about, as OpenAI's `param` names it:
+    `messages[0].role`; an unknown field by its own name (`max_token`)."""
+    unknown = _UNKNOWN_FIELD.match(error)
+    if unknown:
+        field, where = unknown.groups()
+        return f"{where}.{field}" if where else field
+    return error.rpartition("`$.")[2].rstrip("`") if "`$." in error else None
+
+
 class Frontend:
     """The request path shared by the completion routes: body → request Struct → prompt and
     sampling → submit → the first item under the TTFT deadline → a streaming or JSON response."""
@@ -63,13 +77,15 @@ class Frontend:
             stops = req.stops()
         except msgspec.ValidationError as exc:
             text = str(exc)
-            param = text.rpartition("`$.")[2].rstrip("`") if "`$." in text else None
-            raise HttpError(400, text, "invalid_request_error", param) from None
+            raise HttpError(400, text, "invalid_request_error", _param_of(text)) from None
         except msgspec.DecodeError as exc:
             raise HttpError(400, f"the body is not valid JSON: {exc}", "invalid_request_error") from None
         if req.model != self.model_name:
             raise HttpError(404, f"the model {req.model!r} does not exist; served: {self.model_name!r}",
                             "not_found_error", "model")  # fmt: skip
+        refused = req.unsupported()
+        if refused is not None:
+            raise HttpError(400, refused[1], "invalid_request_error", refused[0])
         return req, stops
 
     def sampling_of(self, req: Any, rid: str) -> Sampling:
@@ -164,7 +180,7 @@ def create_app(rt: Runtime, metrics: Metrics) -> FastAPI:
     @app.post("/v1/chat/completions", openapi_extra=docs["chat"])
     async def chat(request: Request) -> Response:
         req, stops = await fe.body_of(request, ChatRequest)
-        text = chat_text([{"role": m.role, "content": m.content} for m in req.messages])
+        text = chat_text([{"role": m.role, "content": m.text()} for m in req.messages])
         return await fe.run(request, req, stops, text, "chat")
 
     @app.post("/v1/completions", openapi_extra=docs["completions"])

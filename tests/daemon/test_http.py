@@ -100,6 +100,65 @@ def test_bad_bodies_are_400_naming_the_field(daemon: dict[str, Any], body: bytes
         assert err["param"] == param
 
 
+def test_text_content_parts_read_as_their_text(daemon: dict[str, Any]) -> None:
+    """OpenAI's array form of content (text parts), and a history with a tool turn."""
+    c = client(daemon)
+    kw: dict[str, Any] = {"model": MODEL, "max_tokens": 4, "seed": 5, "extra_body": {"ignore_eos": True}}
+    as_string = c.chat.completions.create(
+        messages=[{"role": "user", "content": "Tell me about\nthe river."}], **kw)
+    as_parts = c.chat.completions.create(messages=[{"role": "user", "content": [
+        {"type": "text", "text": "Tell me about"}, {"type": "text", "text": "the river."}]}], **kw)
+    assert as_parts.usage.prompt_tokens == as_string.usage.prompt_tokens  # parts join with "\n"
+    assert as_parts.choices[0].message.content == as_string.choices[0].message.content
+    history = c.chat.completions.create(messages=[
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "content": "42", "tool_call_id": "c1"},
+        {"role": "user", "content": "and then?"}], **kw)  # fmt: skip
+    assert history.usage.completion_tokens == 4
+
+
+@pytest.mark.parametrize(
+    ("route", "extra", "param", "words"),
+    [
+        ("chat", {"logprobs": True}, "logprobs", "no token probabilities"),
+        ("chat", {"top_logprobs": 2}, "top_logprobs", "no token probabilities"),
+        ("chat", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "call functions"),
+        ("chat", {"tool_choice": "required"}, "tool_choice", "call functions"),
+        ("chat", {"response_format": {"type": "json_object"}}, "response_format", "plain text"),
+        ("chat", {"logit_bias": {"17": 5}}, "logit_bias", "no token probabilities"),
+        ("chat", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+         "messages[0].content[0].type", "image_url"),
+        ("chat", {"max_token": 5}, "max_token", "unknown field"),  # a typo is not ignored
+        ("completions", {"logprobs": 1}, "logprobs", "no token probabilities"),
+        ("completions", {"best_of": 3}, "best_of", "one completion"),
+        ("completions", {"suffix": "end"}, "suffix", "fill-in-the-middle"),
+    ],
+)
+def test_what_deepserve_cannot_honour_is_a_400_naming_the_field(
+    daemon: dict[str, Any], route: str, extra: dict[str, Any], param: str, words: str
+) -> None:
+    """Never silently ignored: the output would not be what the request asked for."""
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 2}
+    body |= {"messages": MESSAGES} if route == "chat" else {"prompt": "Once"}
+    r = httpx.post(f"{daemon['url']}/v1/{'chat/' if route == 'chat' else ''}completions",
+                   json=body | extra, timeout=10)  # fmt: skip
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert (err["type"], err["param"]) == ("invalid_request_error", param)
+    assert words in err["message"]
+
+
+def test_neutral_values_of_unsupported_fields_are_accepted(daemon: dict[str, Any]) -> None:
+    """What clients send by default (logprobs false, no tools, text format) changes nothing."""
+    r = client(daemon).chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=3, logprobs=False, tool_choice="none",
+        response_format={"type": "text"}, metadata={"team": "sre"}, store=False,
+        parallel_tool_calls=True, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert r.usage.completion_tokens == 3
+
+
 def test_a_huge_body_is_413(daemon: dict[str, Any]) -> None:
     r = httpx.post(daemon["url"] + "/v1/completions", content=b"x" * (5 << 20), timeout=30)
     assert r.status_code == 413 and "error" in r.json()
