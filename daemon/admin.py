@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 
 from deepserve.actors.cluster.messages import ScaleGroup
 from deepserve.actors.ports.faults import HbmRegionFault, LinkDegrade, LinkDown, NpuHang
+from deepserve.actors.ports.npu import DEFAULT_REGIONS
 from deepserve.actors.ports.pod import KillPod
 from deepserve.adapters.scenario.control import MANAGER_ADDR, PODS_ADDR
 
@@ -22,13 +23,14 @@ from .metrics import Metrics
 from .runtime import Runtime
 
 FABRIC = "hw/fabric"
+HBM_REGIONS = DEFAULT_REGIONS  # what a TE allocates ("weights", "kv"): a fault elsewhere hits nothing
 
 
 class Fault(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kind: Literal["kill-te", "hang-npu", "link-down", "link-degrade", "hbm-fault"]
     target: str  # a TE ("te/0"), an NPU ("hw/s0/npu3") or a link ("s0/npu3/roce")
     bw_factor: float = 0.5  # link-degrade
-    region: str = "r0"  # hbm-fault
+    region: str = "kv"  # hbm-fault: an HBM region the TEs use (`HBM_REGIONS`)
 
 
 class Scale(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -53,20 +55,43 @@ def scale_input(rt: Runtime, sc: Scale) -> tuple[str, ScaleGroup, int]:
 def fault_inputs(rt: Runtime, f: Fault) -> list[tuple[str, Any]]:
     """(address, message) of a fault; ValueError naming the field when it cannot apply."""
     if f.kind == "kill-te":
-        tes = [s.te for s in rt.slots]
-        if f.target not in tes:
-            raise ValueError(f"target: no TE {f.target!r}; TEs: {', '.join(tes)}")
+        _check_launched(rt, f.target)
         return [(PODS_ADDR, KillPod(te=f.target, reason=f"kill-te {f.target}"))]
     if f.kind in ("hang-npu", "hbm-fault"):
         npus = {n for t in rt.placement.tes for n in t.npus}
         if f.target not in npus:
             raise ValueError(f"target: no NPU {f.target!r} serves a TE (e.g. {sorted(npus)[0]})")
+        if f.kind == "hbm-fault" and f.region not in HBM_REGIONS:
+            raise ValueError(f"region: the TEs use HBM regions {', '.join(HBM_REGIONS)}; got {f.region!r}")
         msg = NpuHang(reason="admin hang-npu") if f.kind == "hang-npu" else HbmRegionFault(region=f.region)
         return [(f.target, msg)]
+    links = rt.link_names()
+    if f.target not in links:
+        roce = [name for name in links if name.endswith("/roce")][:2]
+        raise ValueError(f"target: no link {f.target!r} in the {rt.cfg.cluster.topology} topology "
+                         f"(e.g. {', '.join(roce or links[:2])})")  # fmt: skip
     if f.kind == "link-degrade" and not 0 < f.bw_factor <= 1:
         raise ValueError(f"bw_factor: must be in (0, 1], got {f.bw_factor}")
     msg2: Any = LinkDown(link=f.target) if f.kind == "link-down" else LinkDegrade(link=f.target, bw_factor=f.bw_factor)
     return [(FABRIC, msg2)]
+
+
+def _check_launched(rt: Runtime, te: str) -> None:
+    """A TE that runs (or boots, or was declared failed): killing it is a fault to inject.
+    A spare slot never launched, or a TE stopped by a scale-down, has no pod to kill."""
+    cm = rt.cluster_state()
+    launched = cm.tes if cm is not None else {}
+    live = sorted((t for t, r in launched.items() if r.state != "stopped"), key=_te_index)
+    if te not in launched:
+        spare = any(s.te == te for s in rt.slots)
+        what = f"{te!r} is a spare slot, never launched" if spare else f"no TE {te!r}"
+        raise ValueError(f"target: {what}; TEs: {', '.join(live)}")
+    if launched[te].state == "stopped":
+        raise ValueError(f"target: {te} is stopped (scaled down); TEs: {', '.join(live)}")
+
+
+def _te_index(te: str) -> int:
+    return int(te.rpartition("/")[2])
 
 
 def create_admin_app(rt: Runtime, metrics: Metrics, token: str) -> FastAPI:

@@ -39,8 +39,9 @@ def register_daemon(sub: Any) -> None:
     ft = sub.add_parser("fault", help="inject a fault into the running daemon (recorded in its log)")
     ft.add_argument("kind", choices=FAULTS)
     ft.add_argument("target", help="a TE (te/0), an NPU (hw/s0/npu1) or a link (s0/npu0/roce)")
-    ft.add_argument("--bw-factor", type=float, default=0.5)
-    ft.add_argument("--region", default="r0")
+    ft.add_argument("--bw-factor", type=float, default=0.5,
+                    help="link-degrade: the share of bandwidth left, in (0, 1] (default 0.5)")
+    ft.add_argument("--region", default="kv", help="hbm-fault: the HBM region, kv or weights (default kv)")
     _admin_args(ft)
     ft.set_defaults(func=_fault)
     sc = sub.add_parser("scale", help="set a TE group's size by hand (launch TEs, or drain and stop)")
@@ -128,7 +129,8 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def format_status(st: dict[str, Any]) -> str:
-    lines = [f"model {st['model']}  up {st['uptime_s']} s  in flight {st['inflight']}  requests {st['requests']}",
+    counts = ", ".join(f"{k} {v}" for k, v in st["requests"].items())
+    lines = [f"model {st['model']}  up {st['uptime_s']} s  in flight {st['inflight']}  requests: {counts}",
              f"log {st['log']}", ""]  # fmt: skip
     for g, row in st.get("groups", {}).items():
         lines.append(f"group {g}: {row['ready']} ready of target {row['target']} ({row['slots']} slots)")
@@ -137,8 +139,12 @@ def format_status(st: dict[str, Any]) -> str:
     for te in st["tes"]:
         steps = " ".join(f"{k} {v:.2f}s" for k, v in te.get("boot_steps", {}).items())
         proc = f"pid {te['pid'] or '-'!s:<8}{te['process']:<9}" if procs else ""
+        reason = te.get("reason", "")
+        short = reason if len(reason) <= 60 else reason[:59] + "…"  # in full below the table
         lines.append(f"{te['te']:<8}{te['role']:<11}gen {te.get('generation', 1):<3} {te.get('state', '?'):<10}"
-                     f"{proc}{te.get('reason', '')[:60]:<62}{steps}")  # fmt: skip
+                     f"{proc}{short:<62}{steps}")  # fmt: skip
+    failures = [f"  {te['te']}: {te['reason']}" for te in st["tes"] if len(te.get("reason", "")) > 60]
+    lines += ["", "failures:", *failures] if failures else []
     lines.append("")
     head = f"{'TE':<8}{'role':<11}{'DP':>3}  {'master':<14}{'running':>8}{'waiting':>8}{'KV used':>14}{'KV %':>7}{'prefix hit':>11}"
     lines.append(head)

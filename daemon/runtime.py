@@ -220,6 +220,10 @@ class Runtime:
             raise NoCapacity("the daemon is not running")
         await self.driver.inject(dst, msg, src="ext/admin")
 
+    def link_names(self) -> list[str]:
+        """The emulated fabric's links ("s0/npu3/roce", ...): what link faults can name."""
+        return [link.name for link in build(self.cfg.cluster.topology, self.placement.servers).links]
+
     def cluster_state(self) -> Any:
         """The cluster manager's state (TEs with generation and state, groups), or None."""
         cell = self.driver.cells.get(MANAGER_ADDR) if self.driver is not None else None

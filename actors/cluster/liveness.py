@@ -27,4 +27,8 @@ def answer_heartbeat(master: Any, ctx: Context, msg: DpHeartbeat) -> None:
     step = outstanding_step(master)
     if step >= 0 and step == msg.last_step:
         return  # the loop is stuck on the same pass: no answer (the asker's timeout fires)
-    ctx.reply(DpHeartbeatAck(dp=master.cfg.dp, seq=msg.seq, step=step))
+    # A loop that moves but whose device is lost (crashed, faulted HBM) answers, saying so:
+    # the round fails at once, with the reason, rather than after the ask's timeout.
+    lost = getattr(master.state, "device_lost", "")
+    failed = f"device lost: {lost}" if lost else ""
+    ctx.reply(DpHeartbeatAck(dp=master.cfg.dp, seq=msg.seq, step=step, failed=failed))

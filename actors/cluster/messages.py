@@ -101,6 +101,7 @@ class DpHeartbeatAck(Message, frozen=True, kw_only=True):
     dp: int
     seq: int
     step: int  # the launched forward pass outstanding now (-1: none)
+    failed: str = ""  # the loop runs but cannot serve: its device is lost (why)
 
 
 class TeFailed(Message, frozen=True, kw_only=True):

@@ -73,6 +73,9 @@ class HbResponder(Actor[HbState]):
         elif isinstance(msg, DpHeartbeatAck):
             if msg.seq != st.seq or str(msg.dp) in st.answers:
                 return
+            if msg.failed:
+                self._end(ctx, False, f"{self.masters[msg.dp]}: {msg.failed}", ())
+                return
             ctx.record(HbAnswer(dp=msg.dp, step=msg.step))
             if len(self.state.answers) == len(self.masters):
                 steps = tuple(self.state.answers[str(i)] for i in range(len(self.masters)))

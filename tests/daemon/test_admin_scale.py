@@ -65,7 +65,9 @@ def test_token_scale_up_and_down(tmp_path: Path) -> None:
         assert st["groups"][GROUP] == {"target": 3, "ready": 3, "slots": 3}
 
         for args, field in ((("scale", GROUP, "9"), "size"), (("scale", "nope/colocated", "1"), "group"),
-                            (("scale", GROUP, "-1"), "size"), (("fault", "kill-te", "te/9"), "target")):  # fmt: skip
+                            (("scale", GROUP, "-1"), "size"), (("fault", "kill-te", "te/9"), "target"),
+                            (("fault", "link-down", "s0/npu0/rocee"), "target: no link"),
+                            (("fault", "hbm-fault", "hw/s0/npu0", "--region", "r0"), "region")):  # fmt: skip
             bad = cli(*args, "--admin-url", admin, "--token", TOKEN)
             assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and field in bad.stderr, (args, bad.stderr)
 
@@ -74,6 +76,8 @@ def test_token_scale_up_and_down(tmp_path: Path) -> None:
         st = wait_for(admin, lambda s: [t["state"] for t in s["tes"]] == ["ready", "stopped", "stopped"])
         assert states(st) == {"te/0": (1, "ready"), "te/1": (1, "stopped"), "te/2": (1, "stopped")}
         assert all("drained" in t["reason"] for t in st["tes"][1:])
+        gone = cli("fault", "kill-te", "te/1", "--admin-url", admin, "--token", TOKEN)  # no pod to kill
+        assert gone.returncode == 2 and "target: te/1 is stopped (scaled down); TEs: te/0" in gone.stderr
         r = httpx.post(info["url"] + "/v1/completions", json={"model": "llama3-8b", "prompt": "hi", "max_tokens": 3,
                                                               "ignore_eos": True}, timeout=30)  # fmt: skip
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3

@@ -41,6 +41,7 @@ from deepserve.actors.flowserve.master.state import (
     WAITING,
     BatchEnded,
     BatchInterrupted,
+    DeviceLost,
     MasterConfig,
     MasterState,
     Req,
@@ -64,6 +65,8 @@ from deepserve.actors.flowserve.messages import (
 from deepserve.actors.flowserve.tokens import blocks_needed, output_length
 from deepserve.actors.ports.link import LinkTransfer, LinkTransferDone, LinkTransferFailed
 from deepserve.actors.ports.npu import (
+    CRASHED,
+    HBM_FAULT,
     NpuError,
     NpuForward,
     NpuForwardDone,
@@ -75,6 +78,10 @@ from deepserve.actors.ports.npu import (
 from deepserve.core import Actor, AskFailed, Context, Event, Message
 
 COPY = "copy:"  # LinkTransfer ids of tier copies (populate, swap-out)
+
+
+# Device errors after which every forward fails until a reset (the NPU port's kinds).
+DEVICE_LOST = (CRASHED, HBM_FAULT)
 
 
 class DpMaster(Actor[MasterState]):
@@ -107,9 +114,14 @@ class DpMaster(Actor[MasterState]):
         elif isinstance(msg, CancelTask):
             self._cancel(ctx, msg)
         elif isinstance(msg, NpuError):
+            reason = f"{msg.device}: {msg.kind}: {msg.reason}"
+            if msg.kind in DEVICE_LOST and not self.state.device_lost:
+                ctx.record(DeviceLost(reason=reason))  # first: `advance` then plans nothing
             fl = self.state.in_flight
             if fl is not None and msg.req_id == f"fwd:{fl.step}":
-                self._device_failed(ctx, f"{msg.device}: {msg.kind}: {msg.reason}")
+                self._device_failed(ctx, reason)
+            if self.state.device_lost:
+                self._fail_on_lost_device(ctx)
         elif isinstance(msg, AskFailed) and msg.target == self.npu:
             self._device_failed(ctx, f"{msg.target}: no answer ({msg.reason})")
         elif isinstance(msg, DpMatchQuery):
@@ -168,6 +180,8 @@ class DpMaster(Actor[MasterState]):
         """Why the task cannot be accepted (naming the field), or None."""
         cfg, st = self.cfg, self.state
         p, B = msg.prompt, cfg.block_tokens
+        if st.device_lost:
+            return f"device lost: {st.device_lost}"
         if msg.model != cfg.model:
             return f"model: this TE serves {cfg.model!r}, not {msg.model!r}"
         if msg.task_id in st.reqs or msg.task_id in st.rtc.seqs:
@@ -206,6 +220,8 @@ class DpMaster(Actor[MasterState]):
         nothing that changed can alter the next plan) make a run end after its current pass,
         so whatever just changed is seen at the next pass boundary."""
         st = self.state
+        if st.device_lost:
+            return  # nothing runs on a lost device
         if st.deferred:
             pd.try_receive(self, ctx)  # blocks may have been freed: deferred receives first
         fl = st.in_flight
@@ -327,6 +343,15 @@ class DpMaster(Actor[MasterState]):
             if fetch is not None:
                 ctx.record(fetch)
                 self._move(ctx, fetch)
+
+    def _fail_on_lost_device(self, ctx: Context) -> None:
+        """The device is lost (`DeviceLost`): fail every task held here but those of a batch
+        still on the device (its error ends them), so the JE retries them elsewhere. New
+        tasks are refused (`check`); heartbeats say why (`liveness.answer_heartbeat`)."""
+        st = self.state
+        busy = {e.task_id for e in st.in_flight.entries} if st.in_flight is not None else set()
+        for tid in [t for t in st.reqs if t not in busy]:
+            self.end(ctx, st.reqs[tid], "failed", f"device lost: {st.device_lost}")
 
     def _device_failed(self, ctx: Context, reason: str) -> None:
         fl = self.state.in_flight

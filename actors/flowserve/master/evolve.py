@@ -16,6 +16,7 @@ from deepserve.actors.flowserve.master.state import (
     ChannelOpened,
     CorruptionArmed,
     CorruptionUsed,
+    DeviceLost,
     InFlight,
     MasterState,
     Req,
@@ -183,6 +184,8 @@ def evolve_master(st: MasterState, e: Event) -> MasterState:
         st.corrupt.append((e.task_id, e.block_index))
     elif isinstance(e, CorruptionUsed):
         del st.corrupt[e.index]
+    elif isinstance(e, DeviceLost):
+        st.device_lost = e.reason
     else:
         raise AssertionError(f"dp master: unknown event {type(e).__name__}")
     return st

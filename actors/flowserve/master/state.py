@@ -142,6 +142,9 @@ class MasterState(msgspec.Struct, kw_only=True):
     held: dict[str, KvHandle] = {}  # PD prefill side: registered transfers by transfer id
     channels: list[str] = []  # prefill masters this decode master has a DistFlow channel to
     corrupt: list[tuple[str | None, int]] = []  # armed KV corruption faults (task id, block)
+    # The NPU crashed or its HBM faulted: every forward would fail until a reset, which the
+    # TE's replacement brings (heartbeats report it; see `DeviceLost`). "" while healthy.
+    device_lost: str = ""
 
 
 # ---- events ------------------------------------------------------------------------------
@@ -183,6 +186,16 @@ class BatchLaunched(Event, frozen=True, kw_only=True):
 
 class BatchInterrupted(Event, frozen=True, kw_only=True):
     step: int
+
+
+class DeviceLost(Event, frozen=True, kw_only=True):
+    """The master's NPU answered `crashed` or `hbm_fault`: the master runs nothing more. Its
+    tasks fail (the JE retries them elsewhere), new ones are refused, and its heartbeat
+    answers say why, so the monitor declares the TE failed and the cluster manager replaces
+    it (xDeepServe §6.2, stage 2: the TE fails over alone; remapping a faulted HBM region in
+    place, stage 3, is not emulated)."""
+
+    reason: str
 
 
 class BatchEnded(Event, frozen=True, kw_only=True):

@@ -12,10 +12,11 @@ import pytest
 
 from deepserve.actors.cluster.heartbeat import HbTicked
 from deepserve.actors.cluster.state import MembershipPushed, TeDeclaredFailed
+from deepserve.actors.flowserve.master.state import DeviceLost
 from deepserve.actors.flowserve.messages import Prompt, Sampling
 from deepserve.actors.je.actor import JobExecutor
 from deepserve.actors.je.messages import JobRequest, RouteDecided, TaskStreamed
-from deepserve.actors.ports.faults import NpuHang
+from deepserve.actors.ports.faults import HbmRegionFault, NpuHang
 from deepserve.actors.workload.messages import RequestDone
 from deepserve.adapters.hardware.devices.topology import build, spawn_topology
 from deepserve.adapters.scenario.control import (
@@ -27,7 +28,7 @@ from deepserve.adapters.scenario.control import (
 )
 from deepserve.adapters.scenario.placement import place
 from deepserve.adapters.scenario.schema import Cluster, Scenario, Scheduler
-from deepserve.core import SimDriver
+from deepserve.core import Message, SimDriver
 from deepserve.core.codec import decode
 from deepserve.persistence.memory import MemoryLog, MemorySink
 from deepserve.replay import verify
@@ -38,7 +39,7 @@ MODEL = "llama3-8b"
 GROUP = f"{MODEL}/colocated"
 
 
-def build_run(seed: int = 3) -> tuple[SimDriver, list[Any]]:
+def build_run(seed: int = 3, fault: Message | None = None, until_s: float = 40.0) -> tuple[SimDriver, list[Any]]:
     sched = Scheduler(max_running=4, aggregate=False)
     cluster = Cluster(model=MODEL, tes=3, kv_block_tokens=16, scheduler=sched, npu_variance=False)
     scenario = Scenario(name="recovery", seed=seed, cluster=cluster)
@@ -57,8 +58,8 @@ def build_run(seed: int = 3) -> tuple[SimDriver, list[Any]]:
                          sampling=Sampling(max_tokens=400, target_output_tokens=400), reply_to="ext/client")
         d.inject("je/0", job, at=at, corr=f"r{i}")
     npu = placement.tes[1].npus[0]
-    d.inject(npu, NpuHang(reason="test: te/1's NPU hangs"), at=HANG_AT_S)
-    d.run(until=40.0)
+    d.inject(npu, fault or NpuHang(reason="test: te/1's NPU hangs"), at=HANG_AT_S)
+    d.run(until=until_s)
     return d, out
 
 
@@ -136,5 +137,39 @@ def test_group_is_back_to_full_strength_and_the_log_replays(run: Any) -> None:
     pushes = [e for _, e in events(d, MANAGER_ADDR, MembershipPushed)]
     assert ("te/0", "te/2") in [p.tes for p in pushes]
     assert pushes[-1].tes == ("te/0", "te/1", "te/2")
+    assert d.actor("je/0").state.groups[MODEL]["colocated"] == ["te/0", "te/1", "te/2"]
+    assert verify(MemoryLog(d.sink)).identical  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def hbm_run() -> tuple[SimDriver, list[Any]]:
+    # Longer than the hang's run: te/1's tasks all fail over at once, and queue on te/0 and te/2.
+    return build_run(fault=HbmRegionFault(region="kv"), until_s=80.0)
+
+
+def test_a_faulted_hbm_region_fails_the_te_over_at_once_with_its_reason(hbm_run: Any) -> None:
+    """An NPU whose KV region faulted fails every forward: its master stops serving
+    (`DeviceLost`), its heartbeat answers say why, and the monitor declares the TE failed
+    after MISSES such rounds, without waiting for timeouts; the replacement's NPU is reset
+    and the group serves at full strength again."""
+    d, out = hbm_run
+    lost = events(d, "te/1/dp/0", DeviceLost)
+    assert len(lost) == 1 and "hbm_fault" in lost[0][1].reason and "'kv'" in lost[0][1].reason
+    assert HANG_AT_S <= lost[0][0] < HANG_AT_S + 0.5  # at the first forward after the fault
+    ticks = events(d, MONITOR_ADDR, HbTicked)
+    failed_at = [t for t, e in ticks if "te/1" in e.failed]
+    assert len(failed_at) == 1 and failed_at[0] <= lost[0][0] + (MISSES + 1) * INTERVAL_S
+    declared = events(d, MANAGER_ADDR, TeDeclaredFailed)
+    assert [(e.te, e.generation) for _, e in declared] == [("te/1", 1)]
+    assert "device lost" in declared[0][1].reason and "hbm_fault" in declared[0][1].reason
+    assert d.actor(MANAGER_ADDR).state.tes["te/1"].generation == 2
+    done = [m for m in out if isinstance(m, RequestDone)]
+    assert len(done) == 36 and len({m.request_id for m in done}) == 36
+    # The 4 running on te/1 had streamed: they fail naming the device. Its 8 waiting tasks
+    # fail over (retried on te/0 and te/2) with the other 24: all complete.
+    failed = [m for m in done if m.status != "completed"]
+    assert len(failed) == 4 and sum(m.status == "completed" for m in done) == 32
+    for m in failed:
+        assert "after output streamed" in m.reason and "hbm_fault: HBM region 'kv'" in m.reason
     assert d.actor("je/0").state.groups[MODEL]["colocated"] == ["te/0", "te/1", "te/2"]
     assert verify(MemoryLog(d.sink)).identical  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ from fsharness import assert_replays, driver, events_of, out_to
 from fswire import REQ, hardware, master_config, task
 
 from deepserve.actors.flowserve.master.actor import DpMaster
-from deepserve.actors.flowserve.messages import TaskAccepted, TaskFinished, TaskTokens
+from deepserve.actors.flowserve.messages import TaskAccepted, TaskFinished, TaskRejected, TaskTokens
 
 M = "te/0/dp/0"
 
@@ -110,7 +110,6 @@ def test_swap_preemption_and_populate_bring_the_prefix_back_from_dram() -> None:
 
 
 def test_a_prompt_larger_than_the_pool_is_rejected_naming_the_field() -> None:
-    from deepserve.actors.flowserve.messages import TaskRejected
 
     d = run([task(0, 128 * 40, 3)], hbm_blocks=16)
     (rej,) = [m for _, m in out_to(d, REQ) if isinstance(m, TaskRejected)]
@@ -198,8 +197,14 @@ def test_a_crashed_or_hung_npu_fails_every_task_once_with_the_reason() -> None:
         d.inject(M, task(9, 400, 5), at=1.0, src=REQ)  # arrives after the fault
         d.run(until=30.0)
         ends = [m for _, m in out_to(d, REQ) if isinstance(m, TaskFinished)]
-        assert sorted(m.task_id for m in ends) == ["t0", "t1", "t2", "t3", "t9"]  # once each
+        refused = [m for _, m in out_to(d, REQ) if isinstance(m, TaskRejected)]
+        # A crashed device is known lost (`DeviceLost`): a task arriving later is refused at
+        # once, for its JE to place elsewhere. A hung one is not known lost: t9 waits and fails.
+        late = refused if isinstance(fault, NpuCrash) else ends
+        assert sorted(m.task_id for m in ends + refused) == ["t0", "t1", "t2", "t3", "t9"]  # once each
+        assert [m.task_id for m in late if m.task_id == "t9"] == ["t9"]
         assert all(m.status == "failed" and words in m.reason for m in ends), ends
+        assert all(m.reason.startswith("device lost: ") and words in m.reason for m in refused)
         assert not d.actor(M).state.reqs and not d.actor(M).state.rtc.seqs
         assert_replays(d)
 
