@@ -269,7 +269,7 @@ class AsyncDriver(InlineDelivery):
                     self._held.append((ticket, cell, outputs, now))
                 elif outputs:
                     self._stepping = True
-                    self._route(cell, outputs, now, step.outputs)
+                    self._route(cell, outputs, now)
                     self._stepping = False
             if not cell.alive and not self.outbox:
                 self._retire(cell, now)

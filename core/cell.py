@@ -387,6 +387,7 @@ def _output_record(addr: str, seq: Any, i: int, o: Out) -> OutputRec:
         name, blob = "", b""
     else:
         name, blob = type(m).__name__, _encode(m)
+        o.payload = blob
     return _OutputRec(
         addr, seq, i, o.kind, o.dst, o.msg_id, o.delay, o.key, o.corr, o.reply_to, o.ask, name, blob
     )

@@ -54,7 +54,7 @@ class Out:
     by name (about 9 reads a send; pure Python builds a Struct ~2.5x faster, but the compiled
     build is the one that runs)."""
 
-    __slots__ = ("kind", "dst", "msg", "delay", "msg_id", "corr", "reply_to", "ask", "key")
+    __slots__ = ("kind", "dst", "msg", "delay", "msg_id", "corr", "reply_to", "ask", "key", "payload")
 
     def __init__(
         self, kind: int, dst: str, msg: Any, delay: float, msg_id: int, corr: str | None,
@@ -69,6 +69,9 @@ class Out:
         self.reply_to = reply_to
         self.ask = ask
         self.key = key
+        # The message's encoding, once a logged delivery has recorded it (`cell.make_step`):
+        # the receiver's input record reuses it (a message is encoded once).
+        self.payload: bytes | None = None
 
     def __repr__(self) -> str:
         return f"Out({self.kind!r}, {self.dst!r}, {self.msg!r}, msg_id={self.msg_id})"

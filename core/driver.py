@@ -31,7 +31,6 @@ from .records import (
     SPAWN,
     TIMER,
     LogSink,
-    OutputRec,
     RunRec,
     Step,
 )
@@ -213,23 +212,20 @@ class DriverBase(abc.ABC):
                 self.escalations.append((cell.addr, event.reason))
 
     # ---- routing: one core, per-driver hooks --------------------------------
-    def _route(
-        self, cell: Cell, outputs: list[Out], t: float, recs: tuple[OutputRec, ...] | None = None
-    ) -> None:
-        """Carry out a delivery's outputs. `recs`, the logged records of them, lend
-        their encodings to the receivers' input records (a message is encoded once)."""
+    def _route(self, cell: Cell, outputs: list[Out], t: float) -> None:
+        """Carry out a delivery's outputs. A logged one's outputs carry their encodings
+        (`Out.payload`), which the receivers' input records reuse."""
         addr = cell.addr
         hlc = cell.hlc
         # Every output is a send event at t: `hlc_tick`, unrolled (`hlc_physical` inlined).
         pt = int(t * 1_000_000) << HLC_LOGICAL_BITS
-        for i, o in enumerate(outputs):
+        for o in outputs:
             hlc = pt if pt > hlc else hlc + 1
             kind = o.kind
             if kind == _SEND:  # the hot path: `_send` inlined
                 if o.ask:
                     cell.open_asks.add(o.msg_id)
-                payload = recs[i].payload if recs is not None else None
-                env = Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg, o.reply_to, o.ask, False, payload)
+                env = Envelope(addr, o.dst, o.msg_id, hlc, o.corr, o.msg, o.reply_to, o.ask, False, o.payload)
                 if o.dst.startswith(EXTERNAL_PREFIX):
                     self._to_outside(t, env)
                 else:

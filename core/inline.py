@@ -110,7 +110,7 @@ class InlineDelivery(DriverBase):
                 self._held.append((ticket, cell, outputs, now))
             elif outputs:
                 self._stepping = True
-                self._route(cell, outputs, now, step.outputs)
+                self._route(cell, outputs, now)
                 self._stepping = False
         if not cell.alive:
             if not self.outbox:

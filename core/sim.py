@@ -176,9 +176,7 @@ class SimDriver(DriverBase):
                 log_buf.append(step)  # `_log`, inlined
                 if len(log_buf) >= LOG_BATCH:
                     self._flush_log()
-                if step.outputs:
-                    self._route(cell, cell.ctx.outputs, t, step.outputs)
-            elif cell.ctx.outputs:
+            if cell.ctx.outputs:
                 self._route(cell, cell.ctx.outputs, t)
             if not cell.alive:
                 self._retire(cell, t)
