@@ -4,8 +4,9 @@
 Why: a row costs the SQLite writer ~3-8 µs to insert on a 2-core machine, and a step is
 one row per record (an input, its events and outputs), so the writer process bounded a
 logged simulation near 60-100k steps a second. A page of ~1,000 steps is one row: the
-writer copies the bytes it was sent without decoding them, and a reader turns a page
-back into `Step`s in one msgspec call.
+writer stores the bytes it was sent as they came (it decodes only the steps' input
+times, for the page's time bounds), and a reader turns a page back into `Step`s in one
+msgspec call.
 
 Each page carries a CRC-32 of its bytes, checked whenever it is read and by
 `check_integrity`: SQLite does not check what a blob holds, so a row's damaged payload

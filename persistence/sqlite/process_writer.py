@@ -2,10 +2,11 @@
 
 The thread writer (`GroupCommitSink`) builds rows and binds them to SQLite while
 holding the GIL, ~6 µs a step that the simulation cannot use, so a logged SimDriver
-runs on one core. Here the driver only buffers steps and, every `max_batch` of them,
-encodes the batch with msgpack and writes it to a pipe as one page (`pages.py`); the
-writer process (`child.py`, "write", on the other core) stores the page's bytes as
-they came, one row and one transaction per page, and acknowledges. A reader thread
+runs on one core. Here the driver only buffers steps (`append`, or a batch at a time:
+`append_many`, what `SimDriver` calls) and, every `max_batch` of them, encodes the
+batch with msgpack and writes it to a pipe as one page (`pages.py`); the writer process
+(`child.py`, "write", on the other core) finds the page's time bounds, stores its bytes
+as they came, one row and one transaction per page, and acknowledges. A reader thread
 takes the acknowledgements (it wakes once per batch). Where it is used and why pages:
 docs/decisions.md (2026-11-23, 2026-11-26 third session).
 
