@@ -71,10 +71,11 @@ def _up(args: argparse.Namespace) -> int:
 
     from .server import configure_logging, default_run_dir, serve
 
-    over = list(args.overrides)
+    over: list[Any] = list(args.overrides)
     for key, value in (("host", args.host), ("port", args.port), ("log_format", args.log_format)):
         if value is not None:
-            over.append(f"daemon.{key}={json.dumps(value)}")
+            flag = f"--{key.replace('_', '-')} {value}"
+            over.append((f"daemon.{key}={json.dumps(value)}", flag))
     args.overrides = over
     cfg = _load(args)
     run_dir = Path(args.run_dir or cfg.daemon.run_dir or default_run_dir())

@@ -79,8 +79,10 @@ def default_text() -> tuple[str, str]:
     return "configs/daemon/default.toml", res.read_text(encoding="utf-8")
 
 
-def load_config(path: str | None = None, overrides: tuple[str, ...] = ()) -> DaemonConfig:
-    """The validated config (the default file when `path` is None); errors name the key."""
+def load_config(path: str | None = None, overrides: tuple[str | tuple[str, str], ...] = ()) -> DaemonConfig:
+    """The validated config (the default file when `path` is None); errors name the key, and
+    the override that set it, if one did. An override is `KEY=VALUE` (`--set`), or
+    `(KEY=VALUE, label)` when a flag set it (`("daemon.port=9", "--port 9")`)."""
     if path is None:
         source, text = default_text()
     else:
@@ -94,31 +96,47 @@ def load_config(path: str | None = None, overrides: tuple[str, ...] = ()) -> Dae
         except UnicodeDecodeError as exc:
             raise ScenarioError(path, "", f"not UTF-8 text ({exc.reason})") from None
     doc: dict[str, Any] = parse_toml(source, text)
-    for item in overrides:
+    labels: dict[str, str] = {}  # dotted key -> the override that set it
+    for entry in overrides:
+        item, label = (entry, f"--set {entry}") if isinstance(entry, str) else entry
         key, value = parse_override(item)
-        apply_override(doc, key, value, f"--set {item}")
+        apply_override(doc, key, value, label)
+        labels[key] = label
+    try:
+        return _validated(doc)
+    except _Invalid as bad:
+        origin = next((lbl for k, lbl in labels.items()
+                       if bad.key == k or bad.key.startswith(k + ".") or k.startswith(bad.key + ".")), source)
+        raise ScenarioError(origin, bad.key, bad.problem) from None
+
+
+class _Invalid(Exception):
+    def __init__(self, key: str, problem: str) -> None:
+        self.key, self.problem = key, problem
+
+
+def _validated(doc: dict[str, Any]) -> DaemonConfig:
     try:
         cfg = msgspec.convert(doc, DaemonConfig)
     except msgspec.ValidationError as exc:
-        key, problem = _key_of(exc)
-        raise ScenarioError(source, key, problem) from None
+        raise _Invalid(*_key_of(exc)) from None
     from deepserve.adapters.hardware.models import known_models
 
     for key, problem in check(cfg.scenario(), known_models()):
-        raise ScenarioError(source, key, problem)
+        raise _Invalid(key, problem)
     if bool(cfg.pd.prefill_tes) != bool(cfg.pd.decode_tes):
-        raise ScenarioError(source, "pd.decode_tes", "a P/D pool needs both prefill_tes and decode_tes >= 1")
+        raise _Invalid("pd.decode_tes", "a P/D pool needs both prefill_tes and decode_tes >= 1")
     if cfg.cluster.mode != "colocated":
-        raise ScenarioError(source, "cluster.mode", "the daemon's [cluster] is the colocated pool; use [pd] for P/D")
+        raise _Invalid("cluster.mode", "the daemon's [cluster] is the colocated pool; use [pd] for P/D")
     pd = cfg.pd_scenario()
     if pd is not None:
         for key, problem in check(pd, known_models()):
-            raise ScenarioError(source, key.replace("cluster.", "pd.", 1), problem)
+            raise _Invalid(key.replace("cluster.", "pd.", 1), problem)
     if cfg.control.heartbeats and cfg.cluster.scheduler.aggregate:
         # an aggregated decode run is one long NPU request: its master would look stalled
-        raise ScenarioError(source, "cluster.scheduler.aggregate", "must be false while control.heartbeats is on")
+        raise _Invalid("cluster.scheduler.aggregate", "must be false while control.heartbeats is on")
     if not cfg.cluster.scheduler.stream_token_ids:
-        raise ScenarioError(source, "cluster.scheduler.stream_token_ids", "the daemon needs token ids (true)")
+        raise _Invalid("cluster.scheduler.stream_token_ids", "the daemon needs token ids (true)")
     return cfg
 
 

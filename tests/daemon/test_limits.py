@@ -67,3 +67,21 @@ def test_config_errors_name_the_key(tmp_path: Path) -> None:
     assert r.returncode == 2 and "pd.decode_tes" in r.stderr
     shown = cli("config", "show")
     assert shown.returncode == 0 and "[cluster.scheduler]" in shown.stdout and "[pd]" in shown.stdout
+
+
+def test_a_bad_value_names_where_it_came_from(tmp_path: Path) -> None:
+    """The file, the `--set` or the flag that set it: a value the file never held is not blamed
+    on the file."""
+    toml = tmp_path / "c.toml"
+    toml.write_text("[cluster]\ntes = 0\n")
+    for args, origin in (
+        (("config", "show", "--config", str(toml)), f"{toml}: cluster.tes: "),
+        (("config", "show", "--set", "cluster.tes=abc"), "--set cluster.tes=abc: cluster.tes: "),
+        (("config", "show", "--set", "nope.x=1"), "--set nope.x=1: nope: unknown key"),
+        (("config", "show", "--set", "cluster.scheduler.aggregate=true"),
+         "--set cluster.scheduler.aggregate=true: cluster.scheduler.aggregate: must be false"),
+        (("up", "--port", "99999", "--run-dir", str(tmp_path / "run")), "--port 99999: daemon.port: "),
+    ):
+        r = cli(*args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, (args, r.stderr)
+        assert r.stderr.startswith(f"deepserve: error: {origin}"), (args, r.stderr)
