@@ -83,7 +83,8 @@ async def serve(cfg: DaemonConfig, run_dir: Path, grace_s: float = 10.0, ready: 
         log.info("deepserve stopping", inflight=len(rt.streams))
         await rt.stop(grace_s)
         api.should_exit = admin.should_exit = True
-    print(f"deepserve: stopped; requests {rt.counts}; log {rt.log_path}", flush=True)
+    counts = ", ".join(f"{k} {v}" for k, v in rt.counts.items())
+    print(f"deepserve: stopped; requests: {counts}; log {rt.log_path}", flush=True)
 
 
 def default_run_dir() -> Path:
