@@ -212,7 +212,7 @@ class SimDriver(DriverBase):
             return
         try:
             many = self._append_many
-            if many is not None:
+            if many is not None and len(buf) > 1:  # (one record: `append`, the sink's fast path)
                 many(buf)
             else:
                 append = self.sink.append  # type: ignore[union-attr]
