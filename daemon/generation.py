@@ -52,6 +52,8 @@ class Generation:
         self.finish_reason: str | None = None
         self.done: RequestDone | None = None
         self.created = int(time.time())
+        # `echo` (completions): the prompt comes back before the completion, as OpenAI's does.
+        self.echo: str = req.prompt if kind == "cmpl" and getattr(req, "echo", False) else ""
 
     async def _next(self) -> Any:
         if self.pending is not None:
@@ -119,6 +121,8 @@ class Generation:
                 first = self._chunk(None, None)
                 first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
                 yield b"data: " + enc(first) + b"\n\n"
+            elif self.echo:
+                yield b"data: " + enc(self._chunk(self.echo, None)) + b"\n\n"
             async for piece in self.pieces():
                 yield b"data: " + enc(self._chunk(piece, None)) + b"\n\n"
             yield b"data: " + enc(self._chunk(None, self.finish_reason)) + b"\n\n"
@@ -148,7 +152,8 @@ class Generation:
                       "finish_reason": self.finish_reason}  # fmt: skip
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": self.text, "finish_reason": self.finish_reason, "logprobs": None}
+            choice = {"index": 0, "text": self.echo + self.text, "finish_reason": self.finish_reason,
+                      "logprobs": None}  # fmt: skip
             obj = "text_completion"
         return {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
                 "choices": [choice], "usage": self._usage()}  # fmt: skip

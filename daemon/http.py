@@ -103,6 +103,8 @@ class Frontend:
             prompt, _ids = prompt_of_text(self.tokenizer, text, self.block_tokens)
         except ValueError as exc:
             raise HttpError(400, str(exc), "invalid_request_error", "prompt") from None
+        if prompt.num_tokens < 1:
+            raise HttpError(400, "the prompt is empty: it has no tokens", "invalid_request_error", "prompt")
         if prompt.num_tokens > cfg.max_prompt_tokens:
             raise HttpError(400, f"the prompt has {prompt.num_tokens} tokens; limit {cfg.max_prompt_tokens}",
                             "invalid_request_error", "messages" if kind == "chat" else "prompt")  # fmt: skip

@@ -159,6 +159,24 @@ def test_neutral_values_of_unsupported_fields_are_accepted(daemon: dict[str, Any
     assert r.usage.completion_tokens == 3
 
 
+def test_echo_returns_the_prompt_before_the_completion(daemon: dict[str, Any]) -> None:
+    c = client(daemon)
+    kw: dict[str, Any] = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 4, "seed": 9,
+                          "extra_body": {"ignore_eos": True}}  # fmt: skip
+    plain = c.completions.create(**kw).choices[0].text
+    echoed = c.completions.create(echo=True, **kw).choices[0].text
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(echo=True, stream=True, **kw))
+    assert echoed == streamed == "Once upon a time" + plain
+
+
+def test_an_empty_prompt_is_a_400_at_once(daemon: dict[str, Any]) -> None:
+    t0 = time.perf_counter()
+    r = httpx.post(daemon["url"] + "/v1/completions", json={"model": MODEL, "prompt": "", "max_tokens": 2},
+                   timeout=10)  # fmt: skip
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    assert time.perf_counter() - t0 < 2.0  # not after the TTFT deadline
+
+
 def test_a_huge_body_is_413(daemon: dict[str, Any]) -> None:
     r = httpx.post(daemon["url"] + "/v1/completions", content=b"x" * (5 << 20), timeout=30)
     assert r.status_code == 413 and "error" in r.json()
