@@ -128,13 +128,10 @@ class SimDriver(DriverBase):
     def run(self, until: float | None = None, max_deliveries: int | None = None) -> int:
         """Deliver until the heap is empty, virtual time passes `until`, or the
         delivery budget is spent. Returns the number of deliveries made."""
-        budget = -1 if max_deliveries is None else max_deliveries
-        n = 0
         try:
-            n = self._loop(until, budget)
+            return self._loop(until, -1 if max_deliveries is None else max_deliveries)
         finally:
             self._flush_log()  # what a caller reads from the sink is complete when run returns
-        return n
 
     def _loop(self, until: float | None, budget: int) -> int:
         heap, cells, timers, sink, depth = self._heap, self.cells, self._timers, self.sink, self._depth
