@@ -4,9 +4,8 @@
 Why: a row costs the SQLite writer ~3-8 µs to insert on a 2-core machine, and a step is
 one row per record (an input, its events and outputs), so the writer process bounded a
 logged simulation near 60-100k steps a second. A page of ~1,000 steps is one row: the
-writer stores the bytes it was sent as they came (it decodes only the steps' input
-times, for the page's time bounds), and a reader turns a page back into `Step`s in one
-msgspec call.
+writer copies the bytes it was sent without decoding them, and a reader turns a page
+back into `Step`s in one msgspec call.
 
 Each page carries a CRC-32 of its bytes, checked whenever it is read and by
 `check_integrity`: SQLite does not check what a blob holds, so a row's damaged payload
@@ -14,16 +13,16 @@ goes unseen, a page's does not. What a page gives up is the per-record indexes: 
 by actor or correlation id decodes the run's pages and tests each step
 (`StepFilter.matches`); a time range skips the pages outside it (`t_first`/`t_last`).
 
-The writer's side is `sqlite/child.py` (the PAGE frame, and `page_head`: a page's step
-count and time bounds, which the writer process reads from the page's bytes); the
-readers' side is here: `page_steps`, `page_actors` and `page_snapshots`.
+Both sides live here: `page_head` (what the writer process stores beside a page's
+bytes; the frame that carries it is `sqlite/child.py`'s PAGE), and the readers'
+`page_steps`, `page_actors` and `page_snapshots`.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -31,6 +30,18 @@ from deepserve.core.records import SnapshotRec, Step
 
 from .api import StepFilter
 from .errors import LogError
+
+
+class PageHead(NamedTuple):
+    steps: int
+    t_first: float
+    t_last: float
+
+
+def page_head(steps: list[Step]) -> PageHead:
+    """The head of a page of `steps` (at least one)."""
+    ts = [s.input.t for s in steps]
+    return PageHead(len(steps), min(ts), max(ts))
 
 
 class _InputHead(msgspec.Struct, array_like=True):

@@ -11,9 +11,8 @@ it as the first frame (writer) or on stdin (reader). The parents' sides are
 A frame, either way: an 8-byte little-endian length, then the payload; its first
 byte says what it is.
 - writer (`write DATA_FD ACK_FD`): parent to child CONFIG (msgpack map), RUN (a
-  msgpack `RunRec`), PAGE (a msgpack `list[Step]`, stored as it came: one `pages`
-  row; only its steps' input times are decoded, for the row's time bounds), each
-  committed in one transaction;
+  msgpack `RunRec`), PAGE (a `PAGE_HEAD`, then a msgpack `list[Step]`, stored
+  as it came: one `pages` row, not decoded), each committed in one transaction;
   child to parent ACK (frames and steps committed so far, two little-endian u64) or
   ERROR (one line, UTF-8), after which it exits.
 - reader (`read OUT_FD`, config on stdin): child to parent STEPS (a msgpack list of
@@ -41,6 +40,7 @@ from .sql import RUN_EXISTS, MultiInsert, read_steps, transaction
 
 HEADER = struct.Struct("<Q")
 ACK_BODY = struct.Struct("<QQ")
+PAGE_HEAD = struct.Struct("<Qdd")  # a PAGE's step count, least and greatest input time
 CONFIG, RUN, STEPS, ACK, ERROR, END, PAGE = b"CRSAEZP"
 PIPE_BYTES = 1 << 20  # Linux's default limit for an unprivileged F_SETPIPE_SZ
 
@@ -75,12 +75,14 @@ class FrameEncoder:
         self.buf = bytearray(HEADER.size + 1)
         self._encode_into = msgspec.msgpack.Encoder().encode_into
 
-    def encode(self, kind: int, obj: Any) -> bytearray:
-        """The frame of `obj`."""
+    def encode(self, kind: int, obj: Any, head: bytes = b"") -> bytearray:
+        """The frame of `obj`, behind `head` (fixed-size fields of the kind) if given."""
         buf = self.buf
-        self._encode_into(obj, buf, HEADER.size + 1)
+        start = HEADER.size + 1
+        self._encode_into(obj, buf, start + len(head))
         HEADER.pack_into(buf, 0, len(buf) - HEADER.size)
         buf[HEADER.size] = kind
+        buf[start : start + len(head)] = head
         return buf
 
 
@@ -159,8 +161,8 @@ class PageWriter:
             raise ValueError(f"unknown frame kind {kind!r}")
         if self.run_id is None:
             raise ValueError("a step was appended before begin_run()")
-        body = memoryview(payload)[1:]
-        steps, t_first, t_last = page_head(body)
+        steps, t_first, t_last = PAGE_HEAD.unpack_from(payload, 1)
+        body = memoryview(payload)[1 + PAGE_HEAD.size :]
         transaction(self.conn, lambda c: self._page(c, steps, t_first, t_last, body))
         return steps
 
@@ -178,30 +180,6 @@ class PageWriter:
 
     def close(self) -> None:
         self.conn.close()
-
-
-class _InputTime(msgspec.Struct, array_like=True):
-    # `InputRec`'s first fields, as far as its time: the rest of the step is skipped.
-    actor: str
-    seq: int
-    t: float
-
-
-class _StepTime(msgspec.Struct, array_like=True):
-    input: _InputTime
-
-
-_PAGE_TIMES = msgspec.msgpack.Decoder(list[_StepTime])
-
-
-def page_head(body: memoryview | bytes) -> tuple[int, float, float]:
-    """A page's step count and least and greatest input time, from its bytes: found here,
-    on the writer's core, not by the driver (a page is ~1,000 steps, and the driver's core
-    is the simulation's). A body that is not a list of steps raises (msgspec's one line)."""
-    ts = [s.input.t for s in _PAGE_TIMES.decode(body)]
-    if not ts:
-        raise ValueError("an empty page")
-    return len(ts), min(ts), max(ts)
 
 
 class Acks:

@@ -387,10 +387,10 @@ def test_a_log_with_runs_keeps_its_indexes_while_a_process_writes(tmp_path: Path
 @pytest.mark.parametrize(
     ("record", "error"),
     [
-        # msgpack cannot encode it: the driver's side fails when the page is sent
-        (object(), "TypeError: Encoding objects of type object is unsupported"),
-        # encodable, but not a step: the writer process refuses the page, stores nothing
-        (7, "ValidationError: Expected `array`, got `int` - at `$[1]`"),
+        # neither a step nor anything msgpack encodes
+        (object(), "AttributeError: 'object' object has no attribute 'input'"),
+        # encodable, but not a step: the page's head cannot be read from it
+        (7, "AttributeError: 'int' object has no attribute 'input'"),
     ],
 )
 def test_a_record_that_is_not_a_step_is_a_log_error(
