@@ -17,7 +17,7 @@ from deepserve.actors.flowserve.messages import TaskTokens
 from deepserve.actors.workload.messages import RequestDone
 from deepserve.adapters.tokenizer import output_text
 
-from .api import usage
+from .api import error_body, usage
 from .runtime import Runtime
 
 DISCONNECT_POLL_S = 0.25
@@ -25,6 +25,10 @@ DISCONNECT_POLL_S = 0.25
 
 class Disconnected(Exception):
     pass
+
+
+class GenerationFailed(Exception):
+    """A non-streamed request that failed after its first token (the frontend's 503)."""
 
 
 async def first_item(request: Request, q: asyncio.Queue[Any], deadline_s: float) -> Any:
@@ -126,6 +130,10 @@ class Generation:
             async for piece in self.pieces():
                 yield b"data: " + enc(self._chunk(piece, None)) + b"\n\n"
             yield b"data: " + enc(self._chunk(None, self.finish_reason)) + b"\n\n"
+            failure = self.failure()
+            if failure is not None:  # cut after output: said in-band, as vLLM does (the openai
+                # client raises it as an `APIError`); the finish chunk above says "abort"
+                yield b"data: " + enc(error_body(failure, "service_unavailable", None, "503")) + b"\n\n"
             opts = self.req.stream_options
             if opts is not None and opts.include_usage:
                 final = self._chunk(None, None)
@@ -138,6 +146,15 @@ class Generation:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self.rt.cancel(self.rid, "the client disconnected"))
 
+    def failure(self) -> str | None:
+        """Why the request failed after its first output, or None (completed, or cut short
+        by a stop sequence)."""
+        d = self.done
+        if d is None or d.status == "completed" or self.finish_reason != "abort":
+            return None
+        n = self.tokens
+        return f"the request {d.status} after {n} output token{'' if n == 1 else 's'}: {d.reason}"
+
     async def collect(self, request: Request) -> dict[str, Any]:
         task = asyncio.ensure_future(self._drain())
         while not task.done():
@@ -147,6 +164,9 @@ class Generation:
                 await self.rt.cancel(self.rid, "the client disconnected")
                 raise Disconnected
         task.result()
+        failure = self.failure()
+        if failure is not None:  # nothing was sent yet: an error, not a 200 with part of a text
+            raise GenerationFailed(failure)
         if self.kind == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": self.text},
                       "finish_reason": self.finish_reason}  # fmt: skip

@@ -22,7 +22,7 @@ from deepserve.actors.workload.messages import RequestDone
 from deepserve.adapters.tokenizer import chat_text, make_tokenizer, prompt_of_text
 
 from .api import ChatRequest, CompletionRequest, error_body
-from .generation import Disconnected, Generation, first_item
+from .generation import Disconnected, Generation, GenerationFailed, first_item
 from .metrics import Metrics
 from .runtime import NoCapacity, Overloaded, Runtime
 
@@ -136,6 +136,8 @@ class Frontend:
             body = await gen.collect(request)
         except Disconnected:
             return Response(status_code=499)
+        except GenerationFailed as exc:
+            raise HttpError(503, str(exc), "service_unavailable") from None
         return JSONResponse(body, headers={"X-Request-Id": rid})
 
 

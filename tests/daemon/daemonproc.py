@@ -43,8 +43,9 @@ def stop_daemon(proc: subprocess.Popen[str], timeout_s: float = 30) -> str:
 
 
 async def stream_story(client: Any, model: str, i: int, max_tokens: int) -> tuple[str, str]:
-    """One streamed chat through the `openai` client: ("finished", finish_reason) or
-    ("error", "status: message") when the daemon answered with an error before any token."""
+    """One streamed chat through the `openai` client: ("finished", finish_reason),
+    ("error", "status: message") when the daemon answered with an error before any token, or
+    ("aborted", message) when the stream was cut after output (the daemon's in-band error)."""
     import openai
 
     try:
@@ -58,3 +59,5 @@ async def stream_story(client: Any, model: str, i: int, max_tokens: int) -> tupl
         return ("finished", finish)
     except openai.APIStatusError as exc:
         return ("error", f"{exc.status_code}: {exc.message}")
+    except openai.APIError as exc:  # an error event mid-stream: the client raises it
+        return ("aborted", exc.message)

@@ -1,0 +1,64 @@
+"""A request cut after its first output token says so: a non-streamed one is a 503 naming how far
+it got and why (not a 200 with part of a text), a streamed one ends with an in-band error event
+(which the `openai` client raises). Driven by a real fault: the prefill TE's RoCE link goes down,
+so a P/D request's first token comes from prefill and its KV never reaches decode."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx2 as httpx
+import openai
+from daemonproc import start_daemon, stop_daemon, stream_story
+
+from deepserve.persistence import open_log
+from deepserve.replay import verify
+
+MODEL = "llama3-8b"
+REQUESTS = 24
+
+
+async def _load(url: str) -> list[tuple[str, str]]:
+    c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+    async def plain(i: int) -> tuple[str, str]:
+        try:
+            r = await c.completions.create(model=MODEL, prompt=f"tell me {i} " * 20, max_tokens=6,
+                                           extra_body={"ignore_eos": True})  # fmt: skip
+            return ("finished", f"{r.choices[0].finish_reason} {r.usage.completion_tokens}")
+        except openai.APIStatusError as exc:
+            return ("error", f"{exc.status_code}: {exc.body['message']}")  # type: ignore[index]
+
+    try:
+        plains = await asyncio.gather(*(plain(i) for i in range(REQUESTS)))
+        streams = await asyncio.gather(*(stream_story(c, MODEL, i, 6) for i in range(REQUESTS)))
+    finally:
+        await c.close()
+    return [*plains, *streams]
+
+
+def test_a_request_cut_after_output_is_an_error_not_a_partial_success(tmp_path: Path) -> None:
+    proc, info = start_daemon(tmp_path / "run", "--set", "cluster.tes=1")
+    try:
+        st = httpx.get(info["admin_url"] + "/admin/status", timeout=10).json()
+        (prefill,) = [t for t in st["tes"] if t["role"] == "prefill"]
+        link = prefill["npus"][0].removeprefix("hw/") + "/roce"
+        r = httpx.post(info["admin_url"] + "/admin/fault", json={"kind": "link-down", "target": link}, timeout=10)
+        assert r.status_code == 200, r.text
+        results = asyncio.run(_load(info["url"]))
+    finally:
+        out = stop_daemon(proc)
+    assert proc.returncode == 0, out
+    plain, streamed = results[:REQUESTS], results[REQUESTS:]
+    cut = [why for kind, why in plain if kind == "error"]
+    aborted = [why for kind, why in streamed if kind == "aborted"]
+    assert cut and aborted, results  # the fault hit P/D requests both ways
+    for why in cut:
+        assert why.startswith("503: the request failed after 1 output token: "), why
+    for why in aborted:
+        assert why.startswith("the request failed after 1 output token: "), why
+    for kind, why in results:  # everything else ran to its end
+        assert kind in ("error", "aborted") or why in ("length 6", "length"), (kind, why)
+    with open_log(info["log"]) as log:
+        assert verify(log).identical
