@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -98,13 +99,32 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pointed_url() -> str:
+    """The admin URL of the daemon `runs/daemon.json` names (written by `deepserve up` in this
+    directory, removed at its clean stop), if that daemon still runs."""
+    pointer = Path("runs/daemon.json")
+    try:
+        info = json.loads(pointer.read_text())
+        url, pid = str(info["admin_url"]), int(info["pid"])
+    except FileNotFoundError:
+        raise CliError("no running daemon found here (no runs/daemon.json): start one with "
+                       "`deepserve up`, or pass --admin-url") from None  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise CliError(f"runs/daemon.json is unreadable ({exc}); pass --admin-url") from None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        raise CliError(f"the daemon runs/daemon.json names (pid {pid}, {url}) is not running: start "
+                       "one with `deepserve up`, or pass --admin-url") from None  # fmt: skip
+    except PermissionError:
+        pass  # it runs, as another user
+    return url
+
+
 def _admin(args: argparse.Namespace, path: str, body: dict[str, Any] | None = None) -> Any:
     url = args.admin_url
     if not url:
-        pointer = Path("runs/daemon.json")
-        if not pointer.exists():
-            raise CliError("no running daemon found (runs/daemon.json); pass --admin-url")
-        url = json.loads(pointer.read_text())["admin_url"]
+        url = _pointed_url()
     req = urllib.request.Request(url.rstrip("/") + path, data=None if body is None else json.dumps(body).encode(),
                                  method="GET" if body is None else "POST")  # fmt: skip
     req.add_header("Content-Type", "application/json")

@@ -83,8 +83,16 @@ async def serve(cfg: DaemonConfig, run_dir: Path, grace_s: float = 10.0, ready: 
         log.info("deepserve stopping", inflight=len(rt.streams))
         await rt.stop(grace_s)
         api.should_exit = admin.should_exit = True
+    _drop_pointer(os.getpid())
     counts = ", ".join(f"{k} {v}" for k, v in rt.counts.items())
     print(f"deepserve: stopped; requests: {counts}; log {rt.log_path}", flush=True)
+
+
+def _drop_pointer(pid: int) -> None:
+    """Remove `runs/daemon.json` if it still names this daemon (another may have started since)."""
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        if json.loads(POINTER.read_text())["pid"] == pid:
+            POINTER.unlink()
 
 
 def default_run_dir() -> Path:

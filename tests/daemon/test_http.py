@@ -8,6 +8,7 @@ import json
 import shutil
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
@@ -258,6 +259,10 @@ def test_zz_shutdown_is_clean_and_the_log_replays(daemon: dict[str, Any]) -> Non
     out = daemon["stop"]()
     assert daemon["proc"].returncode == 0, out
     assert "stopped" in out
+    try:  # `deepserve status` no longer points at it (parallel tests' daemons may write the file)
+        assert json.loads(Path("runs/daemon.json").read_text())["pid"] != daemon["pid"]
+    except FileNotFoundError:
+        pass
     log = open_log(daemon["log"])
     try:
         assert verify(log).identical

@@ -85,3 +85,18 @@ def test_a_bad_value_names_where_it_came_from(tmp_path: Path) -> None:
         r = cli(*args)
         assert r.returncode == 2 and r.stderr.count("\n") == 1, (args, r.stderr)
         assert r.stderr.startswith(f"deepserve: error: {origin}"), (args, r.stderr)
+
+
+def test_status_without_a_running_daemon_says_so(tmp_path: Path) -> None:
+    def status() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "deepserve", "status"], capture_output=True, text=True,
+                              timeout=60, cwd=tmp_path)  # fmt: skip
+
+    r = status()
+    assert r.returncode == 2 and "no running daemon found here (no runs/daemon.json)" in r.stderr
+    (tmp_path / "runs").mkdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / "runs" / "daemon.json").write_text(f'{{"admin_url": "http://127.0.0.1:9", "pid": {gone.stdout}}}')
+    r = status()  # a pointer left by a daemon that is gone (killed: a clean stop removes it)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"(pid {int(gone.stdout)}, http://127.0.0.1:9) is not running" in r.stderr
