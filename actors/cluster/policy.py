@@ -191,7 +191,8 @@ def heartbeat_tick(watched: dict[str, Watched], misses_limit: int, interval_s: f
             why = w.reason or f"no answer within {interval_s:g}s"
             missed.append((te, n, why))
             if n >= misses_limit:
-                failed.append((te, w.generation, f"{n} heartbeats missed in a row (last: {why})"))
+                said = "1 heartbeat missed" if n == 1 else f"{n} heartbeats missed in a row"
+                failed.append((te, w.generation, f"{said} (last: {why})"))
                 continue
         ping.append(te)
     return TickOutcome(tuple(missed), tuple(failed), tuple(ping))

@@ -111,7 +111,7 @@ def test_heartbeat_tick_counts_consecutive_misses_and_declares_at_the_limit() ->
     assert out.failed == (("te/1", 2, "3 heartbeats missed in a row (last: te/1/dp/0 did not answer the heartbeat: "
                                      "timeout after 0.5s)"),) and out.ping == ("te/0", "te/2")  # fmt: skip
     silent = {"te/5": P.Watched(generation=1, sent=1)}
-    assert P.heartbeat_tick(silent, 1, 0.25).failed == (("te/5", 1, "1 heartbeats missed in a row (last: no answer "
+    assert P.heartbeat_tick(silent, 1, 0.25).failed == (("te/5", 1, "1 heartbeat missed (last: no answer "
                                                                     "within 0.25s)"),)  # fmt: skip
 
 
