@@ -171,8 +171,9 @@ def format_status(st: dict[str, Any]) -> str:
     lines.append(head)
     for te in st["tes"]:
         for i, dp in enumerate(te["dps"]):
-            if not dp.get("alive"):
-                lines.append(f"{te['te']:<8}{te['role']:<11}{i:>3}  {dp['master']:<14}{'dead':>8}")
+            if not dp.get("alive") or dp.get("device_lost"):
+                what = "device lost" if dp.get("alive") else "dead"
+                lines.append(f"{te['te']:<8}{te['role']:<11}{i:>3}  {dp['master']:<14}{what:>8}")
                 continue
             total = dp["kv_blocks_total"] or 1
             hit = dp["cached_prompt_tokens"] / dp["prompt_tokens"] if dp["prompt_tokens"] else 0.0

@@ -8,6 +8,8 @@
 - Decode: exclude groups at their batch limit (running + already dispatched), then pick the
   lowest KV usage counting the space reserved for long outputs.
 - Round-robin, the baseline.
+- A group whose device is lost (`DpLoad.device_lost`) is picked by neither of the first two
+  unless every group is lost (it refuses the request then, and its TE is failed over).
 
 Each policy updates its local view as it assigns, so a burst spreads instead of piling onto the
 group that looked best before the burst.
@@ -35,7 +37,7 @@ class Pending(msgspec.Struct, frozen=True):
 
 
 class _View:
-    __slots__ = ("prefill_tokens", "seqs", "max_seqs", "used", "total")
+    __slots__ = ("prefill_tokens", "seqs", "max_seqs", "used", "total", "lost")
 
     def __init__(self, load: DpLoad) -> None:
         self.prefill_tokens = load.prefill_tokens_waiting
@@ -43,6 +45,7 @@ class _View:
         self.max_seqs = load.max_num_seqs or 1 << 30
         self.used = load.kv_blocks_used + load.kv_blocks_reserved
         self.total = max(load.kv_blocks_total, 1)
+        self.lost = bool(load.device_lost)  # chosen only when every group is lost
 
 
 def assign(
@@ -71,16 +74,17 @@ def assign(
 
 
 def _prefill_pick(views: list[_View], p: Pending, block_tokens: int) -> int:
-    def cost(g: int) -> tuple[float, float, int]:
+    def cost(g: int) -> tuple[bool, float, float, int]:
         v = views[g]
         uncached = max(0, p.num_tokens - p.hit_blocks[g] * block_tokens)
-        return (v.prefill_tokens + uncached, v.used / v.total, g)
+        return (v.lost, v.prefill_tokens + uncached, v.used / v.total, g)
 
     return min(range(len(views)), key=cost)
 
 
 def _decode_pick(views: list[_View], p: Pending, block_tokens: int) -> int:
-    open_ = [g for g, v in enumerate(views) if v.seqs < v.max_seqs] or list(range(len(views)))
+    live = [g for g, v in enumerate(views) if not v.lost] or list(range(len(views)))
+    open_ = [g for g in live if views[g].seqs < views[g].max_seqs] or live
     return min(open_, key=lambda g: (views[g].used / views[g].total, g))
 
 

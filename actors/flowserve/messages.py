@@ -140,6 +140,7 @@ class DpLoad(msgspec.Struct, frozen=True, kw_only=True):
     cached_prompt_tokens: int
     prefill_tokens_waiting: int = 0  # prompt tokens still to compute (queued + partial)
     max_num_seqs: int = 0
+    device_lost: str = ""  # its NPU crashed or faulted (`DeviceLost`): it takes no requests
 
 
 class RegisterTe(Message, frozen=True, kw_only=True):

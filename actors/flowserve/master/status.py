@@ -31,5 +31,5 @@ def dp_load(st: MasterState, cfg: MasterConfig) -> DpLoad:
         prefill_tokens_waiting=sum(
             max(0, r.task.prompt.num_tokens - r.num_computed) for r in st.reqs.values()
         ),
-        max_num_seqs=cfg.max_num_seqs,
+        max_num_seqs=cfg.max_num_seqs, device_lost=st.device_lost,
     )  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 from fsharness import assert_replays, driver, out_to
 from fswire import MODEL, REQ, hardware, master_config, task
 from hypothesis import given
@@ -50,6 +51,16 @@ def test_decode_policy_excludes_full_groups_then_lowest_kv_with_reservations() -
     picks = assign(loads, [Pending(256, 128, (0, 0, 0), decode=True)], 128, "collaborative")
     assert picks == [2]  # group 0 is at its batch limit; group 1's reservations make it fuller
     assert assign(loads, [Pending(1, 1, (0, 0, 0))] * 4, 128, "round_robin", rr_next=2) == [2, 0, 1, 2]
+
+
+def test_a_group_whose_device_is_lost_gets_nothing_while_another_can_take_it() -> None:
+    lost = msgspec.structs.replace(_load(0), device_lost="hw/s0/npu0: hbm_fault: HBM region 'kv' is faulted")
+    # group 0 holds every prefix block and is idle, group 1 is busy: the live group still wins
+    assert assign([lost, _load(1, prefill=5000)], [Pending(1024, 10, (8, 0))] * 3, 128, "collaborative") == [1, 1, 1]
+    # decode: group 1 at its batch limit is still preferred to a lost group
+    assert assign([lost, _load(1, running=8)], [Pending(256, 128, (0, 0), decode=True)], 128, "collaborative") == [1]
+    # every group lost: one is picked all the same (its master refuses, naming the device)
+    assert assign([lost, lost], [Pending(256, 128, (0, 0))], 128, "collaborative") == [0]
 
 
 @given(st.lists(st.integers(1, 4000), min_size=1, max_size=40), st.integers(1, 5))
