@@ -306,17 +306,7 @@ def output_records(cell: Cell, outputs: list[Out]) -> tuple[OutputRec, ...]:
     if not outputs:
         return ()
     addr, seq = cell.addr, cell.seq
-    recs = []
-    for i, o in enumerate(outputs):
-        msg = o.msg
-        name, payload = ("", b"") if msg is None else (type(msg).__name__, encode(msg))
-        recs.append(
-            OutputRec(
-                addr, seq, i, o.kind, o.dst, o.msg_id, o.delay, o.key, o.corr, o.reply_to,
-                o.ask, name, payload,
-            )
-        )
-    return tuple(recs)
+    return tuple([_output_record(addr, seq, i, o) for i, o in enumerate(outputs)])
 
 
 def snapshot_record(cell: Cell) -> SnapshotRec:
@@ -372,7 +362,7 @@ def make_step(cell: Cell, env: Envelope, now: float, snapshot: bool) -> Step:
     elif len(outputs) == 1:  # the common case, without a list to build and drop
         outs = (_output_record(addr, seq, 0, outputs[0]),)
     else:
-        outs = tuple([_output_record(addr, seq, i, o) for i, o in enumerate(outputs)])
+        outs = output_records(cell, outputs)
     return _Step(
         inp,
         event_records(cell, events) if events else (),
@@ -382,6 +372,8 @@ def make_step(cell: Cell, env: Envelope, now: float, snapshot: bool) -> Step:
 
 
 def _output_record(addr: str, seq: Any, i: int, o: Out) -> OutputRec:
+    """Output `i` of a delivery, as logged and as replay rebuilds it; its encoding stays on
+    `o` for the receiver's input record (`Out.payload`)."""
     m = o.msg
     if m is None:
         name, blob = "", b""

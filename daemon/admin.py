@@ -20,7 +20,7 @@ from deepserve.adapters.scenario.control import MANAGER_ADDR, PODS_ADDR
 from .api import error_body
 from .logquery import LogQueries
 from .metrics import Metrics
-from .runtime import Runtime
+from .runtime import Runtime, te_index
 
 FABRIC = "hw/fabric"
 HBM_REGIONS = DEFAULT_REGIONS  # what a TE allocates ("weights", "kv"): a fault elsewhere hits nothing
@@ -81,17 +81,13 @@ def _check_launched(rt: Runtime, te: str) -> None:
     A spare slot never launched, or a TE stopped by a scale-down, has no pod to kill."""
     cm = rt.cluster_state()
     launched = cm.tes if cm is not None else {}
-    live = sorted((t for t, r in launched.items() if r.state != "stopped"), key=_te_index)
+    live = sorted((t for t, r in launched.items() if r.state != "stopped"), key=te_index)
     if te not in launched:
         spare = any(s.te == te for s in rt.slots)
         what = f"{te!r} is a spare slot, never launched" if spare else f"no TE {te!r}"
         raise ValueError(f"target: {what}; TEs: {', '.join(live)}")
     if launched[te].state == "stopped":
         raise ValueError(f"target: {te} is stopped (scaled down); TEs: {', '.join(live)}")
-
-
-def _te_index(te: str) -> int:
-    return int(te.rpartition("/")[2])
 
 
 def create_admin_app(rt: Runtime, metrics: Metrics, token: str) -> FastAPI:

@@ -86,6 +86,11 @@ def daemon_slots(cfg: DaemonConfig, placement: Placement, pd_tes: set[str]) -> t
     return slots, groups
 
 
+def te_index(te: str) -> int:
+    """`te/12` -> 12: TEs listed in their numeric order."""
+    return int(te.rpartition("/")[2])
+
+
 class Runtime:
     def __init__(self, cfg: DaemonConfig, run_dir: Path) -> None:
         self.cfg = cfg
@@ -235,7 +240,7 @@ class Runtime:
         cm = self.cluster_state()
         slots = {s.te: s for s in self.slots}
         rows = []
-        for te in sorted(cm.tes if cm is not None else {}, key=lambda a: int(a.rpartition("/")[2])):
+        for te in sorted(cm.tes if cm is not None else {}, key=te_index):
             r, slot = cm.tes[te], slots[te]
             dps = []
             for i in range(slot.dp_groups if r.state not in ("stopped", "failed") else 0):

@@ -29,6 +29,6 @@ def answer_heartbeat(master: Any, ctx: Context, msg: DpHeartbeat) -> None:
         return  # the loop is stuck on the same pass: no answer (the asker's timeout fires)
     # A loop that moves but whose device is lost (crashed, faulted HBM) answers, saying so:
     # the round fails at once, with the reason, rather than after the ask's timeout.
-    lost = getattr(master.state, "device_lost", "")
+    lost = master.state.device_lost
     failed = f"device lost: {lost}" if lost else ""
     ctx.reply(DpHeartbeatAck(dp=master.cfg.dp, seq=msg.seq, step=step, failed=failed))

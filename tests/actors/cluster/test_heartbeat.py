@@ -93,7 +93,7 @@ class FakeCtx:
 
 def master(step: int | None, launched: bool = True) -> Any:
     fl = None if step is None else SimpleNamespace(step=step, launched=launched)
-    return SimpleNamespace(state=SimpleNamespace(in_flight=fl), cfg=SimpleNamespace(dp=2))
+    return SimpleNamespace(state=SimpleNamespace(in_flight=fl, device_lost=""), cfg=SimpleNamespace(dp=2))
 
 
 def test_a_master_is_silent_only_while_the_same_pass_stays_outstanding() -> None:
