@@ -33,7 +33,7 @@ from types import ModuleType
 # round trips got faster (docs/decisions.md, 2026-11-26).
 GROUPS: dict[str, tuple[str, ...]] = {
     # The kernel: every delivery runs through these.
-    "kernel": ("core.codec", "core.envelope", "core.mailbox", "core.cell", "core.context",
+    "kernel": ("core.codec", "core.envelope", "core.mailbox", "core.cell", "core.steps", "core.context",
                "core.driver", "core.inline", "core.sim", "core.asyncdriver"),
 }
 COMPILED = tuple(m for modules in GROUPS.values() for m in modules)

@@ -18,7 +18,7 @@ import anyio
 import structlog
 from anyio.abc import TaskGroup
 
-from .cell import Cell, execute, make_step, settle_ask
+from .cell import Cell, execute, settle_ask
 from .context import Out, timeout_reason
 from .driver import ASK_SRC, TRANSPORT_REFUSED, AskError
 from .envelope import Envelope
@@ -26,6 +26,7 @@ from .inline import InlineDelivery, mailbox_of
 from .mailbox import Mailbox
 from .messages import HandlerFailed, Message, Stopped
 from .records import DEAD, FULL, LATE, LogSink
+from .steps import make_step
 from .transport import Transport
 
 log = structlog.get_logger("deepserve.kernel")

@@ -16,9 +16,9 @@ import msgspec
 
 from .actor import Actor, Directive
 from .address import HLC_LOGICAL_BITS
-from .classpath import class_path, load_class
+from .classpath import load_class
 from .codec import encode
-from .context import Context, Out
+from .context import Context
 from .envelope import Envelope
 from .messages import (
     AskFailed,
@@ -30,21 +30,15 @@ from .messages import (
     Stop,
     Stopped,
 )
-from .records import DELIVERED, SNAPSHOT, EventRec, InputRec, OutputRec, SnapshotRec, Step
 
 # The per-delivery path's module-level names again, as `Final`: the compiled build
 # (compiled.py) keeps those in C statics, where a plain module global costs a dict lookup
-# at every use (execute and make_step use ~10 a delivery).
+# at every use (execute uses several a delivery).
 _perf_counter: Final = perf_counter
 _Started: Final = Started
 _Stop: Final = Stop
 _AskFailed: Final = AskFailed
 _encode: Final = encode
-_InputRec: Final = InputRec
-_OutputRec: Final = OutputRec
-_EventRec: Final = EventRec
-_Step: Final = Step
-_DELIVERED: Final = int(DELIVERED)  # a plain int: msgspec encodes an IntEnum slowly
 
 STAT_FIELDS = ("handled", "failed", "handler_time_s", "mailbox_depth", "mailbox_full", "dead")
 
@@ -143,7 +137,7 @@ def _start(cell: Cell, started: Started) -> None:
     actor.on_start(cell.ctx)
 
 
-def _encode_state(cell: Cell, state: Any) -> bytes:
+def encode_state(cell: Cell, state: Any) -> bytes:
     try:
         return encode(state)
     except (TypeError, msgspec.EncodeError) as exc:
@@ -163,7 +157,7 @@ def _take_snapshot(cell: Cell) -> None:
         state = restore_state(cell)  # a fresh copy: never shared with the live state
     # Kept as an object for restarts: decoding the bytes would turn tuples into
     # lists (msgpack has one array type).
-    cell.snap = (state, type(state), _encode_state(cell, state))
+    cell.snap = (state, type(state), encode_state(cell, state))
     cell.events_since_snap = []
     cell.event_bytes_since_snap = 0
 
@@ -277,109 +271,3 @@ def _fail(cell: Cell, exc: Exception, now: float) -> None:
     cell.alive = False
     if directive is Directive.ESCALATE and cell.parent is not None:
         ctx.send(cell.parent, ChildFailed(child=cell.addr, error=error))
-
-
-# ---- turning a delivery into log records --------------------------------
-
-
-def input_record(cell: Cell, env: Envelope, now: float, kind: int = DELIVERED) -> InputRec:
-    payload = env.payload
-    if payload is None:
-        payload = env.payload = encode(env.msg)
-    return InputRec(
-        cell.addr, cell.seq, now, cell.hlc, kind, env.src, env.msg_id, env.corr,
-        env.reply_to, env.external, type(env.msg).__name__, payload, env.ask, env.hlc,
-    )
-
-
-def event_records(cell: Cell, events: list[Event]) -> tuple[EventRec, ...]:
-    if not events:
-        return ()
-    addr, seq = cell.addr, cell.seq
-    blobs = cell.ctx.event_blobs
-    if events is not cell.ctx.events or len(blobs) != len(events):
-        blobs = [_encode(e) for e in events]
-    return tuple([_EventRec(addr, seq, i, type(e).__name__, b) for i, (e, b) in enumerate(zip(events, blobs, strict=True))])
-
-
-def output_records(cell: Cell, outputs: list[Out]) -> tuple[OutputRec, ...]:
-    if not outputs:
-        return ()
-    addr, seq = cell.addr, cell.seq
-    return tuple([_output_record(addr, seq, i, o) for i, o in enumerate(outputs)])
-
-
-def snapshot_record(cell: Cell) -> SnapshotRec:
-    if cell.snap is None:
-        raise RuntimeError(f"{cell.addr}: no snapshot taken")
-    _, state_type, blob = cell.snap
-    return SnapshotRec(cell.addr, cell.seq, class_path(state_type), blob)
-
-
-def final_snapshot(cell: Cell, now: float) -> Step | None:
-    """A record of the actor's live state at run end or at its stop (input kind
-    `SNAPSHOT`, seq -1: not a delivery). Replay compares it with the fold of the
-    actor's events, so a change to `evolve` alone, or a state changed outside
-    `record`, is caught however short the run."""
-    actor = cell.actor
-    if actor is None or cell.snap is None or cell.final_seq == cell.seq:
-        return None
-    cell.final_seq = cell.seq
-    state = actor.state
-    snap = SnapshotRec(cell.addr, cell.seq, class_path(type(state)), _encode_state(cell, state))
-    rec = InputRec(
-        cell.addr, -1, now, cell.hlc, SNAPSHOT, cell.addr, 0, None, None, False, "", b"", False, 0
-    )
-    return Step(rec, (), (), snap)
-
-
-def folded_snapshot(cell: Cell) -> SnapshotRec:
-    """What the events say the state is now: replay's side of a final snapshot."""
-    state = restore_state(cell)
-    return SnapshotRec(cell.addr, cell.seq, class_path(type(state)), _encode_state(cell, state))
-
-
-def make_step(cell: Cell, env: Envelope, now: float, snapshot: bool) -> Step:
-    """The log record of the delivery `execute` just made. `input_record` and
-    `output_records`, inlined: this runs once per logged delivery."""
-    ctx = cell.ctx
-    addr = cell.addr
-    # Boxed once, shared by the input and output records (the compiled build keeps ints and
-    # floats unboxed, and would box `seq` again for every record).
-    seq: Any = cell.seq
-    msg = env.msg
-    payload = env.payload
-    if payload is None:
-        payload = env.payload = _encode(msg)
-    inp = _InputRec(
-        addr, seq, now, cell.hlc, _DELIVERED, env.src, env.msg_id, env.corr,
-        env.reply_to, env.external, type(msg).__name__, payload, env.ask, env.hlc,
-    )
-    events = ctx.events
-    outputs = ctx.outputs
-    if not outputs:
-        outs: tuple[OutputRec, ...] = ()
-    elif len(outputs) == 1:  # the common case, without a list to build and drop
-        outs = (_output_record(addr, seq, 0, outputs[0]),)
-    else:
-        outs = output_records(cell, outputs)
-    return _Step(
-        inp,
-        event_records(cell, events) if events else (),
-        outs,
-        snapshot_record(cell) if snapshot else None,
-    )
-
-
-def _output_record(addr: str, seq: Any, i: int, o: Out) -> OutputRec:
-    """Output `i` of a delivery, as logged and as replay rebuilds it; its encoding stays on
-    `o` for the receiver's input record (`Out.payload`)."""
-    m = o.msg
-    if m is None:
-        name, blob = "", b""
-    else:
-        name, blob = type(m).__name__, _encode(m)
-        o.payload = blob
-    return _OutputRec(
-        addr, seq, i, o.kind, o.dst, o.msg_id, o.delay, o.key, o.corr, o.reply_to, o.ask, name, blob
-    )

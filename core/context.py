@@ -69,7 +69,7 @@ class Out:
         self.reply_to = reply_to
         self.ask = ask
         self.key = key
-        # The message's encoding, once a logged delivery has recorded it (`cell.make_step`):
+        # The message's encoding, once a logged delivery has recorded it (`steps.make_row`):
         # the receiver's input record reuses it (a message is encoded once).
         self.payload: bytes | None = None
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from .address import EXTERNAL_PREFIX, HLC_LOGICAL_BITS, check_address, hlc_physical
-from .cell import Cell, final_snapshot, input_record
+from .cell import Cell
 from .classpath import class_path
 from .context import Out
 from .envelope import Envelope
@@ -34,6 +34,7 @@ from .records import (
     RunRec,
     Step,
 )
+from .steps import final_snapshot, input_record
 
 CODE_VERSION = "0.1.0"
 TRANSPORT_REFUSED = "transport refused"

@@ -19,11 +19,12 @@ import abc
 from collections import deque
 from typing import Any
 
-from .cell import Cell, execute, make_step, settle_ask
+from .cell import Cell, execute, settle_ask
 from .driver import DriverBase
 from .envelope import Envelope
 from .mailbox import Mailbox
 from .records import DEAD, LATE
+from .steps import make_step
 
 
 def mailbox_of(cell: Cell) -> Mailbox:

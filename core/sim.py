@@ -11,11 +11,12 @@ from collections.abc import Callable
 from heapq import heappop, heappush
 from typing import Any
 
-from .cell import execute, make_step, settle_ask
+from .cell import execute, settle_ask
 from .driver import ASK_SRC, AskError, DriverBase
 from .envelope import Envelope
 from .messages import Message, Started
-from .records import DEAD, FULL, LATE, LogSink, Step
+from .records import DEAD, FULL, LATE, LogSink, Step, StepRow
+from .steps import make_row, make_step, step_row
 
 Invariant = Callable[["SimDriver"], None]
 LOG_BATCH = 1024  # records handed to the sink at a time (a page of the process writer's)
@@ -47,10 +48,10 @@ class SimDriver(DriverBase):
         # does not make mailboxes read as full.
         self._scheduled: list[tuple[float, int, Envelope, str | None]] = []
         # Records wait here and reach the sink `LOG_BATCH` at a time, and whenever `run`
-        # returns: one call per batch instead of one per delivery (`append_many`, where
-        # the sink has it). The order is the order of the deliveries, as before.
-        self._log_buf: list[Step] = []
-        self._append_many: Callable[[list[Step]], int] | None = getattr(sink, "append_many", None)
+        # returns, in delivery order: as rows in one call per batch where the sink takes
+        # rows (`append_rows`), else as Steps, one `append` each.
+        self._log_buf: list[Any] = []
+        self._append_rows: Callable[[list[StepRow]], int] | None = getattr(sink, "append_rows", None)
 
     # ---- the outside world -------------------------------------------------
     def spawn(self, addr: str, cls: type, *, src: str = "ext/operator", **kwargs: Any) -> str:
@@ -136,6 +137,7 @@ class SimDriver(DriverBase):
     def _loop(self, until: float | None, budget: int) -> int:
         heap, cells, timers, sink, depth = self._heap, self.cells, self._timers, self.sink, self._depth
         sched, log_buf = self._scheduled, self._log_buf
+        rows = self._append_rows is not None
         invariants = self.invariants
         n = 0
         while n != budget:
@@ -168,9 +170,11 @@ class SimDriver(DriverBase):
                 self._bounce(env, t, LATE)
                 continue
             snapshot = execute(cell, env, t)
-            if sink is not None:
-                step = make_step(cell, env, t, snapshot)
-                log_buf.append(step)  # `_log`, inlined
+            if sink is not None:  # `_log`, inlined
+                if rows:
+                    log_buf.append(make_row(cell, env, t, snapshot))
+                else:
+                    log_buf.append(make_step(cell, env, t, snapshot))
                 if len(log_buf) >= LOG_BATCH:
                     self._flush_log()
             if cell.ctx.outputs:
@@ -197,7 +201,7 @@ class SimDriver(DriverBase):
     # ---- the log ---------------------------------------------------------------
     def _log(self, step: Step) -> None:
         buf = self._log_buf
-        buf.append(step)
+        buf.append(step if self._append_rows is None else step_row(step))
         if len(buf) >= LOG_BATCH:
             self._flush_log()
 
@@ -208,9 +212,9 @@ class SimDriver(DriverBase):
         if not buf:
             return
         try:
-            many = self._append_many
-            if many is not None and len(buf) > 1:  # (one record: `append`, the sink's fast path)
-                many(buf)
+            rows = self._append_rows
+            if rows is not None:
+                rows(buf)
             else:
                 append = self.sink.append  # type: ignore[union-attr]
                 for step in buf:

@@ -38,9 +38,9 @@ class PageHead(NamedTuple):
     t_last: float
 
 
-def page_head(steps: list[Step]) -> PageHead:
-    """The head of a page of `steps` (at least one)."""
-    ts = [s.input.t for s in steps]
+def page_head(steps: list[Any]) -> PageHead:
+    """The head of a page of `steps` (at least one), each a `Step` or its row."""
+    ts = [s[0][2] if type(s) is tuple else s.input.t for s in steps]
     return PageHead(len(steps), min(ts), max(ts))
 
 

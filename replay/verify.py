@@ -14,18 +14,12 @@ from typing import Any
 import msgspec
 
 from deepserve.core.actor import UnknownActorClass, load_class
-from deepserve.core.cell import (
-    Cell,
-    event_records,
-    execute,
-    folded_snapshot,
-    output_records,
-    snapshot_record,
-)
+from deepserve.core.cell import Cell, execute
 from deepserve.core.codec import DecodeError, decode
 from deepserve.core.envelope import Envelope
 from deepserve.core.messages import HandlerFailed, Started, registered
 from deepserve.core.records import SNAPSHOT, EventRec, Step
+from deepserve.core.steps import event_records, folded_snapshot, output_records, snapshot_record
 from deepserve.persistence.api import LogReader
 
 from .common import (

@@ -2,8 +2,8 @@
 
 The thread writer (`GroupCommitSink`) builds rows and binds them to SQLite while
 holding the GIL, ~6 µs a step that the simulation cannot use, so a logged SimDriver
-runs on one core. Here the driver only buffers steps (`append`, or a batch at a time:
-`append_many`, what `SimDriver` calls) and, every `max_batch` of them, encodes the
+runs on one core. Here the driver only buffers steps (`append`, or a batch of rows at a
+time: `append_rows`, what `SimDriver` calls) and, every `max_batch` of them, encodes the
 batch with msgpack and writes it to a pipe as one page (`pages.py`); the writer process
 (`child.py`, "write", on the other core) stores the page's bytes as they came, one row
 and one transaction per page, and acknowledges. A reader thread
@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from deepserve.core.records import RunRec, Step
+from deepserve.core.records import RunRec, Step, StepRow
 
 from .. import open_sinks
 from ..errors import LogError, one_line
@@ -74,7 +74,7 @@ class ProcessSink(Pressure):
         self._cond = threading.Condition(self._lock)
         self._commit_cond = self._cond
         self._init_pressure(pending, high_water)
-        self._buf: list[Step] = []
+        self._buf: list[Step | StepRow] = []  # both encode the same
         self._ok = False  # append allowed: begun, not closed, no error
         self._closing = False
         self._error: str | None = None
@@ -148,9 +148,10 @@ class ProcessSink(Pressure):
             self._ticket += 1
             return self._ticket
 
-    def append_many(self, steps: list[Step]) -> int:
-        """`append` each of `steps` in order, in one call (what `SimDriver` calls, a
-        batch at a time); returns the last ticket. Pages stay at most `max_batch` steps."""
+    def append_rows(self, steps: list[StepRow]) -> int:
+        """`append` each of `steps` (rows, `core.records.StepRow`) in order, in one call
+        (what `SimDriver` calls, a batch at a time); returns the last ticket. Pages stay at
+        most `max_batch` steps, and may mix rows and Steps: both encode the same."""
         with self._sending(), self._lock:
             if not self._ok:
                 self._raise_state()

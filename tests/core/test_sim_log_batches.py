@@ -1,5 +1,6 @@
-"""SimDriver hands its records to the sink in batches (`append_many`), in delivery
-order, and everything recorded is in the sink whenever `run` returns or raises."""
+"""SimDriver hands its records to the sink in batches of rows (`append_rows`), in delivery
+order; a row encodes byte for byte as its Step; everything recorded is in the sink whenever
+`run` returns or raises."""
 
 from __future__ import annotations
 
@@ -8,20 +9,24 @@ import pytest
 from kernel_actors import Add, Counter, Forward
 
 from deepserve.core import SimDriver
-from deepserve.core.records import MemorySink, Step
+from deepserve.core.records import MemorySink, StepRow
 from deepserve.core.sim import LOG_BATCH
+from deepserve.core.steps import step_from_row, step_row
 
 
 class BatchSink(MemorySink):
-    """A MemorySink that also takes batches, and notes each batch's size."""
+    """A MemorySink that also takes batches of rows, and keeps them as they came."""
 
     def __init__(self) -> None:
         super().__init__()
         self.batches: list[int] = []
+        self.rows: list[StepRow] = []
 
-    def append_many(self, steps: list[Step]) -> int:
-        self.batches.append(len(steps))
-        self.steps.extend(steps)
+    def append_rows(self, rows: list[StepRow]) -> int:
+        assert all(type(r) is tuple for r in rows)
+        self.batches.append(len(rows))
+        self.rows.extend(rows)
+        self.steps.extend(step_from_row(r) for r in rows)
         return len(self.steps)
 
 
@@ -42,6 +47,9 @@ def test_batches_carry_the_same_records_in_the_same_order_as_appends() -> None:
     _run(batched, 1500)
     assert len(batched.steps) > 2 * LOG_BATCH
     assert msgspec.msgpack.encode(batched.steps) == msgspec.msgpack.encode(one_by_one.steps)
+    # What the process writer stores: the rows' own encoding, the same bytes as the Steps'.
+    assert msgspec.msgpack.encode(batched.rows) == msgspec.msgpack.encode(one_by_one.steps)
+    assert batched.steps == one_by_one.steps
     *full, last = batched.batches
     assert full and all(n == LOG_BATCH for n in full) and 0 < last <= LOG_BATCH
 
@@ -71,3 +79,15 @@ def test_records_are_in_the_sink_when_the_run_raises() -> None:
     with pytest.raises(AssertionError, match="total reached 3"):
         d.run()
     assert [s.input.type for s in sink.steps] == ["Started", "Add", "Add", "Add"]
+
+
+def test_a_step_and_its_row_convert_both_ways() -> None:
+    sink = MemorySink()
+    d = _run(sink, 3)
+    d.snapshot_live()
+    snapped = [s for s in sink.steps if s.snapshot is not None]
+    assert snapped and any(s.outputs for s in sink.steps) and any(s.events for s in sink.steps)
+    for step in sink.steps:
+        row = step_row(step)
+        assert step_from_row(row) == step
+        assert msgspec.msgpack.encode(row) == msgspec.msgpack.encode(step)

@@ -17,6 +17,7 @@ import pytest
 from store_testdata import edge_steps, encoded, expected, run_rec
 
 from deepserve.core.records import InputRec, Step
+from deepserve.core.steps import step_row
 from deepserve.persistence import LogError, open_log, open_sink
 from deepserve.persistence.sqlite.process_writer import ProcessSink
 
@@ -63,7 +64,7 @@ def test_round_trip_in_many_small_batches(tmp_path: Path) -> None:
     assert _gone(sink.pid, timeout=0)  # close() waited for the process
 
 
-def test_append_many_writes_what_append_writes_in_pages_of_at_most_max_batch(
+def test_append_rows_writes_what_append_writes_in_pages_of_at_most_max_batch(
     tmp_path: Path,
 ) -> None:
     run, steps = expected(requests=300)
@@ -73,7 +74,8 @@ def test_append_many_writes_what_append_writes_in_pages_of_at_most_max_batch(
         sink.begin_run(run)
         # Uneven slices: some fill a page exactly, some cross page bounds, one is empty.
         cuts = [0, 5, 5, 69, 197, 200, 500, len(steps)]
-        tickets = [sink.append_many(steps[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
+        rows = [step_row(s) for s in steps]
+        tickets = [sink.append_rows(rows[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
         tickets.append(sink.append(steps[0]))
     assert tickets == [*cuts[1:], len(steps) + 1]
     log = open_log(p)
@@ -82,7 +84,7 @@ def test_append_many_writes_what_append_writes_in_pages_of_at_most_max_batch(
         sizes = [n for (n,) in db.execute("SELECT steps FROM pages ORDER BY id")]
     assert sum(sizes) == len(steps) + 1 and max(sizes) == 64
     with pytest.raises(LogError, match="closed"):
-        sink.append_many(steps[:1])
+        sink.append_rows(rows[:1])
 
 
 def test_flush_makes_everything_readable(tmp_path: Path) -> None:
