@@ -119,7 +119,12 @@ def output_text(token_ids: Sequence[int]) -> str:
 def prompt_of_text(tokenizer: Tokenizer, text: str, block_tokens: int) -> tuple[Prompt, list[int]]:
     """The TE's `Prompt` (token count + chain hashes of full blocks) and the token ids."""
     ids = tokenizer.encode(text)
-    return Prompt(num_tokens=len(ids), block_hashes=chain_hashes_from_tokens(ids, block_tokens)), ids
+    return prompt_of_ids(ids, block_tokens), ids
+
+
+def prompt_of_ids(ids: Sequence[int], block_tokens: int) -> Prompt:
+    """The TE's `Prompt` of a prompt given as token ids (OpenAI's token-array prompts)."""
+    return Prompt(num_tokens=len(ids), block_hashes=chain_hashes_from_tokens(ids, block_tokens))
 
 
 def chat_text(messages: Sequence[dict[str, str]]) -> str:

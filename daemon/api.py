@@ -12,6 +12,7 @@ MaxTok = Annotated[int, msgspec.Meta(ge=1)]
 Seed = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
 MAX_STOPS = 4  # OpenAI's limit
 MAX_MESSAGES = 4096
+MAX_TOKEN_ID = 1 << 32  # token ids in a prompt: any vocabulary's ids fit
 
 
 class TextPart(msgspec.Struct, tag="text", tag_field="type", forbid_unknown_fields=True):
@@ -118,11 +119,27 @@ class ChatRequest(_Common, kw_only=True):
 
 
 class CompletionRequest(_Common, kw_only=True):
-    prompt: str | list[str]
+    # OpenAI's four forms: a string, strings, token ids, lists of token ids (one prompt each).
+    prompt: str | list[str | int | list[int]]
     echo: bool = False
     logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
+
+    def prompt_input(self) -> str | list[int]:
+        """The one prompt, as text or as token ids; a ValueError says what is wrong with it."""
+        p = self.prompt
+        if isinstance(p, str):
+            return p
+        if not p:
+            raise ValueError("the prompt is an empty list")
+        if all(type(x) is int for x in p):
+            return _token_ids(p)  # type: ignore[arg-type]
+        if any(type(x) is int for x in p):
+            raise ValueError("the prompt mixes token ids with strings or lists")
+        if len(p) != 1:
+            raise ValueError(f"exactly one prompt per request, got {len(p)}")
+        return p[0] if isinstance(p[0], str) else _token_ids(p[0])  # type: ignore[arg-type]
 
     def unsupported(self) -> tuple[str, str] | None:
         if self.logprobs:
@@ -132,6 +149,15 @@ class CompletionRequest(_Common, kw_only=True):
         if self.suffix:
             return _refuse("suffix", "no fill-in-the-middle")
         return super().unsupported()
+
+
+def _token_ids(ids: list[int]) -> list[int]:
+    if not ids:
+        raise ValueError("the prompt is an empty list of token ids")
+    bad = next((t for t in ids if not 0 <= t < MAX_TOKEN_ID), None)
+    if bad is not None:
+        raise ValueError(f"token id {bad} is outside 0..{MAX_TOKEN_ID - 1}")
+    return ids
 
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""The daemon's TOML config: `[daemon]` (where it listens, logs, limits) and `[cluster]` (the
-scenario schema's `Cluster`, reused: one schema for sims and the daemon). Every field validated
-with an error naming the dotted key; `resolved()` is what `deepserve config show` prints."""
+"""The daemon's TOML config: `[daemon]` (where it listens, logs, limits), `[cluster]` (the
+scenario schema's `Cluster`, reused: one schema for sims and the daemon), `[pd]`, `[control]` and
+`[scheduling]` (the JE's routing policy). Every field validated with an error naming the dotted
+key; `resolved()` is what `deepserve config show` prints."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from deepserve.adapters.scenario.loader import (
     parse_override,
     parse_toml,
 )
+from deepserve.adapters.scenario.sched import Forwarding, Scheduling, check_scheduling
 from deepserve.adapters.scenario.schema import Cluster, Scenario, check
 
 MAX_FILE_BYTES = 1 << 20
@@ -52,11 +54,30 @@ class PdPool(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     kv_transfer: Literal["contiguous", "block"] = "contiguous"
 
 
+class DaemonScheduling(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The JE's routing (DeepServe §5): a sim scenario's `[scheduling]` without what the daemon
+    fixes itself (one JE; `daemon.max_inflight` bounds what the gateway admits)."""
+
+    policy: Literal["round_robin", "least_load", "locality", "load_aware", "pd_aware", "combined"] = "round_robin"
+    params: dict[str, int | float] = {}
+    heatmap: str = ""  # pd_aware / combined on the mixed group (`deepserve profile heatmap`)
+    predictor: str = ""  # a decode-length predictor file ("" = none)
+    max_attempts: Annotated[int, msgspec.Meta(ge=1, le=16)] = 3
+    kv_events: bool = True  # the JE mirrors the TEs' KV cache events (locality sees real caches)
+    forwarding: Forwarding = msgspec.field(default_factory=Forwarding)
+
+    def as_scenario_section(self) -> Scheduling:
+        return Scheduling(policy=self.policy, params=dict(self.params), heatmap=self.heatmap,
+                          predictor=self.predictor, max_attempts=self.max_attempts,
+                          kv_events=self.kv_events, forwarding=self.forwarding)  # fmt: skip
+
+
 class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     daemon: Daemon = msgspec.field(default_factory=Daemon)
     cluster: Cluster = msgspec.field(default_factory=Cluster)
     pd: PdPool = msgspec.field(default_factory=PdPool)
     control: ControlPlane = msgspec.field(default_factory=ControlPlane)  # manager, heartbeats, pods
+    scheduling: DaemonScheduling = msgspec.field(default_factory=DaemonScheduling)
 
     def pd_scenario(self) -> Scenario | None:
         """The P/D pool as a scenario of its own (None when there is none)."""
@@ -137,6 +158,9 @@ def _validated(doc: dict[str, Any]) -> DaemonConfig:
         raise _Invalid("cluster.scheduler.aggregate", "must be false while control.heartbeats is on")
     if not cfg.cluster.scheduler.stream_token_ids:
         raise _Invalid("cluster.scheduler.stream_token_ids", "the daemon needs token ids (true)")
+    section = msgspec.structs.replace(cfg.scenario(), scheduling=cfg.scheduling.as_scenario_section())
+    for key, problem in check_scheduling(section):
+        raise _Invalid(key, problem)
     return cfg
 
 

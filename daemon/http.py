@@ -15,11 +15,12 @@ from typing import Any
 import msgspec
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deepserve.actors.flowserve.messages import Sampling
 from deepserve.actors.flowserve.tokens import combine, model_key
 from deepserve.actors.workload.messages import RequestDone
-from deepserve.adapters.tokenizer import chat_text, make_tokenizer, prompt_of_text
+from deepserve.adapters.tokenizer import chat_text, make_tokenizer, prompt_of_ids, prompt_of_text
 
 from .api import ChatRequest, CompletionRequest, error_body
 from .generation import Disconnected, Generation, GenerationFailed, first_item
@@ -96,11 +97,16 @@ class Frontend:
         seed = req.seed if req.seed is not None else combine(model_key(rid), self.cfg.seed & ((1 << 64) - 1))
         return Sampling(max_tokens=max_tokens, seed=seed & ((1 << 64) - 1), ignore_eos=req.ignore_eos)
 
-    async def run(self, request: Request, req: Any, stops: list[str], text: str, kind: str) -> Response:
+    async def run(self, request: Request, req: Any, stops: list[str], text: str | list[int],
+                  kind: str) -> Response:  # fmt: skip
+        """Serve one request; `text` is the prompt as text, or as token ids (completions)."""
         rt, cfg = self.rt, self.cfg
         rid = rt.new_request_id(kind)
         try:
-            prompt, _ids = prompt_of_text(self.tokenizer, text, self.block_tokens)
+            if isinstance(text, str):
+                prompt, _ids = prompt_of_text(self.tokenizer, text, self.block_tokens)
+            else:
+                prompt = prompt_of_ids(text, self.block_tokens)
         except ValueError as exc:
             raise HttpError(400, str(exc), "invalid_request_error", "prompt") from None
         if prompt.num_tokens < 1:
@@ -172,14 +178,30 @@ def create_app(rt: Runtime, metrics: Metrics) -> FastAPI:
     async def _on_http_error(_r: Request, exc: HttpError) -> JSONResponse:
         return _error(exc)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_route_error(_r: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # No such path (404), or a method it does not take (405): OpenAI's error shape too.
+        type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(exc.detail), type_, None, str(exc.status_code)),
+                            exc.status_code, headers=getattr(exc, "headers", None))  # fmt: skip
+
     @app.exception_handler(Exception)
     async def _on_any(_r: Request, exc: Exception) -> JSONResponse:  # never a bare 500 page
         return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"), 500)
 
+    def model_card() -> dict[str, Any]:
+        return {"id": fe.model_name, "object": "model", "created": int(rt.started_wall), "owned_by": "deepserve"}
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": fe.model_name, "object": "model",
-                                            "created": int(rt.started_wall), "owned_by": "deepserve"}]}  # fmt: skip
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        if model_id != fe.model_name:
+            raise HttpError(404, f"the model {model_id!r} does not exist; served: {fe.model_name!r}",
+                            "not_found_error", "model")  # fmt: skip
+        return model_card()
 
     @app.post("/v1/chat/completions", openapi_extra=docs["chat"])
     async def chat(request: Request) -> Response:
@@ -190,11 +212,13 @@ def create_app(rt: Runtime, metrics: Metrics) -> FastAPI:
     @app.post("/v1/completions", openapi_extra=docs["completions"])
     async def completions(request: Request) -> Response:
         req, stops = await fe.body_of(request, CompletionRequest)
-        if isinstance(req.prompt, list):
-            if len(req.prompt) != 1:
-                raise HttpError(400, "exactly one prompt per request", "invalid_request_error", "prompt")
-            req.prompt = req.prompt[0]
-        return await fe.run(request, req, stops, req.prompt, "cmpl")
+        try:
+            prompt = req.prompt_input()
+        except ValueError as exc:
+            raise HttpError(400, str(exc), "invalid_request_error", "prompt") from None
+        # What `echo` sends back: the text, or the text of the token ids.
+        req.prompt = prompt if isinstance(prompt, str) else fe.tokenizer.decode(prompt)
+        return await fe.run(request, req, stops, prompt, "cmpl")
 
     @app.get("/health")
     async def health() -> Response:

@@ -37,7 +37,7 @@ from deepserve.adapters.scenario.control import (
     te_slot,
 )
 from deepserve.adapters.scenario.placement import Placement, place
-from deepserve.adapters.scenario.sched import Scheduling, je_config
+from deepserve.adapters.scenario.sched import je_config
 from deepserve.core.asyncdriver import AsyncDriver
 from deepserve.core.messages import Message
 from deepserve.persistence import open_sink
@@ -125,7 +125,8 @@ class Runtime:
 
     def spawn_front(self, d: AsyncDriver) -> None:
         """The JEs and the gateway (at `daemon.ingress`, the one address the frontend talks to)."""
-        je = {**je_config(Scheduling(), self.cfg.cluster.kv_block_tokens), "stream_to": STREAM_ADDR}
+        sch = self.cfg.scheduling.as_scenario_section()
+        je = {**je_config(sch, self.cfg.cluster.kv_block_tokens), "stream_to": STREAM_ADDR}
         for addr in JES:
             d.spawn(addr, JobExecutor, config=je)
         d.spawn(self.cfg.daemon.ingress, Gateway, config={"jes": list(JES),

@@ -1,4 +1,5 @@
-"""The daemon's `[control]` section: validated with an error naming the key (exit 2, one line)."""
+"""The daemon's `[control]` and `[scheduling]` sections: validated with an error naming the key
+(exit 2, one line)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import subprocess
 import sys
 
 import pytest
+
+from deepserve.adapters.scenario.loader import ScenarioError
+from deepserve.daemon.config import load_config
 
 
 @pytest.mark.parametrize(("setting", "key"), [
@@ -25,3 +29,22 @@ def test_bad_control_settings_name_the_key(setting: str, key: str) -> None:
 def test_the_resolved_config_shows_the_control_plane() -> None:
     r = subprocess.run([sys.executable, "-m", "deepserve", "config", "show"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "[control]\nheartbeats = true\nheartbeat_interval_s = 1.0\nheartbeat_misses = 3" in r.stdout
+
+
+@pytest.mark.parametrize(("setting", "says"), [
+    ("scheduling.policy=nope", "scheduling.policy: Invalid enum value 'nope'"),
+    ("scheduling.params.x=1", "scheduling.params.x: not a parameter of round_robin"),
+    ("scheduling.jes=2", "scheduling.jes: unknown key"),
+    ("scheduling.heatmap=/no/such/file", "scheduling.heatmap: cannot read /no/such/file"),
+])  # fmt: skip
+def test_bad_scheduling_settings_name_the_key(setting: str, says: str) -> None:
+    with pytest.raises(ScenarioError) as exc:
+        load_config(None, (setting,))
+    assert says in str(exc.value) and f"--set {setting}" in str(exc.value)
+
+
+def test_the_scheduling_section_reaches_the_je_config() -> None:
+    cfg = load_config(None, ("scheduling.policy=load_aware", "scheduling.params.threshold=2"))
+    sch = cfg.scheduling.as_scenario_section()
+    assert (sch.policy, sch.params, sch.jes) == ("load_aware", {"threshold": 2}, 1)
+    assert load_config().scheduling.policy == "round_robin"  # the default is unchanged

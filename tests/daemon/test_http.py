@@ -170,6 +170,51 @@ def test_echo_returns_the_prompt_before_the_completion(daemon: dict[str, Any]) -
     assert echoed == streamed == "Once upon a time" + plain
 
 
+def test_a_prompt_of_token_ids_is_served_as_those_tokens(daemon: dict[str, Any]) -> None:
+    """OpenAI's token-array prompt, flat or nested: the prompt's length is the ids' count, the
+    same ids give the same request (test_routing_policy.py: they hit the prefix cache)."""
+    c = client(daemon)
+    ids = list(range(1000, 1040))  # 40 tokens: two full KV blocks of 16
+    kw: dict[str, Any] = {"model": MODEL, "max_tokens": 3, "seed": 4, "extra_body": {"ignore_eos": True}}
+    flat = c.completions.create(prompt=ids, **kw)
+    nested = c.completions.create(prompt=[ids], **kw)
+    assert flat.usage.prompt_tokens == nested.usage.prompt_tokens == 40
+    assert flat.choices[0].text == nested.choices[0].text  # same seed, same words
+    echoed = c.completions.create(prompt=ids[:2], echo=True, **kw).choices[0].text
+    assert echoed.endswith(c.completions.create(prompt=ids[:2], **kw).choices[0].text)
+    assert len(echoed.split()) == 2 + 3  # the ids' words, then the completion's
+
+
+@pytest.mark.parametrize(
+    ("prompt", "says"),
+    [
+        ([], "empty list"),
+        ([[]], "empty list of token ids"),
+        (["a", "b"], "exactly one prompt per request, got 2"),
+        ([[1, 2], [3]], "exactly one prompt per request, got 2"),
+        ([1, "a"], "mixes token ids"),
+        ([-1, 2], "token id -1 is outside"),
+    ],
+)
+def test_bad_prompts_are_400_naming_the_prompt(daemon: dict[str, Any], prompt: Any, says: str) -> None:
+    r = httpx.post(daemon["url"] + "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 2},
+                   timeout=10)  # fmt: skip
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "prompt" and says in err["message"], err
+
+
+def test_a_model_is_retrieved_by_id_and_unknown_paths_are_error_objects(daemon: dict[str, Any]) -> None:
+    c = client(daemon)
+    assert c.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as exc:
+        c.models.retrieve("org/other-model")
+    assert exc.value.body["param"] == "model" and "org/other-model" in exc.value.body["message"]
+    for method, path, code in (("GET", "/v1/nope", 404), ("GET", "/v1/chat/completions", 405)):
+        r = httpx.request(method, daemon["url"] + path, timeout=10)
+        assert r.status_code == code and r.json()["error"]["code"] == str(code), r.text
+
+
 def test_an_empty_prompt_is_a_400_at_once(daemon: dict[str, Any]) -> None:
     t0 = time.perf_counter()
     r = httpx.post(daemon["url"] + "/v1/completions", json={"model": MODEL, "prompt": "", "max_tokens": 2},
