@@ -154,7 +154,8 @@ def format_status(st: dict[str, Any]) -> str:
     lines = [f"model {st['model']}  up {st['uptime_s']} s  in flight {st['inflight']}  requests: {counts}",
              f"log {st['log']}", ""]  # fmt: skip
     for g, row in st.get("groups", {}).items():
-        lines.append(f"group {g}: {row['ready']} ready of target {row['target']} ({row['slots']} slots)")
+        slots = f"{row['slots']} slot" + ("" if row["slots"] == 1 else "s")
+        lines.append(f"group {g}: {row['ready']} ready of target {row['target']} ({slots})")
     procs = f"{'process':<21}" if st.get("mode") == "processes" else ""  # one OS process per TE
     lines.append(f"{'TE':<8}{'role':<11}{'gen':<8}{'state':<10}{procs}{'(last) failure':<62}boot steps")
     for te in st["tes"]:
