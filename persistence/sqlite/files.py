@@ -106,9 +106,11 @@ def sqlite_engine(path: str, *, write: bool) -> Engine:
     return engine
 
 
-def prepare_sqlite(path: str, *, create: bool, upgrade: bool) -> tuple[int, int]:
+def prepare_sqlite(path: str, *, create: bool, upgrade: bool, page_bytes: int = 0) -> tuple[int, int]:
     """Check the file, create or migrate its schema; returns (version found, now).
-    A current log is only read here: readers never take the write lock."""
+    A current log is only read here: readers never take the write lock. `page_bytes`: the
+    SQLite page size of a log created here (0: SQLite's default, 4 KiB); an existing file
+    keeps its own."""
     exists = _exists(path, create)
     if exists:
         version = _run(path, False, lambda conn: stored_version(conn, path))
@@ -117,7 +119,10 @@ def prepare_sqlite(path: str, *, create: bool, upgrade: bool) -> tuple[int, int]
 
     def _setup(conn: Connection) -> tuple[int, int]:
         if not exists:  # WAL is persistent, and cannot be switched on inside a transaction
-            conn.connection.driver_connection.execute("PRAGMA journal_mode=WAL")  # type: ignore[union-attr]
+            raw: Any = conn.connection.driver_connection
+            if page_bytes:  # before the first write: it fixes the file's page size
+                raw.execute(f"PRAGMA page_size={int(page_bytes)}")
+            raw.execute("PRAGMA journal_mode=WAL")
         with conn.begin():
             return ensure_schema(conn, path, create=create, upgrade=upgrade)
 

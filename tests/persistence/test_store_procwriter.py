@@ -436,3 +436,22 @@ def test_a_filter_decodes_in_full_only_the_pages_it_selects_from(
     assert [s.input.seq for s in log.steps(since=41.5, until=58)] == list(range(42, 59))
     assert len(full) == 1 + 2  # the pages of steps 40-49 and 50-59 (time bounds skip the rest)
     assert len(list(log.steps())) == 100 and len(full) == 3 + 10
+
+
+def test_a_log_the_writer_process_creates_has_64_kib_pages_and_others_keep_theirs(tmp_path: Path) -> None:
+    paged, rows = str(tmp_path / "paged.db"), str(tmp_path / "rows.db")
+    for path, writer in ((paged, "process"), (rows, "thread")):
+        with open_sink(path, writer=writer) as sink:  # type: ignore[arg-type]
+            sink.begin_run(run_rec(writer))
+            for i in range(3):
+                sink.append(_step(i))
+    sizes = {}
+    for path in (paged, rows):
+        with sqlite3.connect(path) as db:
+            sizes[path] = db.execute("PRAGMA page_size").fetchone()[0]
+    assert sizes == {paged: 65536, rows: 4096}
+    with open_sink(rows, writer="process") as sink:  # an existing log keeps its page size
+        sink.begin_run(run_rec("later"))
+    with sqlite3.connect(rows) as db:
+        assert db.execute("PRAGMA page_size").fetchone()[0] == 4096
+    assert [s.input.seq for s in open_log(paged).steps()] == [0, 1, 2]
