@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import IntEnum
-from typing import Any, Protocol
+from typing import Protocol
 
 import msgspec
 
@@ -102,13 +102,6 @@ class Step(msgspec.Struct, array_like=True, gc=False):
     snapshot: SnapshotRec | None = None
 
 
-# A step as a *row*: `(input, events, outputs, snapshot)` with each record a plain tuple of
-# its fields in field order (`snapshot` a tuple or None). msgspec encodes a row byte for byte
-# like its `Step`, so a sink that only encodes takes rows (`append_rows`) and the driver
-# builds no Structs (core/steps.py says what that saves; `step_from_row`, `step_row` there).
-StepRow = tuple[Any, ...]
-
-
 class RunRec(msgspec.Struct, array_like=True):
     run_id: str
     mode: str  # "sim" | "daemon"
@@ -135,10 +128,12 @@ class LogSink(Protocol):
 
     def close(self) -> None: ...
 
-    # Optional, for drivers that batch their records (`SimDriver`):
-    # `append_rows(rows) -> int`, the same as `append(step_from_row(row))` on each row in
-    # order (the last ticket), in one call. It must not keep the list: the driver reuses
-    # it. A sink that only encodes its steps has it (rows encode as their steps do).
+    # Optional, for a sink that stores pages of encoded steps (`SimDriver` uses it):
+    # `page_steps` (the most steps a page holds) and `append_page(body, steps, t_first,
+    # t_last) -> int`: `steps` steps, each encoded as msgpack (a `Step`, or its row: the same
+    # bytes, core/steps.py) back to back in `body`, their input times within [t_first,
+    # t_last]; the same as `append` on each step in order (returns the last ticket). It must
+    # copy `body` before it returns.
     #
     # Optional, for designed backpressure (persistence's `PressureSink`):
     # `under_pressure` (True while the writer is behind) and `await wait_for_room()`.

@@ -15,8 +15,8 @@ from .cell import execute, settle_ask
 from .driver import ASK_SRC, AskError, DriverBase
 from .envelope import Envelope
 from .messages import Message, Started
-from .records import DEAD, FULL, LATE, LogSink, Step, StepRow
-from .steps import make_row, make_step, step_row
+from .records import DEAD, FULL, LATE, LogSink, Step
+from .steps import StepPage, make_row, make_step
 
 Invariant = Callable[["SimDriver"], None]
 LOG_BATCH = 1024  # records handed to the sink at a time (a page of the process writer's)
@@ -47,11 +47,16 @@ class SimDriver(DriverBase):
         # only when virtual time reaches them, so a whole trace injected up front
         # does not make mailboxes read as full.
         self._scheduled: list[tuple[float, int, Envelope, str | None]] = []
-        # Records wait here and reach the sink `LOG_BATCH` at a time, and whenever `run`
-        # returns, in delivery order: as rows in one call per batch where the sink takes
-        # rows (`append_rows`), else as Steps, one `append` each.
-        self._log_buf: list[Any] = []
-        self._append_rows: Callable[[list[StepRow]], int] | None = getattr(sink, "append_rows", None)
+        # Records reach the sink `LOG_BATCH` at a time (or the sink's `page_steps`), and
+        # whenever `run` returns, in delivery order: where the sink stores pages
+        # (`append_page`), encoded as they are made into one `StepPage`; else as Steps, kept
+        # here and handed over one `append` each.
+        self._log_buf: list[Step] = []
+        self._append_page: Callable[[bytearray, int, float, float], int] | None = getattr(
+            sink, "append_page", None
+        )
+        self._page: StepPage | None = None if self._append_page is None else StepPage()
+        self._page_steps = min(LOG_BATCH, int(getattr(sink, "page_steps", LOG_BATCH)))
 
     # ---- the outside world -------------------------------------------------
     def spawn(self, addr: str, cls: type, *, src: str = "ext/operator", **kwargs: Any) -> str:
@@ -136,8 +141,8 @@ class SimDriver(DriverBase):
 
     def _loop(self, until: float | None, budget: int) -> int:
         heap, cells, timers, sink, depth = self._heap, self.cells, self._timers, self.sink, self._depth
-        sched, log_buf = self._scheduled, self._log_buf
-        rows = self._append_rows is not None
+        sched, log_buf, page = self._scheduled, self._log_buf, self._page
+        page_steps = self._page_steps
         invariants = self.invariants
         n = 0
         while n != budget:
@@ -171,12 +176,13 @@ class SimDriver(DriverBase):
                 continue
             snapshot = execute(cell, env, t)
             if sink is not None:  # `_log`, inlined
-                if rows:
-                    log_buf.append(make_row(cell, env, t, snapshot))
+                if page is not None:
+                    if page.add(make_row(cell, env, t, snapshot), t) >= page_steps:
+                        self._flush_log()
                 else:
                     log_buf.append(make_step(cell, env, t, snapshot))
-                if len(log_buf) >= LOG_BATCH:
-                    self._flush_log()
+                    if len(log_buf) >= LOG_BATCH:
+                        self._flush_log()
             if cell.ctx.outputs:
                 self._route(cell, cell.ctx.outputs, t)
             if not cell.alive:
@@ -200,25 +206,34 @@ class SimDriver(DriverBase):
 
     # ---- the log ---------------------------------------------------------------
     def _log(self, step: Step) -> None:
+        page = self._page
+        if page is not None:
+            if page.add(step, step.input.t) >= self._page_steps:
+                self._flush_log()
+            return
         buf = self._log_buf
-        buf.append(step if self._append_rows is None else step_row(step))
+        buf.append(step)
         if len(buf) >= LOG_BATCH:
             self._flush_log()
 
     def _flush_log(self) -> None:
         """Hand the buffered records to the sink, in order, and empty the buffer
         (also when the sink fails: its error says what was lost)."""
+        page = self._page
+        if page is not None:
+            if page.steps:
+                try:
+                    self._append_page(page.body, page.steps, page.t_first, page.t_last)  # type: ignore[misc]
+                finally:
+                    page.clear()
+            return
         buf = self._log_buf
         if not buf:
             return
         try:
-            rows = self._append_rows
-            if rows is not None:
-                rows(buf)
-            else:
-                append = self.sink.append  # type: ignore[union-attr]
-                for step in buf:
-                    append(step)
+            append = self.sink.append  # type: ignore[union-attr]
+            for step in buf:
+                append(step)
         finally:
             buf.clear()
 

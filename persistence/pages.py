@@ -38,10 +38,20 @@ class PageHead(NamedTuple):
     t_last: float
 
 
-def page_head(steps: list[Any]) -> PageHead:
-    """The head of a page of `steps` (at least one), each a `Step` or its row."""
-    ts = [s[0][2] if type(s) is tuple else s.input.t for s in steps]
+def page_head(steps: list[Step]) -> PageHead:
+    """The head of a page of `steps` (at least one)."""
+    ts = [s.input.t for s in steps]
     return PageHead(len(steps), min(ts), max(ts))
+
+
+def array_header(n: int) -> bytes:
+    """msgpack's header of an `n`-element array (fixarray, array 16, array 32): what goes
+    before `n` steps encoded one by one to make the page `msgspec` would encode from a list."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
 
 
 class _InputHead(msgspec.Struct, array_like=True):

@@ -2,8 +2,8 @@
 
 The thread writer (`GroupCommitSink`) builds rows and binds them to SQLite while
 holding the GIL, ~6 µs a step that the simulation cannot use, so a logged SimDriver
-runs on one core. Here the driver only buffers steps (`append`, or a batch of rows at a
-time: `append_rows`, what `SimDriver` calls) and, every `max_batch` of them, encodes the
+runs on one core. Here the driver only buffers steps (`append`; `SimDriver` hands over pages
+it encoded itself, `append_page`) and, every `max_batch` of them, encodes the
 batch with msgpack and writes it to a pipe as one page (`pages.py`); the writer process
 (`child.py`, "write", on the other core) stores the page's bytes as they came, one row
 and one transaction per page, and acknowledges. A reader thread
@@ -31,11 +31,11 @@ from typing import Any
 
 import msgspec
 
-from deepserve.core.records import RunRec, Step, StepRow
+from deepserve.core.records import RunRec, Step
 
 from .. import open_sinks
 from ..errors import LogError, one_line
-from ..pages import page_head
+from ..pages import array_header, page_head
 from ..pressure import Pressure
 from . import child
 from .batch_store import process_writer_config
@@ -74,7 +74,7 @@ class ProcessSink(Pressure):
         self._cond = threading.Condition(self._lock)
         self._commit_cond = self._cond
         self._init_pressure(pending, high_water)
-        self._buf: list[Step | StepRow] = []  # both encode the same
+        self._buf: list[Step] = []
         self._ok = False  # append allowed: begun, not closed, no error
         self._closing = False
         self._error: str | None = None
@@ -148,22 +148,28 @@ class ProcessSink(Pressure):
             self._ticket += 1
             return self._ticket
 
-    def append_rows(self, steps: list[StepRow]) -> int:
-        """`append` each of `steps` (rows, `core.records.StepRow`) in order, in one call
-        (what `SimDriver` calls, a batch at a time); returns the last ticket. Pages stay at
-        most `max_batch` steps, and may mix rows and Steps: both encode the same."""
+    @property
+    def page_steps(self) -> int:
+        """The most steps a page holds (`max_batch`): what `append_page` may be given."""
+        return self._max_batch
+
+    def append_page(self, body: bytes | bytearray, steps: int, t_first: float, t_last: float) -> int:
+        """Store `steps` steps already encoded back to back (each a `Step`'s msgpack array,
+        as `core.steps.StepPage` makes them; input times within [t_first, t_last]) as one
+        page, after whatever `append` buffered; returns the last ticket. What `SimDriver`
+        calls. The body is copied before this returns."""
+        if not 0 < steps <= self._max_batch:
+            raise ValueError(f"append_page: {steps} steps; a page holds 1..{self._max_batch}")
         with self._sending(), self._lock:
             if not self._ok:
                 self._raise_state()
-            batch, i = self._max_batch, 0
-            while i < len(steps):
-                if len(self._buf) >= batch:
-                    self._note_pending()
-                    self._send_steps()
-                chunk = steps[i : i + batch - len(self._buf)]
-                self._buf.extend(chunk)
-                self._ticket += len(chunk)
-                i += len(chunk)
+            if self._buf:
+                self._note_pending()
+                self._send_steps()
+            self._wait_for_room(closing=False)
+            head = bytes((PAGE,)) + PAGE_HEAD.pack(steps, t_first, t_last) + array_header(steps)
+            self._write(child.HEADER.pack(len(head) + len(body)) + head + body)
+            self._ticket += steps
             return self._ticket
 
     @property
@@ -237,6 +243,12 @@ class ProcessSink(Pressure):
     def _send_steps(self, closing: bool = False) -> None:
         # Wait for room before taking the buffer: whoever holds the lock after the
         # wait sends everything buffered, so frames leave in append order.
+        self._wait_for_room(closing)
+        batch, self._buf = self._buf, []
+        if batch:
+            self._send_frame(PAGE, batch)
+
+    def _wait_for_room(self, closing: bool) -> None:
         since = time.perf_counter()
         blocked = False
         while self._sent - self._acked >= self._max_frames:
@@ -246,9 +258,6 @@ class ProcessSink(Pressure):
             self._cond.wait()
         if blocked:
             self._note_blocked(since)
-        batch, self._buf = self._buf, []
-        if batch:
-            self._send_frame(PAGE, batch)
 
     def _send_frame(self, kind: int, obj: Any) -> None:
         try:
@@ -259,6 +268,9 @@ class ProcessSink(Pressure):
         except Exception as exc:  # a malformed record: as the thread writer, a LogError
             self._fail(f"{self.label}: log writer failed: {type(exc).__name__}: {exc}")
             raise LogError(self._error) from None
+        self._write(data)
+
+    def _write(self, data: bytes | bytearray) -> None:
         try:
             child.write_all(self._out, data)
         except OSError as exc:

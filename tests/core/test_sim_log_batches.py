@@ -1,6 +1,6 @@
-"""SimDriver hands its records to the sink in batches of rows (`append_rows`), in delivery
-order; a row encodes byte for byte as its Step; everything recorded is in the sink whenever
-`run` returns or raises."""
+"""SimDriver hands a page-storing sink its records as pages it encoded (`append_page`), in
+delivery order, byte for byte what msgspec makes of the Steps; everything recorded is in the
+sink whenever `run` returns or raises."""
 
 from __future__ import annotations
 
@@ -9,24 +9,30 @@ import pytest
 from kernel_actors import Add, Counter, Forward
 
 from deepserve.core import SimDriver
-from deepserve.core.records import MemorySink, StepRow
+from deepserve.core.records import MemorySink, Step
 from deepserve.core.sim import LOG_BATCH
-from deepserve.core.steps import step_from_row, step_row
+from deepserve.persistence.pages import array_header
 
 
-class BatchSink(MemorySink):
-    """A MemorySink that also takes batches of rows, and keeps them as they came."""
+class PageSink(MemorySink):
+    """A MemorySink that also stores pages (`append_page`), keeping each page's bytes and
+    decoding its steps for the tests to read."""
+
+    page_steps = LOG_BATCH
 
     def __init__(self) -> None:
         super().__init__()
         self.batches: list[int] = []
-        self.rows: list[StepRow] = []
+        self.pages: list[bytes] = []
 
-    def append_rows(self, rows: list[StepRow]) -> int:
-        assert all(type(r) is tuple for r in rows)
-        self.batches.append(len(rows))
-        self.rows.extend(rows)
-        self.steps.extend(step_from_row(r) for r in rows)
+    def append_page(self, body: bytes | bytearray, steps: int, t_first: float, t_last: float) -> int:
+        page = array_header(steps) + bytes(body)
+        decoded = msgspec.msgpack.decode(page, type=list[Step])
+        assert len(decoded) == steps
+        assert (t_first, t_last) == (min(s.input.t for s in decoded), max(s.input.t for s in decoded))
+        self.batches.append(steps)
+        self.pages.append(page)
+        self.steps.extend(decoded)
         return len(self.steps)
 
 
@@ -42,20 +48,22 @@ def _run(sink: MemorySink, forwards: int) -> SimDriver:
 
 
 def test_batches_carry_the_same_records_in_the_same_order_as_appends() -> None:
-    one_by_one, batched = MemorySink(), BatchSink()
+    one_by_one, batched = MemorySink(), PageSink()
     _run(one_by_one, 1500)
     _run(batched, 1500)
     assert len(batched.steps) > 2 * LOG_BATCH
     assert msgspec.msgpack.encode(batched.steps) == msgspec.msgpack.encode(one_by_one.steps)
-    # What the process writer stores: the rows' own encoding, the same bytes as the Steps'.
-    assert msgspec.msgpack.encode(batched.rows) == msgspec.msgpack.encode(one_by_one.steps)
+    # What the process writer stores: each page is what msgspec makes of that page's Steps.
+    steps = iter(one_by_one.steps)
+    for page, n in zip(batched.pages, batched.batches, strict=True):
+        assert page == msgspec.msgpack.encode([next(steps) for _ in range(n)])
     assert batched.steps == one_by_one.steps
     *full, last = batched.batches
     assert full and all(n == LOG_BATCH for n in full) and 0 < last <= LOG_BATCH
 
 
 def test_records_are_in_the_sink_when_a_bounded_run_returns() -> None:
-    sink = BatchSink()
+    sink = PageSink()
     d = SimDriver(seed=3, sink=sink)
     d.spawn("c/0", Counter)
     d.inject("c/0", Add(2), at=1.0)
@@ -66,7 +74,7 @@ def test_records_are_in_the_sink_when_a_bounded_run_returns() -> None:
 
 
 def test_records_are_in_the_sink_when_the_run_raises() -> None:
-    sink = BatchSink()
+    sink = PageSink()
     d = SimDriver(seed=3, sink=sink)
     d.spawn("c/0", Counter)
     for i in range(5):
@@ -81,13 +89,6 @@ def test_records_are_in_the_sink_when_the_run_raises() -> None:
     assert [s.input.type for s in sink.steps] == ["Started", "Add", "Add", "Add"]
 
 
-def test_a_step_and_its_row_convert_both_ways() -> None:
-    sink = MemorySink()
-    d = _run(sink, 3)
-    d.snapshot_live()
-    snapped = [s for s in sink.steps if s.snapshot is not None]
-    assert snapped and any(s.outputs for s in sink.steps) and any(s.events for s in sink.steps)
-    for step in sink.steps:
-        row = step_row(step)
-        assert step_from_row(row) == step
-        assert msgspec.msgpack.encode(row) == msgspec.msgpack.encode(step)
+@pytest.mark.parametrize("n", [1, 15, 16, 65535, 65536])
+def test_a_page_header_is_msgpacks_own(n: int) -> None:
+    assert msgspec.msgpack.encode([None] * n) == array_header(n) + b"\xc0" * n

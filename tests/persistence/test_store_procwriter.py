@@ -17,7 +17,6 @@ import pytest
 from store_testdata import edge_steps, encoded, expected, run_rec
 
 from deepserve.core.records import InputRec, Step
-from deepserve.core.steps import step_row
 from deepserve.persistence import LogError, open_log, open_sink
 from deepserve.persistence.sqlite.process_writer import ProcessSink
 
@@ -64,27 +63,32 @@ def test_round_trip_in_many_small_batches(tmp_path: Path) -> None:
     assert _gone(sink.pid, timeout=0)  # close() waited for the process
 
 
-def test_append_rows_writes_what_append_writes_in_pages_of_at_most_max_batch(
-    tmp_path: Path,
-) -> None:
+def _page(steps: list[Step]) -> tuple[bytes, int, float, float]:
+    """`steps` as `append_page` takes them: encoded back to back, their count and time bounds."""
+    ts = [s.input.t for s in steps]
+    return b"".join(msgspec.msgpack.encode(s) for s in steps), len(steps), min(ts), max(ts)
+
+
+def test_append_page_writes_what_append_writes(tmp_path: Path) -> None:
     run, steps = expected(requests=300)
     p = str(tmp_path / "x.db")
     with open_sink(p, writer="process", max_batch=64) as sink:
-        assert isinstance(sink, ProcessSink)
+        assert isinstance(sink, ProcessSink) and sink.page_steps == 64
         sink.begin_run(run)
-        # Uneven slices: some fill a page exactly, some cross page bounds, one is empty.
-        cuts = [0, 5, 5, 69, 197, 200, 500, len(steps)]
-        rows = [step_row(s) for s in steps]
-        tickets = [sink.append_rows(rows[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
-        tickets.append(sink.append(steps[0]))
-    assert tickets == [*cuts[1:], len(steps) + 1]
+        tickets = [sink.append(s) for s in steps[:5]]  # buffered: they go before the pages
+        cuts = [5, 45, 109, 110, 174]  # pages of 40, 64 (full), 1 and 64 steps
+        tickets += [sink.append_page(*_page(steps[a:b])) for a, b in zip(cuts, cuts[1:], strict=False)]
+        tickets += [sink.append(s) for s in steps[174:]]
+        with pytest.raises(ValueError, match="a page holds 1..64"):
+            sink.append_page(*_page(steps[:65]))
+    assert tickets[:5] == [1, 2, 3, 4, 5] and tickets[5:9] == cuts[1:] and tickets[-1] == len(steps)
     log = open_log(p)
-    assert encoded(list(log.steps(run.run_id))) == encoded([*steps, steps[0]])
+    assert encoded(list(log.steps(run.run_id))) == encoded(steps)
     with sqlite3.connect(p) as db:
         sizes = [n for (n,) in db.execute("SELECT steps FROM pages ORDER BY id")]
-    assert sum(sizes) == len(steps) + 1 and max(sizes) == 64
+    assert sizes[:5] == [5, 40, 64, 1, 64] and sum(sizes) == len(steps) and max(sizes) == 64
     with pytest.raises(LogError, match="closed"):
-        sink.append_rows(rows[:1])
+        sink.append_page(*_page(steps[:1]))
 
 
 def test_flush_makes_everything_readable(tmp_path: Path) -> None:
