@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from kernel_actors import Add, Counter, Forward
+from kernel_actors import Add, AskIt, Counter, Forward
 
 from deepserve.core import SimDriver
 from deepserve.core.records import MemorySink, Step
@@ -43,6 +43,7 @@ def _run(sink: MemorySink, forwards: int) -> SimDriver:
     for i in range(forwards):
         d.inject("c/0", Forward("c/1", i), at=float(i))
     d.inject("c/1", Add(1), at=float(forwards))
+    d.inject("c/0", AskIt("c/1", 5.0), at=float(forwards))  # two outputs: the ask, its timer
     d.run()
     return d
 
@@ -58,6 +59,8 @@ def test_batches_carry_the_same_records_in_the_same_order_as_appends() -> None:
     for page, n in zip(batched.pages, batched.batches, strict=True):
         assert page == msgspec.msgpack.encode([next(steps) for _ in range(n)])
     assert batched.steps == one_by_one.steps
+    assert any(len(s.outputs) == 2 for s in batched.steps) and any(s.events for s in batched.steps)
+    assert any(s.snapshot is not None and s.input.kind == 0 for s in batched.steps)  # mid-run
     *full, last = batched.batches
     assert full and all(n == LOG_BATCH for n in full) and 0 < last <= LOG_BATCH
 
