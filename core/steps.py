@@ -2,7 +2,7 @@
 
 Built once per logged delivery, so the hot function, `make_row`, builds the step as a *row*:
 `(input, events, outputs, snapshot)` with each record a plain tuple of its fields in field
-order. msgspec encodes a row byte for byte like its `Step` (array-like Structs are arrays), so
+order (the rare snapshot stays a `SnapshotRec`). msgspec encodes a row byte for byte like its `Step` (array-like Structs are arrays), so
 for a sink that stores encoded pages (`append_page`: the process writer's) the driver encodes
 rows into a `StepPage` as they are made and builds no Structs (~1,500 of 15,400 instructions a
 logged ping-pong step, measured). `make_step` is the same record as a `Step`, for every other
@@ -162,11 +162,9 @@ def make_row(cell: Cell, env: Envelope, now: float, snapshot: bool) -> tuple[Any
         outs = (_output_row(addr, seq, 0, outputs[0]),)
     else:
         outs = tuple([_output_row(addr, seq, i, o) for i, o in enumerate(outputs)])
-    snap: tuple[Any, ...] | None = None
-    if snapshot:
-        rec = snapshot_record(cell)
-        snap = (rec.actor, rec.seq, rec.type, rec.payload)
-    return (inp, event_rows(cell, events) if events else (), outs, snap)
+    # The snapshot (rare) stays a Struct: it encodes as its row would.
+    return (inp, event_rows(cell, events) if events else (), outs,
+            snapshot_record(cell) if snapshot else None)  # fmt: skip
 
 
 def _output_row(addr: str, seq: Any, i: int, o: Out) -> tuple[Any, ...]:

@@ -164,12 +164,12 @@ class ProcessSink(Pressure):
             if not self._ok:
                 self._raise_state()
             if self._buf:
-                self._note_pending()
                 self._send_steps()
             self._wait_for_room(closing=False)
             head = bytes((PAGE,)) + PAGE_HEAD.pack(steps, t_first, t_last) + array_header(steps)
             self._write(child.HEADER.pack(len(head) + len(body)) + head + body)
             self._ticket += steps
+            self._note_pending()  # the page's steps count as pending until acknowledged
             return self._ticket
 
     @property

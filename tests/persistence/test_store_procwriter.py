@@ -459,3 +459,11 @@ def test_a_log_the_writer_process_creates_has_64_kib_pages_and_others_keep_their
     with sqlite3.connect(rows) as db:
         assert db.execute("PRAGMA page_size").fetchone()[0] == 4096
     assert [s.input.seq for s in open_log(paged).steps()] == [0, 1, 2]
+
+
+def test_pages_count_as_pending_until_acknowledged(tmp_path: Path) -> None:
+    _, steps = expected(requests=100)
+    with open_sink(str(tmp_path / "x.db"), writer="process", max_batch=64) as sink:
+        sink.begin_run(run_rec("p"))
+        sink.append_page(*_page(steps[:64]))
+        assert sink.statistics().peak_pending == 64  # the lock keeps the ack out until it is noted
