@@ -14,6 +14,7 @@ import pytest
 from zmq_child import Producer, ZcBurst, ZcItem
 
 from deepserve.adapters.zmq import Directory, EndpointError, Limits, TransportError, ZmqTransport
+from deepserve.core import Actor, Context, Message
 from deepserve.core.asyncdriver import AsyncDriver
 
 HERE = Path(__file__).parent
@@ -214,4 +215,42 @@ async def test_the_first_envelope_to_an_idle_peer_leaves_at_once_and_a_burst_bat
     finally:
         assert await transport.aclose() == []
         router.close(linger=0)
+        ctx.term()
+
+
+_SINK_GOT: list[int] = []
+
+
+class _Sink(Actor[None]):
+    def handle(self, ctx: Context, msg: Message) -> None:
+        _SINK_GOT.append(msg.n)  # type: ignore[attr-defined]
+
+
+async def test_a_foreign_frame_is_counted_and_dropped_and_delivery_goes_on(tmp_path: Path) -> None:
+    # A stray client on our port: a garbage frame, then a three-part message. Both are
+    # dropped whole (the next read starts a message), counted, and the node keeps
+    # delivering what its peers send.
+    import zmq
+
+    got = _SINK_GOT
+    got.clear()
+    rx = ZmqTransport(bind=f"ipc://{tmp_path}/rx.ipc")
+    tx = ZmqTransport(routes={"rx/": f"ipc://{tmp_path}/rx.ipc"})
+    ctx = zmq.Context()
+    stray = ctx.socket(zmq.DEALER)
+    stray.connect(f"ipc://{tmp_path}/rx.ipc")
+    try:
+        async with AsyncDriver(transport=rx) as d:
+            d.spawn("rx/0", _Sink)
+            stray.send(b"\xc1not msgpack")
+            stray.send_multipart([b"\x93\x01", b"two", b"three"])
+            await _until(lambda: rx.malformed == 2)
+            tx.attach(lambda env: None)
+            for i in range(3):
+                assert tx.send(_item(i))
+            await _until(lambda: len(got) == 3)
+            assert got == [0, 1, 2] and rx.malformed == 2 and rx.received == 3
+    finally:
+        assert await tx.aclose() == []
+        stray.close(linger=0)
         ctx.term()
