@@ -9,6 +9,7 @@ trace — becomes a `CliError`: exit 2, one line naming the file, the line or th
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from deepserve.adapters.traces import TraceError, open_trace
-from deepserve.cli.util import CliError, print_json
+from deepserve.cli.util import CliError, positive_int, print_json
 
 from .loader import ScenarioError, builtin_names, load_scenario, trace_path
 
@@ -28,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Mooncake JSONL or Azure CSV (told apart by content) instead of the scenario's")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario field, e.g. cluster.tes=8 (repeatable; validated like the file)")  # fmt: skip
+    p.add_argument("--workers", type=positive_int, default=1, metavar="N",
+                   help="split a colocated cluster by server over N processes (the same results; "
+                        "the log becomes a directory of one file per worker, default runs/<scenario>-<seed>/)")  # fmt: skip
 
 
 def handles(name: str) -> bool:
@@ -36,9 +40,7 @@ def handles(name: str) -> bool:
 
 
 def run(args: argparse.Namespace, prepare_log: Callable[[Path], None]) -> int:
-    from deepserve.persistence import open_sink
-
-    from .run import run_scenario
+    from .parallel import ParallelError, plan_partitions
 
     try:
         overrides = list(args.overrides)
@@ -46,22 +48,25 @@ def run(args: argparse.Namespace, prepare_log: Callable[[Path], None]) -> int:
             overrides.append(f"seed={args.seed}")
         scenario = load_scenario(args.scenario, overrides)
         trace = open_trace(trace_path(args.trace or scenario.workload.trace))
-    except (ScenarioError, TraceError) as exc:
+        parts = plan_partitions(scenario, args.workers)
+    except (ScenarioError, TraceError, ParallelError) as exc:
         raise CliError(str(exc)) from None
-    target = args.log or scenario.log or f"runs/{scenario.name}-{scenario.seed}.db"
+    total = args.requests or scenario.workload.requests or _count_rows(trace.path, trace.format)
+    if len(parts) > 1:
+        target, logs = _worker_logs(args, scenario, parts, prepare_log)
+    else:
+        target, logs = args.log or scenario.log or f"runs/{scenario.name}-{scenario.seed}.db", None
     sink = None
-    if target != NO_LOG:
+    if len(parts) == 1 and target != NO_LOG:
+        from deepserve.persistence import open_sink
+
         if "://" not in target:
             prepare_log(Path(target))
         sink = open_sink(target, "async", writer="process")
-    total = args.requests or scenario.workload.requests or _count_rows(trace.path, trace.format)
     bar = _progress(total, quiet=args.json)
     t0 = time.perf_counter()
     try:
-        result = run_scenario(
-            scenario, trace=trace.path, requests=args.requests or None, sink=sink,
-            on_done=(lambda _d: bar.update(1)) if bar is not None else None,
-        )  # fmt: skip
+        result = _run(scenario, trace.path, args.requests or None, parts, sink, logs, bar)
     except (ScenarioError, TraceError) as exc:
         raise CliError(str(exc)) from None
     finally:
@@ -70,7 +75,7 @@ def run(args: argparse.Namespace, prepare_log: Callable[[Path], None]) -> int:
         if sink is not None:
             sink.close()
     wall = time.perf_counter() - t0
-    out = report(scenario.name, scenario.seed, trace.path, result, wall, target)
+    out = report(scenario.name, scenario.seed, trace.path, result, wall, target, workers=len(parts))
     if args.json:
         print_json(out)
     else:
@@ -78,7 +83,50 @@ def run(args: argparse.Namespace, prepare_log: Callable[[Path], None]) -> int:
     return 0
 
 
-def report(name: str, seed: int, trace: str, result: Any, wall_s: float, log: str) -> dict[str, Any]:
+def _run(scenario: Any, trace: str, requests: int | None, parts: list[Any], sink: Any,
+         logs: list[str] | None, bar: Any) -> Any:  # fmt: skip
+    from .parallel import WorkerError, run_parallel
+    from .run import run_scenario
+
+    if len(parts) == 1:
+        return run_scenario(scenario, trace=trace, requests=requests, sink=sink,
+                            on_done=(lambda _d: bar.update(1)) if bar is not None else None)  # fmt: skip
+    try:
+        return run_parallel(scenario, parts, trace=trace, requests=requests, logs=logs,
+                            on_progress=bar.update if bar is not None else None)  # fmt: skip
+    except WorkerError as exc:
+        if exc.kind in ("TraceError", "ScenarioError"):  # the whole run's bad input, one line
+            raise CliError(str(exc)) from None
+        raise
+
+
+WORKER_LOG = re.compile(r"w\d+\.db")
+
+
+def _worker_logs(args: argparse.Namespace, scenario: Any, parts: list[Any],
+                 prepare_log: Callable[[Path], None]) -> tuple[str, list[str] | None]:  # fmt: skip
+    """The run directory of a split run and its workers' log files (fresh: a previous run's
+    worker logs in it are replaced, so that verify sees this run's files only)."""
+    from .parallel import worker_log_names
+
+    target = args.log or scenario.log or f"runs/{scenario.name}-{scenario.seed}"
+    if target == NO_LOG:
+        return target, None
+    if "://" in target or target.endswith(".db"):
+        raise CliError(f"--log {target}: a run over {len(parts)} workers writes one SQLite log per "
+                       "worker: give a directory")  # fmt: skip
+    folder = Path(target)
+    names = worker_log_names(parts)
+    prepare_log(folder / names[0])  # creates the default directory; a given one must exist
+    if folder.is_dir():
+        for old in sorted(folder.iterdir()):
+            if WORKER_LOG.fullmatch(old.name) and old.name != names[0]:
+                prepare_log(old)
+    return target, [str(folder / n) for n in names]
+
+
+def report(name: str, seed: int, trace: str, result: Any, wall_s: float, log: str,
+           workers: int = 1) -> dict[str, Any]:  # fmt: skip
     s = result.summary
     out: dict[str, Any] = {"scenario": name, "seed": seed, "trace": trace}
     out.update({k: s[k] for k in ("requests", "completed", "failed", "cancelled")})
@@ -90,6 +138,7 @@ def report(name: str, seed: int, trace: str, result: Any, wall_s: float, log: st
     out["deliveries"] = result.deliveries
     out["wall_s"] = round(wall_s, 3)
     out["sim_requests_per_wall_s"] = round(s["requests"] / wall_s, 1) if wall_s > 0 else 0.0
+    out["workers"] = workers
     out["log"] = log
     return out
 
@@ -122,7 +171,8 @@ def _print(out: dict[str, Any]) -> None:
         ("prefix hit rate", f"{out['prefix_hit_rate']:.3f} (cached prompt tokens / prompt tokens)"),
         ("throughput", f"{out['throughput_rps']:.2f} req/s, {out['output_tokens_per_s']:.0f} output tok/s "
                        f"over {out['duration_s']:.1f} virtual s"),
-        ("wall", f"{out['wall_s']:.2f} s ({out['sim_requests_per_wall_s']:.0f} simulated requests per wall s)"),
+        ("wall", f"{out['wall_s']:.2f} s ({out['sim_requests_per_wall_s']:.0f} simulated requests per wall s"
+                 f"{', ' + str(out['workers']) + ' workers' if out['workers'] > 1 else ''})"),
     ]  # fmt: skip
     for reason, n in out["failure_reasons"].items():
         rows.append(("failed", f"{n} x {reason}"))

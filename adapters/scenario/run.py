@@ -46,20 +46,30 @@ class RunResult(msgspec.Struct, kw_only=True):
     workload: dict[str, int]  # the workload actor's counters (arrived, completed, ...)
 
 
-def arrivals(scenario: Scenario, trace: str | None, requests: int | None) -> Iterator[tuple[float, Arrive]]:
-    """(time, Arrive) for each request of the trace, scaled by `rps_scale`, first `requests`."""
+def arrivals(
+    scenario: Scenario, trace: str | None, requests: int | None,
+    select: Callable[[int], bool] | None = None,
+) -> Iterator[tuple[float, Arrive | None]]:  # fmt: skip
+    """(time, Arrive) for each request of the trace, scaled by `rps_scale`, first `requests`.
+    With `select` (a partition's filter on the request's 0-based position), a request it does
+    not select comes as (time, None): it still counts towards the injection windows, so that
+    every partition injects at the same points of the trace as the whole run does."""
     w, c = scenario.workload, scenario.cluster
     limit = requests if requests is not None else (w.requests or None)
     source = open_trace(trace_path(trace or w.trace))
     req: TraceRequest
-    for req in source.head(limit):
+    for position, req in enumerate(source.head(limit)):
+        at = req.arrival_s / w.rps_scale
+        if select is not None and not select(position):
+            yield at, None
+            continue
         seed = combine(scenario.seed & ((1 << 64) - 1), req.index)
         out = min(req.output_tokens, w.max_tokens)
         if not c.prefix_caching and req.hash_ids is not None:
             # Prefix caching off: every prompt gets a chain of its own, so no prefix can match
             # (what vLLM's enable_prefix_caching=False means to the scheduler).
             req = msgspec.structs.replace(req, hash_ids=None)
-        yield req.arrival_s / w.rps_scale, Arrive(
+        yield at, Arrive(
             request_id=f"r{req.index}", model=c.model,
             prompt=prompt_of(req, c.kv_block_tokens),
             sampling=Sampling(max_tokens=out, target_output_tokens=out, seed=seed, ignore_eos=True),
@@ -78,11 +88,17 @@ def run_scenario(
     on_end: Callable[[SimDriver], None] | None = None,
     faults: Sequence[tuple[float, str, Message]] = (),
     drain_limit_s: float = 24 * 3600.0,
+    select: Callable[[int], bool] | None = None,
+    config_note: dict[str, Any] | None = None,
 ) -> RunResult:
     """Run `scenario` to completion and return its metrics. `sink` is not closed. `on_window`
     sees the driver between arrival windows (tests sample load there), `on_end` at the end;
-    `faults` are (time, address, message) external inputs, e.g. a corrupted KV block."""
+    `faults` are (time, address, message) external inputs, e.g. a corrupted KV block; `select`
+    keeps the requests (by 0-based position in the trace) a partition runs (parallel.py), and
+    `config_note` is added to the run's recorded config (which partition this log is)."""
     config = msgspec.to_builtins(scenario)
+    if config_note:
+        config.update(config_note)
     driver = SimDriver(scenario.seed, sink=sink, config=config)
     collector = Collector()
 
@@ -99,21 +115,25 @@ def run_scenario(
     t0 = time.perf_counter()
     injected = 0
     last_arrival = 0.0
-    pending: tuple[float, Arrive] | None = None
-    feed = arrivals(scenario, trace, requests)
+    pending: tuple[float, Arrive | None] | None = None
+    feed = arrivals(scenario, trace, requests, select)
     while True:
         window = 0
         if pending is not None:
             at, msg = pending
-            driver.inject(WORKLOAD_ADDR, msg, at=at, corr=msg.request_id, src="ext/client")
-            injected, window, pending = injected + 1, 1, None
+            if msg is not None:
+                driver.inject(WORKLOAD_ADDR, msg, at=at, corr=msg.request_id, src="ext/client")
+                injected += 1
+            window, pending = 1, None
         for at, msg in feed:
             at = max(at, driver.now)  # an already-due arrival (ties with the window's end)
             if window == WINDOW_REQUESTS:
                 pending = (at, msg)
                 break
-            driver.inject(WORKLOAD_ADDR, msg, at=at, corr=msg.request_id, src="ext/client")
-            injected, window, last_arrival = injected + 1, window + 1, at
+            if msg is not None:
+                driver.inject(WORKLOAD_ADDR, msg, at=at, corr=msg.request_id, src="ext/client")
+                injected, last_arrival = injected + 1, at
+            window += 1
         if pending is None:
             break
         driver.run(until=pending[0])

@@ -1,5 +1,5 @@
 """`deepserve bench sim --json`: the issue-10 rows, each measured, the speed row with its
-same-run baseline (the same run with the log off)."""
+same-run baselines (the same run in one process; that one with the log off)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,11 @@ def test_bench_sim_json_rows(tmp_path: Path) -> None:
     assert {"sim_requests_per_wall_s", "requests", "prefix_hit_rate", "ttft_ms_p50", "tpot_ms_p50",
             "harness_requests_per_wall_s", "sim_requests_per_cpu_s"} <= rows.keys()
     speed = rows["sim_requests_per_wall_s"]
-    assert speed["value"] > 0 and speed["baseline"] == "sim_requests_per_wall_s_log_off"
+    assert speed["value"] > 0 and speed["baseline"] == "sim_requests_per_wall_s_one_process"
     assert speed["baseline_value"] > 0
+    one = rows["sim_requests_per_wall_s_one_process"]
+    assert one["baseline"] == "sim_requests_per_wall_s_log_off" and one["baseline_value"] > 0
+    assert rows["workers"]["value"] >= 1
     assert rows["requests"]["value"] == rows["requests"]["baseline_value"] == 30  # all completed
     assert rows["ttft_ms_p50"]["value"] > 0 and rows["tpot_ms_p50"]["value"] > 0
 

@@ -55,6 +55,9 @@ def test_sim_toml_file_and_trace_override_text_summary(runs: Path, tmp_path: Pat
         (("sim", "nope"), ["unknown scenario 'nope'", "mooncake-16te"]),
         (("sim", "mooncake-16te", "--trace", "missing.jsonl"), ["missing.jsonl: path: No such file"]),
         (("sim", "example", "--set", "a=1"), ["--trace and --set apply to FlowServe scenarios"]),
+        (("sim", "pd-1p1d", "--workers", "2"), ["--workers: a pd scenario's KV crosses servers"]),
+        (("sim", "mooncake-16te", "--workers", "2", "--log", "x.db"), ["--log x.db", "give a directory"]),
+        (("sim", "mooncake-16te", "--workers", "0"), ["--workers", "positive integer"]),
     ],
 )  # fmt: skip
 def test_sim_bad_input_is_one_line(runs: Path, args: tuple[str, ...], needles: list[str]) -> None:
@@ -67,5 +70,27 @@ def test_sim_bad_trace_row_mid_run_names_file_line_field(runs: Path, tmp_path: P
     lines.append('{"timestamp": 600, "input_length": 600, "output_length": -4, "hash_ids": [0, 9]}')
     trace = tmp_path / "t.jsonl"
     trace.write_text("\n".join(lines) + "\n")
-    res = deepserve("sim", "mooncake-16te", "--trace", str(trace), "--log", "none", cwd=runs)
-    assert_one_line_error(res, f"{trace}:6: output_length:", "outside 1..")
+    for workers in ("1", "2"):  # a worker's bad row is the same one line
+        res = deepserve("sim", "mooncake-16te", "--trace", str(trace), "--log", "none", "--workers", workers,
+                        cwd=runs)  # fmt: skip
+        assert_one_line_error(res, f"{trace}:6: output_length:", "outside 1..")
+
+
+def test_sim_split_over_two_workers_reports_the_same_numbers_and_each_log_verifies(runs: Path) -> None:
+    args = ("sim", "mooncake-16te", "--requests", "120", "--set", "workload.rps_scale=8", "--json")
+    one = json.loads(deepserve(*args, "--log", "none", cwd=runs).stdout)
+    (runs / "split").mkdir()
+    (runs / "split" / "w5.db").write_text("")  # a stale worker file that is not a log: refused
+    res = deepserve(*args, "--workers", "2", "--log", "split", cwd=runs)
+    assert_one_line_error(res, "split/w5.db exists and is not a deepserve log")
+    (runs / "split" / "w5.db").unlink()
+    res = deepserve(*args, "--workers", "2", "--log", "split", cwd=runs)
+    assert res.returncode == 0, res.stderr
+    two = json.loads(res.stdout)
+    assert two["workers"] == 2 and one["workers"] == 1 and two["log"] == "split"
+    skip = {"wall_s", "sim_requests_per_wall_s", "workers", "log", "deliveries"}
+    assert {k: v for k, v in two.items() if k not in skip} == {k: v for k, v in one.items() if k not in skip}
+    assert sorted(p.name for p in (runs / "split").glob("*.db")) == ["w0.db", "w1.db"]
+    res = deepserve("replay", "verify", "split", cwd=runs)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.startswith("identical") and "2 logs, each verified on its own" in res.stdout

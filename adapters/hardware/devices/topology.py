@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Collection
 from typing import Any
 
 import msgspec
@@ -226,16 +227,20 @@ def resource_link(resource: str) -> str:
     return resource.rpartition(":")[0]
 
 
-def spawn_topology(driver: Any, topo: Topology, *, variance: bool = True) -> list[str]:
+def spawn_topology(driver: Any, topo: Topology, *, variance: bool = True,
+                   servers: Collection[int] | None = None) -> list[str]:  # fmt: skip
     """Start the fabric, every host and every NPU of `topo` in `driver` (SimDriver or
     AsyncDriver); returns the addresses started. `variance` turns on the NPUs' seeded
-    per-forward variance."""
+    per-forward variance. `servers` (a partition of a simulation split by server) starts the
+    hosts and NPUs of those servers only; the fabric still knows the whole topology."""
     from deepserve.adapters.hardware.devices.fabric import Fabric
     from deepserve.adapters.hardware.devices.host import Host
     from deepserve.adapters.hardware.devices.npu import Npu
 
     started = [driver.spawn(FABRIC, Fabric, cluster=topo.cluster, servers=topo.servers)]
     for s in range(topo.servers):
+        if servers is not None and s not in servers:
+            continue
         started.append(driver.spawn(host_addr(s), Host, server=s, server_kind=topo.server_kind))
         for j in range(topo.npus_per_server):
             started.append(driver.spawn(npu_addr(s, j), Npu, npu=topo.npu_kind, variance=variance))

@@ -1,0 +1,265 @@
+"""A simulation split by server across worker processes (`deepserve sim --workers N`).
+
+In a colocated cluster fed round-robin, no request's work leaves the server of its TE: its
+task, its forwards, its KV and its DRAM-tier copies stay on that server's NPUs, host and links.
+So the servers fall into independent groups, and each group can be simulated on its own core:
+a worker process builds the fabric (the whole topology, only its servers' flows ever reach it),
+its servers' hosts and NPUs, their TEs and a workload actor over just those TEs, and is fed the
+trace's requests that the whole run's round-robin gives those TEs. Every actor keeps its address,
+and its random stream is seeded from the run seed, its address and its own delivery count, so it
+sees the same inputs at the same times as in the whole run and answers the same: the per-request
+results are the whole run's, bit for bit (tests/adapters/test_scenario_parallel.py), and so are
+the metrics, computed over the union of the workers' terminal records.
+
+Injection windows are kept at the whole run's points of the trace (`run.arrivals(select=...)`), so
+that ties in virtual time resolve in the same order. Each worker writes its own log, one file per
+worker in a run directory under one run id, which `deepserve replay verify DIR` checks file by
+file (as it does a `deepserve up --processes` run).
+
+What is not split: PD mode (the KV crosses servers), a `[scheduling]` section (the JE's policies
+read every TE's load), a cluster on one server. Those are refused with the reason.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import msgspec
+
+from deepserve.actors.workload.messages import RequestDone
+from deepserve.actors.workload.metrics import Collector
+from deepserve.adapters.hardware.devices.topology import build
+
+from .builder import spawn_te, spawn_workload
+from .placement import Placement, place
+from .run import RunResult, run_scenario
+from .schema import Scenario
+
+PROGRESS_EVERY = 64  # terminal requests between a worker's progress messages
+WORKLOAD_COUNTERS = ("arrived", "completed", "failed", "cancelled", "duplicates")
+
+
+class ParallelError(ValueError):
+    """A scenario that cannot be split as asked (the message names why)."""
+
+
+class WorkerError(RuntimeError):
+    """A worker failed: `kind` is the exception's type name (a bad trace row in a worker is
+    the same `TraceError` the whole run would raise; the CLI maps it back)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class Partition(msgspec.Struct, frozen=True):
+    index: int
+    of: int
+    servers: tuple[int, ...]
+    tes: tuple[str, ...]  # the TEs on those servers, in placement order
+
+
+def plan_partitions(scenario: Scenario, workers: int) -> list[Partition]:
+    """The servers grouped into at most `workers` contiguous groups of about equal TE counts (a
+    pure function; one group when the cluster has one server or `workers` is 1)."""
+    if workers < 1:
+        raise ParallelError(f"--workers: must be >= 1, got {workers}")
+    c = scenario.cluster
+    if workers > 1 and c.mode != "colocated":
+        raise ParallelError("--workers: a pd scenario's KV crosses servers (prefill -> decode); "
+                            "run it with --workers 1")  # fmt: skip
+    if workers > 1 and scenario.scheduling is not None:
+        raise ParallelError("--workers: the [scheduling] section's JE routes by every TE's load; "
+                            "run it with --workers 1")  # fmt: skip
+    placement = place(c)
+    used = sorted({t.server for t in placement.tes})
+    k = min(workers, len(used))
+    target = len(placement.tes) / k
+    # Each server joins the group its TEs' midpoint falls in (contiguous, about equal TE counts).
+    groups: dict[int, list[int]] = {}
+    taken = 0
+    for s in used:
+        on_s = sum(t.server == s for t in placement.tes)
+        g = min(k - 1, int((taken + on_s / 2) / target))
+        groups.setdefault(g, []).append(s)
+        taken += on_s
+    assert sum(len(g) for g in groups.values()) == len(used) and len(groups) <= k
+    ordered = [groups[g] for g in sorted(groups)]
+    return [
+        Partition(i, len(ordered), tuple(g), tuple(t.addr for t in placement.tes if t.server in g))
+        for i, g in enumerate(ordered)
+    ]
+
+
+def selector(scenario: Scenario, part: Partition) -> Callable[[int], bool]:
+    """Which requests (by 0-based position in the trace) the partition's TEs get from the whole
+    run's workload actor: position k goes to the k-th TE round-robin (colocated mode)."""
+    tes = place(scenario.cluster).role("colocated")
+    mine = [te in part.tes for te in tes]
+    n = len(tes)
+    return lambda k: mine[k % n]
+
+
+def build_partition(part: Partition) -> Callable[[Any, Scenario], Placement]:
+    """A `run_scenario` builder for one partition: its servers' hardware, TEs and workload."""
+
+    def build_it(driver: Any, scenario: Scenario) -> Placement:
+        from deepserve.adapters.hardware.devices.topology import spawn_topology
+
+        c = scenario.cluster
+        whole = place(c)
+        spawn_topology(driver, build(c.topology, whole.servers), variance=c.npu_variance,
+                       servers=part.servers)  # fmt: skip
+        own = Placement(whole.servers, tuple(t for t in whole.tes if t.server in part.servers))
+        for te in own.tes:
+            spawn_te(driver, scenario, te)
+        spawn_workload(driver, scenario, own, direct=c.dp_groups == 1)
+        return own
+
+    return build_it
+
+
+class WorkerResult(msgspec.Struct):
+    deliveries: int
+    virtual_time_s: float
+    injected: int
+    workload: dict[str, int]
+    done: list[RequestDone]
+
+
+class WorkerMsg(msgspec.Struct, omit_defaults=True):
+    """What a worker says on its pipe: progress (terminal requests since the last), its
+    result, or its failure."""
+
+    kind: str  # "progress", "result" or "error"
+    n: int = 0
+    result: WorkerResult | None = None
+    error: str = ""  # the exception's type name
+    text: str = ""
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(WorkerMsg).decode
+
+
+def _worker(conn: Connection, scenario: Scenario, trace: str, requests: int | None,
+            part: Partition, log: str | None) -> None:  # fmt: skip
+    """One partition, in a forked process; reports progress, then its result, on `conn`."""
+    try:
+        from deepserve.persistence import open_sink
+
+        done: list[RequestDone] = []
+
+        def on_done(d: RequestDone) -> None:
+            done.append(d)
+            if len(done) % PROGRESS_EVERY == 0:
+                conn.send_bytes(_encode(WorkerMsg("progress", PROGRESS_EVERY)))
+
+        sink = open_sink(log, "async", writer="process") if log is not None else None
+        try:
+            r = run_scenario(scenario, build=build_partition(part), trace=trace, requests=requests,
+                             sink=sink, on_done=on_done, select=selector(scenario, part),
+                             config_note={"partition": msgspec.to_builtins(part)})  # fmt: skip
+        finally:
+            if sink is not None:
+                sink.close()
+        conn.send_bytes(_encode(WorkerMsg("progress", len(done) % PROGRESS_EVERY)))
+        out = WorkerResult(r.deliveries, r.virtual_time_s, r.injected, r.workload, done)
+        conn.send_bytes(_encode(WorkerMsg("result", result=out)))
+    except BaseException as exc:  # reported to the parent, which decides how to fail
+        detail = str(exc) if isinstance(exc, ValueError) else traceback.format_exc(limit=8)
+        conn.send_bytes(_encode(WorkerMsg("error", error=type(exc).__name__, text=detail)))
+    finally:
+        conn.close()
+
+
+def run_parallel(
+    scenario: Scenario, parts: list[Partition], *, trace: str, requests: int | None,
+    logs: list[str] | None, on_progress: Callable[[int], None] | None = None,
+    on_done: Callable[[RequestDone], None] | None = None,
+) -> RunResult:  # fmt: skip
+    """Run every partition in its own process (fork) and merge their results as the whole run's.
+    `logs`: one log target per partition, or None for no log. `on_progress(n)`: n more requests
+    ended (as the workers run); `on_done`: each terminal record, once all have ended."""
+    assert logs is None or len(logs) == len(parts)
+    ctx = multiprocessing.get_context("fork")  # the parent's imports and compiled modules, at once
+    t0 = time.perf_counter()
+    procs: list[Any] = []
+    conns: dict[Connection, int] = {}
+    try:
+        for part in parts:
+            recv, send = ctx.Pipe(duplex=False)
+            log = logs[part.index] if logs is not None else None
+            p = ctx.Process(target=_worker, args=(send, scenario, trace, requests, part, log),
+                            name=f"deepserve-sim-w{part.index}")  # fmt: skip
+            p.start()
+            send.close()
+            procs.append(p)
+            conns[recv] = part.index
+        results = _collect(conns, procs, on_progress)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+            p.join()
+    if on_done is not None:
+        for i in sorted(results):
+            for d in results[i].done:
+                on_done(d)
+    return _merge(results, time.perf_counter() - t0)
+
+
+def _collect(conns: dict[Connection, int], procs: list[Any],
+             on_progress: Callable[[int], None] | None) -> dict[int, WorkerResult]:  # fmt: skip
+    results: dict[int, WorkerResult] = {}
+    while conns:
+        for conn in wait(list(conns)):
+            assert isinstance(conn, Connection)
+            i = conns[conn]
+            try:
+                data = conn.recv_bytes()
+            except EOFError:
+                del conns[conn]
+                if i not in results:
+                    procs[i].join()
+                    raise WorkerError("WorkerDied", f"sim worker w{i} exited "
+                                      f"(exit code {procs[i].exitcode}) before its result") from None  # fmt: skip
+                continue
+            msg = _decode(data)
+            if msg.kind == "progress":
+                if on_progress is not None and msg.n:
+                    on_progress(msg.n)
+            elif msg.kind == "error":
+                raise WorkerError(msg.error, msg.text)
+            else:
+                assert msg.result is not None
+                results[i] = msg.result
+    return results
+
+
+def _merge(results: dict[int, WorkerResult], wall_s: float) -> RunResult:
+    done = [d for i in sorted(results) for d in results[i].done]
+    return RunResult(
+        summary=msgspec.to_builtins(Collector().extend(done).summary()),
+        deliveries=sum(r.deliveries for r in results.values()),
+        virtual_time_s=max(r.virtual_time_s for r in results.values()),
+        wall_s=wall_s,
+        injected=sum(r.injected for r in results.values()),
+        workload={k: sum(r.workload[k] for r in results.values()) for k in WORKLOAD_COUNTERS},
+    )
+
+
+def worker_log_names(parts: list[Partition]) -> list[str]:
+    """The log file of each partition inside the run directory."""
+    return [f"w{p.index}.db" for p in parts]
+
+
+def cpu_count() -> int:
+    """Cores this process may use (the affinity mask, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
