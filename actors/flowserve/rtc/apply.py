@@ -22,6 +22,7 @@ from .events import (
 from .pool import (
     Diverged,
     _index_hbm,
+    _left_lru,
     _pin_dram,
     _ref_dec,
     _ref_inc,
@@ -51,13 +52,15 @@ def _allocated(rtc: Rtc, ev: RtcBlocksAllocated) -> None:
     table = sb.blocks
     if ev.shared:
         # _ref_inc inlined: a prefix hit shares tens of blocks per request
-        ref, lru = rtc.ref, rtc.lru_hbm
+        ref, lru, memo = rtc.ref, rtc.lru_hbm, rtc.swap_memo
         for b in ev.shared:
             r = ref[b]
             if r == 0:
                 if rtc.hbm_hash[b] is None:
                     raise Diverged(f"HBM block {b} is free: it cannot be shared")
                 del lru[b]
+                if memo.gen[b] == memo.now:
+                    _left_lru(memo, b)
             ref[b] = r + 1
         table.extend(ev.shared)
         sb.num_cached = len(table)

@@ -6,7 +6,9 @@ Each re-checks the state it expects and raises `Diverged` otherwise. Only `apply
 
 from __future__ import annotations
 
-from .state import NONE, Node, Rtc, RtcError
+from bisect import insort
+
+from .state import NONE, Node, Rtc, RtcError, SwapMemo
 
 
 class Diverged(RtcError):
@@ -28,6 +30,7 @@ def _take_hbm(rtc: Rtc, b: int) -> None:
         if rtc.ref[b] != 0 or b not in rtc.lru_hbm:
             raise Diverged(f"HBM block {b} is not an unreferenced cached block")
         del rtc.lru_hbm[b]
+        _left_lru(rtc.swap_memo, b)
         rtc.hbm_hash[b] = None
         rtc.hbm_saved[b] = 0
         node = rtc.nodes[h]
@@ -37,11 +40,24 @@ def _take_hbm(rtc: Rtc, b: int) -> None:
     rtc.ref[b] = 1
 
 
+def _left_lru(memo: SwapMemo, b: int) -> None:
+    """Block b left the LRU (the swap-out memo's bookkeeping, state.SwapMemo)."""
+    if memo.gen[b] == memo.now:
+        memo.gen[b] = 0
+        i = memo.pos[b]
+        if i < 0:
+            memo.cold -= 1  # one of the saved blocks put at the front since the scan
+        else:
+            insort(memo.removed, i)
+            memo.unsaved.pop(b, None)
+
+
 def _ref_inc(rtc: Rtc, b: int) -> None:
     if rtc.ref[b] == 0:
         if rtc.hbm_hash[b] is None:
             raise Diverged(f"HBM block {b} is free: it cannot be shared")
         del rtc.lru_hbm[b]
+        _left_lru(rtc.swap_memo, b)
     rtc.ref[b] += 1
 
 
@@ -59,6 +75,12 @@ def _ref_dec(rtc: Rtc, b: int, cold: bool = False) -> None:
             rtc.lru_hbm[b] = None
             if cold:
                 rtc.lru_hbm.move_to_end(b, last=False)  # type: ignore[attr-defined]
+                memo = rtc.swap_memo
+                if rtc.hbm_saved[b]:  # the memo's known front grows by one saved block
+                    memo.gen[b], memo.pos[b] = memo.now, -1
+                    memo.cold += 1
+                else:
+                    memo.forget()
 
 
 def _index_hbm(rtc: Rtc, h: int, parent: int | None, b: int) -> None:
@@ -70,6 +92,8 @@ def _index_hbm(rtc: Rtc, h: int, parent: int | None, b: int) -> None:
     else:
         node.hbm = b
         rtc.hbm_saved[b] = node.dram != NONE
+        if node.dram == NONE and rtc.swap_memo.gen[b] == rtc.swap_memo.now:
+            rtc.swap_memo.forget()
     rtc.hbm_hash[b] = h
 
 
@@ -95,6 +119,8 @@ def _take_dram(rtc: Rtc, d: int) -> None:
             del rtc.nodes[h]
         else:
             rtc.hbm_saved[node.hbm] = 0
+            if rtc.swap_memo.gen[node.hbm] == rtc.swap_memo.now:
+                rtc.swap_memo.forget()  # a block the memo took for saved is not saved now
     rtc.dram_pins[d] = 1
 
 

@@ -13,7 +13,7 @@ from operator import itemgetter
 from .apply import POPULATE, PREFETCH, SWAP_OUT
 from .events import RtcCopyFinished, RtcCopyStarted
 from .master import Match, _check_seq_free, _pick_hbm, can_allocate, match_by_prefix
-from .state import DRAM, HBM, NONE, Rtc, RtcError
+from .state import DRAM, HBM, NONE, Rtc, RtcError, SwapMemo
 
 
 def _pick_dram(rtc: Rtc, n: int) -> tuple[list[int], list[int]]:
@@ -108,23 +108,30 @@ def plan_swap_out(rtc: Rtc) -> RtcCopyStarted | None:
         return None
     if len(rtc.copies) >= cfg.max_copies_in_flight:
         return None
-    # Bounded scan of the LRU front: a block already in DRAM costs a byte read, not a copy
-    # (read with C-level map/bytes ops: this runs after every batch under pressure).
-    window = list(islice(rtc.lru_hbm, 4 * cfg.swap_batch_blocks))
-    if len(window) < 2:  # itemgetter of one key returns the item, not a tuple
-        flags = bytes(rtc.hbm_saved[b] for b in window)
-    else:
-        flags = bytes(itemgetter(*window)(rtc.hbm_saved))
-    first = flags.find(0)
-    if first < 0:
+    size = 4 * cfg.swap_batch_blocks
+    memo = rtc.swap_memo
+    if memo.known() < min(size, len(rtc.lru_hbm)):
+        _scan(rtc, memo, SwapMemo.EXTENT * size)
+    cold = memo.unsaved_within(size)
+    if not cold:
         return None
     # Fewer than `swap_min_blocks` are not worth a copy of their own, unless the coldest of
     # them is among the next `swap_batch_blocks` blocks an allocation takes (free stack, LRU).
-    if flags.count(0) < cfg.swap_min_blocks and len(rtc.free_hbm) + first >= cfg.swap_batch_blocks:
+    if len(cold) < cfg.swap_min_blocks and len(rtc.free_hbm) + cold[0][0] >= cfg.swap_batch_blocks:
         return None
     hbm_hash = rtc.hbm_hash
-    cold = [hbm_hash[b] for b, saved in zip(window, flags, strict=True) if not saved]
-    return copy_to_dram(rtc, cold[: cfg.swap_batch_blocks])  # type: ignore[arg-type]
+    return copy_to_dram(rtc, [hbm_hash[b] for _, b in cold[: cfg.swap_batch_blocks]])  # type: ignore[misc]
+
+
+def _scan(rtc: Rtc, memo: SwapMemo, n: int) -> None:
+    """Read the LRU's first n blocks' saved flags into the memo (C-level map/bytes ops: the
+    walk of the OrderedDict is the cost)."""
+    marked = list(islice(rtc.lru_hbm, n))
+    if len(marked) < 2:  # itemgetter of one key returns the item, not a tuple
+        flags = bytes(rtc.hbm_saved[b] for b in marked)
+    else:
+        flags = bytes(itemgetter(*marked)(rtc.hbm_saved))
+    memo.remember(marked, flags)
 
 
 def finish_copy(rtc: Rtc, copy_id: str, ok: bool, reason: str = "") -> RtcCopyFinished:

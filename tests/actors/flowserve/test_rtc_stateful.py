@@ -208,7 +208,14 @@ class RtcMachine(RuleBasedStateMachine):
 
     @rule()
     def swap_out_under_pressure(self) -> None:
-        ev = rtc.plan_swap_out(self.r)
+        r, size = self.r, 4 * self.r.config.swap_batch_blocks
+        known = r.swap_memo.size > 0 and r.swap_memo.known() >= min(size, len(r.lru_hbm))
+        ev = rtc.plan_swap_out(r)
+        # The memo that spares most scans (state.SwapMemo) decides as a fresh scan would: a
+        # copy of the state starts with no memo.
+        assert ev == rtc.plan_swap_out(copy.deepcopy(r))
+        if known:
+            event(f"swap-out decided from the memo ({'a copy' if ev else 'nothing'})")
         if ev is not None:
             assert self.ref.swap_out(ev.copy_id, list(ev.hashes)) == list(ev.hashes)
             event("background swap-out")
