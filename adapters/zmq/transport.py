@@ -104,6 +104,10 @@ class ZmqTransport:
 
     # ---- Transport ----------------------------------------------------------------
     def owns(self, addr: str) -> bool:
+        # The driver asks before every send: a peer already resolved for `addr` (the cache
+        # `send` fills, cleared when the directory changes) answers without a prefix scan.
+        if self._cache_version == self.directory.version and addr in self._cache:
+            return True
         return self.directory.resolve(addr) is not None
 
     def send(self, env: Envelope) -> bool:
