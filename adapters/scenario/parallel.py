@@ -22,11 +22,14 @@ read every TE's load), a cluster on one server. Those are refused with the reaso
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -149,8 +152,12 @@ _decode = msgspec.msgpack.Decoder(WorkerMsg).decode
 
 
 def _worker(conn: Connection, scenario: Scenario, trace: str, requests: int | None,
-            part: Partition, log: str | None) -> None:  # fmt: skip
-    """One partition, in a forked process; reports progress, then its result, on `conn`."""
+            part: Partition, log: str | None, inherited: list[Connection]) -> None:  # fmt: skip
+    """One partition, in a forked process; reports progress, then its result, on `conn`.
+    `inherited`: the pipes' read ends the fork copied; closed at once, so that a dead parent
+    leaves no reader of this worker's pipe and the worker's next send fails."""
+    for other in inherited:
+        other.close()
     try:
         from deepserve.persistence import open_sink
 
@@ -173,8 +180,11 @@ def _worker(conn: Connection, scenario: Scenario, trace: str, requests: int | No
         out = WorkerResult(r.deliveries, r.virtual_time_s, r.injected, r.workload, done)
         conn.send_bytes(_encode(WorkerMsg("result", result=out)))
     except BaseException as exc:  # reported to the parent, which decides how to fail
-        detail = str(exc) if isinstance(exc, ValueError) else traceback.format_exc(limit=8)
-        conn.send_bytes(_encode(WorkerMsg("error", error=type(exc).__name__, text=detail)))
+        detail = str(exc) if isinstance(exc, ValueError) else f"sim worker w{part.index}: {exc!r}"
+        if os.environ.get("DEEPSERVE_DEBUG"):
+            traceback.print_exc()  # the worker's own traceback; the parent's says only where it heard
+        with contextlib.suppress(OSError):  # a parent gone (killed) reads nothing more
+            conn.send_bytes(_encode(WorkerMsg("error", error=type(exc).__name__, text=detail)))
     finally:
         conn.close()
 
@@ -193,18 +203,21 @@ def run_parallel(
     procs: list[Any] = []
     conns: dict[Connection, int] = {}
     try:
-        for part in parts:
-            recv, send = ctx.Pipe(duplex=False)
-            log = logs[part.index] if logs is not None else None
-            p = ctx.Process(target=_worker, args=(send, scenario, trace, requests, part, log),
-                            name=f"deepserve-sim-w{part.index}")  # fmt: skip
-            p.start()
-            send.close()
-            procs.append(p)
-            conns[recv] = part.index
-        results = _collect(conns, procs, on_progress)
+        with _terminate_as_exit():
+            for part in parts:
+                recv, send = ctx.Pipe(duplex=False)
+                log = logs[part.index] if logs is not None else None
+                # The fork copies every pipe end open now: the worker closes the read ends
+                # (its own and the earlier workers'), so the parent is its pipe's only reader.
+                p = ctx.Process(target=_worker, name=f"deepserve-sim-w{part.index}",
+                                args=(send, scenario, trace, requests, part, log, [*conns, recv]))  # fmt: skip
+                p.start()
+                send.close()
+                procs.append(p)
+                conns[recv] = part.index
+            results = _collect(conns, procs, on_progress)
     finally:
-        for p in procs:
+        for p in procs:  # an interrupted or failed run leaves no worker behind
             if p.is_alive():
                 p.terminate()
             p.join()
@@ -213,6 +226,24 @@ def run_parallel(
             for d in results[i].done:
                 on_done(d)
     return _merge(results, time.perf_counter() - t0)
+
+
+@contextlib.contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit(143) while the workers run (in the main thread), so that the
+    `finally` above stops them: killed at once, the parent would leave them running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_on_term(_signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signal.SIGTERM)
+
+    before = signal.signal(signal.SIGTERM, exit_on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _collect(conns: dict[Connection, int], procs: list[Any],

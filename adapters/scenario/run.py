@@ -153,6 +153,9 @@ def run_scenario(
 
 def _drain(driver: SimDriver, collector: Collector, injected: int, deadline_s: float) -> None:
     """Deliver until every injected request is terminal (or give up at `deadline_s`)."""
+    if not injected:  # (a partition given no request): the cluster still starts, recorded
+        driver.run(until=driver.now)
+        return
     while collector.terminal < injected:
         if not driver.pending() or driver.now >= deadline_s:
             driver.inject(WORKLOAD_ADDR, EndOfRun(), src="ext/operator")

@@ -76,3 +76,11 @@ def test_the_dram_tier_case_moves_kv_through_the_fabric() -> None:
     seen: dict[str, int] = {}
     run_scenario(sc, requests=400, on_end=lambda d: seen.update(n=d.actor("hw/fabric").state.delivered))
     assert seen["n"] == 949
+
+
+def test_a_worker_given_no_request_still_starts_its_part_and_the_merge_is_the_whole_run() -> None:
+    sc = load_scenario("mooncake-16te", ["workload.trace=builtin:mooncake_conv_1k"])
+    whole = run_scenario(sc, requests=1)
+    split = run_parallel(sc, plan_partitions(sc, 2), trace=sc.workload.trace, requests=1, logs=None)
+    assert split.summary == whole.summary and split.summary["completed"] == 1
+    assert split.workload == whole.workload and split.injected == 1

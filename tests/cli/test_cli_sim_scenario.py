@@ -4,6 +4,10 @@ replays identically, and bad input (scenario, override, trace row) is one line, 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -94,3 +98,34 @@ def test_sim_split_over_two_workers_reports_the_same_numbers_and_each_log_verifi
     res = deepserve("replay", "verify", "split", cwd=runs)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.startswith("identical") and "2 logs, each verified on its own" in res.stdout
+
+
+def _session(sid: int) -> list[str]:
+    """Processes still in session `sid` (the CLI, its workers, their log writers)."""
+    out = subprocess.run(["ps", "-eo", "sid=,pid=,args="], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if line.split(None, 1)[0] == str(sid)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_split_run_stopped_or_killed_leaves_no_worker_behind(runs: Path, sig: signal.Signals) -> None:
+    from deepserve.benchmarks.sim import find_full_trace
+
+    trace = find_full_trace()
+    if trace is None:
+        pytest.skip("../shared/traces not present (a run long enough to stop midway)")
+    (runs / "split-stopped").mkdir(exist_ok=True)
+    p = subprocess.Popen([sys.executable, "-m", "deepserve", "sim", "mooncake-16te", "--workers", "2",
+                          "--trace", trace, "--log", "split-stopped"], cwd=runs, start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while len(_session(p.pid)) < 5 and time.monotonic() < deadline:  # CLI, 2 workers, 2 writers
+        time.sleep(0.05)
+    assert len(_session(p.pid)) == 5, _session(p.pid)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == (143 if sig == signal.SIGTERM else -9), err
+    assert "Traceback" not in err
+    deadline = time.monotonic() + 10
+    while _session(p.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _session(p.pid) == []
