@@ -9,6 +9,7 @@ themselves (it only interleaves files), which keeps each process's log order int
 from __future__ import annotations
 
 import heapq
+import json
 from collections.abc import Iterator
 
 from deepserve.core.records import RunRec, SnapshotRec, Step
@@ -20,6 +21,16 @@ from .sql_reader import SqlLog
 
 def _hlc(step: Step) -> int:
     return step.input.hlc
+
+
+def _is_partition(log: SqlLog, run: str) -> bool:
+    for rec in log.runs():
+        if rec.run_id == run:
+            try:
+                return "partition" in json.loads(rec.config)
+            except ValueError:
+                return False
+    return False
 
 
 class MergedLog(LogReader):
@@ -53,6 +64,7 @@ class MergedLog(LogReader):
 
     def read_steps(self, run_id: str | None, where: StepFilter) -> Iterator[Step]:
         run, logs = self._logs_with(run_id)
+        self._one_actor(run, logs, where.actor)
         streams = [log.read_steps(run, where) for log in logs]
         yield from heapq.merge(*streams, key=_hlc)
 
@@ -60,8 +72,24 @@ class MergedLog(LogReader):
         self, run_id: str | None = None, actor: str | None = None
     ) -> Iterator[SnapshotRec]:
         run, logs = self._logs_with(run_id)
+        self._one_actor(run, logs, actor)
         for log in logs:
             yield from log.snapshots(run, actor)
+
+    def _one_actor(self, run: str | None, logs: list[SqlLog], actor: str | None) -> None:
+        """A simulation split over workers (`deepserve sim --workers`: each run's config names
+        its partition) has actors of the same address in several files, alive side by side: the
+        fabric, the workload actor. Merged, their steps would fold into one state that none of
+        them had: refuse, naming the files (a daemon's replaced TE lives in one file after
+        another, and still merges)."""
+        if actor is None or run is None:
+            return
+        holders = [log for log in logs if actor in log.actors(run)]
+        if len(holders) < 2 or not any(_is_partition(log, run) for log in holders):
+            return
+        names = ", ".join(log.label for log in holders)
+        raise LogError(f"{self.label}: {actor} is a different actor in each of {len(holders)} logs of "
+                       f"a simulation split over workers ({names}): read one of them")  # fmt: skip
 
     def check_integrity(self) -> None:
         for log in self.logs:

@@ -98,6 +98,14 @@ def test_sim_split_over_two_workers_reports_the_same_numbers_and_each_log_verifi
     res = deepserve("replay", "verify", "split", cwd=runs)
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.startswith("identical") and "2 logs, each verified on its own" in res.stdout
+    # Each worker has its own workload actor: merged, their steps would make a state neither had.
+    for cmd in ("state", "log"):
+        assert_one_line_error(deepserve("replay", cmd, "split", "--actor", "workload", cwd=runs),
+                              "workload is a different actor in each of 2 logs", "w0.db", "w1.db")  # fmt: skip
+    res = deepserve("replay", "state", "split/w1.db", "--actor", "workload", "--json", cwd=runs)
+    # 120 requests round-robin over 16 TEs: te/0-7 (w0) get 8 each, te/8-15 (w1) 7 each
+    assert res.returncode == 0 and json.loads(res.stdout)["state"]["rr"] == {"chat": 56}, res.stdout[:300]
+    assert deepserve("replay", "state", "split", "--actor", "hw/s1/npu0", cwd=runs).returncode == 0
 
 
 def _session(sid: int) -> list[str]:
