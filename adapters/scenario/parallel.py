@@ -221,6 +221,8 @@ def run_parallel(
             if p.is_alive():
                 p.terminate()
             p.join()
+        for conn in conns:
+            conn.close()
     if on_done is not None:
         for i in sorted(results):
             for d in results[i].done:
@@ -230,8 +232,8 @@ def run_parallel(
 
 @contextlib.contextmanager
 def _terminate_as_exit() -> Iterator[None]:
-    """SIGTERM raises SystemExit(143) while the workers run (in the main thread), so that the
-    `finally` above stops them: killed at once, the parent would leave them running."""
+    """SIGTERM raises SystemExit(143) while the workers run (in the main thread), so that
+    `run_parallel`'s `finally` stops them: killed at once, the parent would leave them running."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -257,6 +259,7 @@ def _collect(conns: dict[Connection, int], procs: list[Any],
                 data = conn.recv_bytes()
             except EOFError:
                 del conns[conn]
+                conn.close()
                 if i not in results:
                     procs[i].join()
                     raise WorkerError("WorkerDied", f"sim worker w{i} exited "
