@@ -180,6 +180,7 @@ def _cleared(rtc: Rtc, ev: RtcCleared) -> None:
     for name in rtc.__struct_fields__:
         if name not in ("config", "next_copy"):
             setattr(rtc, name, getattr(fresh, name))
+    rtc.swap_memo = fresh.swap_memo  # not a field: what it knew was of the pool just dropped
 
 
 _APPLY = {

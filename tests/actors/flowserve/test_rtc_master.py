@@ -157,6 +157,27 @@ def test_background_swap_out_only_under_pressure() -> None:
     assert nxt is not None and nxt.hashes == (3, 2)  # the saved ones are skipped
 
 
+def test_a_cleared_pool_forgets_what_the_swap_out_memo_knew() -> None:
+    # The memo (state.SwapMemo) is not a field: a clear must drop it with the pool it described.
+    p = Pool(hbm=10, dram=10, swap_low_watermark=0.3, swap_batch_blocks=2)
+    p.rec(rtc.allocate(p.r, "a", 5))
+    p.rec(rtc.cache_blocks(p.r, "a", [1, 2, 3, 4, 5]))
+    p.rec(rtc.free(p.r, "a"))
+    p.rec(rtc.allocate(p.r, "b", 4))  # 1 free < 3: pressure
+    while (ev := rtc.plan_swap_out(p.r)) is not None:  # save every cached block
+        p.rec(ev)
+        p.rec(rtc.finish_copy(p.r, ev.copy_id, ok=True))
+    assert p.r.swap_memo.known() == 5  # the walk that found all five saved
+    p.rec(rtc.clear(p.r, "npu reset"))
+    assert p.r.swap_memo.known() == 0 and rtc.plan_swap_out(p.r) is None
+    p.rec(rtc.allocate(p.r, "c", 9))
+    p.rec(rtc.cache_blocks(p.r, "c", [11, 12, 13, 14, 15, 16, 17, 18, 19]))
+    p.rec(rtc.free(p.r, "c"))
+    p.rec(rtc.allocate(p.r, "d", 8))
+    ev = rtc.plan_swap_out(p.r)
+    assert ev is not None and ev == rtc.plan_swap_out(copy.deepcopy(p.r))
+
+
 def test_named_cache_pins_and_match_by_id() -> None:
     p = Pool()
     p.rec(rtc.allocate(p.r, "a", 3))
