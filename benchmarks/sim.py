@@ -94,7 +94,7 @@ def sim_bench(requests: int | None, progress: Callable[[str], None], scenario_na
         Row("sim_requests_per_wall_s_one_process", n / wall_logged, "requests/s",
             "sim_requests_per_wall_s_log_off", bare["requests"] / wall_bare),
         Row("harness_requests_per_wall_s", floor["requests"] / wall_floor, "requests/s",
-            "sim_requests_per_wall_s", n / wall_logged),
+            "sim_requests_per_wall_s_one_process", n / wall_logged),
         Row("sim_requests_per_cpu_s", n / cpu_logged, "requests/s",
             "sim_requests_per_cpu_s_log_off", bare["requests"] / cpu_bare),
         Row("requests", float(n), "requests", "completed", float(logged["completed"])),

@@ -82,10 +82,10 @@ class MergedLog(LogReader):
         fabric, the workload actor. Merged, their steps would fold into one state that none of
         them had: refuse, naming the files (a daemon's replaced TE lives in one file after
         another, and still merges)."""
-        if actor is None or run is None:
-            return
+        if actor is None or run is None or not any(_is_partition(log, run) for log in logs):
+            return  # (listing a file's actors reads its pages: only for a split simulation)
         holders = [log for log in logs if actor in log.actors(run)]
-        if len(holders) < 2 or not any(_is_partition(log, run) for log in holders):
+        if len(holders) < 2:
             return
         names = ", ".join(log.label for log in holders)
         raise LogError(f"{self.label}: {actor} is a different actor in each of {len(holders)} logs of "

@@ -9,7 +9,6 @@ trace — becomes a `CliError`: exit 2, one line naming the file, the line or th
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from collections.abc import Callable
@@ -100,14 +99,11 @@ def _run(scenario: Any, trace: str, requests: int | None, parts: list[Any], sink
         raise
 
 
-WORKER_LOG = re.compile(r"w\d+\.db")
-
-
 def _worker_logs(args: argparse.Namespace, scenario: Any, parts: list[Any],
                  prepare_log: Callable[[Path], None]) -> tuple[str, list[str] | None]:  # fmt: skip
     """The run directory of a split run and its workers' log files (fresh: a previous run's
     worker logs in it are replaced, so that verify sees this run's files only)."""
-    from .parallel import worker_log_names
+    from .parallel import is_worker_log, worker_log_names
 
     target = args.log or scenario.log or f"runs/{scenario.name}-{scenario.seed}"
     if target == NO_LOG:
@@ -120,7 +116,7 @@ def _worker_logs(args: argparse.Namespace, scenario: Any, parts: list[Any],
     prepare_log(folder / names[0])  # creates the default directory; a given one must exist
     if folder.is_dir():
         for old in sorted(folder.iterdir()):
-            if WORKER_LOG.fullmatch(old.name) and old.name != names[0]:
+            if is_worker_log(old.name) and old.name != names[0]:
                 prepare_log(old)
     return target, [str(folder / n) for n in names]
 

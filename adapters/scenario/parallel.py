@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import re
 import signal
 import threading
 import time
@@ -292,6 +293,11 @@ def _merge(results: dict[int, WorkerResult], wall_s: float) -> RunResult:
 def worker_log_names(parts: list[Partition]) -> list[str]:
     """The log file of each partition inside the run directory."""
     return [f"w{p.index}.db" for p in parts]
+
+
+def is_worker_log(name: str) -> bool:
+    """Whether a file name in a run directory is a worker's log (`worker_log_names`)."""
+    return re.fullmatch(r"w\d+\.db", name) is not None
 
 
 def cpu_count() -> int:

@@ -59,8 +59,7 @@ def _allocated(rtc: Rtc, ev: RtcBlocksAllocated) -> None:
                 if rtc.hbm_hash[b] is None:
                     raise Diverged(f"HBM block {b} is free: it cannot be shared")
                 del lru[b]
-                if memo.gen[b] == memo.now:
-                    _left_lru(memo, b)
+                _left_lru(memo, b)
             ref[b] = r + 1
         table.extend(ev.shared)
         sb.num_cached = len(table)
