@@ -6,16 +6,19 @@ runs on one core. Here the driver only buffers steps (`append`; `SimDriver` hand
 it encoded itself, `append_page`) and, every `max_batch` of them, encodes the
 batch with msgpack and writes it to a pipe as one page (`pages.py`); the writer process
 (`child.py`, "write", on the other core) stores the page's bytes as they came, one row
-and one transaction per page, and acknowledges. A reader thread
-takes the acknowledgements (it wakes once per batch). Where it is used and why pages:
+and one transaction per page, and acknowledges every `max_frames // 2` frames, or at
+once when the driver waits (it sends a SYNC). A reader thread takes the
+acknowledgements (it wakes once per acknowledgement). Where it is used and why pages:
 docs/decisions.md (2026-11-23, 2026-11-26 third session).
 
 Contract, as `GroupCommitSink` in `async` mode: `flush()` returns once everything
 appended is committed; `close()` flushes and waits for the process to exit; at most
 `max_pending` steps are unacknowledged (then `append` blocks); a writer failure is a
 one-line `LogError` on the next append, flush or close. Unlike the thread writer, a
-step waits in the driver's buffer until the batch fills, flush or close: meant for
-runs that end with `close()` (sim), not daemons. If the driver dies, the writer reads
+step waits in the driver's buffer until the batch fills, flush or close, and
+`statistics().committed` is as of the last acknowledgement (up to half the pending
+bound behind, until someone waits): meant for runs that end with `close()` (sim), not
+daemons. If the driver dies, the writer reads
 end of file, having committed everything it received, and exits.
 """
 
@@ -39,7 +42,7 @@ from ..pages import array_header, page_head
 from ..pressure import Pressure
 from . import child
 from .batch_store import process_writer_config
-from .child import ACK, ACK_BODY, CONFIG, ERROR, PAGE, PAGE_HEAD, RUN
+from .child import ACK, ACK_BODY, CONFIG, ERROR, PAGE, PAGE_HEAD, RUN, SYNC
 
 DEFAULT_BATCH = 1024
 DEFAULT_PENDING = 16 * DEFAULT_BATCH
@@ -70,6 +73,9 @@ class ProcessSink(Pressure):
         self.on_commit: Callable[[int], None] | None = None
         self._max_batch = batch
         self._max_frames = max(1, pending // batch)  # unacknowledged frames
+        # The writer acknowledges every `_ack_every` frames, so a sender blocked on a
+        # full window always has an acknowledgement coming.
+        self._ack_every = max(1, self._max_frames // 2)
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._commit_cond = self._cond
@@ -82,10 +88,12 @@ class ProcessSink(Pressure):
         self._committed = 0  # steps committed
         self._sent = 0  # frames written to the pipe (runs and batches)
         self._acked = 0  # frames the writer committed
+        self._transactions_done = 0  # of them, RUNs and PAGEs (not SYNCs)
         self._frames = child.FrameEncoder()
         self._eof = threading.Event()  # the reader is done: the writer has exited
         self._owner = os.getpid()
-        self._proc, self._out, self._ack_fd = self._start(process_writer_config(path, synchronous))
+        cfg = {**process_writer_config(path, synchronous), "ack_every": self._ack_every}
+        self._proc, self._out, self._ack_fd = self._start(cfg)
         self.pid = self._proc.pid
         self._reader = threading.Thread(
             target=self._read_acks, name=f"deepserve-log-acks:{path}", daemon=True
@@ -167,7 +175,7 @@ class ProcessSink(Pressure):
                 self._send_steps()
             self._wait_for_room(closing=False)
             head = bytes((PAGE,)) + PAGE_HEAD.pack(steps, t_first, t_last) + array_header(steps)
-            self._write(child.HEADER.pack(len(head) + len(body)) + head + body)
+            self._write(child.HEADER.pack(len(head) + len(body)) + head, body)
             self._ticket += steps
             self._note_pending()  # the page's steps count as pending until acknowledged
             return self._ticket
@@ -177,7 +185,7 @@ class ProcessSink(Pressure):
         return self._committed
 
     def _transactions(self) -> int:
-        return self._acked  # one frame, one transaction
+        return self._transactions_done
 
     def flush(self) -> None:
         """Send the buffer; return once everything appended so far is committed."""
@@ -186,10 +194,18 @@ class ProcessSink(Pressure):
         with self._sending(), self._lock:
             if self._buf and self._ok:
                 self._send_steps()
+            self._sync()
             target = self._sent
             self._cond.wait_for(lambda: self._acked >= target or self._error is not None)
             if self._error is not None:
                 raise LogError(self._error)
+
+    def _wait_low_water(self) -> None:
+        # Pages since the last acknowledgement are acknowledged only when more follow:
+        # a producer waiting for room must ask, or it could wait for ever.
+        with self._sending(), self._lock:
+            self._sync()
+        super()._wait_low_water()
 
     def close(self) -> None:
         """Flush, let the writer process finish and exit. Idempotent."""
@@ -240,6 +256,11 @@ class ProcessSink(Pressure):
             raise LogError(f"{self.label}: the log sink is closed")
         raise LogError(f"{self.label}: append() before begin_run()")
 
+    def _sync(self) -> None:
+        """Ask the writer to acknowledge every frame sent, if some is not yet."""
+        if self._ok and self._acked < self._sent:
+            self._write(child.HEADER.pack(1) + bytes((SYNC,)))
+
     def _send_steps(self, closing: bool = False) -> None:
         # Wait for room before taking the buffer: whoever holds the lock after the
         # wait sends everything buffered, so frames leave in append order.
@@ -270,9 +291,12 @@ class ProcessSink(Pressure):
             raise LogError(self._error) from None
         self._write(data)
 
-    def _write(self, data: bytes | bytearray) -> None:
+    def _write(self, data: bytes | bytearray, body: bytes | bytearray = b"") -> None:
         try:
-            child.write_all(self._out, data)
+            if body:
+                child.write_all_parts(self._out, data, body)
+            else:
+                child.write_all(self._out, data)
         except OSError as exc:
             self._ok = False
             raise _WriterGone(one_line(exc)) from None
@@ -308,11 +332,12 @@ class ProcessSink(Pressure):
             self._cond.notify_all()
         self._eof.set()  # after the last words are recorded: `_sending` waits for them
 
-    def _acked_frames(self, frames: int, steps: int) -> None:
+    def _acked_frames(self, frames: int, steps: int, transactions: int) -> None:
         with self._lock:
             grew = steps > self._committed
             self._acked = frames
             self._committed = steps
+            self._transactions_done = transactions
             self._cond.notify_all()
         callback = self.on_commit
         if grew and callback is not None:

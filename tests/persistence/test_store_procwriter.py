@@ -467,3 +467,42 @@ def test_pages_count_as_pending_until_acknowledged(tmp_path: Path) -> None:
         sink.begin_run(run_rec("p"))
         sink.append_page(*_page(steps[:64]))
         assert sink.statistics().peak_pending == 64  # the lock keeps the ack out until it is noted
+
+
+def test_pages_are_acknowledged_every_half_window_and_a_waiter_asks_for_the_rest(
+    tmp_path: Path,
+) -> None:
+    """The writer acknowledges every `max_frames // 2` frames (an acknowledgement a page
+    cost the driver its reader thread's GIL traffic), so `committed` lags until someone
+    waits: `flush` and the edge's `wait_for_room` ask, and never wait for ever."""
+    import anyio
+
+    p = str(tmp_path / "x.db")
+    # 16 frames of room, an acknowledgement every 8; under pressure from 8 pending steps
+    sink = open_sink(p, writer="process", max_batch=4, max_pending=64, high_water=8)
+    sink.begin_run(run_rec("r"))  # acknowledged at once: frame 1
+    for i in range(12):  # three pages: frames 2..4, none acknowledged yet
+        sink.append(_step(i))
+    sink.append(_step(12))  # sends the third full page, buffers this one
+    time.sleep(0.3)  # the writer has committed the pages by now, and said nothing
+    stats = sink.statistics()
+    assert (stats.committed, stats.transactions) == (0, 1)  # only the run
+    assert sink.under_pressure
+
+    async def wait() -> None:
+        with anyio.fail_after(10):  # without the SYNC this waits for ever
+            await sink.wait_for_room()
+
+    anyio.run(wait)
+    stats = sink.statistics()
+    assert (stats.committed, stats.transactions) == (12, 4)  # the buffered step is pending
+    for i in range(13, 45):  # pages of frames 6..13 (the SYNC was frame 5): the 8th is acknowledged
+        sink.append(_step(i))
+    deadline = time.monotonic() + 10
+    while sink.statistics().transactions < 12 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (sink.statistics().committed, sink.statistics().transactions) == (44, 12)
+    sink.flush()
+    assert (sink.committed_ticket, sink.statistics().transactions) == (45, 13)
+    sink.close()
+    assert [s.input.seq for s in open_log(p).steps()] == list(range(45))
