@@ -506,3 +506,19 @@ def test_pages_are_acknowledged_every_half_window_and_a_waiter_asks_for_the_rest
     assert (sink.committed_ticket, sink.statistics().transactions) == (45, 13)
     sink.close()
     assert [s.input.seq for s in open_log(p).steps()] == list(range(45))
+
+
+def test_the_writer_checkpoints_as_it_goes_so_close_has_little_to_copy(tmp_path: Path) -> None:
+    """The process writer's logs have 64 KiB pages; at SQLite's default checkpoint
+    (1,000 pages) the WAL would hold 64 MB that `close()` then waits to copy back."""
+    p = str(tmp_path / "x.db")
+    sink = open_sink(p, writer="process", max_batch=64)
+    sink.begin_run(run_rec("r"))
+    for i in range(3000):  # ~12 MB of payloads, in pages of ~256 KB
+        inp = InputRec("a/1", i, float(i), i, 0, "ext/x", i, None, None, True, "T", bytes(4096))
+        sink.append(Step(inp, (), ()))
+    sink.flush()
+    wal_bytes = os.path.getsize(p + "-wal")
+    sink.close()
+    assert wal_bytes < 5 * 2**20  # the default's 4 MB (64 pages), plus the page in flight
+    assert sum(1 for _ in open_log(p).steps()) == 3000
