@@ -163,7 +163,7 @@ def replay_rows(scale: float, tmp: str, rounds: int = ROUNDS) -> list[Row]:
     """Verify re-executes every input; the baseline is executing them the first time."""
     from deepserve.benchmarks.replay_workload import build_log
     from deepserve.persistence import MemoryLog, open_log, open_sink
-    from deepserve.replay.verify import verify
+    from deepserve.replay.verifier import verify
 
     n = int(200_000 * scale)
     built: list[Any] = []

@@ -17,7 +17,7 @@ from deepserve.core.messages import Event, Message
 from deepserve.core.records import MemorySink
 from deepserve.core.sim import SimDriver
 from deepserve.persistence import MemoryLog
-from deepserve.replay.verify import verify
+from deepserve.replay.verifier import verify
 
 
 class BenchToken(Message, frozen=True):

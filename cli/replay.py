@@ -22,7 +22,7 @@ from deepserve.replay.common import compact
 
 if TYPE_CHECKING:
     from deepserve.persistence import LogReader
-    from deepserve.replay.verify import Divergence
+    from deepserve.replay.verifier import Divergence
 
 # The log machinery (SQLAlchemy, the readers, re-execution) is imported by the commands that
 # use it, not when the parser is built: `deepserve --help` and the other command groups do
@@ -126,7 +126,7 @@ def _migrate(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from deepserve.replay.verify import verify
+    from deepserve.replay.verifier import verify
     from deepserve.replay.verify_logs import one_run_per_process
 
     if one_run_per_process(args.log):  # a processes-mode run: one log per process, each verified alone
@@ -193,7 +193,7 @@ def _state(args: argparse.Namespace) -> int:
 def _log(args: argparse.Namespace) -> int:
     if args.since is not None and args.until is not None and args.since > args.until:
         raise CliError(f"empty time range: --since {args.since:g} is after --until {args.until:g}")
-    from deepserve.replay.listing import check_filters, listing, listing_records
+    from deepserve.replay.listings import check_filters, listing, listing_records
 
     reader = _read(args)
     filters = dict(actor=args.actor, corr=args.corr, since=args.since, until=args.until, run_id=args.run)
@@ -222,7 +222,7 @@ def _why(args: argparse.Namespace) -> int:
 
 
 def _digest(args: argparse.Namespace) -> int:
-    from deepserve.replay.digest import digest
+    from deepserve.replay.digests import digest
 
     value = digest(_read(args), args.run)
     if args.json:

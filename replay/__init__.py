@@ -13,24 +13,24 @@ from deepserve.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .common import ReplayError
-    from .digest import digest
+    from .digests import digest
     from .integrity import check_integrity
-    from .listing import check_filters, listing, listing_records
+    from .listings import check_filters, listing, listing_records
     from .state import ActorState, state_at
-    from .verify import Divergence, VerifyResult, verify
+    from .verifier import Divergence, VerifyResult, verify
 
 _EXPORTS = {
     "ReplayError": ".common",
-    "digest": ".digest",
+    "digest": ".digests",
     "check_integrity": ".integrity",
-    "check_filters": ".listing",
-    "listing": ".listing",
-    "listing_records": ".listing",
+    "check_filters": ".listings",
+    "listing": ".listings",
+    "listing_records": ".listings",
     "ActorState": ".state",
     "state_at": ".state",
-    "Divergence": ".verify",
-    "VerifyResult": ".verify",
-    "verify": ".verify",
+    "Divergence": ".verifier",
+    "VerifyResult": ".verifier",
+    "verify": ".verifier",
 }
 
 __all__ = [

@@ -17,7 +17,7 @@ import msgspec
 from deepserve.persistence.factory import log_files, open_log
 
 from .common import ReplayError
-from .verify import Divergence, VerifyResult, verify
+from .verifier import Divergence, VerifyResult, verify
 
 
 class LogVerdict(msgspec.Struct):

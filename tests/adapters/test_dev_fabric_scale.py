@@ -35,7 +35,7 @@ from deepserve.benchmarks.devices import Go, KeepBusy
 from deepserve.core import MemorySink, SimDriver
 from deepserve.core.codec import decode, encode
 from deepserve.persistence import MemoryLog
-from deepserve.replay.verify import verify
+from deepserve.replay.verifier import verify
 
 
 @pytest.mark.parametrize("at", [1e8, 3e7, 1e11])

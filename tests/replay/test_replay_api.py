@@ -201,7 +201,7 @@ def test_listing_labels_every_input_kind(kind: InputKind, label: str) -> None:
 
 def test_an_absent_corr_lists_the_first_ones_without_inventing_a_count(example: MemorySink) -> None:
     """The listing stops reading at the ninth distinct id: it cannot say how many more."""
-    from deepserve.replay.listing import check_filters
+    from deepserve.replay.listings import check_filters
 
     log = MemoryLog(example)
     with pytest.raises(ReplayError) as info:

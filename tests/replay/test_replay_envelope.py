@@ -11,7 +11,7 @@ from envactors import EnvReader, Peek
 
 from deepserve.core import SimDriver
 from deepserve.persistence import SCHEMA_VERSION, open_log, open_sink
-from deepserve.replay.verify import verify
+from deepserve.replay.verifier import verify
 
 
 def test_handlers_reading_ask_and_sender_clock_replay_identically(tmp_path: Path) -> None:

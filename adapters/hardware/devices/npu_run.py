@@ -97,16 +97,16 @@ def _layout_fits(npu: str, model: str, par: Parallel) -> None:
     check_layout(model_profile(model), par, largest_cluster(npu_spec(npu)))
 
 
-def check_run_cost(npu: str, msg: NpuForwardRun) -> None:
+def check_run_cost(npu: str, msg: NpuForwardRun) -> float | None:
     """Raise what `forward_cost_s` raises for the run's first pass, without pricing it (the NPU
     prices a run pass by pass as it draws them). For a dense model's main part these are
     forward_time's checks, in its order: the layout against the model, the sequences, the
-    layout against the largest cluster of this NPU kind; anything else is priced to be checked."""
-    if msg.head:
-        head_cost_s(npu, msg)  # pass 0's own shapes
+    layout against the largest cluster of this NPU kind; anything else is priced to be checked.
+    Returns the head's cost (priced to check it; `pass_costs` takes it), None without a head."""
+    head_s = head_cost_s(npu, msg) if msg.head else None  # pass 0's own shapes
     if msg.part != "main" or not _dense_main(msg.model):
         forward_cost_s(npu, msg)
-        return
+        return head_s
     par = layout_of(msg)
     _layout_valid(msg.model, par)
     if not msg.seqs:
@@ -116,6 +116,7 @@ def check_run_cost(npu: str, msg: NpuForwardRun) -> None:
             seq = Seq(s.new_tokens, s.context_tokens)
             raise ValueError(f"batch: each seq needs new_tokens >= 1, context >= 0; got {seq}")
     _layout_fits(npu, msg.model, par)
+    return head_s
 
 
 def layout_of(msg: NpuForward | NpuForwardRun) -> Parallel:
@@ -201,15 +202,18 @@ def head_cost_s(npu: str, msg: NpuForwardRun) -> float:
     return forward_cost_s(npu, head_request(msg))[0]
 
 
-def pass_costs(npu: str, msg: NpuForwardRun, lo: int, hi: int) -> NDArray[np.float64]:
+def pass_costs(
+    npu: str, msg: NpuForwardRun, lo: int, hi: int, head_s: float | None = None
+) -> NDArray[np.float64]:
     """The performance model's duration of passes lo..hi-1 of the run (the request validated).
     With a `head`, pass 0 is priced as a forward of its shapes (`forward_cost_s`, as a single
-    NpuForward of them would be) and pass i >= 1 as pass i - 1 of `seqs`."""
+    NpuForward of them would be; `head_s` if given, `head_cost_s`'s value already known) and
+    pass i >= 1 as pass i - 1 of `seqs`."""
     if not msg.head:
         return _body_costs(npu, msg, lo, hi)
     body = _body_costs(npu, msg, max(lo, 1) - 1, hi - 1) if hi > max(lo, 1) else _NONE
     if lo == 0 < hi:
-        return np.concatenate(([head_cost_s(npu, msg)], body))
+        return np.concatenate(([head_cost_s(npu, msg) if head_s is None else head_s], body))
     return body
 
 
