@@ -259,7 +259,7 @@ class ProcessSink(Pressure):
     def _sync(self) -> None:
         """Ask the writer to acknowledge every frame sent, if some is not yet."""
         if self._ok and self._acked < self._sent:
-            self._write(child.HEADER.pack(1) + bytes((SYNC,)))
+            self._write(child.frame(SYNC, b""))
 
     def _send_steps(self, closing: bool = False) -> None:
         # Wait for room before taking the buffer: whoever holds the lock after the
