@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+
 import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deepserve.core import Message, Raw, decode, encode
+from deepserve.core import Event, Message, Raw, decode, encode
 from deepserve.core.address import (
     BadAddress,
     address,
@@ -24,6 +26,11 @@ class Sample(Message, frozen=True):
     n: int
     xs: list[float]
     tag: str | None = None
+
+
+class UntrackedSample(Event, frozen=True):
+    items: tuple[int, ...]
+    tags: list[str]
 
 
 texts = st.text(max_size=20)
@@ -88,15 +95,7 @@ def test_addresses_and_ids():
 def test_messages_and_events_are_not_tracked_by_the_cyclic_collector():
     # Why: actors keep their events since the last snapshot, and the collector re-traversed
     # them (core/messages.py); a subclass inherits the setting, a mutable field stays tracked.
-    import gc
-
-    from deepserve.core import Event
-
-    class Noted(Event, frozen=True):
-        items: tuple[int, ...]
-        tags: list[str]
-
-    m, e = Sample("a", 1, [1.0]), Noted((1, 2), ["x"])
+    m, e = Sample("a", 1, [1.0]), UntrackedSample((1, 2), ["x"])
     assert not gc.is_tracked(m) and not gc.is_tracked(e)
     assert gc.is_tracked(e.tags)
-    assert decode("Noted", encode(e)) == e
+    assert decode("UntrackedSample", encode(e)) == e

@@ -89,6 +89,11 @@ class DpMaster(Actor[MasterState]):
 
     # The state embeds the whole block pool: a snapshot deep-copies it, so take them rarely.
     snapshot_every: ClassVar[int] = 8192
+    # The state changes only in `evolve` (handlers read it and record events), so a snapshot
+    # copies the live state instead of folding its 8,192 events a second time: on the whole
+    # Mooncake trace the masters' snapshots took 1.9 s of ~29 s folded, 0.08 s copied. Each
+    # snapshot equals the fold in tests/actors/flowserve/test_snapshot_from_live.py.
+    snapshot_from_live: ClassVar[bool] = True
 
     def __init__(self, config: Any) -> None:
         self.cfg = config if isinstance(config, MasterConfig) else msgspec.convert(config, MasterConfig)

@@ -94,6 +94,8 @@ from .state import (
     hbm_free_blocks,
     hbm_used_blocks,
     kv_usage,
+    lru_blocks,
+    lru_order,
     new_rtc,
 )
 from .tiers import copy_to_dram, finish_copy, plan_prefetch, plan_swap_out, populate, prefetch
@@ -107,6 +109,6 @@ __all__ = [
     "allocate", "append_block", "apply", "block_table", "cache_blocks", "can_allocate", "clear",
     "copy_status", "copy_to_dram", "create_cache", "delete_cache", "finish_copy", "free",
     "hbm_free_blocks", "hbm_used_blocks", "index_view", "is_loading", "is_rtc_event",
-    "kv_event_batch", "kv_events_of", "kv_usage", "match_by_id", "match_by_prefix", "new_rtc", "plan_prefetch", "plan_swap_out",
+    "kv_event_batch", "kv_events_of", "kv_usage", "lru_blocks", "lru_order", "match_by_id", "match_by_prefix", "new_rtc", "plan_prefetch", "plan_swap_out",
     "populate", "prefetch",
 ]

@@ -58,7 +58,10 @@ def _allocated(rtc: Rtc, ev: RtcBlocksAllocated) -> None:
             if r == 0:
                 if rtc.hbm_hash[b] is None:
                     raise Diverged(f"HBM block {b} is free: it cannot be shared")
-                del lru[b]
+                if b in lru:
+                    del lru[b]
+                else:
+                    del rtc.cold_hbm[b]
                 _left_lru(memo, b)
             ref[b] = r + 1
         table.extend(ev.shared)

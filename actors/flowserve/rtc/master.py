@@ -21,7 +21,7 @@ from .events import (
     RtcCleared,
     RtcFreed,
 )
-from .state import NONE, Rtc, RtcError
+from .state import NONE, Rtc, RtcError, lru_blocks, lru_order
 
 
 class Match(msgspec.Struct, frozen=True, gc=False):
@@ -86,7 +86,7 @@ def block_table(rtc: Rtc, seq: str) -> list[int]:
 
 def can_allocate(rtc: Rtc, num_blocks: int, shared: tuple[int, ...] = ()) -> bool:
     """Whether `allocate(seq, num_blocks, shared)` would succeed now."""
-    avail = len(rtc.free_hbm) + len(rtc.lru_hbm)
+    avail = len(rtc.free_hbm) + lru_blocks(rtc)
     if shared:
         ref = rtc.ref
         avail -= sum(1 for b in shared if ref[b] == 0)  # sharing takes them off the LRU
@@ -119,7 +119,7 @@ def _pick_hbm(rtc: Rtc, n: int, skip: tuple[int, ...] = ()) -> tuple[list[int], 
     if k < n:
         hbm_hash = rtc.hbm_hash
         skipping = set(skip)
-        for b in rtc.lru_hbm:
+        for b in lru_order(rtc):
             if b in skipping:
                 continue
             picked.append(b)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bisect import insort
 
-from .state import NONE, Node, Rtc, RtcError, SwapMemo
+from .state import NONE, Node, Rtc, RtcError, SwapMemo, leave_lru
 
 
 class Diverged(RtcError):
@@ -27,9 +27,9 @@ def _take_hbm(rtc: Rtc, b: int) -> None:
             raise Diverged(f"HBM block {b} is not next on the free stack")
         free.pop()
     else:
-        if rtc.ref[b] != 0 or b not in rtc.lru_hbm:
+        if rtc.ref[b] != 0 or (b not in rtc.lru_hbm and b not in rtc.cold_hbm):
             raise Diverged(f"HBM block {b} is not an unreferenced cached block")
-        del rtc.lru_hbm[b]
+        leave_lru(rtc, b)
         _left_lru(rtc.swap_memo, b)
         rtc.hbm_hash[b] = None
         rtc.hbm_saved[b] = 0
@@ -56,7 +56,7 @@ def _ref_inc(rtc: Rtc, b: int) -> None:
     if rtc.ref[b] == 0:
         if rtc.hbm_hash[b] is None:
             raise Diverged(f"HBM block {b} is free: it cannot be shared")
-        del rtc.lru_hbm[b]
+        leave_lru(rtc, b)
         _left_lru(rtc.swap_memo, b)
     rtc.ref[b] += 1
 
@@ -71,16 +71,16 @@ def _ref_dec(rtc: Rtc, b: int, cold: bool = False) -> None:
     if r == 0:
         if rtc.hbm_hash[b] is None:
             rtc.free_hbm.append(b)
-        else:
+        elif not cold:
             rtc.lru_hbm[b] = None
-            if cold:
-                rtc.lru_hbm.move_to_end(b, last=False)  # type: ignore[attr-defined]
-                memo = rtc.swap_memo
-                if rtc.hbm_saved[b]:  # the memo's known front grows by one saved block
-                    memo.gen[b], memo.pos[b] = memo.now, -1
-                    memo.cold += 1
-                else:
-                    memo.forget()
+        else:
+            rtc.cold_hbm[b] = None  # at the LRU's front (lru_order)
+            memo = rtc.swap_memo
+            if rtc.hbm_saved[b]:  # the memo's known front grows by one saved block
+                memo.gen[b], memo.pos[b] = memo.now, -1
+                memo.cold += 1
+            else:
+                memo.forget()
 
 
 def _index_hbm(rtc: Rtc, h: int, parent: int | None, b: int) -> None:

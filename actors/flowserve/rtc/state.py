@@ -6,9 +6,14 @@ msgpack-encodable (actor snapshots) and cheap to read on the scheduler's hot pat
 - HBM blocks `0..hbm_blocks-1` and DRAM blocks `0..dram_blocks-1` are two separate pools.
 - `ref[b]` counts the holders of HBM block b: sequences, named caches and copies in flight.
 - An HBM block with `ref == 0` is either *free* (no content: `free_hbm`, a stack) or *cached*
-  (it holds the KV of an indexed block: `lru_hbm`, ordered least recently used first). Allocation
-  takes free blocks first, then evicts from the LRU front (vLLM's block pool keeps a single queue;
-  preferring never-cached blocks keeps the cache longer at the same cost).
+  (it holds the KV of an indexed block: the LRU, least recently used first). Allocation takes
+  free blocks first, then evicts from the LRU front (vLLM's block pool keeps a single queue;
+  preferring never-cached blocks keeps the cache longer at the same cost). The LRU is two
+  insertion-ordered dicts, `lru_order`: `cold_hbm` (blocks safe in DRAM, released by a swap-out:
+  evicted first, the latest first) read backwards, then `lru_hbm`. Both only ever append and
+  delete, so a dict's stored order is its LRU order: msgpack encodes a dict in the order it
+  stores its keys, which an OrderedDict's `move_to_end(last=False)` does not change (one LRU
+  with the cold blocks moved to its front logged snapshots in the wrong order).
 - The prefix index (DeepServe's radix tree over token blocks) is `nodes`, keyed by the block's
   64-bit *chain hash* (`Prompt.block_hashes`): a chain hash names its whole prefix, so the tree is
   stored as a parent-pointer table and a prefix walk is one dict lookup per block. A node points
@@ -21,6 +26,8 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import OrderedDict
+from collections.abc import Iterator
+from itertools import chain
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -179,8 +186,8 @@ class Rtc(msgspec.Struct, kw_only=True, dict=True):
     ref: list[int]
     hbm_hash: list[int | None]  # chain hash held by each HBM block (None: no indexed content)
     free_hbm: list[int]
-    # OrderedDicts at run time (O(1) move/pop at both ends); typed `dict` so snapshots decode.
-    lru_hbm: dict[int, None]  # cached, unreferenced HBM blocks; LRU first
+    # OrderedDicts at run time (O(1) pop at the front); typed `dict` so snapshots decode.
+    lru_hbm: dict[int, None]  # cached, unreferenced HBM blocks; LRU first (after cold_hbm)
     dram_hash: list[int | None]
     free_dram: list[int]
     lru_dram: dict[int, None]  # unpinned DRAM blocks holding KV; LRU first
@@ -195,6 +202,9 @@ class Rtc(msgspec.Struct, kw_only=True, dict=True):
     # it looks at, one byte instead of two lookups.
     hbm_saved: bytearray = msgspec.field(default_factory=bytearray)
     next_copy: int = 0
+    # Cached, unreferenced HBM blocks whose KV DRAM holds too, released by a swap-out: ahead of
+    # `lru_hbm`, the latest first (`lru_order`).
+    cold_hbm: dict[int, None] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # A snapshot decoded from msgpack comes back with plain dicts: keep the LRU order type.
@@ -234,6 +244,7 @@ class Rtc(msgspec.Struct, kw_only=True, dict=True):
             finished=OrderedDict(self.finished),
             hbm_saved=bytearray(self.hbm_saved),
             next_copy=self.next_copy,
+            cold_hbm=dict(self.cold_hbm),
         )
 
 
@@ -261,7 +272,26 @@ def new_rtc(config: RtcConfig) -> Rtc:
 
 def hbm_free_blocks(rtc: Rtc) -> int:
     """HBM blocks an allocation can take now (free + cached-unreferenced)."""
-    return len(rtc.free_hbm) + len(rtc.lru_hbm)
+    return len(rtc.free_hbm) + len(rtc.lru_hbm) + len(rtc.cold_hbm)
+
+
+def lru_order(rtc: Rtc) -> Iterator[int]:
+    """The cached, unreferenced HBM blocks, the next to be evicted first."""
+    cold = rtc.cold_hbm
+    return chain(reversed(cold), rtc.lru_hbm) if cold else iter(rtc.lru_hbm)
+
+
+def lru_blocks(rtc: Rtc) -> int:
+    return len(rtc.lru_hbm) + len(rtc.cold_hbm)
+
+
+def leave_lru(rtc: Rtc, b: int) -> None:
+    """Take cached block b off the LRU (KeyError if it is not on it)."""
+    cold = rtc.cold_hbm
+    if cold and b in cold:
+        del cold[b]
+    else:
+        del rtc.lru_hbm[b]
 
 
 def hbm_used_blocks(rtc: Rtc) -> int:

@@ -13,7 +13,7 @@ from operator import itemgetter
 from .apply import POPULATE, PREFETCH, SWAP_OUT
 from .events import RtcCopyFinished, RtcCopyStarted
 from .master import Match, _check_seq_free, _pick_hbm, can_allocate, match_by_prefix
-from .state import DRAM, HBM, NONE, Rtc, RtcError, SwapMemo
+from .state import DRAM, HBM, NONE, Rtc, RtcError, SwapMemo, lru_blocks, lru_order
 
 
 def _pick_dram(rtc: Rtc, n: int) -> tuple[list[int], list[int]]:
@@ -110,7 +110,7 @@ def plan_swap_out(rtc: Rtc) -> RtcCopyStarted | None:
         return None
     size = 4 * cfg.swap_batch_blocks
     memo = rtc.swap_memo
-    if memo.known() < min(size, len(rtc.lru_hbm)):
+    if memo.known() < min(size, lru_blocks(rtc)):
         _scan(rtc, memo, SwapMemo.EXTENT * size)
     cold = memo.unsaved_within(size)
     if not cold:
@@ -126,7 +126,7 @@ def plan_swap_out(rtc: Rtc) -> RtcCopyStarted | None:
 def _scan(rtc: Rtc, memo: SwapMemo, n: int) -> None:
     """Read the LRU's first n blocks' saved flags into the memo (C-level map/bytes ops: the
     walk of the OrderedDict is the cost)."""
-    marked = list(islice(rtc.lru_hbm, n))
+    marked = list(islice(lru_order(rtc), n))
     if len(marked) < 2:  # itemgetter of one key returns the item, not a tuple
         flags = bytes(rtc.hbm_saved[b] for b in marked)
     else:

@@ -110,6 +110,11 @@ def _not_before(p: Pending) -> float:
 class Npu(Actor[NpuState]):
     """One NPU unit (a 910B chip or a 910C die). `queue_limit` bounds waiting requests."""
 
+    # The state changes only in `evolve_npu`, so a snapshot copies it instead of folding its
+    # events again (whole Mooncake trace: 0.28 s of ~29 s folded); each snapshot equals the
+    # fold in tests/actors/flowserve/test_snapshot_from_live.py.
+    snapshot_from_live = True
+
     def __init__(
         self, npu: str = "910b", hbm_bytes: int | None = None, queue_limit: int = 1024,
         variance: bool = True,

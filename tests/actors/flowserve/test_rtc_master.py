@@ -102,7 +102,7 @@ def test_swap_out_populate_round_trip_keeps_kv_and_mirror() -> None:
     assert rtc.copy_status(p.r, out.copy_id) == "pending"
     p.rec(rtc.finish_copy(p.r, out.copy_id, ok=True))
     assert rtc.copy_status(p.r, out.copy_id) == "done"
-    assert list(p.r.lru_hbm)[:3] == [0, 1, 2]  # safe in DRAM: evicted first
+    assert list(rtc.lru_order(p.r))[:3] == [0, 1, 2]  # safe in DRAM: evicted first
     p.rec(rtc.allocate(p.r, "b", 4))  # evicts every HBM copy
     assert rtc.match_by_prefix(p.r, [11, 12, 13]) == rtc.Match(dram_blocks=(0, 1, 2))
     assert p.mirror.match([11, 12, 13]) == 3
@@ -320,3 +320,21 @@ def test_background_swap_out_does_not_wait_when_eviction_is_near() -> None:
     p.rec(rtc.allocate(p.r, "d", 5))  # evicts them from HBM: DRAM still has them
     assert not any(p.r.hbm_saved)
     assert rtc.match_by_prefix(p.r, [1, 2]).dram_blocks != ()
+
+
+def test_a_snapshot_keeps_the_lru_order_with_blocks_released_cold() -> None:
+    """Dict equality ignores order, and msgpack encodes a dict in the order it stores keys: an
+    OrderedDict's `move_to_end(last=False)` (how a swap-out put its blocks at the LRU's front)
+    does not change that order, so snapshots logged the LRU wrongly. Now they keep it."""
+    p = Pool(hbm=4, dram=4)
+    p.rec(rtc.allocate(p.r, "a", 3))
+    p.rec(rtc.cache_blocks(p.r, "a", [11, 12, 13]))
+    p.rec(rtc.free(p.r, "a"))  # LRU: 2, 1, 0 (tail blocks first)
+    out = p.rec(rtc.copy_to_dram(p.r, [12]))  # block 1 is saved to DRAM
+    p.rec(rtc.finish_copy(p.r, out.copy_id, ok=True))  # ... and released cold: evicted first
+    order = list(rtc.lru_order(p.r))
+    assert order == [1, 2, 0]
+    back = msgspec.msgpack.decode(encode(p.r), type=rtc.Rtc)
+    assert list(rtc.lru_order(back)) == order
+    assert list(rtc.lru_order(copy.deepcopy(p.r))) == order
+    assert rtc.allocate(p.r, "b", 2).blocks == (3, 1)  # the free block, then the LRU front

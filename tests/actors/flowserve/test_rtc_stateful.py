@@ -209,7 +209,7 @@ class RtcMachine(RuleBasedStateMachine):
     @rule()
     def swap_out_under_pressure(self) -> None:
         r, size = self.r, 4 * self.r.config.swap_batch_blocks
-        known = r.swap_memo.size > 0 and r.swap_memo.known() >= min(size, len(r.lru_hbm))
+        known = r.swap_memo.size > 0 and r.swap_memo.known() >= min(size, rtc.lru_blocks(r))
         ev = rtc.plan_swap_out(r)
         # The memo that spares most scans (state.SwapMemo) decides as a fresh scan would: a
         # copy of the state starts with no memo.
@@ -319,7 +319,8 @@ class RtcMachine(RuleBasedStateMachine):
         for b in range(HBM_BLOCKS):
             assert r.ref[b] >= 0
             assert r.ref[b] == holders[b], (b, r.ref[b], holders[b])
-            in_free, in_lru = b in r.free_hbm, b in r.lru_hbm
+            in_free, in_lru = b in r.free_hbm, b in r.lru_hbm or b in r.cold_hbm
+            assert not (b in r.lru_hbm and b in r.cold_hbm)
             if r.ref[b] == 0:
                 assert in_free != in_lru  # exactly one place: no leak
                 assert in_free == (r.hbm_hash[b] is None)
