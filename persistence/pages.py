@@ -110,6 +110,27 @@ def _decode(decoder: msgspec.msgpack.Decoder[Any], label: str, run_id: str, page
         ) from None
 
 
+def check_page_head(label: str, run_id: str, page: Page, head: PageHead, first_step: int,
+                    expected_first: int | None) -> int:
+    """A page's stored head (its row's `steps`, `t_first`, `t_last`, `first_step`) against what
+    its body holds: the checksum covers only the body, and readers select pages for a time range
+    by `t_first`/`t_last` without decoding them, so damage there would silently hide a page.
+    `expected_first`: where the run's previous page ended (None for its first page; another
+    run's pages may come between, written to the same file at once). Returns where this page
+    ends (`LogError` if anything disagrees)."""
+    checked_body(label, run_id, page)
+    heads = _decode(_HEADS, label, run_id, page)
+    ts = [h.input.t for h in heads]
+    actual = PageHead(len(ts), min(ts), max(ts)) if ts else None
+    if actual != head or (expected_first is not None and first_step < expected_first):
+        raise LogError(
+            f"{label}: damaged log: page {page[0]} of run {run_id!r} has a head that does not "
+            f"match its steps (stored {tuple(head)}, first step {first_step}; its steps say "
+            f"{tuple(actual) if actual else None}, first step >= {expected_first})"
+        )
+    return first_step + head.steps
+
+
 def decode_page(label: str, run_id: str, page: Page) -> list[Step]:
     """A page's steps (`LogError` for a damaged page)."""
     return _decode(_STEPS, label, run_id, page)  # type: ignore[no-any-return]

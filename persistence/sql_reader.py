@@ -26,7 +26,7 @@ from deepserve.core.records import RunRec, SnapshotRec, Step
 
 from .api import LogReader, StepFilter
 from .errors import LogError
-from .pages import Page, checked_body, page_actors, page_snapshots, page_steps
+from .pages import Page, PageHead, check_page_head, page_actors, page_snapshots, page_steps
 from .rows import group_steps, id_range_is_dense
 from .schema import (
     EVENT_FIELDS,
@@ -184,10 +184,14 @@ class SqlLog(LogReader):
     def check_pages(self) -> None:
         """Every page of every run against its checksum (`LogError` at the first that
         fails): part of `check_integrity` for a file that holds pages."""
-        stmt = select(pages.c.run_id, pages.c.id, pages.c.body, pages.c.crc32).order_by(pages.c.id)
-        for chunk in self.db.chunks(stmt, PAGE_CHUNK):
-            for run, page_id, body, crc in chunk:
-                checked_body(self.label, run, (page_id, body, crc))
+        c = pages.c
+        stmt = select(c.run_id, c.id, c.body, c.crc32, c.steps, c.t_first, c.t_last, c.first_step)
+        ends: dict[str, int] = {}  # where each run's previous page ended
+        for chunk in self.db.chunks(stmt.order_by(c.id), PAGE_CHUNK):
+            for run, page_id, body, crc, steps, t_first, t_last, first in chunk:
+                head = PageHead(steps, t_first, t_last)
+                ends[run] = check_page_head(self.label, run, (page_id, body, crc), head, first,
+                                            ends.get(run))  # fmt: skip
 
     def paged_steps(self, run: str, where: StepFilter) -> Iterator[Step]:
         """The steps of a paged run that `where` selects (`pages.page_steps`)."""

@@ -375,6 +375,41 @@ def test_a_damaged_page_is_refused_by_every_read_and_by_the_integrity_check(tmp_
         assert str(info.value) == want
 
 
+@pytest.mark.parametrize(
+    ("update", "problem"),
+    [
+        # a time bound that hides the page from a time range ('replay log --since 3 --until 4')
+        ("UPDATE pages SET t_first = 5.0 WHERE id = 1", "stored (3, 5.0, 2.0), first step 1"),
+        ("UPDATE pages SET t_last = 1.0 WHERE id = 2", "stored (3, 3.0, 1.0), first step 4"),
+        ("UPDATE pages SET steps = 2 WHERE id = 2", "stored (2, 3.0, 5.0), first step 4"),
+        ("UPDATE pages SET first_step = 1 WHERE id = 2", "stored (3, 3.0, 5.0), first step 1"),
+    ],
+)
+def test_a_damaged_page_head_is_refused_by_the_integrity_check(tmp_path: Path, update: str,
+                                                                problem: str) -> None:  # fmt: skip
+    """The checksum covers a page's body; the head beside it (steps, time bounds, first step)
+    is what a time range selects pages by, without decoding them. Damaged, it hid a page from
+    `replay log --since/--until` and moved `replay state --at`, with exit 0."""
+    p = str(tmp_path / "x.db")
+    with open_sink(p, writer="process", max_batch=3) as sink:
+        sink.begin_run(run_rec("r"))
+        for i in range(9):
+            sink.append(_step(i))
+    log = open_log(p)
+    log.check_integrity()  # intact
+    assert len(list(log.steps(since=3.0, until=4.0))) == 2
+    log.close()
+    with sqlite3.connect(p) as c:
+        c.execute(update)
+    with pytest.raises(LogError) as info:
+        open_log(p).check_integrity()
+    assert "damaged log: page" in str(info.value) and problem in str(info.value)
+    cli = subprocess.run([sys.executable, "-m", "deepserve", "replay", "log", p, "--since", "3",
+                          "--until", "4"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert cli.returncode == 2 and cli.stdout == ""
+    assert cli.stderr.count("\n") == 1 and "does not match its steps" in cli.stderr
+
+
 def test_a_log_with_runs_keeps_its_indexes_while_a_process_writes(tmp_path: Path) -> None:
     p = str(tmp_path / "x.db")
     with open_sink(p) as sink:
