@@ -136,6 +136,9 @@ def _run(path: str, write: bool, fn: Callable[[Connection], T]) -> T:
             return fn(conn)
     except DBAPIError as exc:
         raise sqlite_error(path, exc) from None
+    except UnicodeDecodeError as exc:  # sqlite3 decodes text it reads: the schema's, here
+        raise LogError(f"{path}: damaged SQLite file, refusing to read it: text that is not "
+                       f"UTF-8 where its schema is stored ({exc.reason} at byte {exc.start})") from None
     finally:
         engine.dispose()
 
@@ -162,7 +165,10 @@ def integrity_problems(conn: sqlite3.Connection, max_errors: int = 10) -> list[s
     through that index answers wrongly. integrity_check also compares every index
     with its table. Cost (docs/kernel.md): about 3x quick_check, a few seconds for
     a 1M-input log."""
-    rows = conn.execute(f"PRAGMA integrity_check({int(max_errors)})").fetchall()
+    try:
+        rows = conn.execute(f"PRAGMA integrity_check({int(max_errors)})").fetchall()
+    except UnicodeDecodeError as exc:  # SQLite's error quotes a damaged schema's bytes
+        return [f"text that is not UTF-8 where its schema is stored ({exc.reason} at byte {exc.start})"]
     problems = [one_line(r[0]) for r in rows]
     return [] if problems == ["ok"] else problems
 

@@ -76,3 +76,27 @@ def test_a_damaged_file_in_a_run_directory_is_refused(tmp_path: Path) -> None:
 
 def test_memory_logs_have_nothing_to_check() -> None:
     MemoryLog(MemoryStore()).check_integrity()
+
+
+@pytest.mark.parametrize("command", ["verify", "log", "migrate"])
+def test_a_schema_damaged_into_bytes_that_are_not_utf8_is_refused_in_one_line(
+    tmp_path: Path, command: str
+) -> None:
+    """sqlite3 decodes what SQLite reports as UTF-8: a damaged schema's bytes in an error made
+    every replay command fail with 'internal error: UnicodeDecodeError', exit 3 (a user tour)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "bad.db"
+    _demo_log(str(path))
+    data = bytearray(path.read_bytes())
+    # The schema's row for table `inputs` ("table", name, table name, root page, SQL): a byte
+    # of its name that is not UTF-8 (a continuation byte with no start), quoted by SQLite's error
+    at = data.index(b"tableinputsinputs") + len("tablein")
+    data[at] = 0x87
+    path.write_bytes(bytes(data))
+    cli = subprocess.run([sys.executable, "-m", "deepserve", "replay", command, str(path)],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert cli.returncode == 2, cli.stderr
+    assert cli.stderr.count("\n") == 1 and "internal error" not in cli.stderr
+    assert f"{path}: " in cli.stderr and "SQLite file" in cli.stderr
