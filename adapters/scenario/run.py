@@ -97,6 +97,12 @@ def run_scenario(
     keeps the requests (by 0-based position in the trace) a partition runs (parallel.py), and
     `config_note` is added to the run's recorded config (which partition this log is)."""
     config = msgspec.to_builtins(scenario)
+    # What ran: --trace and --requests override the scenario's fields (the run record said the
+    # scenario's own trace and request count before)
+    if trace is not None:
+        config["workload"]["trace"] = trace
+    if requests is not None:
+        config["workload"]["requests"] = requests
     if config_note:
         config.update(config_note)
     driver = SimDriver(scenario.seed, sink=sink, config=config)

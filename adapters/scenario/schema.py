@@ -77,7 +77,7 @@ class Workload(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
 class Scenario(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     name: str = "scenario"
     description: str = ""
-    seed: int = 0
+    seed: Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)] = 0  # as --seed: 64-bit signed
     log: str = ""  # "" = runs/<name>-<seed>.db; "none" = no log
     cluster: Cluster = msgspec.field(default_factory=Cluster)
     workload: Workload = msgspec.field(default_factory=Workload)
@@ -90,6 +90,19 @@ LINKS_OF_TOPOLOGY = {"gen1": ("roce", "hccs"), "cm384": ("ub",)}
 MAX_SERVERS = {"gen1": 1024, "cm384": 48}
 NPUS_PER_SERVER = {"gen1": 8, "cm384": 16}
 DRAM_GB_PER_SERVER = {"gen1": 1500, "cm384": 1500}  # specs.SERVERS dram_bytes (checked in tests)
+
+
+def _layout_problems(c: Cluster) -> list[tuple[str, str]]:
+    """The model's own layout rules for a TE's TP group (tp dividing the attention heads, ...),
+    checked here as the NPU would check every forward: else every request fails at run time."""
+    from deepserve.adapters.hardware.batch import Batch, Parallel, Seq, validate
+    from deepserve.adapters.hardware.models import model_profile
+
+    try:
+        validate(model_profile(c.model), Batch(seqs=(Seq(1, 0),)), Parallel(tp=c.tp))
+    except ValueError as exc:
+        return [("cluster.tp", str(exc).removeprefix("tp: "))]
+    return []
 
 
 def check(s: Scenario, known_models: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -117,6 +130,8 @@ def check(s: Scenario, known_models: tuple[str, ...]) -> list[tuple[str, str]]:
             f"tp {c.tp} x dp_groups {c.dp_groups} = {c.npus_per_te()} NPUs per TE; "
             f"a {c.topology} server has {per_server}",
         ))  # fmt: skip
+    elif c.model in known_models:
+        problems += _layout_problems(c)
     from .placement import place  # placement builds on this module's types
 
     servers = place(c).servers if c.npus_per_te() <= per_server else 0

@@ -48,8 +48,21 @@ def check_lengths(path: str, line: int, prompt_field: str, prompt: int,
         raise TraceError(path, line, output_field, f"{output} is outside 1..{MAX_OUTPUT_TOKENS}")
 
 
+# The latest arrival a trace may give, 1e8 s (~3.2 years) after its first: virtual time is a
+# float of seconds, whose resolution there is still 15 ns (the emulated timings need far below
+# a microsecond). A row at 1e22 s failed its request with a bogus NPU timeout instead.
+MAX_ARRIVAL_S = 1e8
+
+
 def check_order(path: str, line: int, field: str, arrival_s: float, previous_s: float) -> None:
-    """Rows must come in arrival order: the simulator injects them as it reads them."""
+    """Rows must come in arrival order (the simulator injects them as it reads them), within
+    `MAX_ARRIVAL_S` of the start."""
+    if not arrival_s <= MAX_ARRIVAL_S:
+        raise TraceError(
+            path, line, field,
+            f"arrival {arrival_s:.6g} s after the trace's start is beyond the {MAX_ARRIVAL_S:.0e} s "
+            "a simulation can time precisely",
+        )  # fmt: skip
     if arrival_s < previous_s:
         raise TraceError(
             path, line, field,

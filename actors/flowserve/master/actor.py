@@ -313,7 +313,7 @@ class DpMaster(Actor[MasterState]):
             got = r.emitted - first
             if got and r.task.stream:
                 times = ends_s[:got] if len(ends_s) > 1 else ends_s * got
-                ctx.send(r.task.reply_to, token_message(r, first, times, cfg))
+                ctx.send(r.task.reply_to, token_message(r, first, times, cfg), corr=r.task.request_id)
             full = min(r.num_computed, r.task.prompt.num_tokens) // B
             sb = st.rtc.seqs.get(tid)
             if sb is not None and full > sb.num_cached:  # newly computed prompt blocks
@@ -379,7 +379,7 @@ class DpMaster(Actor[MasterState]):
             ctx.send(src.src, pd.KvRelease(transfer_id=src.transfer_id))
         msg = finished_message(r, status, reason, ctx.now(), self.cfg)
         ctx.record(TaskEnded(task_id=tid, status=status, reason=reason))
-        ctx.send(r.task.reply_to, msg)
+        ctx.send(r.task.reply_to, msg, corr=r.task.request_id)
 
     # ---- tier copies (the RTC executor's byte moves) ---------------------------------------
     def _move(self, ctx: Context, copy: rtc.RtcCopyStarted) -> None:

@@ -63,4 +63,5 @@ def created(m: DpMaster, ctx: Context, r: Req) -> None:
     ctx.record(rtc.free(st.rtc, tid))
     ctx.record(TaskEnded(task_id=tid, status="completed", reason=CONTEXT))
     ctx.send(r.task.reply_to, ContextInfo(req_id=r.task.request_id, context_id=cid, found=True,
-                                          num_tokens=len(hashes) * cfg.block_tokens, dp=cfg.dp))  # fmt: skip
+                                          num_tokens=len(hashes) * cfg.block_tokens, dp=cfg.dp),
+             corr=r.task.request_id)  # fmt: skip

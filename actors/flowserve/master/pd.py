@@ -82,7 +82,7 @@ def hold(m: DpMaster, ctx: Context, r: Req) -> None:
     ctx.after(cfg.pd_hold_timeout_s, HoldExpired(transfer_id=tid), key=f"hold:{tid}")
     msg = finished_message(r, "completed", "prefilled", ctx.now(), cfg, kv=handle)
     ctx.record(TaskEnded(task_id=tid, status="completed", reason="prefilled"))
-    ctx.send(r.task.reply_to, msg)
+    ctx.send(r.task.reply_to, msg, corr=r.task.request_id)
 
 
 def release(m: DpMaster, ctx: Context, transfer_id: str) -> None:
