@@ -18,7 +18,7 @@ from deepserve.actors.ports.pod import KillPod
 from deepserve.adapters.scenario.control import MANAGER_ADDR, PODS_ADDR
 
 from .api import error_body
-from .logquery import LogQueries
+from .logquery import MAX_ROWS, LogQueries
 from .metrics import Metrics
 from .runtime import Runtime, te_index
 
@@ -106,12 +106,16 @@ def create_admin_app(rt: Runtime, metrics: Metrics, token: str) -> FastAPI:
     queries = LogQueries.for_run_dir(rt.run_dir, rt.log_path)
 
     @app.get("/admin/requests/{request_id}")
-    async def request_timeline(request_id: str) -> JSONResponse:
-        """A request's steps and events, read from the run's live logs (SQLAlchemy async, aiosqlite)."""
-        rows = await queries.request_timeline(request_id)
+    async def request_timeline(request_id: str, limit: int = MAX_ROWS) -> JSONResponse:
+        """A request's first `limit` steps (at most 1,000) and their events, read from the run's
+        live logs (SQLAlchemy async, aiosqlite); `truncated` says whether it has more."""
+        if not 1 <= limit <= MAX_ROWS:
+            return JSONResponse(error_body(f"limit: must be in [1, {MAX_ROWS}], got {limit}",
+                                           "invalid_request_error", "limit"), 400)  # fmt: skip
+        rows, truncated = await queries.request_timeline(request_id, limit)
         if not rows:
             return JSONResponse(error_body(f"no request {request_id!r} in the log (yet)", "not_found_error"), 404)
-        return JSONResponse({"request_id": request_id, "steps": rows})
+        return JSONResponse({"request_id": request_id, "steps": rows, "truncated": truncated})
 
     @app.get("/admin/faults")
     async def recent_faults(limit: int = 50) -> dict[str, Any]:

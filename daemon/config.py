@@ -101,11 +101,16 @@ def default_text() -> tuple[str, str]:
 
 
 def load_config(path: str | None = None, overrides: tuple[str | tuple[str, str], ...] = ()) -> DaemonConfig:
-    """The validated config (the default file when `path` is None); errors name the key, and
-    the override that set it, if one did. An override is `KEY=VALUE` (`--set`), or
-    `(KEY=VALUE, label)` when a flag set it (`("daemon.port=9", "--port 9")`)."""
+    """The validated config: the default file, with `path`'s tables layered over it (a user's
+    file names only what it changes; tables merge key by key, any other value replaces), then the
+    overrides. Errors name the key, and the file or override that set it. An override is
+    `KEY=VALUE` (`--set`), or `(KEY=VALUE, label)` when a flag set it (`("daemon.port=9",
+    "--port 9")`)."""
+    default_source, default = default_text()
+    doc: dict[str, Any] = parse_toml(default_source, default)
+    labels: dict[str, str] = {}  # dotted key -> the file or override that set it
     if path is None:
-        source, text = default_text()
+        source = default_source
     else:
         p = Path(path)
         try:
@@ -116,8 +121,8 @@ def load_config(path: str | None = None, overrides: tuple[str | tuple[str, str],
             raise ScenarioError(path, "", exc.strerror or str(exc)) from None
         except UnicodeDecodeError as exc:
             raise ScenarioError(path, "", f"not UTF-8 text ({exc.reason})") from None
-    doc: dict[str, Any] = parse_toml(source, text)
-    labels: dict[str, str] = {}  # dotted key -> the override that set it
+        for key in _layer(doc, parse_toml(source, text)):
+            labels[key] = source
     for entry in overrides:
         item, label = (entry, f"--set {entry}") if isinstance(entry, str) else entry
         key, value = parse_override(item)
@@ -126,9 +131,22 @@ def load_config(path: str | None = None, overrides: tuple[str | tuple[str, str],
     try:
         return _validated(doc)
     except _Invalid as bad:
-        origin = next((lbl for k, lbl in labels.items()
-                       if bad.key == k or bad.key.startswith(k + ".") or k.startswith(bad.key + ".")), source)
+        origin = next((lbl for k, lbl in reversed(labels.items())
+                       if bad.key == k or bad.key.startswith(k + ".") or k.startswith(bad.key + ".")),
+                      default_source)  # fmt: skip
         raise ScenarioError(origin, bad.key, bad.problem) from None
+
+
+def _layer(base: dict[str, Any], top: dict[str, Any], prefix: str = "") -> list[str]:
+    """Merge `top` into `base` in place (tables key by key); the dotted keys `top` set."""
+    keys: list[str] = []
+    for k, v in top.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            keys += _layer(base[k], v, f"{prefix}{k}.")
+        else:
+            base[k] = v
+            keys.append(prefix + k)
+    return keys
 
 
 class _Invalid(Exception):

@@ -89,7 +89,7 @@ class Generation:
             if hits:
                 self.text = self.text[: min(hits)]
                 self.finish_reason = "stop"
-                await self.rt.cancel(self.rid, "stop sequence")
+                await self.rt.cancel(self.rid, "stop sequence", completed=True)
                 continue
             upto = len(self.text) - hold
             if upto > sent:

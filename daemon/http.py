@@ -41,14 +41,15 @@ def _error(exc: HttpError) -> JSONResponse:
 
 
 _UNKNOWN_FIELD = re.compile(r"Object contains unknown field `([^`]*)`(?: - at `\$\.?([^`]*)`)?")
+_MISSING_FIELD = re.compile(r"Object missing required field `([^`]*)`(?: - at `\$\.?([^`]*)`)?")
 
 
 def _param_of(error: str) -> str | None:
     """The field a msgspec validation error is about, as OpenAI's `param` names it:
     `messages[0].role`; an unknown field by its own name (`max_token`)."""
-    unknown = _UNKNOWN_FIELD.match(error)
-    if unknown:
-        field, where = unknown.groups()
+    named = _UNKNOWN_FIELD.match(error) or _MISSING_FIELD.match(error)
+    if named:
+        field, where = named.groups()
         return f"{where}.{field}" if where else field
     return error.rpartition("`$.")[2].rstrip("`") if "`$." in error else None
 
@@ -81,6 +82,9 @@ class Frontend:
             raise HttpError(400, text, "invalid_request_error", _param_of(text)) from None
         except msgspec.DecodeError as exc:
             raise HttpError(400, f"the body is not valid JSON: {exc}", "invalid_request_error") from None
+        except UnicodeDecodeError as exc:  # a JSON string holding bytes that are not UTF-8
+            raise HttpError(400, f"the body is not valid UTF-8 ({exc.reason} at byte {exc.start})",
+                            "invalid_request_error") from None  # fmt: skip
         if req.model != self.model_name:
             raise HttpError(404, f"the model {req.model!r} does not exist; served: {self.model_name!r}",
                             "not_found_error", "model")  # fmt: skip

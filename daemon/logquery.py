@@ -62,19 +62,20 @@ class LogQueries:
             engine = self.engines[url] = create_async_engine(url, poolclass=NullPool)
         return engine
 
-    async def request_timeline(self, request_id: str, limit: int = MAX_ROWS) -> list[dict[str, Any]]:
-        """Every step whose input carries the request id (its correlation id), with the events
-        the step recorded, from every log, by time (then log, then log order)."""
+    async def request_timeline(self, request_id: str, limit: int = MAX_ROWS) -> tuple[list[dict[str, Any]], bool]:
+        """The first `limit` steps whose input carries the request id (its correlation id), with
+        the events each recorded, from every log, by time (then log, then log order); and
+        whether there were more (a long request has a step per forward pass)."""
         limit = max(1, min(limit, MAX_ROWS))
         rows: list[tuple[float, int, int, dict[str, Any]]] = []
         for n, (label, url) in enumerate(self.sources()):
             try:
-                found = await self._timeline_in(url, request_id, limit)
+                found = await self._timeline_in(url, request_id, limit + 1)
             except SQLAlchemyError:
                 continue  # a process's log not created yet (or not yet a log): nothing of it to show
             rows += [(r["t"], n, i, {**r, "process": label}) for i, r in enumerate(found)]
         rows.sort(key=lambda r: r[:3])
-        return [r[3] for r in rows[:limit]]
+        return [r[3] for r in rows[:limit]], len(rows) > limit
 
     async def _timeline_in(self, url: str, request_id: str, limit: int) -> list[dict[str, Any]]:
         q = (select(inputs.c.id, inputs.c.t.label("at"), inputs.c.actor, inputs.c.src, inputs.c.type, inputs.c.external)

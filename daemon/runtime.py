@@ -191,13 +191,14 @@ class Runtime:
         await self.driver.inject(self.cfg.daemon.ingress, msg, corr=request_id, src="ext/http")
         return q
 
-    async def cancel(self, request_id: str, reason: str) -> None:
+    async def cancel(self, request_id: str, reason: str, completed: bool = False) -> None:
         """To every JE (the gateway drew one; the others ignore it): the JE cancels the task on
-        its TE, whose master frees the KV blocks, and the request ends as cancelled."""
+        its TE, whose master frees the KV blocks, and the request ends as cancelled (completed,
+        with `completed`: a stop sequence ended it)."""
         if self.driver is not None and request_id in self.streams:
+            cancel = CancelJob(request_id=request_id, reason=reason, completed=completed)
             for je in JES:
-                await self.driver.inject(je, CancelJob(request_id=request_id, reason=reason),
-                                         corr=request_id, src="ext/http")  # fmt: skip
+                await self.driver.inject(je, cancel, corr=request_id, src="ext/http")
 
     def _on_external(self, _t: float, env: Any) -> None:
         msg = env.msg

@@ -353,8 +353,8 @@ class JobExecutor(Actor[JeState]):
         j = self.state.jobs.get(rid)
         if j is None or j.task_id != m.task_id or not j.te:
             return  # an earlier attempt's or a finished job's tokens: never shown to the client
-        if not j.streamed:
-            ctx.record(TaskStreamed(task_id=m.task_id))
+        first = m.times_s[0] if m.first_index == 0 and m.times_s else None
+        ctx.record(TaskStreamed(task_id=m.task_id, upto=m.first_index + len(m.times_s), first_token_s=first))
         if self.cfg.stream_to:  # a live frontend: the JE is the output path's relay
             ctx.send(self.cfg.stream_to, m, corr=rid)
 
@@ -441,6 +441,8 @@ class JobExecutor(Actor[JeState]):
 
     def _finish(self, ctx: Context, rid: str, j: Job, status: str, reason: str,
                 m: TaskFinished | None = None, first: float | None = None, cached: int = 0) -> None:
+        if status == "cancelled" and j.cancel_completes:
+            status = "completed"  # cut short by a stop sequence: the client has its whole output
         if j.te:
             ctx.cancel(f"acc/{j.task_id}")
         if j.cancelled:
@@ -448,8 +450,9 @@ class JobExecutor(Actor[JeState]):
         done = RequestDone(
             request_id=rid, status=status, reason=reason, arrival_s=j.arrival_s,  # type: ignore[arg-type]
             first_token_s=first if m is not None else j.first_token_s, finish_s=ctx.now() if m is None else m.finish_s,
-            prompt_tokens=m.prompt_tokens if m is not None else j.prompt_tokens,
-            cached_prompt_tokens=cached, output_tokens=m.output_tokens if m is not None else 0,
+            # Ended by the JE (no task result): what the client was sent
+            prompt_tokens=m.prompt_tokens if m is not None else (j.prompt_tokens or j.prompt.num_tokens),
+            cached_prompt_tokens=cached, output_tokens=m.output_tokens if m is not None else j.output_tokens,
             te=(m.te or j.te) if m is not None else j.te,
         )  # fmt: skip
         batch = j.batch_id

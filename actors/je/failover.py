@@ -47,7 +47,7 @@ def cancel(je: Any, ctx: Context, m: CancelJob) -> None:
     j = je.state.jobs.get(m.request_id)
     if j is None or j.cancelled:
         return  # not this JE's job (cancels go to every JE), or cancelled already
-    ctx.record(JobCancelRequested(request_id=m.request_id, reason=m.reason))
+    ctx.record(JobCancelRequested(request_id=m.request_id, reason=m.reason, completed=m.completed))
     if not j.te:  # parked, queued, or between tasks: nothing runs
         je._finish(ctx, m.request_id, j, "cancelled", m.reason)
         return

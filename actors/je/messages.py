@@ -37,10 +37,12 @@ class TeGroupMembership(Message, frozen=True, kw_only=True):
 
 class CancelJob(Message, frozen=True, kw_only=True):
     """The client went away (or hit a stop sequence, or the TTFT deadline): cancel the job's
-    current task on its TE (which frees its KV) and end the request as cancelled."""
+    current task on its TE (which frees its KV) and end the request as cancelled — or, with
+    `completed` (a stop sequence: the client has all it asked for), as completed."""
 
     request_id: str
     reason: str = "the client disconnected"
+    completed: bool = False
 
 
 class JobRequest(Message, frozen=True, kw_only=True):
@@ -136,6 +138,7 @@ class MembershipChanged(Event, frozen=True, kw_only=True):
 class JobCancelRequested(Event, frozen=True, kw_only=True):
     request_id: str
     reason: str
+    completed: bool = False  # CancelJob.completed: the request ends completed
 
 
 class RouteDecided(Event, frozen=True, kw_only=True):
@@ -154,9 +157,13 @@ class TaskAcked(Event, frozen=True, kw_only=True):
 
 
 class TaskStreamed(Event, frozen=True, kw_only=True):
-    """The current task's first output reached the client: retrying it is no longer safe."""
+    """Output of the current task reached the client: retrying it is no longer safe. Recorded
+    for every token message, so that a job the JE ends itself (its TE failed, the daemon stops)
+    records the tokens it did produce and when the first came."""
 
     task_id: str
+    upto: int = 0  # output tokens streamed so far (the message's first_index + its tokens)
+    first_token_s: float | None = None  # set by the message holding token 0
 
 
 class OfferRefused(Event, frozen=True, kw_only=True):
@@ -241,8 +248,10 @@ class Job(msgspec.Struct, kw_only=True):
     first_token_s: float | None = None
     cached_prompt_tokens: int = 0
     prompt_tokens: int = 0
+    output_tokens: int = 0  # streamed to the client so far (TaskStreamed)
     kv: KvHandle | None = None
     cancelled: str = ""  # why the requester cancelled it ("": not cancelled)
+    cancel_completes: bool = False  # ... and it ends completed, not cancelled (a stop sequence)
 
 
 class Batch(msgspec.Struct, kw_only=True):

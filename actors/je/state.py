@@ -56,7 +56,11 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
     elif t is SweepMissed:
         s.sweep_misses += 1
     elif t is TaskStreamed:
-        s.jobs[e.task_id.rpartition("/")[0]].streamed = True  # type: ignore[attr-defined]
+        j = s.jobs[e.task_id.rpartition("/")[0]]  # type: ignore[attr-defined]
+        j.streamed = True
+        j.output_tokens = max(j.output_tokens, e.upto)  # type: ignore[attr-defined]
+        if j.first_token_s is None:
+            j.first_token_s = e.first_token_s  # type: ignore[attr-defined]
     elif t is OfferRefused:
         j = s.jobs[e.request_id]  # type: ignore[attr-defined]
         _close(s, j.te)
@@ -91,7 +95,8 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
     elif t is JeLateMessage:
         s.late += 1
     elif t is JobCancelRequested:
-        s.jobs[e.request_id].cancelled = e.reason  # type: ignore[attr-defined]
+        j = s.jobs[e.request_id]  # type: ignore[attr-defined]
+        j.cancelled, j.cancel_completes = e.reason, e.completed  # type: ignore[attr-defined]
     return s
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +49,21 @@ def test_the_scheduling_section_reaches_the_je_config() -> None:
     sch = cfg.scheduling.as_scenario_section()
     assert (sch.policy, sch.params, sch.jes) == ("load_aware", {"threshold": 2}, 1)
     assert load_config().scheduling.policy == "round_robin"  # the default is unchanged
+
+
+def test_a_config_file_names_only_what_it_changes(tmp_path: Path) -> None:
+    """A user's file is layered over the default (a tour found that `[daemon] port = 9000`
+    alone was refused for keys it never wrote: it was validated over the schema's defaults)."""
+    f = tmp_path / "mine.toml"
+    f.write_text("[daemon]\nport = 9000\n\n[cluster]\ntes = 3\n")
+    cfg, default = load_config(str(f)), load_config()
+    assert cfg.daemon.port == 9000 and cfg.cluster.tes == 3
+    assert cfg.cluster.scheduler == default.cluster.scheduler  # the rest as the default says
+    assert cfg.control == default.control
+    f.write_text("[daemon]\nport = -5\n")
+    with pytest.raises(ScenarioError) as info:
+        load_config(str(f))
+    assert str(info.value).startswith(f"{f}: daemon.port: ")  # the file that set it
+    with pytest.raises(ScenarioError) as info:
+        load_config(str(f), ("daemon.port=-1",))
+    assert str(info.value).startswith("--set daemon.port=-1: daemon.port: ")

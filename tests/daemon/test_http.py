@@ -89,7 +89,10 @@ def test_unknown_model_is_a_404_error_object(daemon: dict[str, Any]) -> None:
         (b'{"model": "llama3-8b", "messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}', "max_tokens"),
         (b'{"model": "llama3-8b", "messages": [{"role": "user", "content": "x"}], "temperature": 7}', "temperature"),
         (b'{"model": "llama3-8b", "messages": []}', "messages"),
-        (b'{"messages": [{"role": "user", "content": "x"}]}', None),
+        (b'{"messages": [{"role": "user", "content": "x"}]}', "model"),
+        (b'{"model": "llama3-8b", "messages": [{"content": "x"}]}', "messages[0].role"),
+        # bytes that are not UTF-8 inside a JSON string: a 500 and a traceback before (a tour)
+        (b'{"model": "llama3-8b", "messages": [{"role": "user", "content": "\xff\xfe"}]}', None),
     ],
 )
 def test_bad_bodies_are_400_naming_the_field(daemon: dict[str, Any], body: bytes, param: str | None) -> None:
@@ -285,6 +288,12 @@ def test_admin_reads_a_request_from_the_live_log(daemon: dict[str, Any]) -> None
     steps = got.json()["steps"]
     assert steps[0]["input"] == "Arrive" and steps[0]["from"] == "ext/http" and steps[0]["external"]
     assert sum(s["events"].count("JobFinished") for s in steps) == 1
+    assert got.json()["truncated"] is False
+    # A long request has more steps than a page shows: it says so (it stopped at 1,000 silently)
+    first = httpx.get(f"{daemon['admin_url']}/admin/requests/{rid}?limit=2", timeout=10).json()
+    assert first["steps"] == steps[:2] and first["truncated"] is True
+    bad = httpx.get(f"{daemon['admin_url']}/admin/requests/{rid}?limit=0", timeout=10)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "limit"
     assert httpx.get(f"{daemon['admin_url']}/admin/requests/nope", timeout=10).status_code == 404
 
 

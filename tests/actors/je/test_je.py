@@ -365,6 +365,10 @@ def test_cluster_manager_removing_tes_with_open_tasks_retries_or_fails_each_requ
     streamed = by_first["c/stream"]
     assert streamed.status == "failed" and "after output streamed" in streamed.reason
     assert "c/stream left the colocated group" in streamed.reason
+    # Ended by the JE, it records what the client was sent (a tour found output_tokens=0,
+    # prompt_tokens=0 and no first token after "failed after 151 output tokens")
+    assert streamed.output_tokens == 1 and streamed.first_token_s is not None
+    assert streamed.prompt_tokens > 0
     assert d.actor("je/0").state.late >= 2  # the removed TEs' answers arrived later, ignored
     s = d.actor("je/0").state
     assert (s.completed, s.failed, sum(s.open.values()), s.jobs) == (4, 1, 0, {})

@@ -98,6 +98,20 @@ def test_cancel_reaches_the_te_and_ends_the_request_once_as_cancelled() -> None:
     assert verify(MemoryLog(d.sink)).identical  # type: ignore[arg-type]
 
 
+def test_a_stop_sequence_ends_the_request_completed_not_cancelled() -> None:
+    """The frontend cancels the task when the text hits a stop sequence; the client has all it
+    asked for, so the request counts as completed (a tour saw stops counted as cancelled)."""
+    d, out = driver({"te/0": {}}, ("te/0",))
+    d.inject("je/0", job(0), at=0.01)
+    d.inject("je/0", CancelJob(request_id="r0", reason="stop sequence", completed=True), at=0.55)
+    d.run(until=10.0)
+    r = dones(out)["r0"]
+    assert (r.status, r.reason, r.output_tokens) == ("completed", "stop sequence", 5)
+    s = d.actor("je/0").state
+    assert (s.completed, s.failed, s.jobs) == (1, 0, {})
+    assert verify(MemoryLog(d.sink)).identical  # type: ignore[arg-type]
+
+
 def test_a_cancel_the_te_never_answers_ends_at_the_deadline() -> None:
     d, out = driver({"te/0": {}}, ("te/0",))
     d.inject("je/0", job(0), at=0.01)
