@@ -55,6 +55,9 @@ def test_override_changes_only_that_field() -> None:
         ("cluster.model=gpt", "--set cluster.model=gpt", "cluster.model", "unknown model 'gpt'"),
         ("cluster.hardware=910c", "--set cluster.hardware=910c", "cluster.hardware", "does not match"),
         ("workload.rps_scale=0", "--set workload.rps_scale=0", "workload.rps_scale", "> 0"),
+        # found by a user tour: every request failed at run time, or the log writer after the run
+        ("cluster.tp=3", "--set cluster.tp=3", "cluster.tp", "3 does not divide the 32 attention heads"),
+        ("seed=18446744073709551615", "--set seed=18446744073709551615", "seed", "<= 9223372036854775807"),
     ],
 )  # fmt: skip
 def test_bad_override_names_its_key(override: str, source: str, key: str, problem: str) -> None:

@@ -103,6 +103,15 @@ def test_mooncake_bad_row_names_file_line_field(
     assert str(err).startswith(f"{path}:3: {field}: ")
 
 
+def test_an_arrival_beyond_what_virtual_time_resolves_is_refused(tmp_path: Path) -> None:
+    """A user tour's row at 1e22 ms failed its request with a bogus NPU timeout."""
+    path = _write(tmp_path, "m", _mooncake_line(0) + "\n" + _mooncake_line(1e22) + "\n")
+    err = _error(path)
+    assert (err.line, err.field) == (2, "timestamp") and "beyond the 1e+08 s" in err.problem
+    ok = _write(tmp_path, "ok", _mooncake_line(0) + "\n" + _mooncake_line(1e11) + "\n")  # 1e8 s
+    assert len(list(open_trace(ok))) == 2
+
+
 def test_mooncake_out_of_order_arrival_refused(tmp_path: Path) -> None:
     path = _write(tmp_path, "m", _mooncake_line(5000) + "\n" + _mooncake_line(4000) + "\n")
     err = _error(path)
