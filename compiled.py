@@ -7,7 +7,8 @@ of `sys.meta_path`, but only while every hash still matches: an edited source is
 by a stale extension. All or nothing, since compiled modules call each other's C directly: one
 changed module and everything runs pure until `make` rebuilds. `DEEPSERVE_PURE=1` forces pure.
 
-Both builds write the same log byte for byte (tests/core/test_compiled.py); `BUILD` says which
+Both builds write the same log byte for byte, a failed handler's traceback text aside
+(tests/core/test_compiled.py); `BUILD` says which
 one runs, and the benchmarks print it. Why mypyc, and what it buys: docs/decisions.md
 (2026-11-26). Build: `python -c 'import deepserve.compiled as c; c.main()'` (what `make` runs).
 """

@@ -19,6 +19,7 @@ from typing import Any, Final
 from .address import EXTERNAL_PREFIX, HLC_LOGICAL_BITS, check_address, hlc_physical
 from .cell import Cell
 from .classpath import class_path
+from .codeid import CODE_VERSION  # the release and a hash of the sources
 from .context import Out
 from .envelope import Envelope
 from .messages import AskFailed, Message, Started, Stop, Stopped, Undelivered
@@ -36,7 +37,6 @@ from .records import (
 )
 from .steps import final_snapshot, input_record
 
-CODE_VERSION = "0.1.0"
 TRANSPORT_REFUSED = "transport refused"
 ASK_SRC = "ext/ask"  # the source address of asks from outside the actor system
 # Module-level names of the per-message path again, as `Final`: C statics in the compiled

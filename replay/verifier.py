@@ -16,6 +16,7 @@ import msgspec
 from deepserve.core.actor import UnknownActorClass, load_class
 from deepserve.core.cell import Cell, execute
 from deepserve.core.codec import DecodeError, decode
+from deepserve.core.codeid import CODE_VERSION
 from deepserve.core.envelope import Envelope
 from deepserve.core.messages import HandlerFailed, Started, registered
 from deepserve.core.records import SNAPSHOT, EventRec, Step
@@ -52,6 +53,7 @@ class VerifyResult(msgspec.Struct):
     actors: int  # actors re-executed (an address re-spawned counts once)
     inputs: int  # deliveries re-executed, up to and including a divergence
     divergence: Divergence | None = None
+    logged_code: str = ""  # the run record's code_version, when it is not this code's
 
     def summary(self) -> str:
         """One line, naming the run checked (a log may hold several)."""
@@ -60,12 +62,17 @@ class VerifyResult(msgspec.Struct):
         d = self.divergence
         if d is None:
             raise ValueError("a diverged VerifyResult needs its divergence")
-        return f"diverged: {d.actor}#{d.seq} at t={d.t:.6f}, {d.what} (run {self.run_id!r})"
+        line = f"diverged: {d.actor}#{d.seq} at t={d.t:.6f}, {d.what} (run {self.run_id!r})"
+        if self.logged_code:
+            line += (f"; the log was written by code {self.logged_code} and this is "
+                     f"{CODE_VERSION}: a change to the code can explain it")  # fmt: skip
+        return line
 
 
 def verify(reader: LogReader, run_id: str | None = None) -> VerifyResult:
     """Re-execute every delivery of one run (default: the last) and compare."""
     run = pick_run(reader, run_id)
+    other_code = run.code_version if run.code_version != CODE_VERSION else ""
     seed = run.seed
     cells: dict[str, Cell] = {}
     decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
@@ -79,7 +86,7 @@ def verify(reader: LogReader, run_id: str | None = None) -> VerifyResult:
             if rec.kind == SNAPSHOT and step.snapshot is not None:
                 divergence = _final_state_difference(cells, step)
                 if divergence is not None:
-                    return VerifyResult(run.run_id, False, len(cells), inputs, divergence)
+                    return VerifyResult(run.run_id, False, len(cells), inputs, divergence, other_code)
             continue
         cell = cells.get(rec.actor)
         if cell is None or seq != cell.seq + 1 or not cell.alive or rec.type == "Started":
@@ -105,7 +112,7 @@ def verify(reader: LogReader, run_id: str | None = None) -> VerifyResult:
         ):  # not byte-identical: find where, unless only tracebacks differ
             divergence = _first_difference(cell, step, snapped)
             if divergence is not None:
-                return VerifyResult(run.run_id, False, len(cells), inputs, divergence)
+                return VerifyResult(run.run_id, False, len(cells), inputs, divergence, other_code)
     return VerifyResult(run.run_id, True, len(cells), inputs)
 
 

@@ -70,3 +70,23 @@ def test_well_behaved_actors_before_the_culprit_verify(tmp_path):
     assert res.returncode == 0, res.stdout + res.stderr
     # 12 ticks and starts, 36 items
     assert res.stdout.strip() == "identical: 2 actors, 48 inputs (run 'sim-3')"
+
+
+def test_a_divergence_in_a_log_written_by_other_code_says_so(tmp_path):
+    """A run record's code_version said "0.1.0" whatever the tree held, so a log verified after a
+    change diverged with no hint why (two user tours). It names the sources' hash now, and verify
+    points at a difference."""
+    import sqlite3
+
+    from deepserve.core.codeid import CODE_VERSION, source_hash
+
+    assert CODE_VERSION.endswith("+src." + source_hash()) and len(source_hash()) == 12
+    log = _write(tmp_path, "clock")
+    with sqlite3.connect(log) as c:
+        assert c.execute("SELECT code_version FROM runs").fetchone()[0] == CODE_VERSION
+        c.execute("UPDATE runs SET code_version = '0.1.0+src.000000000000'")
+    res = _run([sys.executable, "-m", "deepserve", "replay", "verify", str(log)], "202", tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    first = res.stdout.splitlines()[0]
+    assert first.startswith("diverged: suspect#4 ") and "written by code 0.1.0+src.000000000000" in first
+    assert f"this is {CODE_VERSION}" in first
