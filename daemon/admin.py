@@ -9,7 +9,9 @@ from typing import Any, Literal
 
 import msgspec
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deepserve.actors.cluster.messages import ScaleGroup
 from deepserve.actors.ports.faults import HbmRegionFault, LinkDegrade, LinkDown, NpuHang
@@ -49,7 +51,26 @@ def scale_input(rt: Runtime, sc: Scale) -> tuple[str, ScaleGroup, int]:
                          f"got {sc.size}")  # fmt: skip
     cm = rt.cluster_state()
     g = cm.groups.get(sc.group) if cm is not None else None
+    _check_pd_partner(sc, cm.groups if cm is not None else {})
     return MANAGER_ADDR, ScaleGroup(group=sc.group, size=sc.size), g.target if g is not None else 0
+
+
+PARTNER = {"prefill": "decode", "decode": "prefill"}
+
+
+def _check_pd_partner(sc: Scale, groups: dict[str, Any]) -> None:
+    """A PD pair needs both halves: a prefill group with no decode TE would take requests that
+    fail after their first token (a user tour: 1 in 4 failed, the colocated TEs idle)."""
+    model, _, role = sc.group.rpartition("/")
+    other = f"{model}/{PARTNER[role]}" if role in PARTNER else ""
+    partner = groups.get(other)
+    if partner is None or (sc.size == 0) == (partner.target == 0):
+        return
+    if sc.size == 0:
+        raise ValueError(f"size: 0 would leave {other}'s {partner.target} TE(s) without a {role} "
+                         f"partner; scale {other} to 0 first")  # fmt: skip
+    raise ValueError(f"size: {other} has no TE (target 0), so this group's requests could not "
+                     f"finish; scale {other} up first")  # fmt: skip
 
 
 def fault_inputs(rt: Runtime, f: Fault) -> list[tuple[str, Any]]:
@@ -93,6 +114,19 @@ def _check_launched(rt: Runtime, te: str) -> None:
 def create_admin_app(rt: Runtime, metrics: Metrics, token: str) -> FastAPI:
     app = FastAPI(title="deepserve admin")
 
+    # Every error in the one (OpenAI) shape the rest of the API uses, not FastAPI's own
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_route_error(_r: Request, exc: StarletteHTTPException) -> JSONResponse:
+        type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(exc.detail), type_, None, str(exc.status_code)),
+                            exc.status_code, headers=getattr(exc, "headers", None))  # fmt: skip
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_bad_param(_r: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        name = str(first.get("loc", ("", "?"))[-1])
+        return JSONResponse(error_body(f"{name}: {first.get('msg', 'invalid')}", "invalid_request_error", name), 400)
+
     @app.middleware("http")
     async def _auth(request: Request, call_next: Any) -> Any:
         if token and request.headers.get("authorization") != f"Bearer {token}":
@@ -118,7 +152,10 @@ def create_admin_app(rt: Runtime, metrics: Metrics, token: str) -> FastAPI:
         return JSONResponse({"request_id": request_id, "steps": rows, "truncated": truncated})
 
     @app.get("/admin/faults")
-    async def recent_faults(limit: int = 50) -> dict[str, Any]:
+    async def recent_faults(limit: int = 50) -> Any:
+        if not 1 <= limit <= MAX_ROWS:
+            return JSONResponse(error_body(f"limit: must be in [1, {MAX_ROWS}], got {limit}",
+                                           "invalid_request_error", "limit"), 400)  # fmt: skip
         return {"inputs": await queries.recent_admin_inputs(limit)}
 
     @app.post("/admin/scale")

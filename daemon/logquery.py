@@ -96,7 +96,8 @@ class LogQueries:
         admin inputs enter the run in the main process)."""
         limit = max(1, min(limit, MAX_ROWS))
         q = (select(inputs.c.t.label("at"), inputs.c.actor, inputs.c.src, inputs.c.type)
-             .where(inputs.c.src.in_(("ext/admin", "ext/operator"))).order_by(inputs.c.id.desc()).limit(limit))  # fmt: skip
+             .where(inputs.c.src.in_(("ext/admin", "ext/operator")), inputs.c.type != "Started")  # not the boot
+             .order_by(inputs.c.id.desc()).limit(limit))  # fmt: skip
         _, url = self.sources()[0]
         async with self._engine(url).connect() as conn:
             rows = (await conn.execute(q)).all()

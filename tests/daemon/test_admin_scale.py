@@ -84,6 +84,13 @@ def test_token_scale_up_and_down(tmp_path: Path) -> None:
         inputs = httpx.get(admin + "/admin/faults", headers=AUTH, timeout=10).json()["inputs"]
         scales = [i for i in inputs if i["input"] == "ScaleGroup"]
         assert len(scales) == 2 and all(i["from"] == "ext/admin" and i["to"] == "cluster" for i in scales)
+        assert not [i for i in inputs if i["input"] == "Started"]  # the boot is not an admin action
+        # Errors in the API's one shape (FastAPI's 405 and 422 bodies before: a user tour)
+        bad = httpx.get(admin + "/admin/faults?limit=abc", headers=AUTH, timeout=10)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "limit"
+        assert httpx.get(admin + "/admin/faults?limit=-1", headers=AUTH, timeout=10).status_code == 400
+        wrong = httpx.get(admin + "/admin/fault", headers=AUTH, timeout=10)
+        assert wrong.status_code == 405 and wrong.json()["error"]["type"] == "invalid_request_error"
     finally:
         out = stop_daemon(proc)
     assert proc.returncode == 0, out
@@ -92,3 +99,24 @@ def test_token_scale_up_and_down(tmp_path: Path) -> None:
         assert verify(log).identical
     finally:
         log.close()
+
+
+def test_a_pd_pair_is_not_scaled_into_half_a_pair() -> None:
+    """Scaling a decode group to 0 while its prefill group runs left prefills that failed after
+    their first token (a user tour: 1 request in 4 failed). Refused, naming `size`."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from deepserve.daemon.admin import Scale, _check_pd_partner
+
+    groups = {"m/prefill": SimpleNamespace(target=1), "m/decode": SimpleNamespace(target=1),
+              "m/colocated": SimpleNamespace(target=2)}  # fmt: skip
+    with pytest.raises(ValueError, match=r"^size: 0 would leave m/prefill's 1 TE\(s\) without a decode"):
+        _check_pd_partner(Scale(group="m/decode", size=0), groups)
+    _check_pd_partner(Scale(group="m/colocated", size=0), groups)  # no partner to strand
+    _check_pd_partner(Scale(group="m/decode", size=2), groups)
+    groups["m/decode"].target = 0
+    with pytest.raises(ValueError, match=r"^size: m/decode has no TE \(target 0\)"):
+        _check_pd_partner(Scale(group="m/prefill", size=2), groups)
+    _check_pd_partner(Scale(group="m/prefill", size=0), groups)  # both halves at 0: consistent
