@@ -46,6 +46,7 @@ def read_azure(path: str, header: str, lines: Iterable[tuple[int, str]]) -> Iter
     """Requests from the header and (line number, text) pairs of the rows after it."""
     cols = header_columns(path, header)
     width = max(cols.values()) + 1
+    header_width = len(next(csv.reader([header])))
     t_col, p_col, o_col = (cols[c] for c in COLUMNS)
     first: datetime | None = None
     previous_s = 0.0
@@ -59,6 +60,8 @@ def read_azure(path: str, header: str, lines: Iterable[tuple[int, str]]) -> Iter
                 path, line, COLUMNS[_first_absent(cols, len(fields))],
                 f"row has {len(fields)} fields, the header names {width}",
             )  # fmt: skip
+        if len(fields) > header_width:  # a shifted or merged row: its values may be misread
+            raise TraceError(path, line, "row", f"row has {len(fields)} fields, the header names {header_width}")
         stamp = _time(path, line, fields[t_col])
         prompt = _int(path, line, "ContextTokens", fields[p_col])
         output = _int(path, line, "GeneratedTokens", fields[o_col])
@@ -73,6 +76,8 @@ def read_azure(path: str, header: str, lines: Iterable[tuple[int, str]]) -> Iter
         previous_s = arrival_s
         yield TraceRequest(index, line, arrival_s, prompt, output, None)
         index += 1
+    if index == 0:  # as an empty file is refused
+        raise TraceError(path, 1, "format", "the file holds a header and no rows")
 
 
 def _first_absent(cols: dict[str, int], present: int) -> int:

@@ -128,6 +128,8 @@ def test_mooncake_out_of_order_arrival_refused(tmp_path: Path) -> None:
         ("2023-11-16 18:15:47,10", "GeneratedTokens", "row has 2 fields"),
         ("2023-11-16 18:15:47,0,3", "ContextTokens", "outside 1.."),
         ("2023-11-16 18:15:45,10,3", "TIMESTAMP", "sorted by arrival"),
+        # a user tour: a row with a field too many was read silently
+        ("2023-11-16 18:15:47,10,3,7", "row", "row has 4 fields, the header names 3"),
     ],
 )
 def test_azure_bad_row_names_file_line_field(
@@ -138,6 +140,11 @@ def test_azure_bad_row_names_file_line_field(
     err = _error(path)
     assert (err.line, err.field) == (3, field)
     assert problem in err.problem
+
+
+def test_an_azure_header_without_rows_is_refused_like_an_empty_file(tmp_path: Path) -> None:
+    err = _error(_write(tmp_path, "a.csv", AZURE_HEADER))
+    assert (err.line, err.field) == (1, "format") and "no rows" in err.problem
 
 
 def test_azure_header_missing_a_column(tmp_path: Path) -> None:
