@@ -19,7 +19,7 @@ from deepserve.actors.ports.npu import DEFAULT_REGIONS
 from deepserve.actors.ports.pod import KillPod
 from deepserve.adapters.scenario.control import MANAGER_ADDR, PODS_ADDR
 
-from .api import error_body
+from .api import error_body, route_error_body
 from .logquery import MAX_ROWS, LogQueries
 from .metrics import Metrics
 from .runtime import Runtime, te_index
@@ -97,6 +97,11 @@ def fault_inputs(rt: Runtime, f: Fault) -> list[tuple[str, Any]]:
     return [(FABRIC, msg2)]
 
 
+def _bad_limit(limit: int) -> JSONResponse:
+    return JSONResponse(error_body(f"limit: must be in [1, {MAX_ROWS}], got {limit}",
+                                   "invalid_request_error", "limit"), 400)  # fmt: skip
+
+
 def _check_launched(rt: Runtime, te: str) -> None:
     """A TE that runs (or boots, or was declared failed): killing it is a fault to inject.
     A spare slot never launched, or a TE stopped by a scale-down, has no pod to kill."""
@@ -117,9 +122,8 @@ def create_admin_app(rt: Runtime, metrics: Metrics, token: str) -> FastAPI:
     # Every error in the one (OpenAI) shape the rest of the API uses, not FastAPI's own
     @app.exception_handler(StarletteHTTPException)
     async def _on_route_error(_r: Request, exc: StarletteHTTPException) -> JSONResponse:
-        type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(exc.detail), type_, None, str(exc.status_code)),
-                            exc.status_code, headers=getattr(exc, "headers", None))  # fmt: skip
+        return JSONResponse(route_error_body(exc.status_code, exc.detail), exc.status_code,
+                            headers=getattr(exc, "headers", None))  # fmt: skip
 
     @app.exception_handler(RequestValidationError)
     async def _on_bad_param(_r: Request, exc: RequestValidationError) -> JSONResponse:
@@ -144,8 +148,7 @@ def create_admin_app(rt: Runtime, metrics: Metrics, token: str) -> FastAPI:
         """A request's first `limit` steps (at most 1,000) and their events, read from the run's
         live logs (SQLAlchemy async, aiosqlite); `truncated` says whether it has more."""
         if not 1 <= limit <= MAX_ROWS:
-            return JSONResponse(error_body(f"limit: must be in [1, {MAX_ROWS}], got {limit}",
-                                           "invalid_request_error", "limit"), 400)  # fmt: skip
+            return _bad_limit(limit)
         rows, truncated = await queries.request_timeline(request_id, limit)
         if not rows:
             return JSONResponse(error_body(f"no request {request_id!r} in the log (yet)", "not_found_error"), 404)
@@ -154,8 +157,7 @@ def create_admin_app(rt: Runtime, metrics: Metrics, token: str) -> FastAPI:
     @app.get("/admin/faults")
     async def recent_faults(limit: int = 50) -> Any:
         if not 1 <= limit <= MAX_ROWS:
-            return JSONResponse(error_body(f"limit: must be in [1, {MAX_ROWS}], got {limit}",
-                                           "invalid_request_error", "limit"), 400)  # fmt: skip
+            return _bad_limit(limit)
         return {"inputs": await queries.recent_admin_inputs(limit)}
 
     @app.post("/admin/scale")

@@ -164,6 +164,13 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
+def route_error_body(status: int, detail: object) -> dict[str, Any]:
+    """A routing error (no such path: 404, a method the path does not take: 405) in OpenAI's
+    error shape, for the API's and the admin API's exception handlers alike."""
+    return error_body(str(detail), "not_found_error" if status == 404 else "invalid_request_error",
+                      None, str(status))  # fmt: skip
+
+
 def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip

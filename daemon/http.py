@@ -22,7 +22,7 @@ from deepserve.actors.flowserve.tokens import combine, model_key
 from deepserve.actors.workload.messages import RequestDone
 from deepserve.adapters.tokenizer import chat_text, make_tokenizer, prompt_of_ids, prompt_of_text
 
-from .api import ChatRequest, CompletionRequest, error_body
+from .api import ChatRequest, CompletionRequest, error_body, route_error_body
 from .generation import Disconnected, Generation, GenerationFailed, first_item
 from .metrics import Metrics
 from .runtime import NoCapacity, Overloaded, Runtime
@@ -184,10 +184,8 @@ def create_app(rt: Runtime, metrics: Metrics) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _on_route_error(_r: Request, exc: StarletteHTTPException) -> JSONResponse:
-        # No such path (404), or a method it does not take (405): OpenAI's error shape too.
-        type_ = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(exc.detail), type_, None, str(exc.status_code)),
-                            exc.status_code, headers=getattr(exc, "headers", None))  # fmt: skip
+        return JSONResponse(route_error_body(exc.status_code, exc.detail), exc.status_code,
+                            headers=getattr(exc, "headers", None))  # fmt: skip
 
     @app.exception_handler(Exception)
     async def _on_any(_r: Request, exc: Exception) -> JSONResponse:  # never a bare 500 page

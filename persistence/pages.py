@@ -118,8 +118,7 @@ def check_page_head(label: str, run_id: str, page: Page, head: PageHead, first_s
     `expected_first`: where the run's previous page ended (None for its first page; another
     run's pages may come between, written to the same file at once). Returns where this page
     ends (`LogError` if anything disagrees)."""
-    checked_body(label, run_id, page)
-    heads = _decode(_HEADS, label, run_id, page)
+    heads = _decode(_HEADS, label, run_id, page)  # checks the body's CRC first
     ts = [h.input.t for h in heads]
     actual = PageHead(len(ts), min(ts), max(ts)) if ts else None
     if actual != head or (expected_first is not None and first_step < expected_first):
