@@ -5,7 +5,7 @@ change could not tell a code change from nondeterminism (`replay verify` diverge
 Now it is `0.1.0+src.<12 hex digits>`: sha256 over the relative path and bytes of every `.py` file
 of the packages that decide behaviour (tests, benchmarks and examples aside), in path order. Two
 checkouts of one commit agree; the pure and compiled builds agree (one source). Computed once per
-process (~10 ms for ~300 files)."""
+process (18 ms measured here)."""
 
 from __future__ import annotations
 
