@@ -168,6 +168,10 @@ class NpuForwardRun(Message, frozen=True, kw_only=True):
     # runs `seqs` appended i - 1 times. Empty: every pass runs `seqs` (pass i: appended i times).
     # `mode` and `tokens` in the answer describe the passes of `seqs`.
     head: tuple[SeqShape, ...] = ()
+    # Passes 1..len(lead) when they too differ (needs a head: the chunks that finish longer
+    # prompts, each pass's shapes); then pass i > len(lead) runs `seqs` appended i - 1 - len(lead)
+    # times.
+    lead: tuple[tuple[SeqShape, ...], ...] = ()
 
 
 class NpuForwardTruncate(Message, frozen=True, kw_only=True):

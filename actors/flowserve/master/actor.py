@@ -42,6 +42,7 @@ from deepserve.actors.flowserve.master.state import (
     BatchEnded,
     BatchInterrupted,
     DeviceLost,
+    InFlight,
     MasterConfig,
     MasterState,
     Req,
@@ -274,11 +275,11 @@ class DpMaster(Actor[MasterState]):
             fwd: NpuForward | NpuForwardRun = NpuForward(
                 req_id=req_id, model=cfg.model, seqs=seqs, tp=cfg.tp, sample=True, start_delay_s=gap
             )
-        elif has_head(st, fl.entries):  # pass 0 completes prompts; every sequence decodes after it
-            after = tuple(SeqShape(1, s.context_tokens + s.new_tokens) for s in seqs)
-            fwd = NpuForwardRun(req_id=req_id, model=cfg.model, seqs=after, head=seqs, tp=cfg.tp,
-                                sample=True, iterations=iterations, gap_s=gap, start_delay_s=gap,
-                                starts=False)  # fmt: skip
+        elif has_head(st, fl.entries):  # pass 0 (and the lead's) finish prompts; then all decode
+            lead, after = _lead_shapes(seqs, fl)
+            fwd = NpuForwardRun(req_id=req_id, model=cfg.model, seqs=after, head=seqs, lead=lead,
+                                tp=cfg.tp, sample=True, iterations=iterations, gap_s=gap,
+                                start_delay_s=gap, starts=False)  # fmt: skip
         else:
             fwd = NpuForwardRun(req_id=req_id, model=cfg.model, seqs=seqs, tp=cfg.tp, sample=True,
                                 iterations=iterations, gap_s=gap, start_delay_s=gap,
@@ -293,18 +294,20 @@ class DpMaster(Actor[MasterState]):
         if isinstance(msg, NpuForwardRunDone):
             # Pass 0 of a run with a head is a prefill: its duration samples the prefill rate.
             head_s = msg.first_pass_s if has_head(self.state, fl.entries) else 0.0
-            self._finish_batch(ctx, msg.ends_s, head_s)
+            self._finish_batch(ctx, msg.ends_s, head_s, _lead_s(msg.ends_s, fl, self.cfg.launch_gap_s()))
         else:
             prefill = any(e.n > 1 for e in fl.entries)
             self._finish_batch(ctx, (ctx.now(),), msg.duration_s if prefill else 0.0)
 
-    def _finish_batch(self, ctx: Context, ends_s: tuple[float, ...], prefill_s: float) -> None:
+    def _finish_batch(self, ctx: Context, ends_s: tuple[float, ...], prefill_s: float,
+                      lead_s: tuple[float, ...] = ()) -> None:  # fmt: skip
         st, cfg = self.state, self.cfg
         fl = st.in_flight
         assert fl is not None
         reqs = st.reqs
         before = {e.task_id: reqs[e.task_id].emitted for e in fl.entries if e.task_id in reqs}
-        ctx.record(BatchEnded(step=fl.step, ends_s=ends_s, prefill_s=prefill_s))
+        emit_from = dict(zip((e.task_id for e in fl.entries), fl.emit_from, strict=True)) if fl.emit_from else {}
+        ctx.record(BatchEnded(step=fl.step, ends_s=ends_s, prefill_s=prefill_s, lead_s=lead_s))
         B = cfg.block_tokens
         for tid, first in before.items():
             r = reqs.get(tid)
@@ -312,7 +315,8 @@ class DpMaster(Actor[MasterState]):
                 continue
             got = r.emitted - first
             if got and r.task.stream:
-                times = ends_s[:got] if len(ends_s) > 1 else ends_s * got
+                f = emit_from.get(tid, 0)
+                times = ends_s[f : f + got] if len(ends_s) > 1 else ends_s * got
                 ctx.send(r.task.reply_to, token_message(r, first, times, cfg), corr=r.task.request_id)
             full = min(r.num_computed, r.task.prompt.num_tokens) // B
             sb = st.rtc.seqs.get(tid)
@@ -411,3 +415,20 @@ class DpMaster(Actor[MasterState]):
         # copy's blocks became evictable again): with nothing waiting the run goes on, exactly
         # as the stepwise path would reschedule the same decode batch at every pass.
         self.advance(ctx, interrupt=bool(st.waiting or st.deferred))
+
+
+def _lead_shapes(head: tuple[SeqShape, ...], fl: InFlight) -> tuple[tuple[tuple[SeqShape, ...], ...], tuple[SeqShape, ...]]:
+    """A run's lead passes as shapes (each entry's context: what it computed before the pass),
+    and the decode passes' shapes after them (every entry, one new token each)."""
+    computed = {e.task_id: s.context_tokens + s.new_tokens for e, s in zip(fl.entries, head, strict=True)}
+    lead = []
+    for entries in fl.lead:
+        lead.append(tuple(SeqShape(x.n, computed[x.task_id]) for x in entries))
+        for x in entries:
+            computed[x.task_id] += x.n
+    return tuple(lead), tuple(SeqShape(1, computed[e.task_id]) for e in fl.entries)
+
+
+def _lead_s(ends_s: tuple[float, ...], fl: InFlight, gap_s: float) -> tuple[float, ...]:
+    """The durations of the lead passes that ran (each started `gap_s` after the one before)."""
+    return tuple(ends_s[j] - (ends_s[j - 1] + gap_s) for j in range(1, min(len(ends_s), 1 + len(fl.lead))))

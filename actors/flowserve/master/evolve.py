@@ -17,6 +17,7 @@ from deepserve.actors.flowserve.master.state import (
     CorruptionArmed,
     CorruptionUsed,
     DeviceLost,
+    Entry,
     InFlight,
     MasterState,
     Req,
@@ -88,7 +89,7 @@ def _planned(st: MasterState, e: BatchPlanned) -> None:
             st.cached_prompt_tokens += r.num_computed
     if e.entries:
         st.in_flight = InFlight(step=e.step, entries=e.entries, iterations=e.iterations,
-                                launched=e.launched)  # fmt: skip
+                                launched=e.launched, lead=e.lead, emit_from=e.emit_from)  # fmt: skip
     st.step = e.step + 1
 
 
@@ -98,41 +99,59 @@ def _ended(st: MasterState, e: BatchEnded) -> None:
     if fl is None or e.failed:
         return
     passes = len(e.ends_s)
-    if passes > 1:
-        sample = (e.ends_s[-1] - e.ends_s[0]) / (passes - 1)
+    m = 1 + len(fl.lead)  # the passes before decoding (pass 0 and the lead's)
+    if passes > m:  # the mean decode pass
+        sample = (e.ends_s[-1] - e.ends_s[m - 1]) / (passes - m)
         old = st.run_pass_s
         st.run_pass_s = sample if old == 0.0 else (1 - RUN_PASS_WEIGHT) * old + RUN_PASS_WEIGHT * sample
     reqs = st.reqs
-    prefill_tokens = 0
+    # prefill tokens of each pass (pass 0, then the lead's), for the prefill rate's samples
+    prefill = [0] * (1 + len(fl.lead))
     head = passes > 1 and has_head(st, fl.entries)
-    for entry in fl.entries:
+    lead = _lead_tokens(fl.lead) if passes > 1 and fl.lead else {}
+    for i, entry in enumerate(fl.entries):
         r = reqs.get(entry.task_id)
         if r is None or r.status != RUNNING:
             continue
-        if passes > 1:  # a run: pass 0 computes the entry's n tokens (a head's prompt), then one a pass
+        if passes > 1:  # a run: pass 0, the lead's passes, then one token a pass
             k = passes if r.cancelled_at is None else _before(e.ends_s, r.cancelled_at)
             if k == 0:
                 continue  # cancelled while pass 0 ran: as a single pass, nothing is delivered
-            if entry.n > 1:
-                prefill_tokens += entry.n
-            r.num_computed += entry.n + k - 1  # every pass emits: each prompt completes in pass 0
-            r.emitted += k
-            if head and r.first_token_s is None:
-                r.first_token_s = e.ends_s[0]
+            ns = (entry.n, *lead.get(entry.task_id, ())) if lead else (entry.n,)
+            ran = ns[:k]
+            for j, n in enumerate(ran):
+                if n > 1:
+                    prefill[j] += n
+            r.num_computed += sum(ran) + max(0, k - len(ns))
+            f = fl.emit_from[i] if fl.emit_from else 0
+            if k > f:
+                r.emitted += k - f
+                if head and r.first_token_s is None:
+                    r.first_token_s = e.ends_s[f]
             continue
         if r.cancelled_at is not None and e.ends_s[0] >= r.cancelled_at:
             continue  # cancelled while this pass ran: its token is not delivered
         if entry.n > 1:
-            prefill_tokens += entry.n
+            prefill[0] += entry.n
         r.num_computed += entry.n
         if r.num_computed >= r.num_tokens:
             r.emitted += 1
             if r.first_token_s is None:
                 r.first_token_s = e.ends_s[0]
-    if e.prefill_s > 0 and prefill_tokens:
-        sample = prefill_tokens / e.prefill_s
-        w = PREFILL_RATE_WEIGHT
-        st.prefill_tokens_per_s = (1 - w) * st.prefill_tokens_per_s + w * sample
+    # a lead pass that ran has a duration (the run may have ended before the others)
+    for tokens, s in zip(prefill, (e.prefill_s, *e.lead_s), strict=False):
+        if s > 0 and tokens:
+            w = PREFILL_RATE_WEIGHT
+            st.prefill_tokens_per_s = (1 - w) * st.prefill_tokens_per_s + w * (tokens / s)
+
+
+def _lead_tokens(lead: tuple[tuple[Entry, ...], ...]) -> dict[str, list[int]]:
+    """task id -> its tokens in each lead pass (0 where a pass left it out)."""
+    out: dict[str, list[int]] = {}
+    for j, entries in enumerate(lead):
+        for x in entries:
+            out.setdefault(x.task_id, [0] * len(lead))[j] = x.n
+    return out
 
 
 def _before(ends_s: tuple[float, ...], t: float) -> int:

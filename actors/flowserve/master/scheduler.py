@@ -176,40 +176,73 @@ class _Step:
         return True
 
     # ---- the simulation's fast path ---------------------------------------------------
-    def passes(self) -> int:
-        """How many passes the batch may run unchanged: a batch whose every entry decodes, or
-        completes its prompt in this pass (its first pass is then the run's head), with no
-        preemption and nothing left waiting (a waiting task would be admitted at the next pass),
-        extends up to the first task that finishes and to what the free blocks allow (allocated
-        now, so no pass of the run can run out)."""
+    def passes(self) -> Run:
+        """How many passes the batch may run unchanged, and how: a batch with no preemption and
+        nothing left waiting (a waiting task would be admitted at a later pass) whose every
+        running task is in it runs pass 0, then the passes that finish its prompts (the lead:
+        the chunks the stepwise path would schedule, with every decode in each), then decodes,
+        up to the first task that finishes and to what the free blocks allow (allocated now, so
+        no pass of the run can run out)."""
         st, cfg = self.st, self.cfg
         if not cfg.aggregate or not self.entries or self.preempted:
-            return 1
+            return SINGLE
         reqs, admitted = st.reqs, dict(self.admitted)
-        tasks = [reqs[e.task_id] for e in self.entries]
+        entries = self.entries
+        if len(entries) != len(st.running) + len(admitted):
+            in_batch = {e.task_id for e in entries}
+            if any(t not in in_batch and reqs[t].cancelled is None for t in st.running):
+                return SINGLE  # left out of pass 0 (no budget): a later pass would take it
+        tasks = [reqs[e.task_id] for e in entries]
         # tokens each entry has computed when the batch starts (an admission's, for a new one)
-        c0 = [admitted.get(e.task_id, r.num_computed) for e, r in zip(self.entries, tasks, strict=True)]
-        head = False
-        for e, r, c in zip(self.entries, tasks, c0, strict=True):
-            if e.n == 1 and _is_decode(r) and e.task_id not in admitted:
-                continue
-            if c + e.n != r.num_tokens:
-                return 1  # a prefill chunk that leaves more of its prompt: the next pass differs
-            head = True
+        c0 = [admitted.get(e.task_id, r.num_computed) for e, r in zip(entries, tasks, strict=True)]
+        head = any(not (e.n == 1 and _is_decode(r) and e.task_id not in admitted)
+                   for e, r in zip(entries, tasks, strict=True))  # fmt: skip
         # A head's prefill may have spent the token budget a waiting task needed: at the next
         # pass it would be admitted, so the batch would not run unchanged.
         if head and any(t not in admitted for t in st.waiting):
-            return 1
-        k = min(run_cap(st, cfg), *(r.out_len - r.emitted for r in tasks))
+            return SINGLE
+        after = [c + e.n for c, e in zip(c0, entries, strict=True)]  # computed after pass 0
+        if head and any(a < r.num_tokens for a, r in zip(after, tasks, strict=True)):
+            if st.rtc.config.dram_blocks:
+                # The DRAM tier's swap-out and prefetch are planned after each batch: stepwise
+                # after every chunk, in a run only at its end, and a lead would move them
+                # (docs/decisions.md, 2026-11-26 ninth session).
+                return SINGLE
+            lead = _Lead(entries, tasks, c0, self._run_order(admitted), cfg)  # prompts left
+            if lead.failed:
+                return SINGLE
+            emit_from, lead_passes, computed = lead.emit_from, lead.passes, lead.computed
+        else:
+            emit_from, lead_passes = [0] * len(entries), []
+
+            def computed(j: int) -> list[int]:  # every pass after pass 0 decodes
+                return [a + j - 1 for a in after]
+
+        k = min(run_cap(st, cfg), *(f + r.out_len - r.emitted for f, r in zip(emit_from, tasks, strict=True)))
         if k <= 1:
-            return 1
-        B, R = cfg.block_tokens, st.rtc
+            return SINGLE
+        k = self._blocks_allow(computed, k)
+        if k <= 1:
+            return SINGLE
+        if not lead_passes:
+            return Run(k)
+        return Run(k, tuple(lead_passes[: k - 1]), tuple(min(f, k) for f in emit_from))
+
+    def _run_order(self, admitted: dict[str, int]) -> list[int]:
+        """Entry indices in the stepwise path's order of later passes: the running queue's
+        order, this pass's admissions last (`evolve` appends them)."""
+        pos = {t: i for i, t in enumerate(self.st.running)}
+        base = len(pos)
+        order = [(pos[e.task_id] if e.task_id in pos else base + i, i) for i, e in enumerate(self.entries)]
+        return [i for _, i in sorted(order)]
+
+    def _blocks_allow(self, computed: Callable[[int], list[int]], k: int) -> int:
+        """The most passes (<= k) whose blocks fit in the free pool; allocates them."""
+        B, R = self.cfg.block_tokens, self.st.rtc
         held = [len(rtc.block_table(R, e.task_id)) for e in self.entries]
-        # after j passes an entry has computed its first pass's n tokens and one a pass since
-        after = [c + e.n - 1 for e, c in zip(self.entries, c0, strict=True)]
 
         def extra(j: int) -> int:
-            return sum(max(0, blocks_needed(a + j, B) - h) for a, h in zip(after, held, strict=True))
+            return sum(max(0, blocks_needed(c, B) - h) for c, h in zip(computed(j), held, strict=True))
 
         free = rtc.hbm_free_blocks(R)
         lo, hi = 1, k  # extra(1) == 0: the first pass's blocks are allocated
@@ -221,11 +254,77 @@ class _Step:
                 lo = mid
             else:
                 hi = mid - 1
-        for e, a, h in zip(self.entries, after, held, strict=True):
-            more = blocks_needed(a + lo, B) - h
+        for e, c, h in zip(self.entries, computed(lo), held, strict=True):
+            more = blocks_needed(c, B) - h
             if more > 0:
                 self.record(rtc.allocate(R, e.task_id, more))
         return lo
+
+
+class Run(msgspec.Struct, frozen=True):
+    """How a batch runs: `passes` (1: a single forward), the lead passes after pass 0 (their
+    entries, in pass order) and, per entry, the pass of its first token (0 for all: ())."""
+
+    passes: int
+    lead: tuple[tuple[Entry, ...], ...] = ()
+    emit_from: tuple[int, ...] = ()
+
+
+SINGLE = Run(1)
+
+
+class _Lead:
+    """The passes after pass 0 that finish the batch's prompts, as the stepwise scheduler
+    would plan them (`run_running`: decodes first, then partial prefills in running order,
+    each chunk within the token budget), and each entry's tokens computed after j passes."""
+
+    def __init__(self, entries: list[Entry], tasks: list[Req], c0: list[int], order: list[int],
+                 cfg: MasterConfig) -> None:  # fmt: skip
+        self.entries = entries
+        comp = [c + e.n for c, e in zip(c0, entries, strict=True)]  # after pass 0
+        toks = [r.num_tokens for r in tasks]
+        emit_from = [0 if c >= t else -1 for c, t in zip(comp, toks, strict=True)]
+        toks = [t + 1 if c >= t else t for c, t in zip(comp, toks, strict=True)]
+        self.cum: list[list[int]] = [list(c0), list(comp)]  # computed after 0, 1, ... passes
+        self.passes: list[tuple[Entry, ...]] = []
+        self.failed = False
+        cap = cfg.max_run_iterations
+        while -1 in emit_from and len(self.passes) + 1 < cap:
+            budget = cfg.max_num_batched_tokens
+            chosen: list[tuple[int, int]] = []
+            decodes = [i for i in order if emit_from[i] >= 0]
+            if len(decodes) >= budget:
+                self.failed = True  # a decode left out of a pass: not a run's shape
+                return
+            for i in decodes:
+                chosen.append((i, 1))
+            budget -= len(decodes)
+            for i in (i for i in order if emit_from[i] < 0):
+                if budget == 0:
+                    break
+                rem = toks[i] - comp[i]
+                n = rem if rem <= budget else (budget if cfg.chunked_prefill else 0)
+                if n:
+                    chosen.append((i, n))
+                    budget -= n
+            j = len(self.passes) + 1
+            for i, n in chosen:
+                comp[i] += n
+                if comp[i] >= toks[i]:
+                    if emit_from[i] < 0:
+                        emit_from[i] = j
+                    toks[i] += 1
+            self.passes.append(tuple(Entry(entries[i].task_id, n) for i, n in chosen))
+            self.cum.append(list(comp))
+        self.emit_from = [f if f >= 0 else cap for f in emit_from]
+
+    def computed(self, j: int) -> list[int]:
+        """Tokens each entry has computed after j passes (every pass past the lead decodes)."""
+        cum = self.cum
+        if j < len(cum):
+            return cum[j]
+        extra = j - (len(cum) - 1)
+        return [c + extra for c in cum[-1]]
 
 
 def has_head(st: MasterState, entries: tuple[Entry, ...] | list[Entry]) -> bool:
@@ -242,9 +341,10 @@ def schedule(st: MasterState, cfg: MasterConfig, record: Record) -> Plan:
     step.admit_waiting()
     if not step.entries and not step.preempted:
         return Plan(batch=None, copies=step.copies)
-    iterations = step.passes()
+    run = step.passes()
     batch = BatchPlanned(
-        step=st.step, entries=tuple(step.entries), iterations=iterations,
+        step=st.step, entries=tuple(step.entries), iterations=run.passes, lead=run.lead,
+        emit_from=run.emit_from,
         admitted=tuple(step.admitted), preempted=tuple(step.preempted),
     )  # fmt: skip
     return Plan(batch=batch, copies=step.copies)

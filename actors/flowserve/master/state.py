@@ -122,6 +122,8 @@ class InFlight(msgspec.Struct, kw_only=True):
     step: int
     entries: tuple[Entry, ...]
     iterations: int
+    lead: tuple[tuple[Entry, ...], ...] = ()  # BatchPlanned's
+    emit_from: tuple[int, ...] = ()
     launched: bool = False
     interrupt: bool = False  # something arrived: end a run after its current pass
 
@@ -174,6 +176,10 @@ class BatchPlanned(Event, frozen=True, kw_only=True):
     step: int
     entries: tuple[Entry, ...]
     iterations: int = 1
+    # A run's passes 1..len(lead) when they differ from decoding every entry (the chunks that
+    # finish its prompts, each pass's entries in order); then every entry decodes.
+    lead: tuple[tuple[Entry, ...], ...] = ()
+    emit_from: tuple[int, ...] = ()  # per entry, the pass of its first token here (() : all 0)
     admitted: tuple[tuple[str, int], ...] = ()  # (task id, cached prompt tokens)
     preempted: tuple[str, ...] = ()
     launched: bool = False  # handed to the NPU at once (which times the launch gap)
@@ -205,6 +211,7 @@ class BatchEnded(Event, frozen=True, kw_only=True):
     step: int
     ends_s: tuple[float, ...]
     prefill_s: float = 0.0  # duration of the one pass when it held prefill chunks
+    lead_s: tuple[float, ...] = ()  # durations of the lead passes that ran (see BatchPlanned)
     failed: str = ""
 
 

@@ -22,12 +22,15 @@ def token_timeline(cfg: MasterConfig, events: Iterable[Event]) -> dict[str, list
                 for x in st.in_flight.entries
                 if x.task_id in st.reqs
             }
+            fl = st.in_flight
+            emit_from = dict(zip((x.task_id for x in fl.entries), fl.emit_from, strict=True)) if fl.emit_from else {}
             st = evolve_master(st, e)
             for tid, first in before.items():
                 r = st.reqs.get(tid)
                 got = 0 if r is None else r.emitted - first
                 if got and r is not None:
-                    times = e.ends_s[:got] if len(e.ends_s) > 1 else e.ends_s * got
+                    f = emit_from.get(tid, 0)
+                    times = e.ends_s[f : f + got] if len(e.ends_s) > 1 else e.ends_s * got
                     out.setdefault(tid, []).extend(times)
             continue
         st = evolve_master(st, e)

@@ -128,7 +128,7 @@ class Npu(Actor[NpuState]):
         self._costed: tuple[object, tuple[float, str, int]] = (None, (0.0, "", 0))
         # Likewise the head pass of the last run _enqueue checked (pricing it is the check):
         # priced once, not again when the run starts (0.4 % of a simulation's instructions).
-        self._head_costed: tuple[object, float | None] = (None, None)
+        self._head_costed: tuple[object, tuple[float, ...] | None] = (None, None)
 
     def initial_state(self) -> NpuState:
         return NpuState()

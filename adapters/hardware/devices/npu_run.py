@@ -47,6 +47,10 @@ def check_run(msg: NpuForwardRun) -> str | None:
         return f"gap_s: must be >= 0, got {msg.gap_s}"
     if msg.head and len(msg.head) != len(msg.seqs):
         return f"head: one shape per sequence of seqs ({len(msg.seqs)}), got {len(msg.head)}"
+    if msg.lead and not msg.head:
+        return "lead: needs a head (pass 0's shapes)"
+    if any(not shapes for shapes in msg.lead):
+        return "lead: every pass needs at least one sequence"
     return None
 
 
@@ -97,13 +101,14 @@ def _layout_fits(npu: str, model: str, par: Parallel) -> None:
     check_layout(model_profile(model), par, largest_cluster(npu_spec(npu)))
 
 
-def check_run_cost(npu: str, msg: NpuForwardRun) -> float | None:
+def check_run_cost(npu: str, msg: NpuForwardRun) -> tuple[float, ...] | None:
     """Raise what `forward_cost_s` raises for the run's first pass, without pricing it (the NPU
     prices a run pass by pass as it draws them). For a dense model's main part these are
     forward_time's checks, in its order: the layout against the model, the sequences, the
     layout against the largest cluster of this NPU kind; anything else is priced to be checked.
-    Returns the head's cost (priced to check it; `pass_costs` takes it), None without a head."""
-    head_s = head_cost_s(npu, msg) if msg.head else None  # pass 0's own shapes
+    Returns the head's and the lead's costs (priced to check them; `pass_costs` takes them),
+    None without a head."""
+    head_s = head_costs(npu, msg) if msg.head else None  # pass 0's (and the lead's) own shapes
     if msg.part != "main" or not _dense_main(msg.model):
         forward_cost_s(npu, msg)
         return head_s
@@ -191,29 +196,32 @@ def dense_plan(npu: str, msg: NpuForwardRun) -> DensePlan | None:
     )  # fmt: skip
 
 
-def head_request(msg: NpuForwardRun) -> NpuForwardRun:
-    """Pass 0 of a run with a `head`, as a one-pass request of its own shapes."""
-    return msgspec.structs.replace(msg, seqs=msg.head, head=(), iterations=1)
+def head_request(msg: NpuForwardRun, shapes: tuple[SeqShape, ...]) -> NpuForwardRun:
+    """One pass of a run's head or lead, as a one-pass request of its own shapes."""
+    return msgspec.structs.replace(msg, seqs=shapes, head=(), lead=(), iterations=1)
 
 
 @functools.lru_cache(maxsize=256)  # checked on arrival, priced at the start: once
-def head_cost_s(npu: str, msg: NpuForwardRun) -> float:
-    """Pass 0's duration from the model (raises what `forward_cost_s` raises; not cached then)."""
-    return forward_cost_s(npu, head_request(msg))[0]
+def head_costs(npu: str, msg: NpuForwardRun) -> tuple[float, ...]:
+    """The durations of pass 0 and the lead's passes from the model (raises what
+    `forward_cost_s` raises; not cached then)."""
+    return tuple(forward_cost_s(npu, head_request(msg, p))[0] for p in (msg.head, *msg.lead))
 
 
 def pass_costs(
-    npu: str, msg: NpuForwardRun, lo: int, hi: int, head_s: float | None = None
+    npu: str, msg: NpuForwardRun, lo: int, hi: int, head_s: tuple[float, ...] | None = None
 ) -> NDArray[np.float64]:
     """The performance model's duration of passes lo..hi-1 of the run (the request validated).
-    With a `head`, pass 0 is priced as a forward of its shapes (`forward_cost_s`, as a single
-    NpuForward of them would be; `head_s` if given, `head_cost_s`'s value already known) and
-    pass i >= 1 as pass i - 1 of `seqs`."""
+    With a `head`, pass 0 and the lead's passes are each priced as a forward of their shapes
+    (`forward_cost_s`, as a single NpuForward of them would be; `head_s` if given, `head_costs`'
+    value already known) and pass i > len(lead) as pass i - 1 - len(lead) of `seqs`."""
     if not msg.head:
         return _body_costs(npu, msg, lo, hi)
-    body = _body_costs(npu, msg, max(lo, 1) - 1, hi - 1) if hi > max(lo, 1) else _NONE
-    if lo == 0 < hi:
-        return np.concatenate(([head_cost_s(npu, msg) if head_s is None else head_s], body))
+    p = 1 + len(msg.lead)
+    body = _body_costs(npu, msg, max(lo, p) - p, hi - p) if hi > max(lo, p) else _NONE
+    if lo < p and lo < hi:
+        pre = (head_costs(npu, msg) if head_s is None else head_s)[lo : min(hi, p)]
+        return np.concatenate((pre, body))
     return body
 
 

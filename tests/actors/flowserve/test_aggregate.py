@@ -172,3 +172,40 @@ def test_a_prompt_completed_in_a_pass_and_its_decode_are_one_run() -> None:
     a, s = agg.actor(M).state.prefill_tokens_per_s, step.actor(M).state.prefill_tokens_per_s
     assert a == pytest.approx(s, rel=1e-12) and a != 2.0e4  # MasterConfig's starting estimate
     assert_replays(agg)
+
+
+def test_a_long_prompt_is_prefilled_in_the_lead_of_the_run_that_decodes_it() -> None:
+    """Chunked prefill in a run: a prompt of five 512-token chunks beside a decoding task is
+    one NPU request (pass 0, four lead passes that finish the prompt, then decodes), where the
+    stepwise path sends a forward a chunk; every token comes at the same time on both paths,
+    and the log alone rebuilds them."""
+
+    def one(aggregate: bool):
+        d = driver(seed=11)
+        hardware(d)
+        cfg = master_config(aggregate=aggregate, max_num_batched_tokens=512)
+        d.spawn(M, DpMaster, config=cfg)
+        d.inject(M, task(0, 300, 60), at=0.0, src=REQ)
+        d.inject(M, task(1, 2500, 30), at=0.05, src=REQ)  # arrives while t0 decodes
+        d.run()
+        return d, msgspec.convert(cfg, MasterConfig)
+
+    (step_d, _), (agg_d, cfg) = one(False), one(True)
+    st, at = tokens(step_d), tokens(agg_d)
+    for tid in ("t0", "t1"):
+        assert [t for _, t in at[tid]] == pytest.approx([t for _, t in st[tid]], abs=1e-9, rel=0), tid
+    plans = [e for e in events_of(agg_d, M, "BatchPlanned") if e.lead]
+    assert len(plans) == 1
+    (plan,) = plans
+    # pass 0 takes t0's decode and 511 prompt tokens; each lead pass t0's decode and 511 more
+    assert [e.n for e in plan.entries] == [1, 511]
+    assert [[x.n for x in p] for p in plan.lead] == [[1, 511]] * 3 + [[1, 456]]  # 2,500 = 4 x 511 + 456
+    assert plan.emit_from == (0, 4)  # t1's first token ends pass 4
+    def forwards(d) -> int:
+        return sum(1 for s in d.sink.steps if s.input.actor == "hw/s0/npu0" and s.input.type == "NpuForward")
+
+    assert forwards(agg_d) == 0  # no chunk was a forward of its own
+    assert forwards(step_d) > 5 * len(events_of(agg_d, "hw/s0/npu0", "NpuRunStarted"))
+    rebuilt = token_timeline(cfg, [e for e in events_of(agg_d, M) if not e.system])
+    assert rebuilt == {tid: [t for _, t in v] for tid, v in at.items()}
+    assert_replays(agg_d)

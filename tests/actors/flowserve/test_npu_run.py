@@ -201,3 +201,42 @@ def test_a_run_with_a_head_is_a_forward_of_the_head_then_the_run_and_a_bad_head_
         [e - s for s, e in zip(b.starts_s, b.ends_s, strict=True)], rel=1e-12)  # fmt: skip
     assert isinstance(out["w"], NpuError) and "head: one shape per sequence" in out["w"].reason
     assert_replays(d)
+
+
+def test_a_run_with_a_lead_prices_each_lead_pass_as_a_forward_and_a_lead_needs_a_head() -> None:
+    """Passes 1..len(lead) are forwards of the lead's shapes; the passes after them are the
+    body's from its pass 0 (`seqs` are the sequences after the lead). A lead without a head,
+    or with an empty pass, is refused naming `lead`."""
+    import msgspec
+
+    from deepserve.adapters.hardware.devices.npu_run import forward_cost_s, pass_costs, pass_shapes
+
+    head = (SeqShape(1, 900), SeqShape(500, 0))
+    lead = ((SeqShape(1, 901), SeqShape(500, 500)), (SeqShape(1, 902), SeqShape(120, 1000)))
+    body = (SeqShape(1, 903), SeqShape(1, 1120))
+    run = NpuForwardRun(req_id="l", model="llama3-8b", seqs=body, head=head, lead=lead, iterations=9, sample=True)
+    costs = pass_costs("910b", run, 0, 9)
+
+    def fwd(shapes: tuple[SeqShape, ...]) -> float:
+        return forward_cost_s("910b", NpuForward(req_id="x", model="llama3-8b", seqs=shapes, sample=True))[0]
+
+    assert list(costs[:3]) == [fwd(head), fwd(lead[0]), fwd(lead[1])]
+    for i in range(3, 9):
+        assert costs[i] == fwd(pass_shapes(msgspec.structs.replace(run, lead=(), head=()), i - 3)), i
+    assert list(pass_costs("910b", run, 2, 5)) == list(costs[2:5])  # a chunk across the lead's end
+    d = driver(seed=2)
+    d.spawn(NPU, Npu, npu="910b", variance=False)
+    d.run()
+    d.inject(NPU, run, at=0.0, src=TEST_SRC)
+    no_head = NpuForwardRun(req_id="n", model="llama3-8b", seqs=body, lead=lead, iterations=4)
+    empty = NpuForwardRun(req_id="e", model="llama3-8b", seqs=body, head=head, lead=((),), iterations=4)
+    d.inject(NPU, no_head, at=10.0, src=TEST_SRC)
+    d.inject(NPU, empty, at=10.0, src=TEST_SRC)
+    d.run()
+    out = {m.req_id: m for _, m in out_to(d, TEST_SRC)}
+    done = out["l"]
+    assert isinstance(done, NpuForwardRunDone) and len(done.ends_s) == 9
+    assert done.ends_s[2] - done.ends_s[1] == pytest.approx(costs[2], rel=1e-12)  # no gap asked
+    assert isinstance(out["n"], NpuError) and out["n"].reason == "lead: needs a head (pass 0's shapes)"
+    assert isinstance(out["e"], NpuError) and "lead: every pass needs at least one sequence" in out["e"].reason
+    assert_replays(d)
