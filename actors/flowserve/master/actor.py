@@ -294,7 +294,8 @@ class DpMaster(Actor[MasterState]):
         if isinstance(msg, NpuForwardRunDone):
             # Pass 0 of a run with a head is a prefill: its duration samples the prefill rate.
             head_s = msg.first_pass_s if has_head(self.state, fl.entries) else 0.0
-            self._finish_batch(ctx, msg.ends_s, head_s, _lead_s(msg.ends_s, fl, self.cfg.launch_gap_s()))
+            lead_s = _lead_s(msg.ends_s, fl, self.cfg.launch_gap_s()) if fl.lead else ()
+            self._finish_batch(ctx, msg.ends_s, head_s, lead_s)
         else:
             prefill = any(e.n > 1 for e in fl.entries)
             self._finish_batch(ctx, (ctx.now(),), msg.duration_s if prefill else 0.0)

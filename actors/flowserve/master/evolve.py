@@ -117,7 +117,15 @@ def _ended(st: MasterState, e: BatchEnded) -> None:
             k = passes if r.cancelled_at is None else _before(e.ends_s, r.cancelled_at)
             if k == 0:
                 continue  # cancelled while pass 0 ran: as a single pass, nothing is delivered
-            ns = (entry.n, *lead.get(entry.task_id, ())) if lead else (entry.n,)
+            if not lead:  # pass 0 computes the entry's n tokens (a head's prompt), then one a pass
+                if entry.n > 1:
+                    prefill[0] += entry.n
+                r.num_computed += entry.n + k - 1  # every pass emits: each prompt completes in pass 0
+                r.emitted += k
+                if head and r.first_token_s is None:
+                    r.first_token_s = e.ends_s[0]
+                continue
+            ns = (entry.n, *lead.get(entry.task_id, ()))
             ran = ns[:k]
             for j, n in enumerate(ran):
                 if n > 1:
@@ -139,7 +147,7 @@ def _ended(st: MasterState, e: BatchEnded) -> None:
             if r.first_token_s is None:
                 r.first_token_s = e.ends_s[0]
     # a lead pass that ran has a duration (the run may have ended before the others)
-    for tokens, s in zip(prefill, (e.prefill_s, *e.lead_s), strict=False):
+    for tokens, s in zip(prefill, (e.prefill_s, *e.lead_s), strict=False) if fl.lead else ((prefill[0], e.prefill_s),):
         if s > 0 and tokens:
             w = PREFILL_RATE_WEIGHT
             st.prefill_tokens_per_s = (1 - w) * st.prefill_tokens_per_s + w * (tokens / s)

@@ -211,22 +211,20 @@ class _Step:
             lead = _Lead(entries, tasks, c0, self._run_order(admitted), cfg)  # prompts left
             if lead.failed:
                 return SINGLE
-            emit_from, lead_passes, computed = lead.emit_from, lead.passes, lead.computed
-        else:
-            emit_from, lead_passes = [0] * len(entries), []
-
-            def computed(j: int) -> list[int]:  # every pass after pass 0 decodes
-                return [a + j - 1 for a in after]
-
-        k = min(run_cap(st, cfg), *(f + r.out_len - r.emitted for f, r in zip(emit_from, tasks, strict=True)))
+            k = min(run_cap(st, cfg), *(f + r.out_len - r.emitted for f, r in zip(lead.emit_from, tasks, strict=True)))
+            k = self._blocks_allow(lead.computed, k) if k > 1 else k
+            if k <= 1:
+                return SINGLE
+            return Run(k, tuple(lead.passes[: k - 1]), tuple(min(f, k) for f in lead.emit_from))
+        k = min(run_cap(st, cfg), *(r.out_len - r.emitted for r in tasks))
         if k <= 1:
             return SINGLE
+
+        def computed(j: int) -> list[int]:  # every pass after pass 0 decodes
+            return [a + j - 1 for a in after]
+
         k = self._blocks_allow(computed, k)
-        if k <= 1:
-            return SINGLE
-        if not lead_passes:
-            return Run(k)
-        return Run(k, tuple(lead_passes[: k - 1]), tuple(min(f, k) for f in emit_from))
+        return SINGLE if k <= 1 else Run(k)
 
     def _run_order(self, admitted: dict[str, int]) -> list[int]:
         """Entry indices in the stepwise path's order of later passes: the running queue's
