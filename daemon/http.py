@@ -63,6 +63,9 @@ class Frontend:
         self.tokenizer = make_tokenizer(self.cfg.tokenizer)
         self.model_name = rt.cfg.model_name()
         self.block_tokens = rt.cfg.cluster.kv_block_tokens
+        sched = rt.cfg.cluster.scheduler
+        # Without chunked prefill one pass takes a whole prompt: a longer one can never run.
+        self.max_unchunked_tokens = None if sched.chunked_prefill else sched.max_batch_tokens
 
     async def body_of(self, request: Request, cls: type) -> tuple[Any, list[str]]:
         limit = self.cfg.max_body_bytes
@@ -117,6 +120,11 @@ class Frontend:
             raise HttpError(400, "the prompt is empty: it has no tokens", "invalid_request_error", "prompt")
         if prompt.num_tokens > cfg.max_prompt_tokens:
             raise HttpError(400, f"the prompt has {prompt.num_tokens} tokens; limit {cfg.max_prompt_tokens}",
+                            "invalid_request_error", "messages" if kind == "chat" else "prompt")  # fmt: skip
+        limit = self.max_unchunked_tokens
+        if limit is not None and prompt.num_tokens > limit:
+            raise HttpError(400, f"the prompt has {prompt.num_tokens} tokens; without chunked prefill one "
+                            f"pass takes at most cluster.scheduler.max_batch_tokens={limit}",
                             "invalid_request_error", "messages" if kind == "chat" else "prompt")  # fmt: skip
         sampling = self.sampling_of(req, rid)
         try:

@@ -17,7 +17,8 @@ from deepserve.persistence import open_log
 from deepserve.replay import verify
 
 SETTINGS = ("daemon.max_inflight=1", "daemon.ttft_deadline_s=1.5", "cluster.tes=1", "pd.prefill_tes=0",
-            "pd.decode_tes=0")  # fmt: skip
+            "pd.decode_tes=0", "cluster.scheduler.chunked_prefill=false",
+            "cluster.scheduler.max_batch_tokens=512")  # fmt: skip
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -28,6 +29,11 @@ def test_504_on_ttft_deadline_and_429_when_full(tmp_path: Path) -> None:
     extra = [a for s in SETTINGS for a in ("--set", s)]
     proc, info = start_daemon(tmp_path / "run", *extra)
     try:
+        # without chunked prefill a prompt over one pass's budget can never run: refused up front
+        long = httpx.post(info["url"] + "/v1/completions", timeout=30,
+                          json={"model": "llama3-8b", "prompt": "word " * 3000, "max_tokens": 4})  # fmt: skip
+        assert long.status_code == 400 and long.json()["error"]["param"] == "prompt"
+        assert "max_batch_tokens=512" in long.json()["error"]["message"]
         hang = cli("fault", "hang-npu", "hw/s0/npu0", "--admin-url", info["admin_url"])
         assert hang.returncode == 0 and "NpuHang -> hw/s0/npu0" in hang.stdout
         bad = cli("fault", "hang-npu", "hw/s9/npu0", "--admin-url", info["admin_url"])

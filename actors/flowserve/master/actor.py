@@ -199,6 +199,11 @@ class DpMaster(Actor[MasterState]):
                     f"{p.num_tokens // B} hashes, got {len(p.block_hashes)}")  # fmt: skip
         if not 1 <= msg.sampling.max_tokens <= MAX_OUTPUT_TOKENS:
             return f"sampling.max_tokens: must be in [1, {MAX_OUTPUT_TOKENS}]"
+        if not cfg.chunked_prefill and msg.kind != "decode" and p.num_tokens > cfg.max_num_batched_tokens:
+            # One pass must take the whole prompt: it would wait at the queue's head forever,
+            # and every task behind it (FCFS) with it.
+            return (f"prompt.num_tokens: {p.num_tokens} tokens exceed the token budget of one pass "
+                    f"(max_num_batched_tokens={cfg.max_num_batched_tokens}) and chunked prefill is off")  # fmt: skip
         if blocks_needed(p.num_tokens + 1, B) > cfg.hbm_blocks:
             return (f"prompt.num_tokens: {p.num_tokens} tokens need more KV blocks than the DP "
                     f"group has ({cfg.hbm_blocks} of {B} tokens)")  # fmt: skip

@@ -117,6 +117,20 @@ def test_a_prompt_larger_than_the_pool_is_rejected_naming_the_field() -> None:
     assert_replays(d)
 
 
+def test_a_prompt_over_the_budget_without_chunked_prefill_is_rejected_and_blocks_nobody() -> None:
+    """With chunked prefill off one pass must take a whole prompt: a longer one would wait at the
+    queue's head forever and hold up every task behind it (a user tour: 398 of 400 failed)."""
+    ts = [task(0, 600, 5), task(1, 100, 3), task(2, 100, 3)]
+    d = run(ts, at=[0.0, 0.01, 0.02], chunked_prefill=False, max_num_batched_tokens=512)
+    (rej,) = [m for _, m in out_to(d, REQ) if isinstance(m, TaskRejected)]
+    assert rej.task_id == "t0" and rej.reason == (
+        "prompt.num_tokens: 600 tokens exceed the token budget of one pass "
+        "(max_num_batched_tokens=512) and chunked prefill is off")  # fmt: skip
+    fin = finished(d)
+    assert {k: f.status for k, f in fin.items()} == {"t1": "completed", "t2": "completed"}
+    assert_replays(d)
+
+
 def test_a_prefix_swapped_to_dram_is_populated_asynchronously_then_hit() -> None:
     a = task(0, 1024, 2)  # its 8 blocks get cached, then swapped out under pressure
     fillers = [task(i, 1500, 40) for i in (1, 2)]
