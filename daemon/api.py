@@ -10,6 +10,7 @@ Temp = Annotated[float, msgspec.Meta(ge=0, le=2)]
 TopP = Annotated[float, msgspec.Meta(gt=0, le=1)]
 MaxTok = Annotated[int, msgspec.Meta(ge=1)]
 Seed = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
+Penalty = Annotated[float, msgspec.Meta(ge=-2, le=2)]  # OpenAI's range
 MAX_STOPS = 4  # OpenAI's limit
 MAX_MESSAGES = 4096
 MAX_TOKEN_ID = 1 << 32  # token ids in a prompt: any vocabulary's ids fit
@@ -22,7 +23,7 @@ class TextPart(msgspec.Struct, tag="text", tag_field="type", forbid_unknown_fiel
     text: str
 
 
-class ChatMessage(msgspec.Struct, kw_only=True):
+class ChatMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     # A string, or text parts (OpenAI's array form, which many clients send); null for an
     # assistant turn that only called tools.
@@ -30,6 +31,12 @@ class ChatMessage(msgspec.Struct, kw_only=True):
     name: str | None = None
     tool_call_id: str | None = None
     tool_calls: list[Any] | None = None  # history only: turns a client sends back
+    # What OpenAI's clients put in an assistant turn they send back (a response message as
+    # is): history, read by no one here. Any other field is a 400 naming it.
+    refusal: str | None = None
+    annotations: list[Any] | None = None
+    audio: Any = None
+    function_call: Any = None
 
     def text(self) -> str:
         if self.content is None:
@@ -39,7 +46,7 @@ class ChatMessage(msgspec.Struct, kw_only=True):
         return "\n".join(p.text for p in self.content)  # as vLLM joins text parts
 
 
-class StreamOptions(msgspec.Struct, kw_only=True):
+class StreamOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     include_usage: bool = False
 
 
@@ -72,8 +79,8 @@ class _Common(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     n: Annotated[int, msgspec.Meta(ge=1, le=1)] = 1
     ignore_eos: bool = False  # vLLM's extension: run to max_tokens
     user: str | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: Penalty = 0.0  # checked by `unsupported` (0 only)
+    frequency_penalty: Penalty = 0.0
     # Accepted and without effect here: they change no output.
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -93,6 +100,13 @@ class _Common(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         """(field, message) for the first field asking what deepserve cannot do."""
         if self.logit_bias:
             return _refuse("logit_bias", NO_PROBS)
+        for field in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, field)
+            if value:
+                return _refuse(field, "the emulated model's tokens do not depend on what came before",
+                               f" {value}")  # fmt: skip
+        if self.stream_options is not None and not self.stream:
+            return "stream_options", "`stream_options` is only allowed when `stream` is true"
         return None
 
 

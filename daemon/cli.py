@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -40,9 +41,9 @@ def register_daemon(sub: Any) -> None:
     ft = sub.add_parser("fault", help="inject a fault into the running daemon (recorded in its log)")
     ft.add_argument("kind", choices=FAULTS)
     ft.add_argument("target", help="a TE (te/0), an NPU (hw/s0/npu1) or a link (s0/npu0/roce)")
-    ft.add_argument("--bw-factor", type=float, default=0.5,
+    ft.add_argument("--bw-factor", type=float, default=None,
                     help="link-degrade: the share of bandwidth left, in (0, 1] (default 0.5)")
-    ft.add_argument("--region", default="kv", help="hbm-fault: the HBM region, kv or weights (default kv)")
+    ft.add_argument("--region", default=None, help="hbm-fault: the HBM region, kv or weights (default kv)")
     _admin_args(ft)
     ft.set_defaults(func=_fault)
     sc = sub.add_parser("scale", help="set a TE group's size by hand (launch TEs, or drain and stop)")
@@ -125,6 +126,10 @@ def _admin(args: argparse.Namespace, path: str, body: dict[str, Any] | None = No
     url = args.admin_url
     if not url:
         url = _pointed_url()
+    else:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise CliError(f"--admin-url: expected http://HOST:PORT, got {url!r}")
     req = urllib.request.Request(url.rstrip("/") + path, data=None if body is None else json.dumps(body).encode(),
                                  method="GET" if body is None else "POST")  # fmt: skip
     req.add_header("Content-Type", "application/json")
@@ -193,8 +198,17 @@ def _scale(args: argparse.Namespace) -> int:
 
 
 def _fault(args: argparse.Namespace) -> int:
-    out = _admin(args, "/admin/fault", {"kind": args.kind, "target": args.target, "bw_factor": args.bw_factor,
-                                         "region": args.region})  # fmt: skip
+    body: dict[str, Any] = {"kind": args.kind, "target": args.target}
+    for flag, value, kind in (("--bw-factor", args.bw_factor, "link-degrade"), ("--region", args.region, "hbm-fault")):
+        if value is not None and args.kind != kind:
+            raise CliError(f"{flag}: only for {kind}, not {args.kind}")
+    if args.bw_factor is not None:
+        if not 0.0 < args.bw_factor <= 1.0:  # nan fails this too
+            raise CliError(f"--bw-factor: must be in (0, 1], got {args.bw_factor}")
+        body["bw_factor"] = args.bw_factor
+    if args.region is not None:
+        body["region"] = args.region
+    out = _admin(args, "/admin/fault", body)
     for row in out["injected"]:
         print(f"injected {row['message']} -> {row['to']}")
     return 0

@@ -164,7 +164,15 @@ def _validated(doc: dict[str, Any]) -> DaemonConfig:
     for key, problem in check(cfg.scenario(), known_models()):
         raise _Invalid(key, problem)
     if bool(cfg.pd.prefill_tes) != bool(cfg.pd.decode_tes):
-        raise _Invalid("pd.decode_tes", "a P/D pool needs both prefill_tes and decode_tes >= 1")
+        zero = "pd.prefill_tes" if not cfg.pd.prefill_tes else "pd.decode_tes"  # the one to name
+        raise _Invalid(zero, "a P/D pool needs both prefill_tes and decode_tes >= 1 (or both 0: no pool)")
+    if cfg.daemon.tokenizer != "approx":
+        from deepserve.adapters.tokenizer import make_tokenizer
+
+        try:
+            make_tokenizer(cfg.daemon.tokenizer)  # a missing file or package: refused now, not at start
+        except ValueError as exc:
+            raise _Invalid("daemon.tokenizer", str(exc).removeprefix("tokenizer: ")) from None
     if cfg.cluster.mode != "colocated":
         raise _Invalid("cluster.mode", "the daemon's [cluster] is the colocated pool; use [pd] for P/D")
     pd = cfg.pd_scenario()

@@ -99,7 +99,8 @@ def _key_of(exc: msgspec.ValidationError) -> tuple[str, str]:
     if u is not None:
         path = f"{path}.{u.group(1)}" if path else u.group(1)
         problem = "unknown key"
-    return path.replace("[", ".").replace("]", ""), problem
+    # a dict's value shows as `[...]` (msgspec does not say which key): name the dict
+    return path.replace("[...]", "").replace("[", ".").replace("]", ""), problem
 
 
 def _source_of(key: str, file_source: str, overridden: dict[str, str]) -> str:

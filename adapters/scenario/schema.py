@@ -96,12 +96,18 @@ def _layout_problems(c: Cluster) -> list[tuple[str, str]]:
     """The model's own layout rules for a TE's TP group (tp dividing the attention heads, ...),
     checked here as the NPU would check every forward: else every request fails at run time."""
     from deepserve.adapters.hardware.batch import Batch, Parallel, Seq, validate
+    from deepserve.adapters.hardware.memory import kv_capacity_tokens
     from deepserve.adapters.hardware.models import model_profile
+    from deepserve.adapters.hardware.specs import npu_spec
 
+    m = model_profile(c.model)
     try:
-        validate(model_profile(c.model), Batch(seqs=(Seq(1, 0),)), Parallel(tp=c.tp))
+        validate(m, Batch(seqs=(Seq(1, 0),)), Parallel(tp=c.tp))
     except ValueError as exc:
         return [("cluster.tp", str(exc).removeprefix("tp: "))]
+    if kv_capacity_tokens(m, npu_spec(c.hardware), Parallel(tp=c.tp)) < c.kv_block_tokens:
+        # the builder's KV sizing (kv_sizing) would find no block: refused here, not at run time
+        return [("cluster.model", f"{c.model} leaves no HBM for KV on a {c.hardware} at tp={c.tp}")]
     return []
 
 

@@ -134,6 +134,15 @@ def test_text_content_parts_read_as_their_text(daemon: dict[str, Any]) -> None:
         ("chat", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
          "messages[0].content[0].type", "image_url"),
         ("chat", {"max_token": 5}, "max_token", "unknown field"),  # a typo is not ignored
+        # a typo inside a message or stream_options too (a user tour: both were ignored)
+        ("chat", {"messages": [{"role": "user", "content": "hi", "nmae": "bob"}]}, "messages[0].nmae",
+         "unknown field"),
+        ("chat", {"stream": True, "stream_options": {"include_usgae": True}}, "stream_options.include_usgae",
+         "unknown field"),
+        ("chat", {"stream_options": {"include_usage": True}}, "stream_options", "only allowed when `stream`"),
+        ("chat", {"presence_penalty": 0.5}, "presence_penalty", "do not depend"),
+        ("chat", {"frequency_penalty": -2}, "frequency_penalty", "do not depend"),
+        ("chat", {"presence_penalty": 50}, "presence_penalty", "<= 2"),
         ("completions", {"logprobs": 1}, "logprobs", "no token probabilities"),
         ("completions", {"best_of": 3}, "best_of", "one completion"),
         ("completions", {"suffix": "end"}, "suffix", "fill-in-the-middle"),
@@ -158,9 +167,14 @@ def test_neutral_values_of_unsupported_fields_are_accepted(daemon: dict[str, Any
     r = client(daemon).chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=3, logprobs=False, tool_choice="none",
         response_format={"type": "text"}, metadata={"team": "sre"}, store=False,
-        parallel_tool_calls=True, extra_body={"ignore_eos": True},
+        parallel_tool_calls=True, presence_penalty=0, frequency_penalty=0.0, extra_body={"ignore_eos": True},
     )  # fmt: skip
     assert r.usage.completion_tokens == 3
+    # an assistant turn sent back as the client got it (refusal, annotations): history, accepted
+    turn = r.choices[0].message.model_dump()
+    again = client(daemon).chat.completions.create(
+        model=MODEL, messages=[*MESSAGES, turn, {"role": "user", "content": "more"}], max_tokens=2)
+    assert again.usage.completion_tokens >= 1
 
 
 def test_echo_returns_the_prompt_before_the_completion(daemon: dict[str, Any]) -> None:
