@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from deepserve.cli.util import CliError, positive_int, print_json
+from deepserve.cli.util import CliError, positive_float, positive_int, print_json
 
 DEFAULT_HEATMAP = "runs/heatmap-codellama-34b-tp4.json"
 DEFAULT_PREDICTOR = "runs/predictor.json"
@@ -18,8 +18,10 @@ PREDICTOR_TRACES = (str(SHARED_TRACES / "azure_llm_2023_conv.csv"), str(SHARED_T
 
 
 def float_list(text: str) -> tuple[float, ...]:
+    if any(not x.strip() for x in text.split(",")):
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got an empty one in {text!r}")
     try:
-        values = tuple(float(x) for x in text.split(",") if x.strip())
+        values = tuple(float(x) for x in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
     if not values or any(not v > 0 or v != v or v == float("inf") for v in values):
@@ -61,8 +63,8 @@ def register_policies(which: argparse._SubParsersAction) -> None:
                    help=f"PD heatmap for pd_aware/combined (default {DEFAULT_HEATMAP}; made if missing)")
     p.add_argument("--predictor", metavar="FILE", default=DEFAULT_PREDICTOR,
                    help=f"decode-length predictor for pd_aware/combined (default {DEFAULT_PREDICTOR}; trained if missing)")
-    p.add_argument("--slo-ttft-ms", type=float, default=2000.0, help="TTFT SLO (default 2000)")
-    p.add_argument("--slo-tpot-ms", type=float, default=100.0, help="TPOT SLO (default 100)")
+    p.add_argument("--slo-ttft-ms", type=positive_float, default=2000.0, help="TTFT SLO (default 2000)")
+    p.add_argument("--slo-tpot-ms", type=positive_float, default=100.0, help="TPOT SLO (default 100)")
     p.add_argument("--png", metavar="PATH", default="runs/policies.png", help="JCT vs RPS plot (default runs/policies.png)")
     p.add_argument("--json", action="store_true", help="one JSON object per (policy, trace, cluster, rps)")
     p.set_defaults(func=_run_policies)
@@ -105,6 +107,7 @@ def _run_policies(args: argparse.Namespace) -> int:
         ROW_FIELDS,
         Slo,
         load_cluster,
+        native_rps,
         plot,
         render_table,
         run_cell,
@@ -117,6 +120,12 @@ def _run_policies(args: argparse.Namespace) -> int:
         clusters = [load_cluster(c) for c in (args.cluster or ["fig7", "large"])]
         for t in args.trace:
             open_trace(trace_path(t))
+        for t in traces:  # each run scales the trace's own rate: it needs one over --requests
+            try:
+                native_rps(t, args.requests)
+            except ValueError:
+                raise CliError(f"--requests {args.requests}: the first {args.requests} requests of {t} arrive "
+                               "at one time; each run scales the trace's own rate, so it needs more") from None
         if {"pd_aware", "combined"} & set(policies):
             if args.heatmap != DEFAULT_HEATMAP and not Path(args.heatmap).is_file():
                 raise CliError(f"--heatmap: no file {args.heatmap}")

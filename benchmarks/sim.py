@@ -71,8 +71,10 @@ def _split_run(scenario: object, trace: str, requests: int | None, log_dir: str)
 def sim_bench(requests: int | None, progress: Callable[[str], None], scenario_name: str = "mooncake-16te",
               overrides: tuple[str, ...] = ()) -> tuple[str, list[Row]]:  # fmt: skip
     from deepserve.adapters.scenario.loader import load_scenario, trace_path
+    from deepserve.adapters.scenario.parallel import cpu_count, plan_partitions
 
     scenario = load_scenario(scenario_name, overrides)
+    plan_partitions(scenario, cpu_count())  # a scenario that cannot be split: refused before any run
     trace = find_full_trace() or trace_path("builtin:mooncake_conv_1k")
     with tempfile.TemporaryDirectory(prefix="deepserve-bench-sim-") as tmp:
         progress("the run with the log on, split by server over this machine's cores")

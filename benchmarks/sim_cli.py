@@ -29,9 +29,14 @@ def _run_sim(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"measuring {label} ...", file=sys.stderr, flush=True)
 
+    from deepserve.adapters.scenario.parallel import ParallelError
+
     try:
         title, rows = sim_bench(args.requests, progress, overrides=tuple(args.overrides))
     except (ScenarioError, TraceError) as exc:
         raise CliError(str(exc)) from None
+    except ParallelError as exc:  # bench sim always splits the run by server
+        raise CliError(f"--set: bench sim splits the run over the cores, which this scenario cannot be: "
+                       f"{str(exc).removeprefix('--workers: ').split('; run it with')[0]}") from None  # fmt: skip
     print(as_json_lines(rows) if args.json else render(title, rows))
     return 0

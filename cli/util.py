@@ -82,6 +82,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_float(text: str) -> float:
+    """argparse type for a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
 def print_json(obj: Any) -> None:
     """One JSON document per line: easy to pipe into jq or read line by line."""
     sys.stdout.write(msgspec.json.encode(obj, enc_hook=repr).decode() + "\n")

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace, prepare_log: Callable[[Path], None]) -> int:
     except (ScenarioError, TraceError, ParallelError) as exc:
         raise CliError(str(exc)) from None
     total = args.requests or scenario.workload.requests or _count_rows(trace.path, trace.format)
-    if len(parts) > 1:
+    if args.workers > 1:  # a run directory, even when the cluster has one server (one worker)
         target, logs = _worker_logs(args, scenario, parts, prepare_log)
     else:
         target, logs = args.log or scenario.log or f"runs/{scenario.name}-{scenario.seed}.db", None
@@ -59,9 +59,10 @@ def run(args: argparse.Namespace, prepare_log: Callable[[Path], None]) -> int:
     if len(parts) == 1 and target != NO_LOG:
         from deepserve.persistence import open_sink
 
-        if "://" not in target:
-            prepare_log(Path(target))
-        sink = open_sink(target, "async", writer="process")
+        path = logs[0] if logs else target  # _worker_logs has prepared its files
+        if "://" not in path and not logs:
+            prepare_log(Path(path))
+        sink = open_sink(path, "async", writer="process")
     bar = _progress(total, quiet=args.json)
     t0 = time.perf_counter()
     try:
