@@ -70,10 +70,10 @@ async def serve(cfg: DaemonConfig, run_dir: Path, grace_s: float = 10.0, ready: 
             await asyncio.sleep(0.01)
         info = {"url": f"http://{d.host}:{api.port()}", "admin_url": f"http://{d.admin_host}:{admin.port()}",
                 "run_dir": str(run_dir), "log": str(rt.log_path), "pid": os.getpid()}  # fmt: skip
-        (run_dir / "daemon.json").write_text(json.dumps(info))
+        _write_atomically(run_dir / "daemon.json", json.dumps(info))
         with contextlib.suppress(OSError):
             POINTER.parent.mkdir(parents=True, exist_ok=True)
-            POINTER.write_text(json.dumps(info))
+            _write_atomically(POINTER, json.dumps(info))
         log.info("deepserve up", model=cfg.model_name(), tes=len(rt.placement.tes), **info)
         print(f"deepserve: serving {cfg.model_name()} at {info['url']}/v1  admin {info['admin_url']}  "
               f"log {rt.log_path}", flush=True)  # fmt: skip
@@ -86,6 +86,14 @@ async def serve(cfg: DaemonConfig, run_dir: Path, grace_s: float = 10.0, ready: 
     _drop_pointer(os.getpid())
     counts = ", ".join(f"{k} {v}" for k, v in rt.counts.items())
     print(f"deepserve: stopped; requests: {counts}; log {rt.log_path}", flush=True)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Whoever waits for the file (a test, `deepserve status`) sees it whole or not at all: a
+    plain write let a reader find it empty (a CI run failed 48 tests on it)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _drop_pointer(pid: int) -> None:
