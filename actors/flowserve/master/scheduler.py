@@ -305,6 +305,9 @@ class _Lead:
                 if n:
                     chosen.append((i, n))
                     budget -= n
+            if len(chosen) == len(decodes):
+                self.failed = True  # no prompt moves on (a chunk over the budget): not a run
+                return
             j = len(self.passes) + 1
             for i, n in chosen:
                 comp[i] += n
