@@ -64,6 +64,8 @@ class AsyncDriver(InlineDelivery):
         self._timer_seq = 0
         self._timer_wake = anyio.Event()
         self._held: deque[tuple[int, Cell, list[Out], float]] = deque()
+        self._committed: asyncio.Event | None = None  # outbox: set when the store commits
+        self._committed_upto = -1
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pressure: Cell | None = None
         # Overload: external inputs are admitted while the target's mailbox holds
@@ -113,6 +115,8 @@ class AsyncDriver(InlineDelivery):
             else:
                 self.transport.attach(self._deliver_remote)
         if self.outbox:
+            self._committed = asyncio.Event()
+            self._tg.start_soon(self._releaser)
             self.sink.on_commit = self._committed_threadsafe  # type: ignore[union-attr]
         return self
 
@@ -310,7 +314,23 @@ class AsyncDriver(InlineDelivery):
 
     # ---- outbox ------------------------------------------------------------------
     def _committed_threadsafe(self, upto: int) -> None:
-        self._loop.call_soon_threadsafe(self._release, upto)  # type: ignore[union-attr]
+        self._loop.call_soon_threadsafe(self._note_commit, upto)  # type: ignore[union-attr]
+
+    def _note_commit(self, upto: int) -> None:
+        if upto > self._committed_upto:
+            self._committed_upto = upto
+        self._committed.set()  # type: ignore[union-attr]
+
+    async def _releaser(self) -> None:
+        """Routes what the store has committed, in a task of the driver's group: a released
+        step may spawn a child (`_start_cell` starts a task), which a bare loop callback
+        cannot (anyio: no async context; the child never started and `idle()` hung)."""
+        committed = self._committed
+        assert committed is not None
+        while True:
+            await committed.wait()
+            committed.clear()
+            self._release(self._committed_upto)
 
     def _release(self, upto: int) -> None:
         held = self._held

@@ -114,6 +114,30 @@ async def test_outbox_holds_outputs_until_commit():
         assert d.actor("c/1").state.total == 9
 
 
+async def test_outbox_releases_a_spawn_once_committed():
+    """A released step that spawns a child starts it (the release used to run in a bare loop
+    callback, where starting the child's task raised and `idle()` then hung: a user tour)."""
+    sink = CommitLater()
+    async with AsyncDriver(sink=sink, outbox=True) as d:
+        d.spawn("c/0", Counter)
+        await anyio.sleep(0.01)
+        await d.inject("c/0", SpawnChild("c/0/k"))
+        await anyio.sleep(0.02)
+        assert "c/0/k" not in d.cells  # held: not committed yet
+        sink.commit_all()
+        await anyio.sleep(0.02)
+        sink.commit_all()  # the child's Started step
+        with anyio.fail_after(5):
+            await d.idle()
+        assert d.alive("c/0/k")
+        await d.inject("c/0/k", Add(4))
+        await anyio.sleep(0.02)
+        sink.commit_all()
+        with anyio.fail_after(5):
+            await d.idle()
+        assert d.actor("c/0/k").state.total == 4
+
+
 async def test_root_escalation_is_kept_by_the_driver():
     from kernel_actors import Child
 
