@@ -5,6 +5,7 @@ nothing, like a dead process); the heartbeat monitor notices and the cluster man
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 import msgspec
@@ -31,8 +32,8 @@ HBM_REGIONS = DEFAULT_REGIONS  # what a TE allocates ("weights", "kv"): a fault 
 class Fault(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kind: Literal["kill-te", "hang-npu", "link-down", "link-degrade", "hbm-fault"]
     target: str  # a TE ("te/0"), an NPU ("hw/s0/npu3") or a link ("s0/npu3/roce")
-    bw_factor: float = 0.5  # link-degrade
-    region: str = "kv"  # hbm-fault: an HBM region the TEs use (`HBM_REGIONS`)
+    bw_factor: float | None = None  # link-degrade only (default 0.5)
+    region: str | None = None  # hbm-fault only: an HBM region the TEs use (`HBM_REGIONS`; default kv)
 
 
 class Scale(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -73,8 +74,23 @@ def _check_pd_partner(sc: Scale, groups: dict[str, Any]) -> None:
                      f"finish; scale {other} up first")  # fmt: skip
 
 
+def _param_of(exc: Exception) -> str | None:
+    """The body field an error names: msgspec's `$.field`, or our "field: problem"."""
+    text = str(exc)
+    m = re.search(r"at `\$\.([\w.\[\]]+)`", text) if isinstance(exc, msgspec.ValidationError) else None
+    if m is not None:
+        return m.group(1)
+    head, sep, _ = text.partition(":")
+    return head if sep and head.isidentifier() else None
+
+
 def fault_inputs(rt: Runtime, f: Fault) -> list[tuple[str, Any]]:
     """(address, message) of a fault; ValueError naming the field when it cannot apply."""
+    for name, value, kind in (("bw_factor", f.bw_factor, "link-degrade"), ("region", f.region, "hbm-fault")):
+        if value is not None and f.kind != kind:  # would be ignored: say so instead
+            raise ValueError(f"{name}: only for {kind}, not {f.kind}")
+    bw_factor = 0.5 if f.bw_factor is None else f.bw_factor
+    region = "kv" if f.region is None else f.region
     if f.kind == "kill-te":
         _check_launched(rt, f.target)
         return [(PODS_ADDR, KillPod(te=f.target, reason=f"kill-te {f.target}"))]
@@ -82,18 +98,18 @@ def fault_inputs(rt: Runtime, f: Fault) -> list[tuple[str, Any]]:
         npus = {n for t in rt.placement.tes for n in t.npus}
         if f.target not in npus:
             raise ValueError(f"target: no NPU {f.target!r} serves a TE (e.g. {sorted(npus)[0]})")
-        if f.kind == "hbm-fault" and f.region not in HBM_REGIONS:
-            raise ValueError(f"region: the TEs use HBM regions {', '.join(HBM_REGIONS)}; got {f.region!r}")
-        msg = NpuHang(reason="admin hang-npu") if f.kind == "hang-npu" else HbmRegionFault(region=f.region)
+        if f.kind == "hbm-fault" and region not in HBM_REGIONS:
+            raise ValueError(f"region: the TEs use HBM regions {', '.join(HBM_REGIONS)}; got {region!r}")
+        msg = NpuHang(reason="admin hang-npu") if f.kind == "hang-npu" else HbmRegionFault(region=region)
         return [(f.target, msg)]
     links = rt.link_names()
     if f.target not in links:
         roce = [name for name in links if name.endswith("/roce")][:2]
         raise ValueError(f"target: no link {f.target!r} in the {rt.cfg.cluster.topology} topology "
                          f"(e.g. {', '.join(roce or links[:2])})")  # fmt: skip
-    if f.kind == "link-degrade" and not 0 < f.bw_factor <= 1:
-        raise ValueError(f"bw_factor: must be in (0, 1], got {f.bw_factor}")
-    msg2: Any = LinkDown(link=f.target) if f.kind == "link-down" else LinkDegrade(link=f.target, bw_factor=f.bw_factor)
+    if f.kind == "link-degrade" and not 0 < bw_factor <= 1:
+        raise ValueError(f"bw_factor: must be in (0, 1], got {bw_factor}")
+    msg2: Any = LinkDown(link=f.target) if f.kind == "link-down" else LinkDegrade(link=f.target, bw_factor=bw_factor)
     return [(FABRIC, msg2)]
 
 
@@ -166,7 +182,7 @@ def create_admin_app(rt: Runtime, metrics: Metrics, token: str) -> FastAPI:
             sc = msgspec.json.decode(await request.body(), type=Scale)
             dst, msg, was = scale_input(rt, sc)
         except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
-            return JSONResponse(error_body(str(exc), "invalid_request_error"), 400)
+            return JSONResponse(error_body(str(exc), "invalid_request_error", _param_of(exc)), 400)
         await rt.admin_input(dst, msg)
         return JSONResponse({"group": sc.group, "size": sc.size, "was": was})
 
@@ -176,7 +192,7 @@ def create_admin_app(rt: Runtime, metrics: Metrics, token: str) -> FastAPI:
             f = msgspec.json.decode(await request.body(), type=Fault)
             inputs = fault_inputs(rt, f)
         except (msgspec.ValidationError, msgspec.DecodeError, ValueError) as exc:
-            return JSONResponse(error_body(str(exc), "invalid_request_error"), 400)
+            return JSONResponse(error_body(str(exc), "invalid_request_error", _param_of(exc)), 400)
         for dst, msg in inputs:
             await rt.admin_input(dst, msg)
         metrics.faults.labels(f.kind).inc()

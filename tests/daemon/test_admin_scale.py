@@ -53,6 +53,11 @@ def test_token_scale_up_and_down(tmp_path: Path) -> None:
         assert ok.status_code == 200 and states(ok.json()) == {"te/0": (1, "ready"), "te/1": (1, "ready")}
         denied = cli("status", "--admin-url", admin)
         assert denied.returncode == 2 and denied.stderr.count("\n") == 1 and "401" in denied.stderr
+        # a field that does not apply to the fault's kind is named, not ignored (a user tour)
+        for body, field in (({"kind": "link-down", "target": "s0/npu0/roce", "bw_factor": 5}, "bw_factor"),
+                            ({"kind": "hang-npu", "target": "hw/s0/npu0", "region": "kv"}, "region")):  # fmt: skip
+            r = httpx.post(admin + "/admin/fault", json=body, headers=AUTH, timeout=10)
+            assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
 
         up = cli("scale", GROUP, "3", "--admin-url", admin, "--token", TOKEN)
         assert up.returncode == 0 and f"group {GROUP}: target 3 (was 2)" in up.stdout, up.stderr
