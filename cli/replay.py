@@ -88,6 +88,8 @@ def _read(args: argparse.Namespace) -> LogReader:
 
     load_user_code(args)
     require_driver(args.log)
+    if os.path.isdir(args.log):
+        _check_complete(args.log)
     reader = open_log(args.log, upgrade=False)
     try:
         reader.check_integrity()
@@ -96,6 +98,18 @@ def _read(args: argparse.Namespace) -> LogReader:
         reader.close()
         raise
     return reader
+
+
+def _check_complete(directory: str) -> None:
+    """A run directory missing a log its run wrote (a worker's, a TE process's) is refused:
+    what is left would answer as if it were the whole run."""
+    from deepserve.persistence.factory import log_files
+    from deepserve.replay.verify_logs import missing_logs
+
+    gone = missing_logs(directory, log_files(directory))
+    if gone:
+        raise CliError(f"{directory}: the run wrote {', '.join(gone)}, which the directory lacks: "
+                       "it cannot be read as the whole run")  # fmt: skip
 
 
 def _check_run_choice(args: argparse.Namespace, reader: LogReader) -> None:

@@ -19,6 +19,8 @@ from deepserve.persistence.factory import log_files, open_log
 from .common import ReplayError
 from .verifier import Divergence, VerifyResult, verify
 
+PODS = "pods"  # the daemon's pod launcher (adapters/scenario/control.PODS_ADDR)
+
 
 class LogVerdict(msgspec.Struct):
     log: str  # the file's name in the directory
@@ -63,9 +65,39 @@ def one_run_per_process(path: str) -> bool:
     return len(run_ids) == 1
 
 
+def missing_logs(directory: str, files: list[str]) -> list[str]:
+    """The logs the run says it wrote and the directory lacks: a split simulation's workers
+    (each log's run config names its partition, `index` of `of`), and a daemon's TE processes
+    (the `pods` actor's `SpawnProcess` outputs in `daemon.db`). A run directory missing one
+    used to verify `identical` on what was left, and `replay log` dropped its lines."""
+    names = {os.path.basename(f) for f in files}
+    expected: set[str] = set()
+    for path in files:
+        reader = open_log(path, upgrade=False)
+        try:
+            for run in reader.runs():
+                part = msgspec.json.decode(run.config).get("partition") if run.config else None
+                if isinstance(part, dict) and isinstance(part.get("of"), int):
+                    expected |= {f"w{i}.db" for i in range(part["of"])}
+            if os.path.basename(path) == "daemon.db":
+                for step in reader.steps(actor=PODS):
+                    for out in step.outputs:
+                        if out.type == "SpawnProcess":
+                            pod = msgspec.msgpack.decode(out.payload).get("pod_id", "")
+                            expected.add(pod.replace("/", "-").replace("#", "-") + ".db")  # log_name
+        finally:
+            reader.close()
+    return sorted(expected - names)
+
+
 def verify_logs(directory: str, run_id: str | None = None) -> DirVerdict:
     """Verify every `*.db` file of `directory` on its own (its last run, or `run_id` in the
-    files that hold it). A diverged log does not stop the others from being checked."""
+    files that hold it). A diverged log does not stop the others from being checked; a log
+    the run wrote and the directory lacks is refused before any is checked."""
+    gone = missing_logs(directory, log_files(directory))
+    if gone:
+        raise ReplayError(f"{directory}: the run wrote {', '.join(gone)}, which the directory lacks: "
+                          "an incomplete run directory cannot be verified")  # fmt: skip
     verdicts: list[LogVerdict] = []
     for path in log_files(directory):
         reader = open_log(path, upgrade=False)

@@ -57,3 +57,14 @@ def test_workers_write_a_run_directory_even_for_a_one_server_cluster(tmp_path: P
         assert verify(log).identical
     finally:
         log.close()
+
+
+def test_a_split_run_missing_a_worker_log_is_refused(tmp_path: Path) -> None:
+    """Each worker log's run config names its partition (index of `of`): a directory lacking one
+    is not the whole run (it verified `identical` on the other worker's file: a user tour)."""
+    (tmp_path / "run").mkdir()
+    res = deepserve("sim", "mooncake-16te", "--requests", "24", "--workers", "2", "--log", "run", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (tmp_path / "run" / "w1.db").unlink()
+    for cmd in (("replay", "verify", "run"), ("replay", "digest", "run")):
+        assert_one_line_error(deepserve(*cmd, cwd=tmp_path), "the run wrote w1.db, which the directory lacks")

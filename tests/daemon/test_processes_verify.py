@@ -67,3 +67,17 @@ def test_each_log_of_a_run_directory_is_verified_alone(tmp_path: Path, capsys: p
     write_good(tmp_path / "other.db", 4, "sim-9")  # another run's file: the merged reading refuses to guess
     code, out, err = verify_dir(capsys, str(tmp_path))
     assert code == 2 and "2 runs" in err and "--run" in err, err
+
+
+def test_a_run_directory_missing_a_process_log_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """daemon.db records the launcher's `SpawnProcess` for te/0#g1: without te-0-g1.db the
+    directory is not the whole run, and every replay command refuses it naming the file (it
+    verified `identical` on what was left, and `replay log` dropped the TE's lines: a user tour)."""
+    write_good(tmp_path / "daemon.db", 1)
+    write_good(tmp_path / "other-process.db", 2)  # a second file: the per-process reading
+    for cmd in (["verify"], ["digest"], ["log", "--actor", "pods"]):
+        code = main(["replay", *cmd, str(tmp_path)])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and "the run wrote te-0-g1.db, which the directory lacks" in err, err
+    write_good(tmp_path / "te-0-g1.db", 3)
+    assert main(["replay", "verify", str(tmp_path)]) == 0, capsys.readouterr()
