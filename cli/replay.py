@@ -129,6 +129,7 @@ def _migrate(args: argparse.Namespace) -> int:
 
     require_driver(args.log)
     check_integrity(args.log)  # never rewrite a damaged file: it would hide the damage
+    _check_current_pages(args.log)
     done = migrate(args.log)
     if args.json:
         print_json({target: {"from": a, "to": b} for target, (a, b) in done.items()})
@@ -137,6 +138,22 @@ def _migrate(args: argparse.Namespace) -> int:
             change = f"schema {before} -> {after}" if before != after else f"already schema {after}"
             print(f"{target}: {change}")
     return 0
+
+
+def _check_current_pages(target: str) -> None:
+    """A log already of the current schema gets the readers' whole check (its pages' CRCs and
+    heads too): `migrate` said "already schema 4" of a file whose page failed its checksum."""
+    from deepserve.persistence import open_log
+    from deepserve.persistence.api import LogError
+
+    try:
+        reader = open_log(target, upgrade=False)
+    except LogError:
+        return  # an older schema (what migrate is for; its SQLite check ran) or unreadable
+    try:
+        reader.check_integrity()
+    finally:
+        reader.close()
 
 
 def _verify(args: argparse.Namespace) -> int:
