@@ -453,7 +453,8 @@ class JobExecutor(Actor[JeState]):
             # Ended by the JE (no task result): what the client was sent
             prompt_tokens=m.prompt_tokens if m is not None else (j.prompt_tokens or j.prompt.num_tokens),
             cached_prompt_tokens=cached, output_tokens=m.output_tokens if m is not None else j.output_tokens,
-            te=(m.te or j.te) if m is not None else j.te,
+            # a job its TE failed has left that TE (`excluded`): name it all the same
+            te=(m.te or j.te) if m is not None else (j.te or (j.excluded[-1] if j.excluded else "")),
         )  # fmt: skip
         batch = j.batch_id
         b = self.state.batches.get(batch) if batch else None

@@ -137,4 +137,6 @@ def test_draining_keeps_open_tasks_but_takes_no_new_ones_and_removal_fails_over(
     assert (done["r1"].status, done["r1"].te) == ("completed", "te/1")  # drained, not failed over
     assert done["r0"].status == "failed" and "te/0 left the colocated group" in done["r0"].reason
     assert done["r2"].status == "failed"  # streamed on te/0 before it left
+    # the TE that failed them is named (it was "": the daemon's log lines had `actor=""`)
+    assert (done["r0"].te, done["r2"].te) == ("te/0", "te/0")
     assert (done["r3"].status, done["r3"].te) == ("completed", "te/0")  # finished before the removal
