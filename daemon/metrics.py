@@ -38,9 +38,11 @@ class Metrics:
         self.running = Gauge("vllm:num_requests_running", "Running requests", lbl, registry=r)
         self.waiting = Gauge("vllm:num_requests_waiting", "Waiting requests", lbl, registry=r)
         self.kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage (0-1)", lbl, registry=r)
-        self.pc_queries = Gauge("vllm:prefix_cache_queries", "Prompt tokens queried against the prefix cache",
-                                lbl, registry=r)  # fmt: skip
-        self.pc_hits = Gauge("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache", lbl, registry=r)
+        # Counters, as vLLM's, fed by each finished request's prompt and cached tokens: sums of
+        # the live TEs' own counts went backwards when a replaced TE took its history along.
+        self.pc_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens queried against the prefix cache",
+                                  lbl, registry=r)  # fmt: skip
+        self.pc_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache", lbl, registry=r)
         self.terminal = Counter("deepserve_requests", "Requests by terminal status", ["status"], registry=r)
         self.faults = Counter("deepserve_faults", "Faults injected through the admin API", ["kind"], registry=r)
         self.client_ttft_s = Histogram("deepserve_frontend_first_token_seconds",
@@ -55,6 +57,8 @@ class Metrics:
         self.success.labels(m, d.reason if d.status == "completed" else d.status).inc()
         self.prompt_tokens.labels(m).inc(d.prompt_tokens)
         self.gen_tokens.labels(m).inc(d.output_tokens)
+        self.pc_queries.labels(m).inc(d.prompt_tokens)
+        self.pc_hits.labels(m).inc(d.cached_prompt_tokens)
         self.e2e.labels(m).observe(max(0.0, d.finish_s - d.arrival_s))
         if d.first_token_s is not None:
             self.ttft.labels(m).observe(max(0.0, d.first_token_s - d.arrival_s))
@@ -68,6 +72,4 @@ class Metrics:
         self.waiting.labels(m).set(sum(dp["waiting"] for dp in dps))
         total = sum(dp["kv_blocks_total"] for dp in dps) or 1
         self.kv.labels(m).set(sum(dp["kv_blocks_used"] for dp in dps) / total)
-        self.pc_queries.labels(m).set(sum(dp["prompt_tokens"] for dp in dps))
-        self.pc_hits.labels(m).set(sum(dp["cached_prompt_tokens"] for dp in dps))
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

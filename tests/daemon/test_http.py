@@ -313,6 +313,9 @@ def test_admin_reads_a_request_from_the_live_log(daemon: dict[str, Any]) -> None
 
 def test_health_metrics_and_openapi(daemon: dict[str, Any]) -> None:
     assert httpx.get(daemon["url"] + "/health", timeout=10).json() == {"status": "ok"}
+    # one finished request of its own: the per-request series exist once one was observed
+    # (run alone, or on an xdist worker that ran no other test of this module, there was none)
+    client(daemon).completions.create(model=MODEL, prompt="Once", max_tokens=2)
     metrics = httpx.get(daemon["url"] + "/metrics", timeout=10).text
     for name in ("vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count",
                  "vllm:e2e_request_latency_seconds_count", "vllm:num_requests_running",

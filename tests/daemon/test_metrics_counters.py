@@ -1,0 +1,31 @@
+"""Prometheus counters only go up: the prefix-cache counters are fed by finished requests, as
+vLLM's are, so a TE replaced by the cluster manager (its own counts gone with it) no longer
+makes them go backwards (a user tour: 356 queried tokens, then 268 after a kill-te)."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from deepserve.actors.workload.messages import RequestDone
+from deepserve.daemon.metrics import Metrics
+
+DP = {"alive": True, "running": 0, "waiting": 0, "kv_blocks_total": 10, "kv_blocks_used": 0,
+      "prompt_tokens": 0, "cached_prompt_tokens": 0}  # fmt: skip
+
+
+def _counters(m: Metrics, status: dict) -> dict[str, float]:
+    text = m.render(status)[0].decode()
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name.startswith("vllm:prefix_cache") and s.name.endswith("_total")}  # fmt: skip
+
+
+def test_prefix_cache_counters_are_monotonic_across_a_replaced_te() -> None:
+    m = Metrics("llama3-8b")
+    done = dict(status="completed", reason="length", arrival_s=0.0, first_token_s=0.1, finish_s=0.5,
+                output_tokens=4, te="te/0")  # fmt: skip
+    m.done(RequestDone(request_id="a", prompt_tokens=300, cached_prompt_tokens=128, **done))
+    m.done(RequestDone(request_id="b", prompt_tokens=56, cached_prompt_tokens=0, **done))
+    before = _counters(m, {"tes": [{"dps": [dict(DP, prompt_tokens=356, cached_prompt_tokens=128)]}]})
+    assert before == {"vllm:prefix_cache_queries_total": 356.0, "vllm:prefix_cache_hits_total": 128.0}
+    after = _counters(m, {"tes": [{"dps": [dict(DP, prompt_tokens=0)]}]})  # te/0 replaced: counts from 0
+    assert after == before
