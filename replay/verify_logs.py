@@ -75,7 +75,10 @@ def missing_logs(directory: str, files: list[str]) -> list[str]:
     for path in files:
         reader = open_log(path, upgrade=False)
         try:
-            for run in reader.runs():
+            runs = reader.runs()
+            if not runs:  # e.g. copied before its process began its run: not a whole run either
+                raise ReplayError(f"{path}: holds no run, so {directory} is not a whole run directory")
+            for run in runs:
                 part = msgspec.json.decode(run.config).get("partition") if run.config else None
                 if isinstance(part, dict) and isinstance(part.get("of"), int):
                     expected |= {f"w{i}.db" for i in range(part["of"])}

@@ -68,3 +68,19 @@ def test_a_split_run_missing_a_worker_log_is_refused(tmp_path: Path) -> None:
     (tmp_path / "run" / "w1.db").unlink()
     for cmd in (("replay", "verify", "run"), ("replay", "digest", "run")):
         assert_one_line_error(deepserve(*cmd, cwd=tmp_path), "the run wrote w1.db, which the directory lacks")
+
+
+def test_a_run_directory_with_a_log_holding_no_run_is_refused_naming_it(tmp_path: Path) -> None:
+    """A file with no run (a copy taken before its process began its run) made verify say
+    `the log holds no run` without naming it, and digest ignore it (a user tour)."""
+    import shutil
+    import sqlite3
+
+    (tmp_path / "run").mkdir()
+    res = deepserve("sim", "mooncake-16te", "--requests", "24", "--workers", "2", "--log", "run", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    shutil.copy(tmp_path / "run" / "w0.db", tmp_path / "run" / "w9.db")
+    with sqlite3.connect(tmp_path / "run" / "w9.db") as db:
+        db.execute("DELETE FROM runs")
+    for cmd in (("replay", "verify", "run"), ("replay", "digest", "run")):
+        assert_one_line_error(deepserve(*cmd, cwd=tmp_path), "w9.db: holds no run")
