@@ -61,14 +61,14 @@ def read_frame(f: BinaryIO) -> bytes | None:
     return body if len(body) == size else None
 
 
-def write_all(fd: int, data: bytes | bytearray) -> None:
+def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
     """os.write until everything is out (a pipe takes what fits, then blocks)."""
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
 
 
-def write_all_parts(fd: int, head: bytes, body: bytes | bytearray) -> None:
+def write_all_parts(fd: int, head: bytes | bytearray, body: bytes | bytearray) -> None:
     """`write_all(fd, head + body)` without copying the body into a new buffer first."""
     done = os.writev(fd, (head, body))
     if done < len(head):
