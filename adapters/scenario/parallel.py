@@ -240,20 +240,32 @@ def _terminate_as_exit() -> Iterator[None]:
         return
 
     def exit_on_term(_signum: int, _frame: Any) -> None:
+        _TERMINATED.append(signal.SIGTERM)  # seen by `_collect` if this raise is swallowed
         raise SystemExit(128 + signal.SIGTERM)
 
     before = signal.signal(signal.SIGTERM, exit_on_term)
+    _TERMINATED.clear()
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, before)
 
 
+# A SIGTERM that arrived while the workers ran. Its handler's SystemExit is lost when the signal
+# lands in code whose exceptions Python ignores (a gc callback: "Exception ignored in ..."), and
+# the stepwise run then went on for minutes (a CI run): `_collect` checks this as well.
+_TERMINATED: list[int] = []
+TERM_POLL_S = 0.5
+
+
 def _collect(conns: dict[Connection, int], procs: list[Any],
              on_progress: Callable[[int], None] | None) -> dict[int, WorkerResult]:  # fmt: skip
     results: dict[int, WorkerResult] = {}
     while conns:
-        for conn in wait(list(conns)):
+        ready = wait(list(conns), timeout=TERM_POLL_S)
+        if _TERMINATED:
+            raise SystemExit(128 + signal.SIGTERM)
+        for conn in ready:
             assert isinstance(conn, Connection)
             i = conns[conn]
             try:
