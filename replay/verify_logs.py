@@ -70,6 +70,10 @@ def missing_logs(directory: str, files: list[str]) -> list[str]:
     (each log's run config names its partition, `index` of `of`), and a daemon's TE processes
     (the `pods` actor's `SpawnProcess` outputs in `daemon.db`). A run directory missing one
     used to verify `identical` on what was left, and `replay log` dropped its lines."""
+    # the writers' own naming rules (imported here: only a run directory needs them)
+    from deepserve.adapters.scenario.parallel import worker_log_name
+    from deepserve.daemon.procs.supervisor import log_name
+
     names = {os.path.basename(f) for f in files}
     expected: set[str] = set()
     for path in files:
@@ -81,13 +85,13 @@ def missing_logs(directory: str, files: list[str]) -> list[str]:
             for run in runs:
                 part = msgspec.json.decode(run.config).get("partition") if run.config else None
                 if isinstance(part, dict) and isinstance(part.get("of"), int):
-                    expected |= {f"w{i}.db" for i in range(part["of"])}
+                    expected |= {worker_log_name(i) for i in range(part["of"])}
             if os.path.basename(path) == "daemon.db":
                 for step in reader.steps(actor=PODS):
                     for out in step.outputs:
                         if out.type == "SpawnProcess":
                             pod = msgspec.msgpack.decode(out.payload).get("pod_id", "")
-                            expected.add(pod.replace("/", "-").replace("#", "-") + ".db")  # log_name
+                            expected.add(log_name(pod) + ".db")
         finally:
             reader.close()
     return sorted(expected - names)

@@ -304,7 +304,11 @@ def _merge(results: dict[int, WorkerResult], wall_s: float) -> RunResult:
 
 def worker_log_names(parts: list[Partition]) -> list[str]:
     """The log file of each partition inside the run directory."""
-    return [f"w{p.index}.db" for p in parts]
+    return [worker_log_name(p.index) for p in parts]
+
+
+def worker_log_name(index: int) -> str:
+    return f"w{index}.db"
 
 
 def is_worker_log(name: str) -> bool:

@@ -312,7 +312,7 @@ class DpMaster(Actor[MasterState]):
         assert fl is not None
         reqs = st.reqs
         before = {e.task_id: reqs[e.task_id].emitted for e in fl.entries if e.task_id in reqs}
-        emit_from = dict(zip((e.task_id for e in fl.entries), fl.emit_from, strict=True)) if fl.emit_from else {}
+        emit_from = fl.first_emits()
         ctx.record(BatchEnded(step=fl.step, ends_s=ends_s, prefill_s=prefill_s, lead_s=lead_s))
         B = cfg.block_tokens
         for tid, first in before.items():

@@ -278,7 +278,6 @@ class _Lead:
 
     def __init__(self, entries: list[Entry], tasks: list[Req], c0: list[int], order: list[int],
                  cfg: MasterConfig) -> None:  # fmt: skip
-        self.entries = entries
         comp = [c + e.n for c, e in zip(c0, entries, strict=True)]  # after pass 0
         toks = [r.num_tokens for r in tasks]
         emit_from = [0 if c >= t else -1 for c, t in zip(comp, toks, strict=True)]

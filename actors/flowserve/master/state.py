@@ -124,6 +124,12 @@ class InFlight(msgspec.Struct, kw_only=True):
     iterations: int
     lead: tuple[tuple[Entry, ...], ...] = ()  # BatchPlanned's
     emit_from: tuple[int, ...] = ()
+
+    def first_emits(self) -> dict[str, int]:
+        """task id -> the pass of its first token in this batch, where not pass 0 (a lead)."""
+        if not self.emit_from:
+            return {}
+        return dict(zip((e.task_id for e in self.entries), self.emit_from, strict=True))
     launched: bool = False
     interrupt: bool = False  # something arrived: end a run after its current pass
 

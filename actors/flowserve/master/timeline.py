@@ -22,8 +22,7 @@ def token_timeline(cfg: MasterConfig, events: Iterable[Event]) -> dict[str, list
                 for x in st.in_flight.entries
                 if x.task_id in st.reqs
             }
-            fl = st.in_flight
-            emit_from = dict(zip((x.task_id for x in fl.entries), fl.emit_from, strict=True)) if fl.emit_from else {}
+            emit_from = st.in_flight.first_emits()
             st = evolve_master(st, e)
             for tid, first in before.items():
                 r = st.reqs.get(tid)
