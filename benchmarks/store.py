@@ -23,7 +23,7 @@ from deepserve.core.messages import Event, Message
 from deepserve.core.records import MemorySink, RunRec, Step
 from deepserve.core.sim import SimDriver
 from deepserve.persistence import open_log, open_sink
-from deepserve.persistence.rows import STEP_TABLES, rows_of, step_rows
+from deepserve.persistence.rows import STEP_TABLES, rows_of, run_row, step_rows
 from deepserve.persistence.schema import INSERT_COLUMNS
 from deepserve.persistence.sqlite.batch_store import insert_sql
 from deepserve.persistence.sqlite.files import prepare_sqlite
@@ -94,7 +94,7 @@ def _time_raw(path: str, run: RunRec, steps: list[Step]) -> float:
     """The same rows, pre-built, into the same schema: one executemany per table."""
     prepare_sqlite(path, create=True, upgrade=True)
     flat = step_rows(map(astuple, steps), run.run_id, 1, astuple)
-    rows = {"runs": [astuple(run)]}
+    rows = {"runs": [tuple(run_row(astuple(run)))]}
     rows.update({t: rows_of(f, len(INSERT_COLUMNS[t])) for t, f in zip(STEP_TABLES, flat, strict=True)})
     sql = insert_sql()
     t0 = time.perf_counter()

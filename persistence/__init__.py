@@ -14,17 +14,18 @@ How a step goes from a handler to a row and back:
             └ child.py "write"                    process that stores each as one page
                                                   (pages.py: simulations, no rows)
       → rows.step_rows(steps, run, first id)      THE row builder: [step id, run id,
-                                                  *fields] per record, one list a table
+                                                  *fields, crc32] per record, one list a table
       → INSERT (sqlite/sql.py) or COPY            tables: schema.py (columns = fields)
     and back:
     open_log(target) → LogReader (api.py)         .steps(run, actor=, corr=, since=, until=)
       → read_steps(run, StepFilter)               THE filter (api.py); SQL: sql_reader.py
                                                   (a paged run: pages.page_steps, one
                                                   decode a page, then the filter)
-      → rows ending with their step id            sqlite/sql.read_steps (plain sqlite3, in
+      → rows ending with (crc32, step id)         sqlite/sql.read_steps (plain sqlite3, in
                                                   this process or child.py "read"), or
                                                   SqlLog (SQLAlchemy, PostgreSQL)
-      → rows.group_steps(ins, evs, outs, snaps)   THE step assembly: step tuples
+      → rows.group_steps(ins, evs, outs, snaps)   THE step assembly: each row checked
+                                                  against its crc32, then step tuples
       → msgspec.convert / decode → list[Step]     sql_reader.to_steps, process_reader.py
 
 Files: `api` (interfaces, `StepFilter`), `errors` (`LogError`, `one_line`), `memory`

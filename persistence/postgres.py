@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from msgspec.structs import astuple
-from sqlalchemy import Row
+from sqlalchemy import Boolean, Row
 from sqlalchemy.exc import DBAPIError, InterfaceError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
@@ -26,8 +26,8 @@ from deepserve.core.records import RunRec, Step
 
 from .errors import LogError, RunExists, one_line
 from .group_commit import count_steps, runs_and_steps
-from .rows import STEP_TABLES, rows_of, step_rows
-from .schema import INSERT_COLUMNS
+from .rows import STEP_TABLES, rows_of, run_row, step_rows
+from .schema import INSERT_COLUMNS, metadata
 from .versions import ensure_schema
 
 T = TypeVar("T")
@@ -120,7 +120,7 @@ class PgBatchStore:
             for part in runs_and_steps(items):
                 if isinstance(part, RunRec):
                     await self._check_new_run(part)
-                    await self._copy("runs", [astuple(part)])
+                    await self._copy("runs", [tuple(run_row(astuple(part)))])
                     run_id = part.run_id
                     continue
                 if run_id is None:
@@ -129,7 +129,9 @@ class PgBatchStore:
                 rows = step_rows(map(astuple, part), run_id, 0, astuple)
                 for name, flat in zip(STEP_TABLES, rows, strict=True):
                     if flat:
-                        await self._copy(name, _with_ids(rows_of(flat, len(INSERT_COLUMNS[name])), ids, pos))
+                        await self._copy(
+                            name, _with_ids(rows_of(flat, len(INSERT_COLUMNS[name])), ids, pos)
+                        )
                 pos += len(part)
         return n, run_id
 
@@ -144,7 +146,9 @@ class PgBatchStore:
             raise RunExists(self.label, run.run_id, run.process)
 
     async def _copy(self, table: str, records: list[tuple]) -> None:
-        await self.pg.copy_records_to_table(table, records=records, columns=INSERT_COLUMNS[table])
+        await self.pg.copy_records_to_table(
+            table, records=_bools_back(table, records), columns=INSERT_COLUMNS[table]
+        )
 
     def close(self) -> None:
         async def _close() -> None:
@@ -161,6 +165,27 @@ class PgBatchStore:
 def _with_ids(rows: list[tuple], ids: list[int], pos: int) -> list[tuple]:
     """Rows built with step ids 0, 1, ... (relative) get the reserved ids instead."""
     return [(ids[pos + r[0]], *r[1:]) for r in rows]
+
+
+# Where each table's rows hold booleans: the row builder stores them as 0/1 (as SQLite
+# does, rows.py), and COPY wants booleans.
+_BOOLS = {
+    name: tuple(i for i, c in enumerate(cols) if isinstance(metadata.tables[name].c[c].type, Boolean))
+    for name, cols in INSERT_COLUMNS.items()
+}
+
+
+def _bools_back(name: str, rows: list[tuple]) -> list[tuple]:
+    at = _BOOLS[name]
+    if not at:
+        return rows
+    out = []
+    for r in rows:
+        v = list(r)
+        for i in at:
+            v[i] = bool(v[i])
+        out.append(tuple(v))
+    return out
 
 
 class PgDb:

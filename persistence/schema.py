@@ -28,7 +28,9 @@ from deepserve.core.records import EventRec, InputRec, OutputRec, RunRec, Snapsh
 # v1: the first release. v2: `runs.process` (one run spans several processes in daemon
 # mode; v1 logs were single-process and read back as process "main"). v3: `inputs.ask`
 # and `inputs.src_hlc`. v4: `pages` (a run's steps as encoded pages: the writer process).
-SCHEMA_VERSION = 4
+# v5: `crc32` on every row of the row layout and on `runs` (rows.py: what a row holds is
+# checked on every read, as pages' bodies are).
+SCHEMA_VERSION = 5
 
 # SQLite only makes INTEGER PRIMARY KEY an alias of the rowid (no extra b-tree);
 # PostgreSQL needs 64 bits for long-lived cluster databases.
@@ -50,6 +52,12 @@ def _int(name: str, nullable: bool = False) -> Column:
     return Column(name, BigInteger, nullable=nullable)
 
 
+def _crc() -> Column:
+    # v5: zlib.crc32 of the row's record values (rows.row_crc); 0 only until a v4 log's
+    # migration has summed its rows
+    return Column("crc32", BigInteger, nullable=False, server_default="0")
+
+
 schema_version = Table(
     "schema_version",
     metadata,
@@ -69,6 +77,7 @@ runs = Table(
     _text("host"),
     Column("started_at", Double, nullable=False),
     Column("process", Text, nullable=False, server_default="main"),
+    _crc(),  # v5
 )
 
 inputs = Table(
@@ -90,6 +99,7 @@ inputs = Table(
     Column("payload", LargeBinary, nullable=False),
     Column("ask", Boolean, nullable=False, server_default=false()),  # v3
     Column("src_hlc", BigInteger, nullable=False, server_default="0"),  # v3
+    _crc(),  # v5
 )
 # Every reader query is scoped to one run; leading with run_id lets the SQLite planner
 # pick these without ANALYZE statistics.
@@ -108,6 +118,7 @@ events = Table(
     Column("idx", Integer, nullable=False),
     _text("type"),
     Column("payload", LargeBinary, nullable=False),
+    _crc(),  # v5
 )
 Index("ix_events_step", events.c.step_id)
 
@@ -130,6 +141,7 @@ outputs = Table(
     Column("ask", Boolean, nullable=False),
     _text("type"),
     Column("payload", LargeBinary, nullable=False),
+    _crc(),  # v5
 )
 Index("ix_outputs_step", outputs.c.step_id)
 
@@ -143,6 +155,7 @@ snapshots = Table(
     _int("seq"),
     _text("type"),
     Column("payload", LargeBinary, nullable=False),
+    _crc(),  # v5
 )
 Index("ix_snapshots_step", snapshots.c.step_id)
 Index("ix_snapshots_actor", snapshots.c.run_id, snapshots.c.actor, snapshots.c.seq)
@@ -181,11 +194,11 @@ SNAPSHOT_FIELDS: tuple[str, ...] = SnapshotRec.__struct_fields__
 
 # Columns written by the hot path, in row-tuple order.
 INSERT_COLUMNS: dict[str, tuple[str, ...]] = {
-    "runs": RUN_FIELDS,
-    "inputs": ("id", "run_id", *INPUT_FIELDS),
-    "events": ("step_id", "run_id", *EVENT_FIELDS),
-    "outputs": ("step_id", "run_id", *OUTPUT_FIELDS),
-    "snapshots": ("step_id", "run_id", *SNAPSHOT_FIELDS),
+    "runs": (*RUN_FIELDS, "crc32"),
+    "inputs": ("id", "run_id", *INPUT_FIELDS, "crc32"),
+    "events": ("step_id", "run_id", *EVENT_FIELDS, "crc32"),
+    "outputs": ("step_id", "run_id", *OUTPUT_FIELDS, "crc32"),
+    "snapshots": ("step_id", "run_id", *SNAPSHOT_FIELDS, "crc32"),
     "pages": ("run_id", "first_step", "steps", "t_first", "t_last", "body", "crc32"),
 }
 

@@ -27,7 +27,7 @@ from deepserve.core.records import RunRec, SnapshotRec, Step
 from .api import LogReader, StepFilter
 from .errors import LogError
 from .pages import Page, PageHead, check_page_head, page_actors, page_snapshots, page_steps
-from .rows import group_steps, id_range_is_dense
+from .rows import DamagedRow, check_rows, group_steps, id_range_is_dense, ints_for_bools, row_crc
 from .schema import (
     EVENT_FIELDS,
     INPUT_FIELDS,
@@ -58,11 +58,11 @@ class Db(Protocol):
     def close(self) -> None: ...
 
 
-# Every row read for a step ends with its step id (see `rows.group_steps`).
-RUN_COLS = [runs.c[f] for f in RUN_FIELDS]
-INPUT_COLS = [*(inputs.c[f] for f in INPUT_FIELDS), inputs.c.id]
+# Every row read for a step ends with its checksum and its step id (see `rows.group_steps`).
+RUN_COLS = [*(runs.c[f] for f in RUN_FIELDS), runs.c.crc32]
+INPUT_COLS = [*(inputs.c[f] for f in INPUT_FIELDS), inputs.c.crc32, inputs.c.id]
 CHILD_COLS = {
-    t.name: [*(t.c[f] for f in fields), t.c.step_id]
+    t.name: [*(t.c[f] for f in fields), t.c.crc32, t.c.step_id]
     for t, fields in (
         (events, EVENT_FIELDS),
         (outputs, OUTPUT_FIELDS),
@@ -75,6 +75,10 @@ def record_error(label: str, exc: Exception) -> LogError:
     """A row that does not make a record (SQLite keeps whatever a column is given:
     text in an integer column of a damaged or foreign file)."""
     return LogError(f"{label}: a step's rows do not fit the log's record types ({exc})")
+
+
+def damaged(label: str, exc: DamagedRow) -> LogError:
+    return LogError(f"{label}: {exc}")
 
 
 def to_steps(label: str, groups: list[tuple]) -> list[Step]:
@@ -141,7 +145,12 @@ class SqlLog(LogReader):
         self.label = db.label
 
     def runs(self) -> list[RunRec]:
-        return [RunRec(*r) for r in self.db.all(select(*RUN_COLS).order_by(runs.c.id))]  # type: ignore[arg-type]
+        rows = self.db.all(select(*RUN_COLS).order_by(runs.c.id))
+        for r in rows:
+            if row_crc(tuple(r[:-1])) != r[-1]:
+                raise LogError(f"{self.label}: damaged log: the runs row of run {r[0]!r} does "
+                               "not match its checksum (its record cannot be trusted)")  # fmt: skip
+        return [RunRec(*r[:-1]) for r in rows]  # type: ignore[arg-type]
 
     def has_run(self, run_id: str) -> bool:
         return bool(self.db.all(select(runs.c.id).where(runs.c.run_id == run_id).limit(1)))
@@ -208,7 +217,11 @@ class SqlLog(LogReader):
         for chunk in self.db.chunks(stmt, CHUNK):
             ids = [r[-1] for r in chunk]
             kids = [self.db.all(children_query(t, ids)) for t in (events, outputs, snapshots)]
-            yield from to_steps(self.label, group_steps(_tuples(chunk), *map(_tuples, kids)))
+            try:
+                groups = group_steps(_tuples(chunk), *map(_tuples, kids))
+            except DamagedRow as exc:
+                raise damaged(self.label, exc) from None
+            yield from to_steps(self.label, groups)
 
     def snapshots(
         self, run_id: str | None = None, actor: str | None = None
@@ -223,11 +236,17 @@ class SqlLog(LogReader):
         if actor is not None:
             stmt = stmt.where(snapshots.c.actor == actor)
         for chunk in self.db.chunks(stmt.order_by(snapshots.c.id), CHUNK):
-            yield from msgspec.convert(_tuples(chunk), list[SnapshotRec], strict=False)
+            rows = _tuples(chunk)
+            try:
+                check_rows("snapshots", rows)
+            except DamagedRow as exc:
+                raise damaged(self.label, exc) from None
+            yield from msgspec.convert(rows, list[SnapshotRec], strict=False)
 
     def close(self) -> None:
         self.db.close()
 
 
 def _tuples(rows: Sequence[Row]) -> list[tuple]:
-    return [tuple(r) for r in rows]
+    # booleans as 0/1, as their checksums were summed (PostgreSQL returns bools)
+    return [ints_for_bools(r) for r in rows]

@@ -20,7 +20,7 @@ from deepserve.core.records import RunRec, Step
 
 from ..errors import RunExists
 from ..group_commit import runs_and_steps
-from ..rows import STEP_TABLES, step_rows
+from ..rows import STEP_TABLES, run_row, step_rows
 from ..schema import INSERT_COLUMNS, RUN_FIELDS, metadata
 from .files import BUSY_MS
 from .sql import RUN_EXISTS, MultiInsert, transaction
@@ -105,7 +105,9 @@ class SqliteBatchStore:
         steps, self.run_id = transaction(self.conn, lambda c: self._write(c, items))
         return steps
 
-    def _write(self, c: sqlite3.Connection, items: Sequence[Step | RunRec]) -> tuple[int, str | None]:
+    def _write(
+        self, c: sqlite3.Connection, items: Sequence[Step | RunRec]
+    ) -> tuple[int, str | None]:
         # Step ids are assigned here, under the write lock, so even a second writer
         # process on the same file (a misconfiguration) cannot collide with ours.
         next_id = first_id = (c.execute(self.max_id).fetchone()[0] or 0) + 1
@@ -114,7 +116,7 @@ class SqliteBatchStore:
             if isinstance(part, RunRec):
                 if c.execute(RUN_EXISTS, (part.run_id, part.process)).fetchone() is not None:
                     raise RunExists(self.label, part.run_id, part.process)
-                self.inserts["runs"].run_flat(c, list(astuple(part)))
+                self.inserts["runs"].run_flat(c, run_row(astuple(part)))
                 run_id = part.run_id
                 continue
             if run_id is None:
@@ -128,4 +130,3 @@ class SqliteBatchStore:
 
     def close(self) -> None:
         self.conn.close()
-

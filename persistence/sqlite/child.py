@@ -21,7 +21,8 @@ byte says what it is.
   and forth with the driver cost the logged simulation ~15 % of its time (measured).
 - reader (`read OUT_FD`, config on stdin): child to parent STEPS (a msgpack list of
   step tuples, at most `frame_bytes` unless one step is larger), END (the number of
-  steps sent) or ERROR (msgpack `[from_sqlite, one line]`), after which it exits.
+  steps sent) or ERROR (msgpack `[OTHER | FROM_SQLITE | DAMAGED, one line]`; DAMAGED:
+  a row failed its checksum), after which it exits.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from typing import Any, BinaryIO
 import msgspec
 
 from ..errors import LogError, RunExists, one_line
+from ..rows import DamagedRow, run_row
 from .sql import RUN_EXISTS, MultiInsert, read_steps, transaction
 
 HEADER = struct.Struct("<Q")
@@ -47,6 +49,7 @@ ACK_BODY = struct.Struct("<QQQ")
 PAGE_HEAD = struct.Struct("<Qdd")  # a PAGE's step count, least and greatest input time
 CONFIG, RUN, STEPS, ACK, ERROR, END, PAGE, SYNC = b"CRSAEZPY"
 PIPE_BYTES = 1 << 20  # Linux's default limit for an unprivileged F_SETPIPE_SZ
+OTHER, FROM_SQLITE, DAMAGED = 0, 1, 2  # what a reader's ERROR is (its first item)
 
 
 # ---- framing and spawning (both sides) -------------------------------------------------
@@ -186,13 +189,16 @@ class PageWriter:
         key = (run[self.run_id_index], run[self.process_index])
         if c.execute(RUN_EXISTS, key).fetchone() is not None:
             raise RunExists(self.label, *key)
-        self.runs.run_flat(c, run)
+        self.runs.run_flat(c, run_row(run))
 
-    def _page(self, c: sqlite3.Connection, steps: int, t_first: float, t_last: float,
-              body: memoryview) -> None:
+    def _page(
+        self, c: sqlite3.Connection, steps: int, t_first: float, t_last: float, body: memoryview
+    ) -> None:
         # Step ids are assigned under the write lock, as in `SqliteBatchStore`.
         first = (c.execute(self.max_id).fetchone()[0] or 0) + 1
-        c.execute(self.page_sql, (self.run_id, first, steps, t_first, t_last, body, zlib.crc32(body)))
+        c.execute(
+            self.page_sql, (self.run_id, first, steps, t_first, t_last, body, zlib.crc32(body))
+        )
 
     def close(self) -> None:
         self.conn.close()
@@ -296,7 +302,8 @@ def serve_reader(cfg: dict[str, Any], fd: int) -> int:
     except Exception as exc:  # noqa: BLE001 — every failure goes to the parent as one line
         with contextlib.suppress(OSError):
             text = one_line(exc) or type(exc).__name__
-            write_all(fd, enc.encode(ERROR, [isinstance(exc, sqlite3.Error), text]))
+            kind = DAMAGED if isinstance(exc, DamagedRow) else int(isinstance(exc, sqlite3.Error))
+            write_all(fd, enc.encode(ERROR, [kind, text]))
         return 1
     return 0
 

@@ -31,8 +31,9 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from deepserve.core.records import Step
 
 from ..api import StepFilter
+from ..rows import DamagedRow
 from ..schema import inputs
-from ..sql_reader import CHILD_COLS, INPUT_COLS, SqlLog, input_filter, to_steps
+from ..sql_reader import CHILD_COLS, INPUT_COLS, SqlLog, damaged, input_filter, to_steps
 from .files import BUSY_MS, SqliteDb
 from .process_reader import FRAME_BYTES, ReaderProcess, live_readers
 from .sql import read_steps
@@ -106,8 +107,11 @@ class SqliteLog(SqlLog):
             groups = read_steps(db.raw, sql, params, _CHILD_HEADS, CHUNK)
         try:
             while True:
-                with db.errors():
-                    chunk = next(groups, None)
+                try:
+                    with db.errors():
+                        chunk = next(groups, None)
+                except DamagedRow as exc:
+                    raise damaged(self.label, exc) from None
                 if chunk is None:
                     return
                 yield from to_steps(self.label, chunk)

@@ -29,7 +29,7 @@ from deepserve.core.records import Step
 from ..errors import LogError
 from ..sql_reader import record_error
 from . import child
-from .child import END, ERROR, HEADER, PIPE_BYTES, STEPS, exit_text
+from .child import DAMAGED, END, ERROR, FROM_SQLITE, HEADER, PIPE_BYTES, STEPS, exit_text
 from .files import sqlite_error
 
 # strict=False: SQLite hands booleans back as 0/1 (see `rows.group_steps`)
@@ -71,11 +71,13 @@ class ReaderProcess:
                 self._proc.wait()
                 return
             elif kind == ERROR:
-                from_sqlite, text = msgspec.msgpack.decode(body)
+                what, text = msgspec.msgpack.decode(body)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self._proc.wait(5)  # it exits right after: let it, rather than kill it
-                if from_sqlite:
+                if what == FROM_SQLITE:
                     raise sqlite_error(self.label, sqlite3.DatabaseError(text))
+                if what == DAMAGED:
+                    raise LogError(f"{self.label}: {text}")
                 raise LogError(f"{self.label}: the log reader process failed: {text}")
             else:
                 raise LogError(f"{self.label}: the log reader process sent frame kind {kind}")

@@ -15,6 +15,8 @@ from store_testdata import encoded, expected, force_reader_process, run_rec
 
 from deepserve.core.records import EventRec, InputRec, Step
 from deepserve.persistence import LogError, open_log, open_sink
+from deepserve.persistence.rows import row_crc
+from deepserve.persistence.schema import INPUT_FIELDS
 from deepserve.persistence.sqlite import log_reader as sqlite_reader
 from deepserve.persistence.sqlite import process_reader as procread
 from deepserve.persistence.sqlite.process_reader import ReaderProcess, live_readers
@@ -199,6 +201,10 @@ def test_a_row_that_makes_no_record_is_a_log_error(
     _write(path)
     c = sqlite3.connect(path)  # SQLite keeps text in an integer column
     c.execute("UPDATE inputs SET seq = 'many' WHERE id = 200")
+    # ... and the row's checksum agrees (written so, not damaged since): the record check
+    # is what refuses it
+    row = c.execute(f"SELECT {', '.join(INPUT_FIELDS)} FROM inputs WHERE id = 200").fetchone()
+    c.execute("UPDATE inputs SET crc32 = ? WHERE id = 200", (row_crc(row),))
     c.commit()
     c.close()
     if through == "the reader process":

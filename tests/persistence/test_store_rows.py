@@ -16,6 +16,7 @@ from deepserve.persistence.rows import (
     STEP_TABLES,
     group_steps,
     id_range_is_dense,
+    ints_for_bools,
     rows_of,
     step_rows,
 )
@@ -30,13 +31,14 @@ def test_schema_has_a_column_for_every_record_field() -> None:
 
 
 def _built(steps: list, first_id: int = 100) -> list[list[tuple]]:
-    """Rows as a reader selects them: (*fields, step id), run id dropped."""
+    """Rows as a reader selects them: (*fields, crc32, step id), run id dropped,
+    booleans as 0/1 (as SQLite returns them)."""
     flat = step_rows(map(astuple, steps), "r", first_id, astuple)
     out = []
     for table, data in zip(STEP_TABLES, flat, strict=True):
         rows = rows_of(data, len(INSERT_COLUMNS[table]))
         assert all(r[1] == "r" for r in rows)
-        out.append([(*r[2:], r[0]) for r in rows])
+        out.append([ints_for_bools((*r[2:], r[0])) for r in rows])
     return out
 
 

@@ -79,12 +79,17 @@ def test_a_divergence_in_a_log_written_by_other_code_says_so(tmp_path):
     import sqlite3
 
     from deepserve.core.codeid import CODE_VERSION, source_hash
+    from deepserve.persistence.rows import row_crc
+    from deepserve.persistence.schema import RUN_FIELDS
 
     assert CODE_VERSION.endswith("+src." + source_hash()) and len(source_hash()) == 12
     log = _write(tmp_path, "clock")
     with sqlite3.connect(log) as c:
         assert c.execute("SELECT code_version FROM runs").fetchone()[0] == CODE_VERSION
         c.execute("UPDATE runs SET code_version = '0.1.0+src.000000000000'")
+        # as other code wrote it: the row's checksum matches its new value
+        row = c.execute(f"SELECT {', '.join(RUN_FIELDS)} FROM runs").fetchone()
+        c.execute("UPDATE runs SET crc32 = ?", (row_crc(row),))
     res = _run([sys.executable, "-m", "deepserve", "replay", "verify", str(log)], "202", tmp_path)
     assert res.returncode == 1, res.stdout + res.stderr
     first = res.stdout.splitlines()[0]
