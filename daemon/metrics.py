@@ -16,6 +16,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from deepserve.actors.flowserve.messages import TaskTokens
 from deepserve.actors.workload.messages import RequestDone
 
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -28,8 +29,11 @@ class Metrics:
         lbl = ["model_name"]
         self.model = model
         self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token", lbl, registry=r, buckets=BUCKETS)
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Mean inter-token latency of a request", lbl,
+        # One observation per gap between consecutive output tokens, as vLLM's: a mean per
+        # request hid a stall between two tokens behind the request's other gaps.
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency", lbl,
                              registry=r, buckets=ITL_BUCKETS)  # fmt: skip
+        self._last_token_s: dict[str, float] = {}  # request -> its last token's time (in flight)
         self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency", lbl, registry=r,
                              buckets=BUCKETS)  # fmt: skip
         self.success = Counter("vllm:request_success", "Finished requests", [*lbl, "finished_reason"], registry=r)
@@ -51,7 +55,19 @@ class Metrics:
     def client_ttft(self, seconds: float) -> None:
         self.client_ttft_s.observe(seconds)
 
+    def tokens(self, msg: TaskTokens) -> None:
+        """Each gap between consecutive output tokens of a request (emulated token times)."""
+        itl = self.itl.labels(self.model)
+        prev = self._last_token_s.get(msg.request_id)
+        for t in msg.times_s:
+            if prev is not None:
+                itl.observe(max(0.0, t - prev))
+            prev = t
+        if prev is not None:
+            self._last_token_s[msg.request_id] = prev
+
     def done(self, d: RequestDone) -> None:
+        self._last_token_s.pop(d.request_id, None)
         m = self.model
         self.terminal.labels(d.status).inc()
         self.success.labels(m, d.reason if d.status == "completed" else d.status).inc()
@@ -62,8 +78,6 @@ class Metrics:
         self.e2e.labels(m).observe(max(0.0, d.finish_s - d.arrival_s))
         if d.first_token_s is not None:
             self.ttft.labels(m).observe(max(0.0, d.first_token_s - d.arrival_s))
-            if d.output_tokens > 1:
-                self.itl.labels(m).observe(max(0.0, (d.finish_s - d.first_token_s) / (d.output_tokens - 1)))
 
     def render(self, status: dict[str, Any]) -> tuple[bytes, str]:
         m = self.model

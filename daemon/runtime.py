@@ -106,6 +106,7 @@ class Runtime:
         self.driver: AsyncDriver | None = None
         self._sink: Any = None
         self.on_done: Any = None  # metrics hook: (RequestDone) -> None
+        self.on_tokens: Any = None  # metrics hook: (TaskTokens) -> None
 
     # ---- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -203,6 +204,8 @@ class Runtime:
     def _on_external(self, _t: float, env: Any) -> None:
         msg = env.msg
         if isinstance(msg, TaskTokens):
+            if self.on_tokens is not None:
+                self.on_tokens(msg)
             q = self.streams.get(msg.request_id)
             if q is not None and not q.full():
                 q.put_nowait(msg)

@@ -51,6 +51,7 @@ async def serve(cfg: DaemonConfig, run_dir: Path, grace_s: float = 10.0, ready: 
     rt = runtime(cfg, run_dir)
     metrics = Metrics(cfg.model_name())
     rt.on_done = metrics.done
+    rt.on_tokens = metrics.tokens
     await rt.start()
     api = _Server(uvicorn.Config(create_app(rt, metrics), host=d.host, port=d.port, log_level="warning",
                                  lifespan="off", timeout_graceful_shutdown=2))  # fmt: skip
