@@ -26,6 +26,14 @@ from deepserve.core.transport import Wire
 # in `getsockopt` (an enum conversion), several times per message on the hot path.
 EVENTS, POLLIN, NOBLOCK, RCVMORE = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK), int(zmq.RCVMORE)
 
+# pyzmq's C-level socket methods, called as functions on the hot path: `zmq.Socket`'s own
+# `send` is a Python wrapper (keyword arguments into the C one), and any attribute read on a
+# `zmq.Socket` goes through its `__getattr__` hook first (cachegrind: ~3k instructions a
+# message on each side between them).
+sock_send = zmq.backend.Socket.send
+sock_recv = zmq.backend.Socket.recv
+sock_get = zmq.backend.Socket.get
+
 
 class DataIn(msgspec.Struct, array_like=True):
     sender: int
@@ -48,7 +56,7 @@ _Raw = msgspec.Raw
 
 def data_frame(sender: int, base: int, first: int, want_ack: bool, items: list[bytes]) -> bytes:
     """Items are already-encoded `Wire`s (encoded once, at send time)."""
-    return _enc.encode((sender, base, first, want_ack, [_Raw(b) for b in items]))
+    return _enc.encode((sender, base, first, want_ack, list(map(_Raw, items))))
 
 
 def read_data(frame: bytes) -> DataIn:

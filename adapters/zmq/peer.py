@@ -16,7 +16,7 @@ from collections import deque
 import msgspec
 import zmq
 
-from .frames import EVENTS, NOBLOCK, POLLIN, data_frame, read_ack
+from .frames import EVENTS, NOBLOCK, POLLIN, data_frame, read_ack, sock_get, sock_send
 
 
 class Limits(msgspec.Struct, frozen=True):
@@ -66,10 +66,12 @@ class Peer:
         self.queued: deque[bytes] = deque()
         self.inflight: deque[bytes] = deque()
         self.acked = 0  # every sequence number <= acked is delivered
+        # Past `high_water` senders wait on `room`; `full` mirrors it as a plain bool, read on
+        # every send (an Event's methods are Python calls, a few per message otherwise).
         self.room = asyncio.Event()
         self.room.set()
-        self.drained = asyncio.Event()
-        self.drained.set()
+        self.full = False
+        self._drained: asyncio.Future[None] | None = None  # `wait_drained`'s, made only then
         self.scheduled = False
         self.closing = False
         self.last_progress = time.monotonic()
@@ -83,21 +85,26 @@ class Peer:
         """Acks stopped for `peer_timeout_s` with envelopes outstanding: gone or hung."""
         return bool(self.inflight) and time.monotonic() - self.last_progress > self.limits.peer_timeout_s
 
-    def push(self, wire: bytes, loop: asyncio.AbstractEventLoop) -> None:
-        if not self.queued and not self.inflight:
+    def push(self, wire: bytes) -> bool:
+        """Queue `wire`. True when this opened a turn's batch: the caller then arranges
+        `flush` once the turn's sends are done (at the end of the receive callback that sent,
+        else on the next turn of the loop; `ZmqTransport.send`)."""
+        queued, inflight = self.queued, self.inflight
+        if not queued and not inflight:
             self.last_progress = time.monotonic()
-        self.queued.append(wire)
-        self.drained.clear()
-        if len(self.queued) + len(self.inflight) >= self.limits.high_water:
+        queued.append(wire)
+        if not self.full and len(queued) + len(inflight) >= self.limits.high_water:
+            self.full = True
             self.room.clear()
-        if not self.scheduled:
-            # Everything sent during this turn of the loop leaves in one batch, but
-            # the first envelope to an idle peer leaves at once: a request/reply
-            # (a round trip) does not wait for a turn of the loop on either side.
-            self.scheduled = True
-            if len(self.queued) == 1 and len(self.inflight) < self.limits.window:
-                self._send_batch(False)
-            loop.call_soon(self.flush)
+        if self.scheduled:
+            return False
+        # Everything sent during this turn leaves in one batch, but the first envelope to
+        # an idle peer leaves at once: a request/reply (a round trip) does not wait for a
+        # turn of the loop on either side.
+        self.scheduled = True
+        if len(queued) == 1 and len(inflight) < self.limits.window:
+            self._send_batch(False)
+        return True
 
     def flush(self, want_ack: bool = False) -> None:
         self.scheduled = False
@@ -113,20 +120,22 @@ class Peer:
         # does not: its acks come on the receiver's delay, the next one's signal or the resend
         # timer (which reads acks before it resends) picks up one that waits.
         if sent or want_ack or self.closing or len(inflight) >= window // 2:
-            if self.sock.getsockopt(EVENTS) & POLLIN:
+            if sock_get(self.sock, EVENTS) & POLLIN:  # type: ignore[operator]
                 self.loop.call_soon(self.read_acks)
 
     def _send_batch(self, want_ack: bool) -> bool:
         """One data frame of what is queued (within the window); False if ZeroMQ
         refused it (the frame counts as in flight; the resend timer sends it again)."""
         queued, inflight, lim = self.queued, self.inflight, self.limits
-        n = min(len(queued), lim.batch, lim.window - len(inflight))
-        items = [queued.popleft() for _ in range(n)]
+        if len(queued) == 1:  # a round trip's (callers keep the window open)
+            items = [queued.popleft()]
+        else:
+            items = [queued.popleft() for _ in range(min(len(queued), lim.batch, lim.window - len(inflight)))]
         first = self.acked + len(inflight) + 1
         inflight.extend(items)
         want = want_ack or self.closing or len(inflight) >= lim.window // 2
         try:
-            self.sock.send(data_frame(self.sender_id, self.acked + 1, first, want, items), NOBLOCK)
+            sock_send(self.sock, data_frame(self.sender_id, self.acked + 1, first, want, items), NOBLOCK)
         except zmq.Again:
             return False
         return True
@@ -142,12 +151,25 @@ class Peer:
             self._rewound_at = self.acked  # once per gap, not once per frame behind it
             self.rewind()
         pending = len(self.queued) + len(inflight)
-        if pending <= self.limits.high_water // 2:
+        if self.full and pending <= self.limits.high_water // 2:
+            self.full = False
             self.room.set()
         if not pending:
-            self.drained.set()
+            self._wake_drained()
         elif self.queued and not self.scheduled:
             self.flush()
+
+    async def wait_drained(self) -> None:
+        """Until nothing is pending (every envelope acknowledged)."""
+        while self.pending():
+            if self._drained is None:
+                self._drained = self.loop.create_future()
+            await self._drained
+
+    def _wake_drained(self) -> None:
+        waiter, self._drained = self._drained, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def rewind(self) -> None:
         """Send everything unacknowledged again, oldest first."""

@@ -27,7 +27,17 @@ from deepserve.core.envelope import Envelope
 from deepserve.core.transport import Deliver, wire_decode, wire_encode
 
 from .directory import Directory, EndpointError, check_endpoint
-from .frames import EVENTS, NOBLOCK, POLLIN, RCVMORE, ack_frame, envelope_of, read_data
+from .frames import (
+    EVENTS,
+    NOBLOCK,
+    POLLIN,
+    RCVMORE,
+    ack_frame,
+    envelope_of,
+    read_data,
+    sock_get,
+    sock_recv,
+)
 from .peer import Limits, Peer
 
 log = structlog.get_logger("deepserve.zmq")
@@ -73,6 +83,9 @@ class ZmqTransport:
         self._reading = False  # the ROUTER's FD is registered with the loop
         self._paused = False  # a mailbox is full: the ROUTER is not read meanwhile
         self._ack_timer: asyncio.TimerHandle | None = None
+        # While our receive callback runs: the peers that opened a batch in it, flushed
+        # when it ends (one flush per callback instead of a loop callback per reply).
+        self._turn: list[Peer] | None = None
         self._congested: Peer | None = None
         self._closed = False
         self.sent = self.refused = self.received = self.duplicates = 0
@@ -112,13 +125,21 @@ class ZmqTransport:
 
     def send(self, env: Envelope) -> bool:
         """Accept `env` for its peer; False (refused) only past `max_pending` or after close."""
-        peer = self._peer_for(env.dst)
+        # (the cache's fast path inlined: `_peer_for` on a miss or after a directory change)
+        peer = self._cache.get(env.dst) if self._cache_version == self.directory.version else None
+        if peer is None:
+            peer = self._peer_for(env.dst)
         if peer is None or self._closed or len(peer.queued) + len(peer.inflight) >= self.limits.max_pending:
             self.refused += 1
             return False
-        peer.push(wire_encode(env), self._loop_now())
+        if peer.push(wire_encode(env)):
+            turn = self._turn
+            if turn is None:
+                self._loop_now().call_soon(peer.flush)
+            else:  # sent from our receive callback: flushed when it ends (`_drain`)
+                turn.append(peer)
         self.sent += 1
-        if not peer.room.is_set():
+        if peer.full:
             self._congested = peer
         return True
 
@@ -161,7 +182,7 @@ class ZmqTransport:
         high-water mark (wait for it), or None. A stalled peer is not waited for:
         its sends queue up to `max_pending`, then are refused and recorded."""
         peer, self._congested = self._congested, None
-        if peer is None or peer.room.is_set() or peer.stalled():
+        if peer is None or not peer.full or peer.stalled():
             return None
         return peer.room
 
@@ -179,7 +200,7 @@ class ZmqTransport:
         try:
             async with asyncio.timeout(wait_s):
                 for peer in self.peers.values():
-                    await peer.drained.wait()
+                    await peer.wait_drained()
         except TimeoutError:
             pass
         left = [wire_decode(b) for p in self.peers.values() for b in (*p.inflight, *p.queued)]
@@ -237,10 +258,21 @@ class ZmqTransport:
         router = self._router
         if router is None or self._paused or self._closed:
             return
+        turn: list[Peer] = []
+        self._turn = turn
+        try:
+            self._drain_frames(router)
+        finally:
+            self._turn = None
+            if not self._closed:
+                for peer in turn:
+                    peer.flush()
+
+    def _drain_frames(self, router: zmq.Socket) -> None:
         for _ in range(DRAIN_FRAMES):
             try:
-                ident = router.recv(NOBLOCK)
-                frame = router.recv(NOBLOCK)  # our DEALERs send one frame: [ident, frame]
+                ident = sock_recv(router, NOBLOCK)
+                frame = sock_recv(router, NOBLOCK)  # our DEALERs send one frame: [ident, frame]
             except zmq.Again:
                 return
             rest = self._on_frame(ident, frame)
@@ -251,7 +283,7 @@ class ZmqTransport:
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
                 return
-            if not router.getsockopt(EVENTS) & POLLIN:  # type: ignore[operator]
+            if not sock_get(router, EVENTS) & POLLIN:  # type: ignore[operator]
                 return
         self._loop_now().call_soon(self._drain)  # a flood: let the actors run
 

@@ -218,6 +218,46 @@ async def test_the_first_envelope_to_an_idle_peer_leaves_at_once_and_a_burst_bat
         ctx.term()
 
 
+async def test_replies_sent_in_the_receive_callback_leave_before_it_returns(tmp_path: Path) -> None:
+    # What a receive callback sends (the replies of inline deliveries) is flushed when the
+    # callback ends, with no loop callback per reply: the first reply at once, the rest of the
+    # callback's sends as one batch, all on the wire before the callback returns.
+    import zmq
+
+    from deepserve.adapters.zmq.frames import receive_and_ack
+    from deepserve.core.envelope import Envelope
+
+    ctx = zmq.Context()
+    out = ctx.socket(zmq.ROUTER)
+    out.bind(f"ipc://{tmp_path}/out.ipc")
+    rx = ZmqTransport(bind=f"ipc://{tmp_path}/rx.ipc", routes={"out/": f"ipc://{tmp_path}/out.ipc"})
+    tx = ZmqTransport(routes={"rx/": f"ipc://{tmp_path}/rx.ipc"})
+    seen: list[int] = []
+
+    def deliver(env: Envelope) -> None:  # three replies per envelope received
+        seen.append(env.msg_id)
+        for k in range(3):
+            assert rx.send(Envelope("rx/0", "out/0", 10 * env.msg_id + k, 0, None, ZcItem(k)))
+
+    try:
+        rx.attach(deliver)
+        rx._stop_reading()  # this test runs the receive callback itself
+        assert tx.send(_item(0))
+        assert rx._router is not None and rx._router.poll(5000)
+        rx._drain()  # the callback, with no turn of the loop after it
+        assert seen == [1]
+        frames = []
+        while out.poll(500):
+            frames.append([w.msg_id for w in receive_and_ack(out)])
+        assert frames == [[10], [11, 12]]
+        assert not rx.peers[f"ipc://{tmp_path}/out.ipc"].scheduled
+    finally:
+        assert await tx.aclose() == []
+        assert await rx.aclose() == []
+        out.close(linger=0)
+        ctx.term()
+
+
 _SINK_GOT: list[int] = []
 
 
