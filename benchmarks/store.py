@@ -93,7 +93,7 @@ def _time_sink(target: str, durability: str, run: RunRec, steps: list[Step]) -> 
 def _time_raw(path: str, run: RunRec, steps: list[Step]) -> float:
     """The same rows, pre-built, into the same schema: one executemany per table."""
     prepare_sqlite(path, create=True, upgrade=True)
-    flat = step_rows(map(astuple, steps), run.run_id, 1, astuple)
+    flat = step_rows(map(astuple, steps), run.run_id, range(1, len(steps) + 1), astuple)
     rows = {"runs": [tuple(run_row(astuple(run)))]}
     rows.update({t: rows_of(f, len(INSERT_COLUMNS[t])) for t, f in zip(STEP_TABLES, flat, strict=True)})
     sql = insert_sql()

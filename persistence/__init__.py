@@ -13,7 +13,7 @@ How a step goes from a handler to a row and back:
           ProcessSink      sqlite/process_writer.py  batches msgpack-encoded to a child
             └ child.py "write"                    process that stores each as one page
                                                   (pages.py: simulations, no rows)
-      → rows.step_rows(steps, run, first id)      THE row builder: [step id, run id,
+      → rows.step_rows(steps, run, step ids)      THE row builder: [step id, run id,
                                                   *fields, crc32] per record, one list a table
       → INSERT (sqlite/sql.py) or COPY            tables: schema.py (columns = fields)
     and back:

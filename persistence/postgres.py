@@ -125,13 +125,12 @@ class PgBatchStore:
                     continue
                 if run_id is None:
                     raise ValueError("a step was appended before begin_run()")
-                # ids from one nextval batch need not be consecutive (a concurrent writer)
-                rows = step_rows(map(astuple, part), run_id, 0, astuple)
+                # ids from one nextval batch need not be consecutive (a concurrent writer);
+                # each row's checksum sums its step's id, so the rows get theirs when built
+                rows = step_rows(map(astuple, part), run_id, ids[pos : pos + len(part)], astuple)
                 for name, flat in zip(STEP_TABLES, rows, strict=True):
                     if flat:
-                        await self._copy(
-                            name, _with_ids(rows_of(flat, len(INSERT_COLUMNS[name])), ids, pos)
-                        )
+                        await self._copy(name, rows_of(flat, len(INSERT_COLUMNS[name])))
                 pos += len(part)
         return n, run_id
 
@@ -160,11 +159,6 @@ class PgBatchStore:
             self._io.call(_close)
         finally:
             self._io.close()
-
-
-def _with_ids(rows: list[tuple], ids: list[int], pos: int) -> list[tuple]:
-    """Rows built with step ids 0, 1, ... (relative) get the reserved ids instead."""
-    return [(ids[pos + r[0]], *r[1:]) for r in rows]
 
 
 # Where each table's rows hold booleans: the row builder stores them as 0/1 (as SQLite

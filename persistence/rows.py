@@ -23,8 +23,11 @@ SQLite as 0/1: lax mode (`strict=False`) takes them.
 
 Checksums (schema v5) — every row ends with `crc32`, before the step id a reader
 appends: `zlib.crc32` of the msgpack of the row's record values as the database gives
-them back (`row_crc`). SQLite checks its own structures, not what a row holds: one
-flipped byte in a payload used to replay as another message with exit 0. The row
+them back, with its step's id (`child_crc`), and for an input row also the number of
+its step's event, output and snapshot rows (`input_crc`): a row changed, moved to
+another step, deleted or added is refused. A `runs` row sums its values (`row_crc`).
+SQLite checks its own structures, not what a row holds: one flipped byte in a payload
+used to replay as another message with exit 0. The row
 builder stores what SQLite gives back, so that what is read is what was summed: REAL
 fields as floats with -0.0 as 0.0, booleans as 0/1 (SQLite has none; PostgreSQL's
 writer turns them back into booleans for COPY, its readers into 0/1 again,
@@ -46,8 +49,8 @@ Row = Sequence[Any]
 _encode = msgspec.msgpack.Encoder().encode
 _crc32 = zlib.crc32
 
-# Positions of the REAL and boolean fields in each record's values, as `_input_row`,
-# `_output_row` and `run_row` use them (core/records.py; tests/persistence checks them
+# Positions of the REAL and boolean fields in each record's values, as `_input_values`,
+# `_output_values` and `run_row` use them (core/records.py; tests/persistence checks them
 # against the structs: this module cannot import core).
 INPUT_FLOATS, INPUT_BOOLS = (2,), (9, 12)  # InputRec.t; .external, .ask
 OUTPUT_FLOATS, OUTPUT_BOOLS = (6,), (10,)  # OutputRec.delay; .ask
@@ -60,8 +63,19 @@ class DamagedRow(LogError):
 
 
 def row_crc(values: Sequence[Any]) -> int:
-    """The checksum of a row's record values, booleans as 0/1 (see the module docstring)."""
+    """A `runs` row's checksum: its record values (see the module docstring)."""
     return _crc32(_encode(values))
+
+
+def child_crc(step_id: int, values: Sequence[Any]) -> int:
+    """An event, output or snapshot row's checksum: its step's id and its record values."""
+    return _crc32(_encode((step_id, values)))
+
+
+def input_crc(step_id: int, values: Sequence[Any], events: int, outputs: int, snapshot: bool) -> int:
+    """An input row's checksum: its step's id, its record values and how many event,
+    output and snapshot rows the step has. (`step_rows` and `group_steps` inline these.)"""
+    return _crc32(_encode((step_id, values, events, outputs, snapshot)))
 
 
 def _real(x: Any) -> float:
@@ -71,22 +85,20 @@ def _real(x: Any) -> float:
 
 # The two record kinds with REAL or boolean fields, written out: this is the writer's
 # per-row budget (~0.6 µs a row, half of it crc32; a loop over the positions cost 2x).
-def _input_row(values: Iterable[Any]) -> list[Any]:
-    """An input's values as SQLite gives them back, then their checksum."""
+def _input_values(values: Iterable[Any]) -> list[Any]:
+    """An input's values as SQLite gives them back."""
     v = list(values)
     v[2] = _real(v[2])
     v[9] = 1 if v[9] else 0
     v[12] = 1 if v[12] else 0
-    v.append(_crc32(_encode(v)))
     return v
 
 
-def _output_row(values: Iterable[Any]) -> list[Any]:
-    """An output's values as SQLite gives them back, then their checksum."""
+def _output_values(values: Iterable[Any]) -> list[Any]:
+    """An output's values as SQLite gives them back."""
     v = list(values)
     v[6] = _real(v[6])
     v[10] = 1 if v[10] else 0
-    v.append(_crc32(_encode(v)))
     return v
 
 
@@ -111,37 +123,42 @@ STEP_TABLES = StepRows._fields  # the order `step_rows` fills them in
 
 
 def step_rows(
-    steps: Iterable[Any], run_id: str, first_id: int, fields: Callable[[Any], Iterable[Any]]
+    steps: Iterable[Any], run_id: str, ids: Iterable[int], fields: Callable[[Any], Iterable[Any]]
 ) -> StepRows:
-    """Rows of `steps` (see the module docstring), each ending with its checksum; step
-    ids count from `first_id`. Flat lists, not a tuple per row: this loop is the
-    writer thread's CPU budget."""
+    """Rows of `steps` (see the module docstring), each ending with its checksum; `ids`:
+    the steps' ids, in order. Flat lists, not a tuple per row: this loop is the writer
+    thread's CPU budget."""
     ins: list[Any] = []
     evs: list[Any] = []
     outs: list[Any] = []
     snaps: list[Any] = []
-    sid = first_id
-    for inp, events, outputs, snap in steps:
-        ins.append(sid)
-        ins.append(run_id)
-        ins += _input_row(fields(inp))
+    for sid, (inp, events, outputs, snap) in zip(ids, steps, strict=True):
+        n_evs = n_outs = 0
         for e in events:
             v = tuple(fields(e))  # strings, ints and bytes only: stored as they are
             evs.append(sid)
             evs.append(run_id)
             evs += v
-            evs.append(_crc32(_encode(v)))
+            evs.append(_crc32(_encode((sid, v))))
+            n_evs += 1
         for o in outputs:
+            v = _output_values(fields(o))
             outs.append(sid)
             outs.append(run_id)
-            outs += _output_row(fields(o))
+            outs += v
+            outs.append(_crc32(_encode((sid, v))))
+            n_outs += 1
         if snap is not None:
             v = tuple(fields(snap))
             snaps.append(sid)
             snaps.append(run_id)
             snaps += v
-            snaps.append(_crc32(_encode(v)))
-        sid += 1
+            snaps.append(_crc32(_encode((sid, v))))
+        v = _input_values(fields(inp))
+        ins.append(sid)
+        ins.append(run_id)
+        ins += v
+        ins.append(_crc32(_encode((sid, v, n_evs, n_outs, snap is not None))))
     return StepRows(ins, evs, outs, snaps)
 
 
@@ -152,13 +169,18 @@ def rows_of(flat: list[Any], ncols: int) -> list[tuple]:
     return list(zip(*[iter(flat)] * ncols, strict=True))
 
 
+def _damaged(table: str, step: int) -> DamagedRow:
+    return DamagedRow(f"damaged log: the {table} row of step {step} does not match its checksum "
+                      "(its record cannot be trusted)")  # fmt: skip
+
+
 def check_rows(table: str, rows: Sequence[Row]) -> None:
-    """Raise `DamagedRow` for the first row (values, crc32, step id) whose values do
-    not match its checksum."""
+    """Raise `DamagedRow` for the first child row (values, crc32, step id) that does not
+    match its checksum (which sums the step id with the values: a row moved to another
+    step fails it)."""
     for r in rows:
-        if _crc32(_encode(r[:-2])) != r[-2]:
-            raise DamagedRow(f"damaged log: the {table} row of step {r[-1]} does not match its "
-                             "checksum (its record cannot be trusted)")  # fmt: skip
+        if _crc32(_encode((r[-1], r[:-2]))) != r[-2]:
+            raise _damaged(table, r[-1])
 
 
 def ints_for_bools(row: Row) -> tuple:
@@ -170,9 +192,11 @@ def group_steps(
     ins: Sequence[Row], evs: Sequence[Row], outs: Sequence[Row], snaps: Sequence[Row]
 ) -> list[tuple]:
     """Step tuples from rows ending with (crc32, step id), each checked against its
-    checksum; child rows ordered by step id then insertion. Child rows of steps not in
-    `ins` (a dense range fetch under a filter) are never looked up."""
-    for table, rows in zip(STEP_TABLES, (ins, evs, outs, snaps), strict=True):
+    checksum: a child row's sums its step id, an input row's also how many event,
+    output and snapshot rows its step has (a row deleted, added or moved to another
+    step fails it). Child rows ordered by step id then insertion; child rows of steps
+    not in `ins` (a dense range fetch under a filter) are checked but never looked up."""
+    for table, rows in (("events", evs), ("outputs", outs), ("snapshots", snaps)):
         check_rows(table, rows)
     by_ev: dict[int, list[Row]] = {}
     for r in evs:
@@ -190,10 +214,18 @@ def group_steps(
             got.append(r)
     by_snap: dict[int, Row] = {}
     for r in snaps:
-        by_snap.setdefault(r[-1], r)
+        if by_snap.setdefault(r[-1], r) is not r:  # a second snapshot row: one is not ours
+            raise _damaged("snapshots", r[-1])
     none: list[Row] = []  # shared: converting or encoding never mutates it
     ev, out, snap = by_ev.get, by_out.get, by_snap.get
-    return [(r, ev(r[-1], none), out(r[-1], none), snap(r[-1])) for r in ins]
+    steps = []
+    for r in ins:
+        sid = r[-1]
+        step = (r, ev(sid, none), out(sid, none), snap(sid))
+        if _crc32(_encode((sid, r[:-2], len(step[1]), len(step[2]), step[3] is not None))) != r[-2]:
+            raise _damaged("inputs", sid)
+        steps.append(step)
+    return steps
 
 
 def id_range_is_dense(ids: Sequence[int]) -> bool:

@@ -15,6 +15,7 @@ from sqlalchemy import (
     Boolean,
     Column,
     Connection,
+    Table,
     Text,
     bindparam,
     false,
@@ -28,7 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.schema import CreateColumn
 
 from .errors import LogError
-from .rows import ints_for_bools, row_crc
+from .rows import child_crc, input_crc, ints_for_bools, row_crc
 from .schema import (
     EVENT_FIELDS,
     INPUT_FIELDS,
@@ -37,7 +38,9 @@ from .schema import (
     SCHEMA_VERSION,
     SNAPSHOT_FIELDS,
     TABLES,
+    inputs,
     metadata,
+    runs,
     schema_version,
 )
 
@@ -70,29 +73,62 @@ def _v3_to_v4(conn: Connection) -> None:
     metadata.tables["pages"].create(conn)  # with its index
 
 
-_SUMMED = {"runs": RUN_FIELDS, "inputs": INPUT_FIELDS, "events": EVENT_FIELDS,
-           "outputs": OUTPUT_FIELDS, "snapshots": SNAPSHOT_FIELDS}  # fmt: skip
-MIGRATION_CHUNK = 5000  # rows summed per UPDATE round
+_CHILDREN = {"events": EVENT_FIELDS, "outputs": OUTPUT_FIELDS, "snapshots": SNAPSHOT_FIELDS}
+MIGRATION_CHUNK = 5000  # rows summed per UPDATE round: memory stays bounded on any log
 
 
 def _v4_to_v5(conn: Connection) -> None:
     """v5 adds `crc32` to every row of the row layout and to `runs` (rows.py), summed
-    here over what each row holds now: from here on a damaged byte is caught on read."""
-    for name, fields in _SUMMED.items():
-        table = metadata.tables[name]
+    here over what each row holds now: from here on a damaged byte is caught on read.
+    (The sums certify the rows as they are: damage from before cannot be told apart.)"""
+    for name in ("runs", "inputs", *_CHILDREN):
         col = Column("crc32", BigInteger, nullable=False, server_default="0")
-        conn.execute(
-            text(f"ALTER TABLE {name} ADD COLUMN {CreateColumn(col).compile(dialect=conn.dialect)}")
-        )
-        rows = conn.execute(
-            select(table.c.id, *(table.c[f] for f in fields)).order_by(table.c.id)
-        ).all()
-        stmt = update(table).where(table.c.id == bindparam("row_id")).values(crc32=bindparam("crc"))
-        for i in range(0, len(rows), MIGRATION_CHUNK):
-            part = rows[i : i + MIGRATION_CHUNK]
-            conn.execute(
-                stmt, [{"row_id": r[0], "crc": row_crc(ints_for_bools(r[1:]))} for r in part]
-            )
+        conn.execute(text(f"ALTER TABLE {name} ADD COLUMN {CreateColumn(col).compile(dialect=conn.dialect)}"))
+    _sum_rows(conn, runs, RUN_FIELDS, lambda r: row_crc(r[1:]))
+    for name, fields in _CHILDREN.items():
+        _sum_rows(conn, metadata.tables[name], ("step_id", *fields), lambda r: child_crc(r[1], r[2:]))
+    counts = _ChildCounts(conn)
+    _sum_rows(conn, inputs, INPUT_FIELDS, counts.input_crc)
+
+
+def _sum_rows(conn: Connection, table: Table, cols: tuple[str, ...], crc: Callable[[tuple], int]) -> None:
+    """Set every row's crc32 to `crc((id, *cols))`, booleans as 0/1, a chunk of rows at a time."""
+    stmt = update(table).where(table.c.id == bindparam("row_id")).values(crc32=bindparam("crc"))
+    last = 0
+    while True:
+        rows = conn.execute(select(table.c.id, *(table.c[c] for c in cols)).where(table.c.id > last)
+                            .order_by(table.c.id).limit(MIGRATION_CHUNK)).all()  # fmt: skip
+        if not rows:
+            return
+        conn.execute(stmt, [{"row_id": r[0], "crc": crc(ints_for_bools(r))} for r in rows])
+        last = rows[-1][0]
+
+
+class _ChildCounts:
+    """How many event, output and snapshot rows each step has (an input row's sum)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.counts: dict[int, list[int]] = {}
+        self.lo = self.hi = 0  # the step ids whose counts are loaded: lo .. hi - 1
+
+    def input_crc(self, r: tuple) -> int:
+        sid = r[0]
+        if not self.lo <= sid < self.hi:
+            self._load(sid)
+        n = self.counts.get(sid, (0, 0, 0))
+        return input_crc(sid, r[1:], n[0], n[1], n[2] > 0)
+
+    def _load(self, first: int) -> None:
+        """The counts of steps first .. first + MIGRATION_CHUNK - 1 (inputs come in id order)."""
+        self.counts.clear()
+        self.lo, self.hi = first, first + MIGRATION_CHUNK
+        for i, name in enumerate(_CHILDREN):
+            t = metadata.tables[name]
+            q = (select(t.c.step_id, func.count()).where(t.c.step_id.between(first, first + MIGRATION_CHUNK - 1))
+                 .group_by(t.c.step_id))  # fmt: skip
+            for sid, n in self.conn.execute(q):
+                self.counts.setdefault(sid, [0, 0, 0])[i] = n
 
 
 # version v -> the step that upgrades a v database to v+1

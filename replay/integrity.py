@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import urllib.parse
 
 from deepserve.persistence.api import LogError
 from deepserve.persistence.errors import one_line
 from deepserve.persistence.factory import log_files
-from deepserve.persistence.sqlite.files import integrity_problems, sqlite_file_problem
+from deepserve.persistence.sqlite.files import (
+    integrity_problems,
+    read_only_uri,
+    sqlite_file_problem,
+)
 from deepserve.persistence.target import parse_target
 
 BUSY_S = 10.0  # wait this long for a live writer's lock
@@ -43,8 +46,8 @@ def check_integrity(target: str) -> None:
 
 
 def _problems(path: str) -> list[str]:
-    # mode=rw: never create a missing file (a plain connect would)
-    uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=rw"
+    # read-only: never create a missing file (a plain connect would), never checkpoint a WAL
+    uri = read_only_uri(path)
     try:
         conn = sqlite3.connect(uri, uri=True, timeout=BUSY_S)
     except sqlite3.Error as exc:

@@ -121,7 +121,7 @@ class SqliteBatchStore:
                 continue
             if run_id is None:
                 raise ValueError("a step was appended before begin_run()")
-            rows = step_rows(map(astuple, part), run_id, next_id, astuple)
+            rows = step_rows(map(astuple, part), run_id, range(next_id, next_id + len(part)), astuple)
             for name, params in zip(STEP_TABLES, rows, strict=True):
                 if params:
                     self.inserts[name].run_flat(c, params)

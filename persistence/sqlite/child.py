@@ -287,7 +287,7 @@ def serve_reader(cfg: dict[str, Any], fd: int) -> int:
     gc.disable()
     enc = FrameEncoder()
     try:
-        conn = sqlite3.connect(os.fsdecode(cfg["path"]), timeout=cfg["timeout"])
+        conn = sqlite3.connect(cfg["uri"], timeout=cfg["timeout"], uri=True)  # read-only
         try:
             conn.execute("PRAGMA query_only=1")
             sent = 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -89,11 +90,15 @@ def sqlite_error(label: str, exc: BaseException) -> LogError:
 def sqlite_engine(path: str, *, write: bool) -> Engine:
     """An engine on an existing or new file. Writers take the write lock up front
     (BEGIN IMMEDIATE) so that check-then-create never races another process."""
-    # A reader may be handed to another thread (used by one thread at a time).
+    # A reader may be handed to another thread (used by one thread at a time). A reader
+    # opens the file read-only: a read-write connection, the last to close, checkpoints
+    # the WAL into the file and deletes it, so inspecting a copy of a live or killed log
+    # changed the evidence (a user tour). Read-only, SQLite still reads the WAL's frames.
+    target, uri = (path, False) if write else (read_only_uri(path), True)
     engine = create_engine(
         "sqlite://",
         creator=lambda: sqlite3.connect(
-            path, isolation_level=None, timeout=BUSY_MS / 1000, check_same_thread=write
+            target, isolation_level=None, timeout=BUSY_MS / 1000, check_same_thread=write, uri=uri
         ),
         poolclass=NullPool,
     )
@@ -104,6 +109,11 @@ def sqlite_engine(path: str, *, write: bool) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine
+
+
+def read_only_uri(path: str) -> str:
+    """The URI that opens `path` read-only (never created, never written, WAL left as is)."""
+    return f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro"
 
 
 def prepare_sqlite(path: str, *, create: bool, upgrade: bool, page_bytes: int = 0) -> tuple[int, int]:
@@ -126,7 +136,8 @@ def prepare_sqlite(path: str, *, create: bool, upgrade: bool, page_bytes: int = 
         with conn.begin():
             return ensure_schema(conn, path, create=create, upgrade=upgrade)
 
-    return _run(path, True, _setup)
+    # a reader only learns why it cannot read (older or newer schema): read-only
+    return _run(path, create or upgrade, _setup)
 
 
 def _run(path: str, write: bool, fn: Callable[[Connection], T]) -> T:

@@ -34,7 +34,7 @@ from ..api import StepFilter
 from ..rows import DamagedRow
 from ..schema import inputs
 from ..sql_reader import CHILD_COLS, INPUT_COLS, SqlLog, damaged, input_filter, to_steps
-from .files import BUSY_MS, SqliteDb
+from .files import BUSY_MS, SqliteDb, read_only_uri
 from .process_reader import FRAME_BYTES, ReaderProcess, live_readers
 from .sql import read_steps
 
@@ -140,7 +140,7 @@ class SqliteLog(SqlLog):
         """A reader process for the run's steps after `split`; None if none starts."""
         sql, params = input_sql([*conds, inputs.c.id > split])
         cfg = {
-            "path": os.fsencode(self.db.path),
+            "uri": read_only_uri(self.db.path),
             "timeout": BUSY_MS / 1000,
             "sql": sql,
             "params": params,

@@ -103,28 +103,50 @@ def test_rows_read_back_as_stored_and_pass_their_checksums(target: tuple[str, An
         assert log.runs() == [run_rec("rows")]
 
 
-DAMAGE = {  # table -> (the row, a change to one of its values)
-    "inputs": ("id = 7", "payload = 'x'"),
-    "events": ("step_id = 12", "type = 'Evu'"),
-    "outputs": ("step_id = 20", "delay = 6.0"),
-    "snapshots": ("step_id = 30", "seq = 31"),
+DAMAGE = {  # what is done to the log -> the row that the reader names
+    "an input's value": ("UPDATE inputs SET payload = 'x' WHERE id = 7", "inputs", 7),
+    "an event's value": ("UPDATE events SET type = 'Evu' WHERE step_id = 12", "events", 12),
+    "an output's value": ("UPDATE outputs SET delay = 6.0 WHERE step_id = 20", "outputs", 20),
+    "a snapshot's value": ("UPDATE snapshots SET seq = 31 WHERE step_id = 30", "snapshots", 30),
+    # a row that moved to another step: its own sum holds its step's id (a user tour moved a
+    # JobFinished event, and `why` answered that the request ended elsewhere, exit 0)
+    "an event moved": ("UPDATE events SET step_id = 11 WHERE step_id = 12", "events", 11),
+    "an output moved": ("UPDATE outputs SET step_id = 21 WHERE step_id = 20", "outputs", 21),
+    # rows deleted or added: the input's sum holds how many its step has
+    "an event deleted": ("DELETE FROM events WHERE step_id = 12", "inputs", 12),
+    "a snapshot deleted": ("DELETE FROM snapshots WHERE step_id = 30", "inputs", 30),
+    "an output added": ("INSERT INTO outputs (step_id, run_id, actor, seq, idx, kind, dst, msg_id, delay, "
+                        "key, corr, reply_to, ask, type, payload, crc32) SELECT 5, run_id, actor, seq, idx, "
+                        "kind, dst, msg_id, delay, key, corr, reply_to, ask, type, payload, crc32 FROM "
+                        "outputs WHERE step_id = 4", "outputs", 5),
 }
 
 
-@pytest.mark.parametrize("table", list(DAMAGE))
-def test_a_changed_value_is_refused_naming_its_row(table: str, target: tuple[str, Any]) -> None:
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_damage_is_refused_naming_its_row(damage: str, target: tuple[str, Any]) -> None:
     url, sql = target
     _write(url, _steps())
-    where, change = DAMAGE[table]
-    sql(f"UPDATE {table} SET {change} WHERE {where}")
-    step = int(where.split("= ")[1])
+    change, table, step = DAMAGE[damage]
+    sql(change)
     want = f"{url}: damaged log: the {table} row of step {step} does not match its checksum"
     with open_log(url) as log, pytest.raises(LogError) as info:
         list(log.steps())
     assert str(info.value).startswith(want)
-    if table == "snapshots":
+    if damage == "a snapshot's value":
         with open_log(url) as log, pytest.raises(LogError, match="the snapshots row of step 30"):
             list(log.snapshots())
+
+
+def test_a_copied_output_row_in_its_own_step_is_refused(tmp_path: Path) -> None:
+    """A second copy of a row in the same step: its own sum is right, its step's count is not."""
+    path = str(tmp_path / "run.db")
+    _write(path, _steps())
+    with sqlite3.connect(path) as c:
+        cols = [r[1] for r in c.execute("PRAGMA table_info(outputs)") if r[1] != "id"]
+        c.execute(f"INSERT INTO outputs ({', '.join(cols)}) SELECT {', '.join(cols)} FROM outputs "
+                  "WHERE step_id = 4")  # fmt: skip
+    with open_log(path) as log, pytest.raises(LogError, match="the inputs row of step 4 does not match"):
+        list(log.steps())
 
 
 def test_a_changed_run_record_is_refused(target: tuple[str, Any]) -> None:
@@ -188,3 +210,37 @@ def test_replay_refuses_a_damaged_row_with_one_line(tmp_path: Path) -> None:
         assert res.returncode == 2, (cmd, res.stdout, res.stderr)
         assert res.stderr == (f"deepserve: error: {path}: damaged log: the outputs row of step {step} "
                               "does not match its checksum (its record cannot be trusted)\n")  # fmt: skip
+
+
+def test_reading_a_copy_of_a_live_log_leaves_it_as_it_was(tmp_path: Path) -> None:
+    """A reader opens the file read-only: a read-write connection, the last to close,
+    checkpointed the WAL into the file and deleted it, so inspecting a copy of a live or
+    killed daemon's log changed the evidence (a user tour: md5 changed, -wal gone)."""
+    import hashlib
+    import subprocess
+
+    live = str(tmp_path / "live.db")
+    with open_sink(live) as sink:  # kept open: its last commits are in the WAL
+        sink.begin_run(run_rec("rows"))
+        for s in _steps(50):
+            sink.append(s)
+        sink.flush()
+        copy = tmp_path / "copy"
+        copy.mkdir()
+        for suffix in ("", "-wal", "-shm"):
+            if Path(live + suffix).exists():
+                shutil.copyfile(live + suffix, str(copy / "live.db") + suffix)
+    path = str(copy / "live.db")
+    assert Path(path + "-wal").stat().st_size > 0
+
+    def digests() -> list[str]:
+        return [hashlib.sha256(Path(path + s).read_bytes()).hexdigest() for s in ("", "-wal")]
+
+    before = digests()
+    with open_log(path) as log:
+        log.check_integrity()
+        assert len(list(log.steps())) == 50  # the WAL's frames are read
+    res = subprocess.run([sys.executable, "-m", "deepserve", "replay", "log", path, "--actor", "a/1"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert digests() == before

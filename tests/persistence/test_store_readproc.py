@@ -15,10 +15,11 @@ from store_testdata import encoded, expected, force_reader_process, run_rec
 
 from deepserve.core.records import EventRec, InputRec, Step
 from deepserve.persistence import LogError, open_log, open_sink
-from deepserve.persistence.rows import row_crc
+from deepserve.persistence.rows import input_crc
 from deepserve.persistence.schema import INPUT_FIELDS
 from deepserve.persistence.sqlite import log_reader as sqlite_reader
 from deepserve.persistence.sqlite import process_reader as procread
+from deepserve.persistence.sqlite.files import read_only_uri
 from deepserve.persistence.sqlite.process_reader import ReaderProcess, live_readers
 
 
@@ -136,7 +137,7 @@ def test_sqlite_errors_in_the_process_are_one_line_log_errors(tmp_path: Path) ->
     path = str(tmp_path / "run.db")
     _write(path, requests=5)
     cfg: dict[str, Any] = {
-        "path": os.fsencode(path),
+        "uri": read_only_uri(path),
         "timeout": 1.0,
         "sql": "SELECT nope FROM inputs",
         "params": [],
@@ -204,7 +205,9 @@ def test_a_row_that_makes_no_record_is_a_log_error(
     # ... and the row's checksum agrees (written so, not damaged since): the record check
     # is what refuses it
     row = c.execute(f"SELECT {', '.join(INPUT_FIELDS)} FROM inputs WHERE id = 200").fetchone()
-    c.execute("UPDATE inputs SET crc32 = ? WHERE id = 200", (row_crc(row),))
+    n = [c.execute(f"SELECT count(*) FROM {t} WHERE step_id = 200").fetchone()[0]
+         for t in ("events", "outputs", "snapshots")]  # fmt: skip
+    c.execute("UPDATE inputs SET crc32 = ? WHERE id = 200", (input_crc(200, row, n[0], n[1], n[2] > 0),))
     c.commit()
     c.close()
     if through == "the reader process":

@@ -33,7 +33,7 @@ def test_schema_has_a_column_for_every_record_field() -> None:
 def _built(steps: list, first_id: int = 100) -> list[list[tuple]]:
     """Rows as a reader selects them: (*fields, crc32, step id), run id dropped,
     booleans as 0/1 (as SQLite returns them)."""
-    flat = step_rows(map(astuple, steps), "r", first_id, astuple)
+    flat = step_rows(map(astuple, steps), "r", range(first_id, first_id + len(steps)), astuple)
     out = []
     for table, data in zip(STEP_TABLES, flat, strict=True):
         rows = rows_of(data, len(INSERT_COLUMNS[table]))
@@ -58,8 +58,8 @@ def test_rows_round_trip() -> None:
 def test_builder_takes_decoded_lists_as_the_writer_process_does() -> None:
     _, steps = expected()
     lists = msgspec.msgpack.decode(encoded(steps))
-    from_structs = step_rows(map(astuple, steps), "r", 1, astuple)
-    assert step_rows(lists, "r", 1, iter) == from_structs
+    from_structs = step_rows(map(astuple, steps), "r", range(1, len(steps) + 1), astuple)
+    assert step_rows(lists, "r", range(1, len(steps) + 1), iter) == from_structs
 
 
 def test_assembly_skips_children_of_unselected_steps() -> None:
