@@ -36,6 +36,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # The kernel: every delivery runs through these.
     "kernel": ("core.codec", "core.envelope", "core.mailbox", "core.cell", "core.steps", "core.context",
                "core.driver", "core.inline", "core.sim", "core.asyncdriver"),
+    # An NPU run chunk's pass ends: one loop over C doubles (npu_loop's docstring).
+    "npu": ("adapters.hardware.devices.npu_loop",),
 }
 COMPILED = tuple(m for modules in GROUPS.values() for m in modules)
 PACKAGE_ROOT = Path(__file__).resolve().parent

@@ -37,17 +37,16 @@ from deepserve.actors.ports.npu import (
 from deepserve.adapters.hardware.calibration import DP_COMPUTE_CV
 from deepserve.adapters.hardware.devices.common import ReplyTo, answer, reply_to, respond
 from deepserve.adapters.hardware.devices.npu_draws import (
+    factor_picks_raw,
     pass_starts,
-    run_ends,
     truncation_point,
-    variance_factors,
 )
 from deepserve.adapters.hardware.devices.npu_run import (
     check_run,
     check_run_cost,
+    chunk_ends,
     forward_cost_s,
     next_chunk,
-    pass_costs,
     run_shape,
 )
 from deepserve.adapters.hardware.devices.npu_state import (
@@ -313,9 +312,9 @@ class Npu(Actor[NpuState]):
     ) -> tuple[float, ...]:
         """When passes lo..hi-1 of a run end: the model's costs, each times its own variance
         factor (one 64-bit draw of ctx.rng seeds the chunk's factors, npu_draws.variance_factors)."""
-        factors = variance_factors(ctx.rng, hi - lo) if self.variance else None
+        raw = factor_picks_raw(ctx.rng, hi - lo) if self.variance else None
         head_s = self._head_costed[1] if self._head_costed[0] is req else None
-        return run_ends(req.gap_s, start_s, pass_costs(self.npu, req, lo, hi, head_s), factors)
+        return chunk_ends(self.npu, req, lo, hi, start_s, head_s, raw)
 
     def _start_run(self, ctx: Context, req: NpuForwardRun, start: float, arrived: Pending | None) -> None:
         """Draw the run's first chunk of passes and arm the one timer at its last pass's end."""

@@ -39,13 +39,34 @@ def factor_table() -> NDArray[np.float64]:
     return table
 
 
+@functools.cache
+def factor_list() -> list[float]:
+    """`factor_table` as a list (what the compiled chunk loop, npu_loop, indexes)."""
+    return factor_table().tolist()  # type: ignore[no-any-return]
+
+
+def picks_raw(seed: int, k: int) -> bytes:
+    """The bytes of k 16-bit picks from one 64-bit seed: SHAKE-128 of the seed's 8
+    little-endian bytes — the same picks on every machine and Python (one C call; seeding a
+    Mersenne Twister for it cost ~10 us a chunk). Pick j is bytes 2j, 2j+1, little-endian."""
+    if not 0 <= seed < 1 << 64 or k < 0:
+        raise ValueError(f"picks_raw: a 64-bit seed and k >= 0, got {seed}, {k}")
+    return hashlib.shake_128(seed.to_bytes(8, "little")).digest(2 * k)
+
+
 def factor_picks(seed: int, k: int) -> NDArray[np.uint16]:
-    """k 16-bit picks from one 64-bit seed: SHAKE-128 of the seed's 8 little-endian bytes, read
-    as little-endian 16-bit integers — the same picks on every machine and Python (one C call;
-    seeding a Mersenne Twister for it cost ~10 us a chunk)."""
-    assert 0 <= seed < 1 << 64 and k >= 0
-    raw = hashlib.shake_128(seed.to_bytes(8, "little")).digest(2 * k)
-    return np.frombuffer(raw, dtype="<u2")
+    """k 16-bit picks from one 64-bit seed (`picks_raw`), as little-endian 16-bit integers."""
+    return np.frombuffer(picks_raw(seed, k), dtype="<u2")
+
+
+def factor_picks_raw(rng: random.Random, k: int) -> bytes:
+    """The raw picks of k factors (`variance_factors`' one draw of the caller's rng)."""
+    return picks_raw(rng.getrandbits(64), k)
+
+
+def factors_of(raw: bytes) -> NDArray[np.float64]:
+    """The factors of raw picks (`factor_picks_raw`)."""
+    return factor_table()[np.frombuffer(raw, dtype="<u2")]
 
 
 def variance_factors(rng: random.Random, k: int) -> NDArray[np.float64]:

@@ -30,6 +30,8 @@ from deepserve.adapters.hardware.compute import (
     sampling_time_s,
     span_of,
 )
+from deepserve.adapters.hardware.devices.npu_draws import factor_list, factors_of, run_ends
+from deepserve.adapters.hardware.devices.npu_loop import dense_ends
 from deepserve.adapters.hardware.layout import check_layout, largest_cluster
 from deepserve.adapters.hardware.models import model_profile
 from deepserve.adapters.hardware.roofline import ACT_BYTES
@@ -164,6 +166,12 @@ class DensePlan(msgspec.Struct, frozen=True):
     peak: float
     bw: float
 
+    def loop_floats(self) -> tuple[float, ...]:
+        """The float constants `npu_loop.dense_ends` takes (sampling -1.0: none)."""
+        return (self.fixed, float(self.layers), self.linear, self.collective, self.head,
+                self.floor, -1.0 if self.sampling is None else self.sampling,
+                self.flops_per_pair, self.kv_layer, self.q_bytes, self.peak, self.bw)  # fmt: skip
+
 
 @functools.lru_cache(maxsize=256)  # a run's chunks share it; key: the (frozen) request's value
 def dense_plan(npu: str, msg: NpuForwardRun) -> DensePlan | None:
@@ -229,6 +237,7 @@ _NONE: NDArray[np.float64] = np.empty(0, dtype=np.float64)
 # Integer sums below this are exact in int64 and in the float conversion's input (a guard: the
 # sums of any run a 910B/910C holds are far below it; beyond it the pass-by-pass path prices).
 _INT_LIMIT = 1 << 62
+_FLOAT_EXACT = 1 << 53  # the compiled loop steps the sums as floats: exact below this
 
 
 def _body_costs(npu: str, msg: NpuForwardRun, lo: int, hi: int) -> NDArray[np.float64]:
@@ -272,3 +281,24 @@ def _body_costs(npu: str, msg: NpuForwardRun, lo: int, hi: int) -> NDArray[np.fl
     if p.sampling is not None:
         cost += p.sampling
     return cost
+
+
+def chunk_ends(
+    npu: str, msg: NpuForwardRun, lo: int, hi: int, start_s: float,
+    head_s: tuple[float, ...] | None, raw: bytes | None,
+) -> tuple[float, ...]:  # fmt: skip
+    """When passes lo..hi-1 of the run end, each its model cost (`pass_costs`) times its
+    variance factor (`raw`: the chunk's picks, `npu_draws.factor_picks_raw`; None: variance
+    off), pass i+1 starting `gap_s` after pass i ends. A dense run's chunk is one compiled
+    loop (`npu_loop.dense_ends`); anything else goes through the arrays (same floats)."""
+    p = 1 + len(msg.lead) if msg.head else 0  # passes priced as forwards of their own
+    b_lo, b_hi = max(lo, p) - p, hi - p
+    plan = dense_plan(npu, msg)
+    if plan is None or max(plan.pairs0 + (b_hi - 1) * plan.dpairs, plan.kv0 + (b_hi - 1) * plan.tokens) >= _FLOAT_EXACT:
+        factors = factors_of(raw) if raw is not None else None
+        return run_ends(msg.gap_s, start_s, pass_costs(npu, msg, lo, hi, head_s), factors)
+    pre: list[float] = []
+    if lo < p:
+        pre = list((head_costs(npu, msg) if head_s is None else head_s)[lo : min(hi, p)])
+    ints = (b_lo, max(0, b_hi - b_lo), plan.pairs0, plan.dpairs, plan.kv0, plan.tokens)
+    return tuple(dense_ends(pre, plan.loop_floats(), ints, start_s, msg.gap_s, raw, factor_list()))

@@ -240,3 +240,29 @@ def test_a_run_with_a_lead_prices_each_lead_pass_as_a_forward_and_a_lead_needs_a
     assert isinstance(out["n"], NpuError) and out["n"].reason == "lead: needs a head (pass 0's shapes)"
     assert isinstance(out["e"], NpuError) and "lead: every pass needs at least one sequence" in out["e"].reason
     assert_replays(d)
+
+
+@pytest.mark.parametrize("model", ["llama3-8b", "llama3-70b", "deepseek-v3"])
+@pytest.mark.parametrize("variance", [False, True])
+def test_a_chunk_loop_is_the_array_path_bit_for_bit(model: str, variance: bool) -> None:
+    """`chunk_ends` (one loop, compiled by mypyc in the compiled build) gives every pass end
+    the array path gives (`pass_costs` x factors, `run_ends`): dense models, heads and leads,
+    chunks across the lead's end, single-op mode, and MoE (the array path itself)."""
+    from deepserve.adapters.hardware.devices.npu_draws import factors_of, picks_raw, run_ends
+    from deepserve.adapters.hardware.devices.npu_run import chunk_ends, pass_costs
+
+    head = (SeqShape(1, 900), SeqShape(500, 0))
+    lead = ((SeqShape(1, 901), SeqShape(500, 500)), (SeqShape(1, 902), SeqShape(120, 1000)))
+    runs = [
+        NpuForwardRun(req_id="a", model=model, seqs=SEQS * 5, iterations=700, tp=8, sample=True),
+        NpuForwardRun(req_id="b", model=model, seqs=(SeqShape(1, 903), SeqShape(1, 1120)), head=head,
+                      lead=lead, iterations=300, tp=8, sample=True, gap_s=0.0007),  # fmt: skip
+        NpuForwardRun(req_id="c", model=model, seqs=(SeqShape(300, 4096), SeqShape(1, 7)),
+                      iterations=200, tp=8, sample=False, gap_s=0.0005),  # fmt: skip
+    ]
+    for run in runs:
+        for lo, hi in [(0, 1), (0, 128), (1, 3), (2, 5), (128, 200), (150, run.iterations)]:
+            raw = picks_raw(lo * 7919 + hi, hi - lo) if variance else None
+            want = run_ends(run.gap_s, 3.25, pass_costs("910b", run, lo, hi),
+                            factors_of(raw) if raw is not None else None)  # fmt: skip
+            assert chunk_ends("910b", run, lo, hi, 3.25, None, raw) == want, (run.req_id, lo, hi)
