@@ -30,7 +30,7 @@ from .pool import (
     _take_hbm,
     _unpin_dram,
 )
-from .state import CopyOp, NamedCache, Rtc, SeqBlocks, new_rtc
+from .state import NONE, CopyOp, NamedCache, Node, Rtc, SeqBlocks, leave_lru, new_rtc
 
 SWAP_OUT = "swap_out"
 POPULATE = "populate"
@@ -66,10 +66,23 @@ def _allocated(rtc: Rtc, ev: RtcBlocksAllocated) -> None:
             ref[b] = r + 1
         table.extend(ev.shared)
         sb.num_cached = len(table)
-    free, hbm_hash, ref = rtc.free_hbm, rtc.hbm_hash, rtc.ref
-    for b in ev.blocks:
-        if hbm_hash[b] is None and free and free[-1] == b:
-            free.pop()  # _take_hbm's common case, inlined
+    free, hbm_hash, ref, lru = rtc.free_hbm, rtc.hbm_hash, rtc.ref, rtc.lru_hbm
+    nodes, memo = rtc.nodes, rtc.swap_memo
+    for b in ev.blocks:  # _take_hbm's two common cases, inlined
+        h = hbm_hash[b]
+        if h is None and free and free[-1] == b:
+            free.pop()
+            ref[b] = 1
+        elif h is not None and ref[b] == 0 and b in lru:  # evict a cached block
+            del lru[b]
+            if memo.gen[b] == memo.now:
+                _left_lru(memo, b)
+            hbm_hash[b] = None
+            rtc.hbm_saved[b] = 0
+            node = nodes[h]
+            node.hbm = NONE
+            if node.dram == NONE:
+                del nodes[h]
             ref[b] = 1
         else:
             _take_hbm(rtc, b)
@@ -78,8 +91,13 @@ def _allocated(rtc: Rtc, ev: RtcBlocksAllocated) -> None:
 
 def _cached(rtc: Rtc, ev: RtcBlocksCached) -> None:
     sb = rtc.seqs[ev.seq]
+    nodes, hbm_hash = rtc.nodes, rtc.hbm_hash
     for b, h, p in zip(ev.blocks, ev.hashes, ev.parents, strict=True):
-        _index_hbm(rtc, h, p, b)
+        if h in nodes:
+            _index_hbm(rtc, h, p, b)
+        else:  # _index_hbm's common case: a block seen for the first time
+            nodes[h] = Node(p, b)
+            hbm_hash[b] = h
     sb.num_cached = ev.num_cached
 
 
@@ -110,10 +128,7 @@ def _copy_started(rtc: Rtc, ev: RtcCopyStarted) -> None:
     rtc.copies[ev.copy_id] = CopyOp(ev.kind, ev.seq, list(ev.hashes), list(ev.hbm), list(ev.dram))
     rtc.next_copy += 1
     if ev.kind == SWAP_OUT:
-        for b in ev.hbm:
-            _ref_inc(rtc, b)
-        for d in ev.dram:
-            _take_dram(rtc, d)
+        _swap_out_started(rtc, ev.hbm, ev.dram)
         return
     for d in ev.dram:
         _pin_dram(rtc, d)
@@ -136,14 +151,7 @@ def _copy_finished(rtc: Rtc, ev: RtcCopyFinished) -> None:
     c = rtc.copies.pop(ev.copy_id)
     stored = dict(zip(ev.stored, ev.parents, strict=True))
     if c.kind == SWAP_OUT:
-        # Reversed, so that the blocks keep their order at the LRU front.
-        for h, b, d in reversed(list(zip(c.hashes, c.hbm, c.dram, strict=True))):
-            if ev.ok and h in stored:
-                rtc.nodes[h].dram = d
-                rtc.dram_hash[d] = h
-                rtc.hbm_saved[b] = 1
-            _unpin_dram(rtc, d)
-            _ref_dec(rtc, b, cold=ev.ok)
+        _swap_out_finished(rtc, c, stored if ev.ok else None)
     else:
         sb = rtc.seqs.get(c.seq) if c.seq is not None else None
         if sb is not None:
@@ -164,6 +172,57 @@ def _copy_finished(rtc: Rtc, ev: RtcCopyFinished) -> None:
     rtc.finished[ev.copy_id] = ev.ok
     if len(rtc.finished) > rtc.config.max_copies_in_flight:
         rtc.finished.popitem(last=False)  # type: ignore[call-arg]
+
+
+def _swap_out_started(rtc: Rtc, hbm: tuple[int, ...], dram: tuple[int, ...]) -> None:
+    """The copy takes a reference on each HBM block (off the LRU: `_ref_inc`) and each DRAM
+    destination (`_take_dram`), one loop a side: a swap-out moves tens of blocks at once."""
+    ref, hbm_hash, memo = rtc.ref, rtc.hbm_hash, rtc.swap_memo
+    for b in hbm:
+        r = ref[b]
+        if r == 0:
+            if hbm_hash[b] is None:
+                raise Diverged(f"HBM block {b} is free: it cannot be shared")
+            leave_lru(rtc, b)
+            _left_lru(memo, b)
+        ref[b] = r + 1
+    dram_hash, free, pins = rtc.dram_hash, rtc.free_dram, rtc.dram_pins
+    for d in dram:
+        if dram_hash[d] is None and free and free[-1] == d:
+            free.pop()  # _take_dram's common case, inlined
+            pins[d] = 1
+        else:
+            _take_dram(rtc, d)
+
+
+def _swap_out_finished(rtc: Rtc, c: CopyOp, stored: dict[int, int | None] | None) -> None:
+    """Index the DRAM copies that arrived (`stored`; None: the copy failed), unpin the DRAM
+    blocks and drop the copy's HBM references (`_unpin_dram`, `_ref_dec`: their common cases
+    inlined). Reversed, so that the blocks keep their order at the LRU front."""
+    if not len(c.hashes) == len(c.hbm) == len(c.dram):
+        raise Diverged(f"copy {c.hashes!r}: hashes, HBM and DRAM blocks differ in number")
+    nodes, dram_hash, hbm_saved, hbm_hash = rtc.nodes, rtc.dram_hash, rtc.hbm_saved, rtc.hbm_hash
+    pins, ref, lru_dram = rtc.dram_pins, rtc.ref, rtc.lru_dram
+    cold = stored is not None
+    for h, b, d in zip(reversed(c.hashes), reversed(c.hbm), reversed(c.dram), strict=True):
+        if stored is not None and h in stored:
+            nodes[h].dram = d
+            dram_hash[d] = h
+            hbm_saved[b] = 1
+        if pins[d] == 1 and dram_hash[d] is not None:
+            pins[d] = 0
+            lru_dram[d] = None
+        else:
+            _unpin_dram(rtc, d)
+        if cold and ref[b] == 1 and hbm_hash[b] is not None and hbm_saved[b]:
+            # a saved block released cold: the LRU's front, and the memo's known front, grow
+            ref[b] = 0
+            rtc.cold_hbm[b] = None
+            memo = rtc.swap_memo
+            memo.gen[b], memo.pos[b] = memo.now, -1
+            memo.cold += 1
+        else:
+            _ref_dec(rtc, b, cold=cold)
 
 
 def _cache_created(rtc: Rtc, ev: RtcCacheCreated) -> None:
