@@ -100,6 +100,10 @@ class DpMaster(Actor[MasterState]):
         self.cfg = config if isinstance(config, MasterConfig) else msgspec.convert(config, MasterConfig)
         self.npu = self.cfg.npus[0]
         self.kv = KvPublisher(self.cfg.block_tokens, self.cfg.dp)  # KV events to subscribers
+        # The batch in flight and whether it has a head (`has_head`): computed at its launch,
+        # read again when it ends (its entries' progress does not change in between). Not
+        # state: a restarted actor computes it again.
+        self._head: tuple[InFlight | None, bool] = (None, False)
 
     def initial_state(self) -> MasterState:
         return new_state(self.cfg)
@@ -280,7 +284,7 @@ class DpMaster(Actor[MasterState]):
             fwd: NpuForward | NpuForwardRun = NpuForward(
                 req_id=req_id, model=cfg.model, seqs=seqs, tp=cfg.tp, sample=True, start_delay_s=gap
             )
-        elif has_head(st, fl.entries):  # pass 0 (and the lead's) finish prompts; then all decode
+        elif self._has_head(fl):  # pass 0 (and the lead's) finish prompts; then all decode
             lead, after = _lead_shapes(seqs, fl)
             fwd = NpuForwardRun(req_id=req_id, model=cfg.model, seqs=after, head=seqs, lead=lead,
                                 tp=cfg.tp, sample=True, iterations=iterations, gap_s=gap,
@@ -298,12 +302,19 @@ class DpMaster(Actor[MasterState]):
             return  # a late answer to a batch already failed
         if isinstance(msg, NpuForwardRunDone):
             # Pass 0 of a run with a head is a prefill: its duration samples the prefill rate.
-            head_s = msg.first_pass_s if has_head(self.state, fl.entries) else 0.0
+            head_s = msg.first_pass_s if self._has_head(fl) else 0.0
             lead_s = _lead_s(msg.ends_s, fl, self.cfg.launch_gap_s()) if fl.lead else ()
             self._finish_batch(ctx, msg.ends_s, head_s, lead_s)
         else:
             prefill = any(e.n > 1 for e in fl.entries)
             self._finish_batch(ctx, (ctx.now(),), msg.duration_s if prefill else 0.0)
+
+    def _has_head(self, fl: InFlight) -> bool:
+        known, head = self._head
+        if known is not fl:
+            head = has_head(self.state, fl.entries)
+            self._head = (fl, head)
+        return head
 
     def _finish_batch(self, ctx: Context, ends_s: tuple[float, ...], prefill_s: float,
                       lead_s: tuple[float, ...] = ()) -> None:  # fmt: skip

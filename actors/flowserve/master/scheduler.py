@@ -66,9 +66,10 @@ class _Step:
 
     # ---- running tasks first (decode before partial prefills) ---------------------------
     def run_running(self) -> None:
-        reqs = self.st.reqs
-        order = [t for t in self.running if _is_decode(reqs[t])]
-        order += [t for t in self.running if not _is_decode(reqs[t])]
+        reqs, B, seqs = self.st.reqs, self.cfg.block_tokens, self.st.rtc.seqs
+        decode = [_is_decode(reqs[t]) for t in self.running]
+        order = [t for t, d in zip(self.running, decode, strict=True) if d]
+        order += [t for t, d in zip(self.running, decode, strict=True) if not d]
         for tid in order:
             if tid in self.preempted or self.budget == 0:
                 continue
@@ -78,9 +79,8 @@ class _Step:
             n = self._chunk(r.num_tokens - r.num_computed)
             if n == 0:
                 continue
-            need = blocks_needed(r.num_computed + n, self.cfg.block_tokens) - len(
-                rtc.block_table(self.st.rtc, tid)
-            )
+            sb = seqs.get(tid)  # blocks_needed(computed + n, B) - len(block_table), inlined
+            need = -(-(r.num_computed + n) // B) - (len(sb.blocks) if sb is not None else 0)
             if not self._make_room(need, tid):
                 self._preempt(tid)
                 continue
@@ -239,8 +239,8 @@ class _Step:
         B, R = self.cfg.block_tokens, self.st.rtc
         held = [len(rtc.block_table(R, e.task_id)) for e in self.entries]
 
-        def extra(j: int) -> int:
-            return sum(max(0, blocks_needed(c, B) - h) for c, h in zip(computed(j), held, strict=True))
+        def extra(j: int) -> int:  # blocks_needed(c, B) inlined: B is validated (MasterConfig)
+            return sum(max(0, -(-c // B) - h) for c, h in zip(computed(j), held, strict=True))
 
         free = rtc.hbm_free_blocks(R)
         lo, hi = 1, k  # extra(1) == 0: the first pass's blocks are allocated
@@ -253,7 +253,7 @@ class _Step:
             else:
                 hi = mid - 1
         for e, c, h in zip(self.entries, computed(lo), held, strict=True):
-            more = blocks_needed(c, B) - h
+            more = -(-c // B) - h
             if more > 0:
                 self.record(rtc.allocate(R, e.task_id, more))
         return lo

@@ -66,15 +66,18 @@ def _allocated(rtc: Rtc, ev: RtcBlocksAllocated) -> None:
             ref[b] = r + 1
         table.extend(ev.shared)
         sb.num_cached = len(table)
-    free, hbm_hash, ref, lru = rtc.free_hbm, rtc.hbm_hash, rtc.ref, rtc.lru_hbm
+    free, hbm_hash, ref, lru, cold = rtc.free_hbm, rtc.hbm_hash, rtc.ref, rtc.lru_hbm, rtc.cold_hbm
     nodes, memo = rtc.nodes, rtc.swap_memo
     for b in ev.blocks:  # _take_hbm's two common cases, inlined
         h = hbm_hash[b]
         if h is None and free and free[-1] == b:
             free.pop()
             ref[b] = 1
-        elif h is not None and ref[b] == 0 and b in lru:  # evict a cached block
-            del lru[b]
+        elif h is not None and ref[b] == 0 and (b in cold or b in lru):  # evict a cached block
+            if b in cold:  # leave_lru
+                del cold[b]
+            else:
+                del lru[b]
             if memo.gen[b] == memo.now:
                 _left_lru(memo, b)
             hbm_hash[b] = None
