@@ -166,42 +166,83 @@ class DensePlan(msgspec.Struct, frozen=True):
     peak: float
     bw: float
 
-    def loop_floats(self) -> tuple[float, ...]:
-        """The float constants `npu_loop.dense_ends` takes (sampling -1.0: none)."""
-        return (self.fixed, float(self.layers), self.linear, self.collective, self.head,
-                self.floor, -1.0 if self.sampling is None else self.sampling,
-                self.flops_per_pair, self.kv_layer, self.q_bytes, self.peak, self.bw)  # fmt: skip
 
-
-@functools.lru_cache(maxsize=256)  # a run's chunks share it; key: the (frozen) request's value
 def dense_plan(npu: str, msg: NpuForwardRun) -> DensePlan | None:
     """The run's constants, or None when its passes are not dense GQA (priced pass by pass)."""
-    m = model_profile(msg.model)
-    if m.mla is not None or not is_dense_plan(m, msg.part):
+    terms = dense_terms(npu, msg)
+    if terms is None:
+        return None
+    c, (pairs0, dpairs, kv0, tokens) = terms
+    return DensePlan(
+        fixed=c.fixed, layers=c.layers, linear=c.linear, collective=c.collective, head=c.head,
+        floor=c.floor, sampling=c.sampling, flops_per_pair=c.flops_per_pair, pairs0=pairs0,
+        dpairs=dpairs, kv_layer=c.kv_layer, kv0=kv0, tokens=tokens, q_bytes=c.q_bytes,
+        peak=c.peak, bw=c.bw,
+    )  # fmt: skip
+
+
+def dense_terms(npu: str, msg: NpuForwardRun) -> tuple[DenseConsts, tuple[int, int, int, int]] | None:
+    """A dense run's constants (cached by the few values they depend on: hashing the request
+    or the model's frozen profile cost more than the rest) and its integer sums: attended
+    pairs and cached tokens at pass 0, their growth per pass (each sequence's context grows by
+    its n new tokens: pairs by n*n), and the tokens of a pass. None when not dense GQA."""
+    seqs = msg.seqs
+    graph = all(s.new_tokens <= GRAPH_MAX_NEW_TOKENS for s in seqs)  # run_shape's mode
+    tokens = sum(s.new_tokens for s in seqs)
+    c = _dense_consts(npu, msg.model, msg.part, msg.tp, msg.pp, msg.dp, msg.ep,
+                      msg.shared_expert_ranks, msg.redundant_experts, tokens, _logits(seqs), graph,
+                      msg.sample)  # fmt: skip
+    if c is None:
+        return None
+    pairs0 = sum(s.new_tokens * s.context_tokens + s.new_tokens * (s.new_tokens + 1) // 2
+                 for s in seqs)  # fmt: skip
+    dpairs = sum(s.new_tokens * s.new_tokens for s in seqs)
+    return c, (pairs0, dpairs, sum(s.context_tokens + s.new_tokens for s in seqs), tokens)
+
+
+class DenseConsts(msgspec.Struct, frozen=True):
+    """The context-free constants of a dense run's pass (DensePlan's, without the sums)."""
+
+    fixed: float
+    layers: int
+    linear: float
+    collective: float
+    head: float
+    floor: float
+    sampling: float | None
+    flops_per_pair: float
+    kv_layer: float
+    q_bytes: float
+    peak: float
+    bw: float
+    loop: tuple[float, ...]  # the same, as npu_loop.dense_ends takes them
+
+
+@functools.lru_cache(maxsize=4096)
+def _dense_consts(
+    npu: str, model: str, part: str, tp: int, pp: int, dp: int, ep: int, shared_expert_ranks: int,
+    redundant_experts: int, tokens: int, logits: int, graph: bool, sample: bool,
+) -> DenseConsts | None:  # fmt: skip
+    m = model_profile(model)
+    if m.mla is not None or not is_dense_plan(m, part):
         return None
     spec = npu_spec(npu)
-    par = layout_of(msg)
-    mode, tokens = run_shape(msg)
-    logits = _logits(msg.seqs)
-    fx = dense_fixed(m, spec, par, span_of(spec), msg.part, tokens, logits, mode == "graph")
+    par = Parallel(tp=tp, pp=pp, dp=dp, ep=ep, shared_expert_ranks=shared_expert_ranks,
+                   redundant_experts=redundant_experts)  # fmt: skip
+    fx = dense_fixed(m, spec, par, span_of(spec), part, tokens, logits, graph)
     # _gqa_core's constants, computed as it computes them
     heads = m.n_heads / par.tp
     kv_layer = kv_bytes_per_token_layer(m) * (math.ceil(m.n_kv_heads / par.tp) / m.n_kv_heads)
-    # Integer sums over the sequences: attended pairs and cached tokens at pass 0, and their
-    # growth per pass (each sequence's context grows by its n new tokens: pairs by n*n)
-    pairs0 = sum(s.new_tokens * s.context_tokens + s.new_tokens * (s.new_tokens + 1) // 2
-                 for s in msg.seqs)  # fmt: skip
-    return DensePlan(
-        fixed=fx.fixed_s, layers=fx.layers, linear=fx.linear_s, collective=fx.collective_s,
-        head=fx.head_s, floor=0.0 if mode == "graph" else fx.launch_floor_s,
-        sampling=sampling_time_s(m, spec, logits) if msg.sample else None,
-        flops_per_pair=2 * heads * (2 * m.head_dim), pairs0=pairs0,
-        dpairs=sum(s.new_tokens * s.new_tokens for s in msg.seqs), kv_layer=kv_layer,
-        kv0=sum(s.context_tokens + s.new_tokens for s in msg.seqs), tokens=tokens,
-        q_bytes=2 * heads * m.head_dim * ACT_BYTES * tokens,  # q in, output out
-        peak=spec.tflops_fp16 * spec.eff.compute,  # op_time_s's denominators
-        bw=spec.hbm_bw_bytes_per_s * spec.eff.memory,
-    )  # fmt: skip
+    floor = 0.0 if graph else fx.launch_floor_s
+    sampling = sampling_time_s(m, spec, logits) if sample else None
+    flops_per_pair = 2 * heads * (2 * m.head_dim)
+    q_bytes = 2 * heads * m.head_dim * ACT_BYTES * tokens  # q in, output out
+    peak = spec.tflops_fp16 * spec.eff.compute  # op_time_s's denominators
+    bw = spec.hbm_bw_bytes_per_s * spec.eff.memory
+    loop = (fx.fixed_s, float(fx.layers), fx.linear_s, fx.collective_s, fx.head_s, floor,
+            -1.0 if sampling is None else sampling, flops_per_pair, kv_layer, q_bytes, peak, bw)  # fmt: skip
+    return DenseConsts(fx.fixed_s, fx.layers, fx.linear_s, fx.collective_s, fx.head_s, floor,
+                       sampling, flops_per_pair, kv_layer, q_bytes, peak, bw, loop)  # fmt: skip
 
 
 def head_request(msg: NpuForwardRun, shapes: tuple[SeqShape, ...]) -> NpuForwardRun:
@@ -293,12 +334,13 @@ def chunk_ends(
     loop (`npu_loop.dense_ends`); anything else goes through the arrays (same floats)."""
     p = 1 + len(msg.lead) if msg.head else 0  # passes priced as forwards of their own
     b_lo, b_hi = max(lo, p) - p, hi - p
-    plan = dense_plan(npu, msg)
-    if plan is None or max(plan.pairs0 + (b_hi - 1) * plan.dpairs, plan.kv0 + (b_hi - 1) * plan.tokens) >= _FLOAT_EXACT:
+    terms = dense_terms(npu, msg)
+    if terms is None or max(terms[1][0] + (b_hi - 1) * terms[1][1], terms[1][2] + (b_hi - 1) * terms[1][3]) >= _FLOAT_EXACT:
         factors = factors_of(raw) if raw is not None else None
         return run_ends(msg.gap_s, start_s, pass_costs(npu, msg, lo, hi, head_s), factors)
+    consts, (pairs0, dpairs, kv0, tokens) = terms
     pre: list[float] = []
     if lo < p:
         pre = list((head_costs(npu, msg) if head_s is None else head_s)[lo : min(hi, p)])
-    ints = (b_lo, max(0, b_hi - b_lo), plan.pairs0, plan.dpairs, plan.kv0, plan.tokens)
-    return tuple(dense_ends(pre, plan.loop_floats(), ints, start_s, msg.gap_s, raw, factor_list()))
+    ints = (b_lo, max(0, b_hi - b_lo), pairs0, dpairs, kv0, tokens)
+    return tuple(dense_ends(pre, consts.loop, ints, start_s, msg.gap_s, raw, factor_list()))
