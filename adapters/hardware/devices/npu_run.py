@@ -181,12 +181,15 @@ def dense_plan(npu: str, msg: NpuForwardRun) -> DensePlan | None:
     )  # fmt: skip
 
 
-def dense_terms(npu: str, msg: NpuForwardRun) -> tuple[DenseConsts, tuple[int, int, int, int]] | None:
+def dense_terms(
+    npu: str, msg: NpuForwardRun, seqs: tuple[SeqShape, ...] | None = None
+) -> tuple[DenseConsts, tuple[int, int, int, int]] | None:
     """A dense run's constants (cached by the few values they depend on: hashing the request
     or the model's frozen profile cost more than the rest) and its integer sums: attended
     pairs and cached tokens at pass 0, their growth per pass (each sequence's context grows by
-    its n new tokens: pairs by n*n), and the tokens of a pass. None when not dense GQA."""
-    seqs = msg.seqs
+    its n new tokens: pairs by n*n), and the tokens of a pass. None when not dense GQA.
+    `seqs`: other shapes than the run's (a head or lead pass)."""
+    seqs = msg.seqs if seqs is None else seqs
     graph = all(s.new_tokens <= GRAPH_MAX_NEW_TOKENS for s in seqs)  # run_shape's mode
     tokens = sum(s.new_tokens for s in seqs)
     c = _dense_consts(npu, msg.model, msg.part, msg.tp, msg.pp, msg.dp, msg.ep,
@@ -254,7 +257,29 @@ def head_request(msg: NpuForwardRun, shapes: tuple[SeqShape, ...]) -> NpuForward
 def head_costs(npu: str, msg: NpuForwardRun) -> tuple[float, ...]:
     """The durations of pass 0 and the lead's passes from the model (raises what
     `forward_cost_s` raises; not cached then)."""
-    return tuple(forward_cost_s(npu, head_request(msg, p))[0] for p in (msg.head, *msg.lead))
+    return tuple(_pass_cost(npu, msg, p) for p in (msg.head, *msg.lead))
+
+
+def _pass_cost(npu: str, msg: NpuForwardRun, shapes: tuple[SeqShape, ...]) -> float:
+    """`forward_cost_s` of one pass of these shapes on the run's layout. A dense model's main
+    part is priced by the run's closed form at its pass 0 (the same floats: the body's passes
+    are those of forward_cost_s, test_npu_run), after forward_time's checks in its order."""
+    if msg.part != "main" or not _dense_main(msg.model):
+        return forward_cost_s(npu, head_request(msg, shapes))[0]
+    par = layout_of(msg)
+    _layout_valid(msg.model, par)
+    if not shapes:
+        raise ValueError("batch: must hold at least one sequence")
+    for s in shapes:  # validate's message for a bad sequence
+        if s.new_tokens < 1 or s.context_tokens < 0:
+            seq = Seq(s.new_tokens, s.context_tokens)
+            raise ValueError(f"batch: each seq needs new_tokens >= 1, context >= 0; got {seq}")
+    _layout_fits(npu, msg.model, par)
+    terms = dense_terms(npu, msg, shapes)
+    if terms is None or max(terms[1][0], terms[1][2]) >= _FLOAT_EXACT:
+        return forward_cost_s(npu, head_request(msg, shapes))[0]
+    consts, (pairs0, dpairs, kv0, tokens) = terms
+    return dense_ends([], consts.loop, (0, 1, pairs0, dpairs, kv0, tokens), 0.0, 0.0, None, [])[0]
 
 
 def pass_costs(

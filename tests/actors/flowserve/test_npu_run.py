@@ -266,3 +266,23 @@ def test_a_chunk_loop_is_the_array_path_bit_for_bit(model: str, variance: bool) 
             want = run_ends(run.gap_s, 3.25, pass_costs("910b", run, lo, hi),
                             factors_of(raw) if raw is not None else None)  # fmt: skip
             assert chunk_ends("910b", run, lo, hi, 3.25, None, raw) == want, (run.req_id, lo, hi)
+
+
+@pytest.mark.parametrize("model", ["llama3-8b", "llama3-70b", "llama2-13b", "qwen2-72b", "deepseek-v3"])
+def test_a_head_pass_is_priced_as_a_forward_of_its_shapes_bit_for_bit(model: str) -> None:
+    """`head_costs` prices a dense model's head and lead passes by the run's closed form at
+    pass 0: the same floats as `forward_cost_s` of a forward of those shapes."""
+    from deepserve.adapters.hardware.devices.npu_run import forward_cost_s, head_costs
+
+    heads = [
+        (SeqShape(1, 900), SeqShape(500, 0)),
+        (SeqShape(8192, 0),),
+        (SeqShape(1, 131_000), SeqShape(3000, 100_000), SeqShape(1, 7)),
+        (SeqShape(17, 4096),) * 9,
+    ]
+    for tp, sample in [(8, True), (4, False)]:
+        for head in heads:
+            run = NpuForwardRun(req_id="h", model=model, seqs=tuple(SeqShape(1, 10) for _ in head),
+                                head=head, iterations=4, tp=tp, sample=sample)  # fmt: skip
+            want = forward_cost_s("910b", NpuForward(req_id="x", model=model, seqs=head, tp=tp, sample=sample))[0]
+            assert head_costs("910b", run) == (want,), (tp, sample, head)
