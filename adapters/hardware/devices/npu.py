@@ -45,6 +45,7 @@ from deepserve.adapters.hardware.devices.npu_run import (
     check_run,
     check_run_cost,
     chunk_ends,
+    forward_cost_fast,
     forward_cost_s,
     next_chunk,
     run_shape,
@@ -238,7 +239,7 @@ class Npu(Actor[NpuState]):
                 # its passes are priced as they are drawn
                 self._head_costed = (msg, check_run_cost(self.npu, msg))
             else:
-                self._costed = (msg, forward_cost_s(self.npu, msg))
+                self._costed = (msg, forward_cost_fast(self.npu, msg))
         except (ValueError, KeyError) as exc:
             self._error(ctx, to, msg.req_id, BAD_REQUEST, str(exc))
             return

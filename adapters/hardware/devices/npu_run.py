@@ -182,7 +182,7 @@ def dense_plan(npu: str, msg: NpuForwardRun) -> DensePlan | None:
 
 
 def dense_terms(
-    npu: str, msg: NpuForwardRun, seqs: tuple[SeqShape, ...] | None = None
+    npu: str, msg: NpuForward | NpuForwardRun, seqs: tuple[SeqShape, ...] | None = None
 ) -> tuple[DenseConsts, tuple[int, int, int, int]] | None:
     """A dense run's constants (cached by the few values they depend on: hashing the request
     or the model's frozen profile cost more than the rest) and its integer sums: attended
@@ -260,12 +260,22 @@ def head_costs(npu: str, msg: NpuForwardRun) -> tuple[float, ...]:
     return tuple(_pass_cost(npu, msg, p) for p in (msg.head, *msg.lead))
 
 
-def _pass_cost(npu: str, msg: NpuForwardRun, shapes: tuple[SeqShape, ...]) -> float:
-    """`forward_cost_s` of one pass of these shapes on the run's layout. A dense model's main
-    part is priced by the run's closed form at its pass 0 (the same floats: the body's passes
-    are those of forward_cost_s, test_npu_run), after forward_time's checks in its order."""
+def forward_cost_fast(npu: str, msg: NpuForward) -> tuple[float, str, int]:
+    """`forward_cost_s(npu, msg)`, the same floats and errors: a dense model's main part is
+    priced by the run's closed form at pass 0 (`_pass_cost`)."""
+    seqs = msg.seqs
+    cost = _pass_cost(npu, msg, seqs)
+    graph = all(s.new_tokens <= GRAPH_MAX_NEW_TOKENS for s in seqs)  # is_graph_batch
+    return cost, "graph" if graph else "single_op", sum(s.new_tokens for s in seqs)
+
+
+def _pass_cost(npu: str, msg: NpuForward | NpuForwardRun, shapes: tuple[SeqShape, ...]) -> float:
+    """`forward_cost_s` of one pass of these shapes on the request's layout. A dense model's
+    main part is priced by the run's closed form at its pass 0 (the same floats: the body's
+    passes are those of forward_cost_s, test_npu_run), after forward_time's checks in its order."""
     if msg.part != "main" or not _dense_main(msg.model):
-        return forward_cost_s(npu, head_request(msg, shapes))[0]
+        one = msg if isinstance(msg, NpuForward) else head_request(msg, shapes)
+        return forward_cost_s(npu, one)[0]
     par = layout_of(msg)
     _layout_valid(msg.model, par)
     if not shapes:
@@ -277,7 +287,7 @@ def _pass_cost(npu: str, msg: NpuForwardRun, shapes: tuple[SeqShape, ...]) -> fl
     _layout_fits(npu, msg.model, par)
     terms = dense_terms(npu, msg, shapes)
     if terms is None or max(terms[1][0], terms[1][2]) >= _FLOAT_EXACT:
-        return forward_cost_s(npu, head_request(msg, shapes))[0]
+        return forward_cost_s(npu, msg if isinstance(msg, NpuForward) else head_request(msg, shapes))[0]
     consts, (pairs0, dpairs, kv0, tokens) = terms
     return dense_ends([], consts.loop, (0, 1, pairs0, dpairs, kv0, tokens), 0.0, 0.0, None, [])[0]
 

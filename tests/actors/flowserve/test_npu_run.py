@@ -286,3 +286,27 @@ def test_a_head_pass_is_priced_as_a_forward_of_its_shapes_bit_for_bit(model: str
                                 head=head, iterations=4, tp=tp, sample=sample)  # fmt: skip
             want = forward_cost_s("910b", NpuForward(req_id="x", model=model, seqs=head, tp=tp, sample=sample))[0]
             assert head_costs("910b", run) == (want,), (tp, sample, head)
+
+
+@pytest.mark.parametrize("model", ["llama3-8b", "llama3-70b", "qwen2-72b", "deepseek-v3", "no-such-model"])
+def test_a_forward_is_priced_and_refused_by_the_closed_form_as_by_the_model(model: str) -> None:
+    """`forward_cost_fast` (what the NPU prices a forward with) gives `forward_cost_s`'s value,
+    or raises its error, for good and bad shapes and layouts."""
+    from deepserve.adapters.hardware.devices.npu_run import forward_cost_fast, forward_cost_s
+
+    shapes = [
+        (SeqShape(1, 900), SeqShape(500, 0)), (SeqShape(8192, 0),), (SeqShape(1, 5),) * 40,
+        (SeqShape(0, 5),), (SeqShape(3, -1),), (),
+    ]  # fmt: skip
+    for tp, pp, sample in [(8, 1, True), (4, 1, False), (3, 1, True), (1, 64, True)]:
+        for seqs in shapes:
+            fwd = NpuForward(req_id="x", model=model, seqs=seqs, tp=tp, pp=pp, sample=sample)
+            try:
+                want: object = forward_cost_s("910b", fwd)
+            except (ValueError, KeyError) as exc:
+                want = (type(exc), str(exc))
+            try:
+                got: object = forward_cost_fast("910b", fwd)
+            except (ValueError, KeyError) as exc:
+                got = (type(exc), str(exc))
+            assert got == want, (tp, pp, seqs)
