@@ -31,7 +31,8 @@ from types import ModuleType
 # groups is an ordinary Python call). Message, event and state types stay pure: they are msgspec
 # Structs, C already. FlowServe's and the NPU's hottest modules, and the ZeroMQ transport, were
 # tried as further groups and left out: neither the whole-trace simulation nor the transport's
-# round trips got faster (docs/decisions.md, 2026-11-26).
+# round trips got faster (docs/decisions.md, 2026-11-26). The NPU's run-chunk loop is a group of
+# its own: plain float arithmetic, which mypyc turns into C doubles (docs/decisions.md, 2026-11-27).
 GROUPS: dict[str, tuple[str, ...]] = {
     # The kernel: every delivery runs through these.
     "kernel": ("core.codec", "core.envelope", "core.mailbox", "core.cell", "core.steps", "core.context",
