@@ -54,11 +54,19 @@ class VerifyResult(msgspec.Struct):
     inputs: int  # deliveries re-executed, up to and including a divergence
     divergence: Divergence | None = None
     logged_code: str = ""  # the run record's code_version, when it is not this code's
+    # Whether the log ends with the run's final snapshots (its driver closed it). A killed
+    # process's log, or a copy that lost its -wal file, ends with a delivery instead: what
+    # is there verifies, but it is not the whole run, and the line says so.
+    ended: bool = True
 
     def summary(self) -> str:
         """One line, naming the run checked (a log may hold several)."""
         if self.identical:
-            return f"identical: {self.actors} actors, {self.inputs} inputs (run {self.run_id!r})"
+            line = f"identical: {self.actors} actors, {self.inputs} inputs (run {self.run_id!r})"
+            if not self.ended:
+                line += ("; the log stops before the run's end (no final snapshots: a killed process, "
+                         "or a copy without its -wal file?)")  # fmt: skip
+            return line
         d = self.divergence
         if d is None:
             raise ValueError("a diverged VerifyResult needs its divergence")
@@ -77,11 +85,13 @@ def verify(reader: LogReader, run_id: str | None = None) -> VerifyResult:
     cells: dict[str, Cell] = {}
     decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
     inputs = 0
+    last_kind = -1
     # The loop is the hot path (>= 100k inputs/s): the common case — a known
     # actor's next input of an already seen type — touches no helper function.
     for step in reader.steps(run.run_id):
         rec = step.input
         seq = rec.seq
+        last_kind = rec.kind
         if seq < 0:  # a dead letter or a drop: nothing was executed
             if rec.kind == SNAPSHOT and step.snapshot is not None:
                 divergence = _final_state_difference(cells, step)
@@ -113,7 +123,7 @@ def verify(reader: LogReader, run_id: str | None = None) -> VerifyResult:
             divergence = _first_difference(cell, step, snapped)
             if divergence is not None:
                 return VerifyResult(run.run_id, False, len(cells), inputs, divergence, other_code)
-    return VerifyResult(run.run_id, True, len(cells), inputs)
+    return VerifyResult(run.run_id, True, len(cells), inputs, ended=last_kind == SNAPSHOT)
 
 
 def _final_state_difference(cells: dict[str, Cell], step: Step) -> Divergence | None:

@@ -94,7 +94,7 @@ async def test_async_driver_log_verifies(tmp_path: Path, durability: str) -> Non
     reader = open_log(log)
     result = verify(reader)
     reader.close()
-    assert result.identical, result.divergence
+    assert result.identical and result.ended, result.divergence  # closed: its final snapshots are there
     assert result.inputs >= 15
     _verify_cli(log, tmp_path)
 
@@ -176,6 +176,11 @@ def _check_killed_log(log: str, received: set[tuple[str, int]]) -> None:
     assert not received - logged, f"{len(received - logged)} messages seen outside are not logged"
     assert result.identical, result.divergence
     assert result.inputs >= want_inputs(received)
+    # what is there verifies, and the line says it is not the whole run (a user tour: a log
+    # without its -wal verified "identical" with 42 fewer inputs and nothing said)
+    assert not result.ended and result.summary().endswith(
+        "; the log stops before the run's end (no final snapshots: a killed process, "
+        "or a copy without its -wal file?)")
 
 
 def want_inputs(received: set[tuple[str, int]]) -> int:
