@@ -83,6 +83,12 @@ class Generation:
                 return
             if not isinstance(item, TaskTokens) or self.finish_reason is not None:
                 continue
+            if item.first_index == 0 and self.tokens:
+                # A retry from scratch: the JE retries a non-streamed request whose task failed
+                # after output (nothing was sent: `collect` answers at the end). The failed
+                # attempt's text is dropped, not joined to the retry's. A streamed request is
+                # never retried once output went out, so `sent` is 0 here.
+                self.text, self.tokens, sent = "", 0, 0
             self.tokens += len(item.token_ids) or len(item.times_s)
             self.text += output_text(item.token_ids)
             hits = [h for h in (self.text.find(x, max(0, sent - hold)) for x in self.stops) if h >= 0]

@@ -128,7 +128,7 @@ class Frontend:
                             "invalid_request_error", "messages" if kind == "chat" else "prompt")  # fmt: skip
         sampling = self.sampling_of(req, rid)
         try:
-            q = await rt.submit(rid, prompt, sampling)
+            q = await rt.submit(rid, prompt, sampling, stream=bool(req.stream))
         except Overloaded as exc:
             raise HttpError(429, str(exc), "rate_limit_error", headers={"Retry-After": "1"}) from None
         except NoCapacity as exc:

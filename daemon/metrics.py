@@ -58,7 +58,8 @@ class Metrics:
     def tokens(self, msg: TaskTokens) -> None:
         """Each gap between consecutive output tokens of a request (emulated token times)."""
         itl = self.itl.labels(self.model)
-        prev = self._last_token_s.get(msg.request_id)
+        # token 0 again: a retry from scratch (a non-streamed request), no gap to the failed attempt
+        prev = self._last_token_s.get(msg.request_id) if msg.first_index else None
         for t in msg.times_s:
             if prev is not None:
                 itl.observe(max(0.0, t - prev))

@@ -179,7 +179,8 @@ class Runtime:
         self._seq += 1
         return f"{kind}-{self._seq}"
 
-    async def submit(self, request_id: str, prompt: Prompt, sampling: Sampling) -> asyncio.Queue[Any]:
+    async def submit(self, request_id: str, prompt: Prompt, sampling: Sampling,
+                     stream: bool = True) -> asyncio.Queue[Any]:  # fmt: skip
         if not self.accepting or self.driver is None:
             raise NoCapacity("the daemon is shutting down")
         if len(self.streams) >= self.cfg.daemon.max_inflight:
@@ -188,7 +189,8 @@ class Runtime:
         q: asyncio.Queue[Any] = asyncio.Queue(STREAM_QUEUE)
         self.streams[request_id] = q
         self.counts["accepted"] += 1
-        msg = Arrive(request_id=request_id, model=self.cfg.cluster.model, prompt=prompt, sampling=sampling)
+        msg = Arrive(request_id=request_id, model=self.cfg.cluster.model, prompt=prompt, sampling=sampling,
+                     stream=stream)  # fmt: skip
         await self.driver.inject(self.cfg.daemon.ingress, msg, corr=request_id, src="ext/http")
         return q
 

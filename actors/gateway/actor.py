@@ -78,16 +78,17 @@ class Gateway(Actor[GatewayState]):
             self._done(ctx, msg)  # type: ignore[arg-type]
         elif t is Arrive:
             m: Any = msg
-            self._admit(ctx, m.request_id, m.model, m.prompt, m.sampling, METRICS_ADDR, None, api=False)
+            self._admit(ctx, m.request_id, m.model, m.prompt, m.sampling, METRICS_ADDR, None, m.stream, api=False)
         elif t is ApiRequest:
             m = msg
-            self._admit(ctx, m.request_id, m.model, m.prompt, m.sampling, m.reply_to, m.predicted_bucket, api=True)
+            self._admit(ctx, m.request_id, m.model, m.prompt, m.sampling, m.reply_to, m.predicted_bucket, m.stream,
+                        api=True)
         elif t is EndOfRun:
             for je in self.cfg.jes:
                 ctx.send(je, msg)
 
     def _admit(self, ctx: Context, rid: str, model: str, prompt: Any, sampling: Any, reply_to: str,
-               bucket: int | None, api: bool) -> None:
+               bucket: int | None, stream: bool, api: bool) -> None:
         s, cfg = self.state, self.cfg
         if rid in s.clients:
             ctx.record(GatewayDuplicate(request_id=rid))  # already in flight: its one answer stands
@@ -111,7 +112,8 @@ class Gateway(Actor[GatewayState]):
                                  inflight=inflight + 1, limit=cfg.max_inflight_per_model,
                                  draw=JeDraw(candidates=cfg.jes, draw=k)))  # fmt: skip
         ctx.send(je, JobRequest(request_id=rid, model=model, prompt=prompt, sampling=sampling,
-                               reply_to=ctx.self, arrival_s=ctx.now(), predicted_bucket=bucket), corr=rid)
+                               reply_to=ctx.self, arrival_s=ctx.now(), predicted_bucket=bucket, stream=stream),
+                 corr=rid)
 
     def _done(self, ctx: Context, m: RequestDone) -> None:
         c = self.state.clients.get(m.request_id)

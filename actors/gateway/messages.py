@@ -17,6 +17,7 @@ class ApiRequest(Message, frozen=True, kw_only=True):
     sampling: Sampling
     reply_to: str
     predicted_bucket: int | None = None
+    stream: bool = True  # Arrive.stream
 
 
 class Refused(Message, frozen=True, kw_only=True):

@@ -3,8 +3,9 @@
 A chat job on a colocated TE is one `chat` task; on a PD pair a `prefill` task, then a `decode`
 task carrying the prefill's KV handle (xDeepServe §5.1). The policy (by name, actors/scheduling)
 picks the TE; every pick is a recorded `RouteDecided` with the inputs it saw. A failed task is
-retried on another TE while nothing has streamed (at most `max_attempts`), otherwise the request
-fails with the reason. With on-demand forwarding (P/D-Serve §3.5) a prefill refusal is not a
+retried on another TE while nothing has streamed to the client (at most `max_attempts`), otherwise
+the request fails with the reason; a client that does not stream (`JobRequest.stream`) has seen
+nothing before the job ends, so its task is retried from scratch whatever it produced. With on-demand forwarding (P/D-Serve §3.5) a prefill refusal is not a
 failure: the JE offers the task to the next prefill (fewest open streams first) until the TTFT
 deadline. Group membership comes from the cluster manager (`TeGroupMembership`, pushed).
 Batch jobs wait in a queue and are dispatched only while online traffic leaves room.
@@ -143,7 +144,7 @@ class JobExecutor(Actor[JeState]):
         bucket = m.predicted_bucket if m.predicted_bucket is not None else self._predict(m)
         ctx.record(JobAccepted(request_id=m.request_id, model=m.model, prompt=m.prompt,
                                sampling=m.sampling, reply_to=m.reply_to, arrival_s=arrival,
-                               predicted_bucket=bucket))  # fmt: skip
+                               predicted_bucket=bucket, stream=m.stream))  # fmt: skip
         self._dispatch(ctx, m.request_id, self.state.jobs[m.request_id], "chat", 1)
 
     def _predict(self, m: JobRequest) -> int | None:
@@ -410,7 +411,7 @@ class JobExecutor(Actor[JeState]):
             ctx.record(JeTaskEnded(request_id=rid, task_id=m.task_id, te=te, status="completed", reason=m.reason))
             ctx.record(JePrefilled(request_id=rid, first_token_s=m.first_token_s, kv=m.kv,
                                    cached_prompt_tokens=m.cached_prompt_tokens, prompt_tokens=m.prompt_tokens))
-            self._dispatch(ctx, rid, j, "decode", 1)
+            self._dispatch(ctx, rid, j, "decode", j.decodes + 1)  # a restarted job's next decode
             if self.cfg.forwarding.mode == "on_demand":
                 self._feed(ctx, te)  # a prefill slot freed: the prefill's state changed
             return
@@ -425,12 +426,18 @@ class JobExecutor(Actor[JeState]):
         if j.cancelled:
             self._finish(ctx, rid, j, "cancelled", j.cancelled)
             return
-        if j.streamed or phase == "decode":
+        if j.stream and (j.streamed or phase == "decode"):  # the client has seen output
             self._finish(ctx, rid, j, "failed", f"{phase} task failed after output streamed: {reason}")
-        elif attempt >= self.cfg.max_attempts:
-            self._finish(ctx, rid, j, "failed", f"gave up after {attempt} attempts: {reason}")
+            return
+        # Nothing reached the client (a non-streaming one sees output only at the end): retry. A
+        # failed decode starts over from a new prefill (its KV went with the decode); the tokens
+        # already produced are discarded (RouteDecided resets them, the frontend drops them).
+        restart = phase == "decode"
+        tries = j.start_attempt if restart else attempt
+        if tries >= self.cfg.max_attempts:
+            self._finish(ctx, rid, j, "failed", f"gave up after {tries} attempts: {reason}")
         else:
-            self._dispatch(ctx, rid, j, phase, attempt + 1, reason)
+            self._dispatch(ctx, rid, j, "chat" if restart else phase, tries + 1, reason)
 
     # ---- membership and ends -------------------------------------------------------------------
     def _cancel(self, ctx: Context, m: CancelJob) -> None:

@@ -55,6 +55,9 @@ class JobRequest(Message, frozen=True, kw_only=True):
     reply_to: str  # receives the one RequestDone
     arrival_s: float | None = None  # None: now
     predicted_bucket: int | None = None  # decode-length bucket from the predictor, if any
+    # False: the client sees no output before the job ends (one response body), so a task that
+    # failed after producing tokens is retried from scratch, its tokens discarded
+    stream: bool = True
 
 
 class BatchItem(msgspec.Struct, frozen=True, kw_only=True):
@@ -119,6 +122,7 @@ class JobAccepted(Event, frozen=True, kw_only=True):
     arrival_s: float
     predicted_bucket: int | None = None
     batch_id: str = ""  # "" = online
+    stream: bool = True  # JobRequest.stream
 
 
 class BatchAccepted(Event, frozen=True, kw_only=True):
@@ -157,7 +161,8 @@ class TaskAcked(Event, frozen=True, kw_only=True):
 
 
 class TaskStreamed(Event, frozen=True, kw_only=True):
-    """Output of the current task reached the client: retrying it is no longer safe. Recorded
+    """Output of the current task was relayed: for a streaming client retrying it is no longer
+    safe (a non-streaming one has seen nothing: its job is retried from scratch). Recorded
     for every token message, so that a job the JE ends itself (its TE failed, the daemon stops)
     records the tokens it did produce and when the first came."""
 
@@ -240,7 +245,10 @@ class Job(msgspec.Struct, kw_only=True):
     te: str = ""
     attempt: int = 0
     acked: bool = False
-    streamed: bool = False
+    streamed: bool = False  # the current task produced output (TaskStreamed)
+    stream: bool = True  # JobRequest.stream: the client sees output as it is produced
+    start_attempt: int = 0  # the attempt number of the job's latest chat or prefill task
+    decodes: int = 0  # decode tasks sent (more than one: a non-streamed job restarted)
     excluded: list[str] = []  # TEs that failed this job (not offered again)
     refused: list[str] = []  # on-demand: prefills that refused in the current sweep
     fed: bool = False  # on-demand: the current offer is batch forwarding to one prefill
@@ -248,7 +256,7 @@ class Job(msgspec.Struct, kw_only=True):
     first_token_s: float | None = None
     cached_prompt_tokens: int = 0
     prompt_tokens: int = 0
-    output_tokens: int = 0  # streamed to the client so far (TaskStreamed)
+    output_tokens: int = 0  # produced by the current attempt so far (TaskStreamed)
     kv: KvHandle | None = None
     cancelled: str = ""  # why the requester cancelled it ("": not cancelled)
     cancel_completes: bool = False  # ... and it ends completed, not cancelled (a stop sequence)

@@ -132,6 +132,10 @@ def _routed(s: JeState, e: RouteDecided, max_tree_blocks: int) -> None:
         j.refused = []
     j.phase, j.task_id, j.te, j.attempt, j.acked = e.phase, e.task_id, te, e.attempt, False
     j.streamed = j.streamed and e.phase == "decode"
+    if e.phase != "decode":  # a (re)start: a failed attempt's output is discarded (never shown)
+        j.start_attempt, j.output_tokens, j.first_token_s = e.attempt, 0, None
+    else:
+        j.decodes += 1
     s.open[te] = s.open.get(te, 0) + 1
     if e.decision.policy == "round_robin":
         s.turns += 1
@@ -146,7 +150,7 @@ def _accepted(s: JeState, e: JobAccepted) -> None:
     s.jobs[e.request_id] = Job(
         model=e.model, prompt=e.prompt, sampling=e.sampling, reply_to=e.reply_to,
         arrival_s=e.arrival_s, predicted_bucket=e.predicted_bucket, batch_id=e.batch_id,
-        queued=bool(e.batch_id),
+        queued=bool(e.batch_id), stream=e.stream,
     )  # fmt: skip
     if e.batch_id:
         s.batch_queue.append(e.request_id)

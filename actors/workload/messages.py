@@ -20,6 +20,9 @@ class Arrive(Message, frozen=True, kw_only=True):
     model: str
     prompt: Prompt
     sampling: Sampling
+    # False: the client gets its output in one body at the end (HTTP `stream: false`), so a task
+    # that failed after producing tokens is still retried from scratch (nothing was shown)
+    stream: bool = True
 
 
 class EndOfRun(Message, frozen=True, kw_only=True):

@@ -63,3 +63,15 @@ def test_inter_token_latency_observes_every_gap() -> None:
     # three gaps of 10 ms under 20 ms; the 0.45 s stall only under 0.5 s
     assert (got["le=0.02"], got["le=0.2"], got["le=0.5"]) == (3.0, 3.0, 4.0)
     assert m._last_token_s == {}  # nothing kept for a finished request
+
+
+def test_inter_token_latency_has_no_gap_across_a_retry() -> None:
+    """A non-streamed request retried from scratch after its TE died: the retry's token 0 is
+    not a gap after the failed attempt's last token."""
+    from deepserve.actors.flowserve.messages import TaskTokens
+
+    m = Metrics("llama3-8b")
+    m.tokens(TaskTokens(task_id="a/chat.1", request_id="a", first_index=0, token_ids=(), times_s=(0.10, 0.11)))
+    m.tokens(TaskTokens(task_id="a/chat.2", request_id="a", first_index=0, token_ids=(), times_s=(3.0, 3.01)))
+    got = _itl(m)
+    assert got["count"] == 2.0 and abs(got["sum"] - 0.02) < 1e-9

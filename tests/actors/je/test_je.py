@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from je_fakes import ScriptedTe
@@ -101,6 +102,52 @@ def test_failure_after_streaming_fails_the_request_with_the_reason() -> None:
     _, out = run(tes, {"colocated": list(tes)}, [job(0)])
     r = done_of(out)["r0"]
     assert r.status == "failed" and "after output streamed" in r.reason and "NPU crashed" in r.reason
+
+
+def test_failure_after_output_of_a_non_streamed_job_retries_it_from_scratch() -> None:
+    """A client that does not stream has seen nothing when the task fails, however many tokens
+    it produced: the job is retried on another TE (a tour: `kill-te` failed such requests with
+    "failed after output streamed"), and what it reports is the retry's alone. The log replays."""
+    tes = {"te/0": {"behaviour": "fail_late"}, "te/1": {}}
+    quiet = msgspec.structs.replace(job(0), stream=False)
+    d, out = run(tes, {"colocated": list(tes)}, [quiet, job(1)], gap_s=0.001)
+    done = done_of(out)
+    r = done["r0"]
+    assert (r.status, r.te, r.output_tokens) == ("completed", "te/1", 4)
+    tid = {e.request_id: e.task_id for e in decisions(d)}
+    assert [e.task_id for e in decisions(d) if e.request_id == "r0"] == ["r0/chat.1", "r0/chat.2"]
+    retry = [e for e in events(d, "RouteDecided") if e.task_id == "r0/chat.2"][0]
+    first = [e.first_token_s for e in events(d, "TaskStreamed") if e.task_id == "r0/chat.1"]
+    assert first and r.first_token_s is not None and r.first_token_s > first[0]  # the retry's first token
+    assert retry.decision.chosen == "te/1" and tid["r1"] == "r1/chat.1"
+    assert done["r1"].status == "completed"  # r1 (streamed) went to te/1 round robin
+    assert verify(MemoryLog(d.sink)).identical
+
+
+def test_a_streamed_job_still_fails_after_output_and_retries_keep_their_limit() -> None:
+    tes = {"te/0": {"behaviour": "fail_late"}, "te/1": {}}
+    _, out = run(tes, {"colocated": ["te/0", "te/1"]}, [job(0)])
+    assert "after output streamed" in done_of(out)["r0"].reason  # stream=True: the client saw a token
+    tes = {f"te/{k}": {"behaviour": "fail_late"} for k in range(5)}
+    quiet = msgspec.structs.replace(job(0), stream=False)
+    d, out = run(tes, {"colocated": list(tes)}, [quiet], {"max_attempts": 3})
+    r = done_of(out)["r0"]
+    assert r.status == "failed" and r.reason.startswith("gave up after 3 attempts"), r.reason
+    assert r.output_tokens == 1  # the last attempt's token, not the three attempts' sum
+    assert verify(MemoryLog(d.sink)).identical
+
+
+def test_a_non_streamed_pd_job_whose_decode_fails_starts_over_from_a_new_prefill() -> None:
+    """A decode that fails has lost the prefill's KV: a non-streamed job restarts from a prefill,
+    with task ids never reused (a late answer of the failed decode must stay late)."""
+    tes = {"p/0": {}, "d/0": {"behaviour": "fail_late"}, "d/1": {}}
+    quiet = msgspec.structs.replace(job(0), stream=False)
+    d, out = run(tes, {"prefill": ["p/0"], "decode": ["d/0", "d/1"]}, [quiet])
+    r = done_of(out)["r0"]
+    assert (r.status, r.te) == ("completed", "d/1"), r
+    assert [(e.task_id, e.decision.chosen) for e in decisions(d)] == [
+        ("r0/prefill.1", "p/0"), ("r0/decode.1", "d/0"), ("r0/prefill.2", "p/0"), ("r0/decode.2", "d/1")]
+    assert verify(MemoryLog(d.sink)).identical
 
 
 def test_dead_te_times_out_and_the_task_moves_on() -> None:

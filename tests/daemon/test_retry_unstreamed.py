@@ -1,0 +1,78 @@
+"""A non-streamed request whose TE dies mid-generation is retried (a user tour: `kill-te` during
+load answered such requests `503 the request failed after 59 output tokens: chat task failed
+after output streamed`, though the client had been sent nothing). The answer is the retry's
+alone — its text and usage, not two attempts joined — and the log replays identically."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import openai
+from daemonproc import start_daemon, stop_daemon
+
+from deepserve.core.codec import decode
+from deepserve.persistence import open_log
+from deepserve.replay import verify
+
+MODEL = "llama3-8b"
+SETTINGS = ("control.heartbeat_interval_s=0.25", "control.heartbeat_misses=3", "control.pod_start_s=0.2",
+            "control.te_preload_s=0.3", "pd.prefill_tes=0", "pd.decode_tes=0")  # fmt: skip
+REQUESTS = 8
+TOKENS = 200
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "deepserve", *args], capture_output=True, text=True, timeout=60)
+
+
+async def ask(c: Any, i: int) -> tuple[int, str, int] | str:
+    try:
+        r = await c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"tell me a story {i} " * 6}],
+            max_tokens=TOKENS, seed=1000 + i, extra_body={"ignore_eos": True})  # fmt: skip
+        return i, r.choices[0].message.content or "", r.usage.completion_tokens
+    except openai.APIStatusError as exc:
+        return f"{exc.status_code}: {exc.message}"
+
+
+async def load(url: str, admin_url: str) -> tuple[list[Any], list[Any]]:
+    c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+    async def kill() -> subprocess.CompletedProcess[str]:
+        await asyncio.sleep(0.4)  # every request has produced tokens by then
+        return await asyncio.to_thread(cli, "fault", "kill-te", "te/1", "--admin-url", admin_url)
+
+    k = asyncio.create_task(kill())
+    during = await asyncio.gather(*(ask(c, i) for i in range(REQUESTS)))
+    killed = await k
+    assert killed.returncode == 0, killed.stderr
+    again = await asyncio.gather(*(ask(c, i) for i in range(REQUESTS)))  # the same requests, undisturbed
+    return list(during), list(again)
+
+
+def test_a_non_streamed_request_is_retried_after_its_te_dies(tmp_path: Path) -> None:
+    proc, info = start_daemon(tmp_path / "run", *[a for s in SETTINGS for a in ("--set", s)])
+    try:
+        during, again = asyncio.run(load(info["url"], info["admin_url"]))
+    finally:
+        out = stop_daemon(proc)
+    assert proc.returncode == 0, out
+    errors = [r for r in during if isinstance(r, str)]
+    assert not errors, errors  # none failed: nothing had reached their clients
+    for (i, text, n), (_, text2, n2) in zip(during, again, strict=True):
+        assert n == n2 == TOKENS, (i, n, n2)
+        assert text == text2, i  # the retry's text only (same seed: the same text)
+    log = open_log(info["log"])
+    try:
+        assert verify(log).identical
+        je = [(e.type, decode(e.type, e.payload)) for step in log.steps(None, actor="je/0") for e in step.events]
+        streamed = {e.task_id for t, e in je if t == "TaskStreamed"}
+        retried = [e for t, e in je if t == "RouteDecided" and e.attempt > 1]
+        # a retry of a task that had produced output before its TE died
+        assert any(f"{e.request_id}/chat.{e.attempt - 1}" in streamed for e in retried), retried
+    finally:
+        log.close()
