@@ -47,7 +47,10 @@ class Metrics:
         self.pc_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens queried against the prefix cache",
                                   lbl, registry=r)  # fmt: skip
         self.pc_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache", lbl, registry=r)
-        self.terminal = Counter("deepserve_requests", "Requests by terminal status", ["status"], registry=r)
+        self.terminal = Counter("deepserve_requests", "Requests by terminal status (rejected_429: shed by "
+                                "daemon.max_inflight, never admitted)", ["status"], registry=r)  # fmt: skip
+        for status in ("completed", "failed", "cancelled", "rejected_429"):
+            self.terminal.labels(status)  # every series from the start, at 0 until it happens
         self.faults = Counter("deepserve_faults", "Faults injected through the admin API", ["kind"], registry=r)
         self.client_ttft_s = Histogram("deepserve_frontend_first_token_seconds",
                                        "Frontend-observed wait for the first token", registry=r, buckets=BUCKETS)  # fmt: skip
@@ -66,6 +69,10 @@ class Metrics:
             prev = t
         if prev is not None:
             self._last_token_s[msg.request_id] = prev
+
+    def rejected(self) -> None:
+        """A request shed with 429 (over `daemon.max_inflight`): it never reached the cluster."""
+        self.terminal.labels("rejected_429").inc()
 
     def done(self, d: RequestDone) -> None:
         self._last_token_s.pop(d.request_id, None)

@@ -107,6 +107,7 @@ class Runtime:
         self._sink: Any = None
         self.on_done: Any = None  # metrics hook: (RequestDone) -> None
         self.on_tokens: Any = None  # metrics hook: (TaskTokens) -> None
+        self.on_rejected: Any = None  # metrics hook: () -> None, a request shed with 429
 
     # ---- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -185,6 +186,8 @@ class Runtime:
             raise NoCapacity("the daemon is shutting down")
         if len(self.streams) >= self.cfg.daemon.max_inflight:
             self.counts["rejected_429"] += 1
+            if self.on_rejected is not None:
+                self.on_rejected()
             raise Overloaded(f"{len(self.streams)} requests in flight (daemon.max_inflight)")
         q: asyncio.Queue[Any] = asyncio.Queue(STREAM_QUEUE)
         self.streams[request_id] = q

@@ -52,6 +52,7 @@ async def serve(cfg: DaemonConfig, run_dir: Path, grace_s: float = 10.0, ready: 
     metrics = Metrics(cfg.model_name())
     rt.on_done = metrics.done
     rt.on_tokens = metrics.tokens
+    rt.on_rejected = metrics.rejected
     await rt.start()
     api = _Server(uvicorn.Config(create_app(rt, metrics), host=d.host, port=d.port, log_level="warning",
                                  lifespan="off", timeout_graceful_shutdown=2))  # fmt: skip

@@ -1,6 +1,7 @@
 """Overload and deadlines on a live daemon: a hung NPU (injected through `deepserve fault`, an
 external input in the log) means no first token, so the TTFT deadline answers 504 and cancels the
-request; with `max_inflight = 1` a second request meanwhile is a 429 with Retry-After."""
+request; with `max_inflight = 1` a second request meanwhile is a 429 with Retry-After, counted in
+`/metrics` (`deepserve_requests_total{status="rejected_429"}`)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,10 @@ def test_504_on_ttft_deadline_and_429_when_full(tmp_path: Path) -> None:
         second = httpx.post(info["url"] + "/v1/completions", json=body, timeout=30)
         assert second.status_code == 429 and second.headers["retry-after"] == "1"
         assert second.json()["error"]["type"] == "rate_limit_error"
+        # load shedding shows in /metrics, as in `deepserve status` (a tour found only the latter)
+        metrics = httpx.get(info["url"] + "/metrics", timeout=10).text
+        assert 'deepserve_requests_total{status="rejected_429"} 1.0' in metrics
+        assert httpx.get(info["admin_url"] + "/admin/status", timeout=10).json()["requests"]["rejected_429"] == 1
         faults = httpx.get(info["admin_url"] + "/admin/faults", timeout=10).json()["inputs"]
         assert {"to": "hw/s0/npu0", "from": "ext/admin", "input": "NpuHang"}.items() <= faults[0].items()
         t.join(30)
