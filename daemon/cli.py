@@ -71,7 +71,8 @@ def _up(args: argparse.Namespace) -> int:
 
     from deepserve.core.asyncdriver import run
 
-    from .server import configure_logging, default_run_dir, serve
+    from .runtime import Runtime
+    from .server import ListenError, bind_listeners, configure_logging, default_run_dir, serve
 
     over: list[Any] = list(args.overrides)
     for key, value in (("host", args.host), ("port", args.port), ("log_format", args.log_format)):
@@ -83,14 +84,45 @@ def _up(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir or cfg.daemon.run_dir or default_run_dir())
     if (run_dir / "daemon.db").exists():
         raise CliError(f"--run-dir {run_dir} already holds a daemon log; choose a new directory")
+    # Checked before anything is written: a failure here leaves no half-made log behind.
+    _check_run_dir(run_dir, "daemon.run_dir" if cfg.daemon.run_dir and not args.run_dir else "--run-dir")
+    try:
+        sockets = bind_listeners(cfg)
+    except ListenError as exc:
+        raise CliError(f"{_listen_flag(args, cfg, exc.key)}: {exc}") from None
     configure_logging(cfg.daemon.log_format)
     if args.processes:
         from .procs.runtime import ProcRuntime
 
-        run(serve, cfg, run_dir, 10.0, None, ProcRuntime)
+        run(serve, cfg, run_dir, 10.0, None, ProcRuntime, sockets)
     else:
-        run(serve, cfg, run_dir)
+        run(serve, cfg, run_dir, 10.0, None, Runtime, sockets)
     return 0
+
+
+def _check_run_dir(run_dir: Path, flag: str) -> None:
+    """The run directory can be made (or is a directory) and written: its nearest existing
+    ancestor is a writable directory. Nothing is created here."""
+    at = run_dir.absolute()
+    while not at.exists() and at != at.parent:  # a path under a regular file does not "exist" either
+        at = at.parent
+    if not at.is_dir():
+        where = "is a file" if at == run_dir.absolute() else f"is under {at}, which is not a directory"
+        raise CliError(f"{flag} {run_dir}: {where}")
+    if not os.access(at, os.W_OK | os.X_OK):
+        raise CliError(f"{flag} {run_dir}: {at} is not writable")
+
+
+def _listen_flag(args: argparse.Namespace, cfg: Any, key: str) -> str:
+    """The flag (or config key) that set the address that cannot be listened on."""
+    if key == "host" and args.host is not None:
+        return f"--host {args.host}"
+    if key == "port" and args.port is not None:
+        return f"--port {args.port}"
+    if key == "admin_port" and not cfg.daemon.admin_port:  # the API port + 1
+        via = f"--port {args.port}" if args.port is not None else f"daemon.port {cfg.daemon.port}"
+        return f"{via} (the admin API listens on the next port; set daemon.admin_port to move it)"
+    return f"daemon.{key} {getattr(cfg.daemon, key)}"
 
 
 def _show(args: argparse.Namespace) -> int:

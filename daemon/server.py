@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Generator
@@ -38,6 +40,48 @@ class _Server(uvicorn.Server):
         return int(self.servers[0].sockets[0].getsockname()[1])
 
 
+class ListenError(Exception):
+    """An address the daemon cannot listen on. `key`: the `daemon.*` setting at fault (`host`,
+    `port`, `admin_host`, `admin_port`), so the CLI can name the flag that set it."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def bind(host: str, port: int, admin: bool = False) -> socket.socket:
+    """A socket bound at host:port as uvicorn binds one (it listens when the server starts), or
+    `ListenError`. Bound before anything is written: a port in use or a bad host leaves no log."""
+    prefix = "admin_" if admin else ""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        why = (exc.strerror or str(exc)).lower()
+        bad_host = isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
+        raise ListenError(f"{prefix}{'host' if bad_host else 'port'}", f"cannot listen on {host}:{port}: {why}") from None
+    return sock
+
+
+def bind_listeners(cfg: DaemonConfig) -> tuple[socket.socket, socket.socket]:
+    """The API's and the admin API's sockets (`ListenError` for the first that cannot bind)."""
+    d = cfg.daemon
+    api = bind(d.host, d.port)
+    try:
+        admin = bind(d.admin_host, admin_port(cfg), admin=True)
+    except ListenError:
+        api.close()
+        raise
+    return api, admin
+
+
+def admin_port(cfg: DaemonConfig) -> int:
+    d = cfg.daemon
+    return d.admin_port or (d.port + 1 if d.port else 0)
+
+
 def configure_logging(fmt: str) -> None:
     renderer: Any = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"),
@@ -45,9 +89,11 @@ def configure_logging(fmt: str) -> None:
 
 
 async def serve(cfg: DaemonConfig, run_dir: Path, grace_s: float = 10.0, ready: Any = None,
-                runtime: type[Runtime] = Runtime) -> None:
+                runtime: type[Runtime] = Runtime, sockets: tuple[socket.socket, socket.socket] | None = None) -> None:
+    """`sockets`: the API's and the admin API's, bound (`bind_listeners`; bound here if None)."""
     d = cfg.daemon
     log = structlog.get_logger("deepserve.daemon")
+    api_sock, admin_sock = sockets if sockets is not None else bind_listeners(cfg)
     rt = runtime(cfg, run_dir)
     metrics = Metrics(cfg.model_name())
     rt.on_done = metrics.done
@@ -56,16 +102,15 @@ async def serve(cfg: DaemonConfig, run_dir: Path, grace_s: float = 10.0, ready: 
     await rt.start()
     api = _Server(uvicorn.Config(create_app(rt, metrics), host=d.host, port=d.port, log_level="warning",
                                  lifespan="off", timeout_graceful_shutdown=2))  # fmt: skip
-    admin_port = d.admin_port or (d.port + 1 if d.port else 0)
-    admin = _Server(uvicorn.Config(create_admin_app(rt, metrics, d.admin_token), host=d.admin_host, port=admin_port,
+    admin = _Server(uvicorn.Config(create_admin_app(rt, metrics, d.admin_token), host=d.admin_host, port=admin_port(cfg),
                                    log_level="warning", lifespan="off"))  # fmt: skip
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with asyncio.TaskGroup() as tg:
-        tg.create_task(api.serve())
-        tg.create_task(admin.serve())
+        tg.create_task(api.serve(sockets=[api_sock]))
+        tg.create_task(admin.serve(sockets=[admin_sock]))
         while not (api.started and admin.started):
             if api.should_exit or admin.should_exit:
                 raise SystemExit(f"deepserve: error: cannot listen on {d.host}:{d.port} or the admin port")

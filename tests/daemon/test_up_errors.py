@@ -1,0 +1,66 @@
+"""`deepserve up` refuses an address it cannot listen on, or a run directory it cannot make, before
+it writes anything: exit 2, one line naming the flag, no log left behind (a user tour: a port in
+use exited 3 with uvicorn's `ERROR: [Errno 98]` and a half-written daemon.db, so the same
+`--run-dir` was then refused as "already holds a daemon log"; a run dir under a regular file
+was `internal error: NotADirectoryError`)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def up(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "deepserve", "up", *args], capture_output=True, text=True,
+                          timeout=60, cwd=cwd)  # fmt: skip
+
+
+def one_error_line(r: subprocess.CompletedProcess[str], flag: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("deepserve: error: "), r.stderr
+    assert flag in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.fixture
+def taken() -> Iterator[int]:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    yield s.getsockname()[1]
+    s.close()
+
+
+def test_a_port_in_use_is_refused_before_the_log_is_written(tmp_path: Path, taken: int) -> None:
+    run_dir = tmp_path / "run"
+    for _ in range(2):  # the same run dir again: still the port's error, no leftover log in the way
+        r = up("--port", str(taken), "--run-dir", str(run_dir), cwd=tmp_path)
+        one_error_line(r, f"--port {taken}")
+        assert "address already in use" in r.stderr
+        assert not run_dir.exists()
+    r = up("--port", str(taken - 1), "--run-dir", str(run_dir), cwd=tmp_path)  # the admin port is taken
+    one_error_line(r, f"--port {taken - 1}")
+    assert "daemon.admin_port" in r.stderr and not run_dir.exists()
+
+
+def test_a_host_it_cannot_listen_on_names_host(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    for host in ("999.1.1.1", "192.0.2.1"):  # not an address; an address of no local interface
+        r = up("--host", host, "--port", "0", "--run-dir", str(run_dir), cwd=tmp_path)
+        one_error_line(r, f"--host {host}")
+        assert not run_dir.exists()
+
+
+def test_a_run_dir_that_cannot_be_made_names_run_dir(tmp_path: Path) -> None:
+    f = tmp_path / "file"
+    f.write_text("")
+    r = up("--port", "0", "--run-dir", str(f / "run"), cwd=tmp_path)
+    one_error_line(r, f"--run-dir {f / 'run'}")
+    assert "not a directory" in r.stderr
+    r = up("--port", "0", "--run-dir", str(f), cwd=tmp_path)
+    one_error_line(r, f"--run-dir {f}")
+    assert f.read_text() == ""
