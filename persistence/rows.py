@@ -142,11 +142,11 @@ def step_rows(
             evs.append(_crc32(_encode((sid, v))))
             n_evs += 1
         for o in outputs:
-            v = _output_values(fields(o))
+            ov = _output_values(fields(o))
             outs.append(sid)
             outs.append(run_id)
-            outs += v
-            outs.append(_crc32(_encode((sid, v))))
+            outs += ov
+            outs.append(_crc32(_encode((sid, ov))))
             n_outs += 1
         if snap is not None:
             v = tuple(fields(snap))
@@ -154,11 +154,11 @@ def step_rows(
             snaps.append(run_id)
             snaps += v
             snaps.append(_crc32(_encode((sid, v))))
-        v = _input_values(fields(inp))
+        iv = _input_values(fields(inp))
         ins.append(sid)
         ins.append(run_id)
-        ins += v
-        ins.append(_crc32(_encode((sid, v, n_evs, n_outs, snap is not None))))
+        ins += iv
+        ins.append(_crc32(_encode((sid, iv, n_evs, n_outs, snap is not None))))
     return StepRows(ins, evs, outs, snaps)
 
 
