@@ -38,6 +38,12 @@ class ChatMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     audio: Any = None
     function_call: Any = None
 
+    def __post_init__(self) -> None:
+        # As OpenAI: only an assistant turn (one that called tools) may have no content.
+        # msgspec reports this at the message's path (`messages[0]`); the text names the field.
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"content: required for a {self.role} message (got null)")
+
     def text(self) -> str:
         if self.content is None:
             return ""

@@ -42,12 +42,14 @@ def _error(exc: HttpError) -> JSONResponse:
 
 _UNKNOWN_FIELD = re.compile(r"Object contains unknown field `([^`]*)`(?: - at `\$\.?([^`]*)`)?")
 _MISSING_FIELD = re.compile(r"Object missing required field `([^`]*)`(?: - at `\$\.?([^`]*)`)?")
+# A check of our own in a request Struct's __post_init__: "field: why - at `$.path`"
+_OWN_CHECK = re.compile(r"([a-z_]+): .* - at `\$\.?([^`]*)`$")
 
 
 def _param_of(error: str) -> str | None:
     """The field a msgspec validation error is about, as OpenAI's `param` names it:
     `messages[0].role`; an unknown field by its own name (`max_token`)."""
-    named = _UNKNOWN_FIELD.match(error) or _MISSING_FIELD.match(error)
+    named = _UNKNOWN_FIELD.match(error) or _MISSING_FIELD.match(error) or _OWN_CHECK.match(error)
     if named:
         field, where = named.groups()
         return f"{where}.{field}" if where else field

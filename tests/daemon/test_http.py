@@ -134,6 +134,9 @@ def test_text_content_parts_read_as_their_text(daemon: dict[str, Any]) -> None:
         ("chat", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
          "messages[0].content[0].type", "image_url"),
         ("chat", {"max_token": 5}, "max_token", "unknown field"),  # a typo is not ignored
+        # only an assistant turn that called tools may have no content (a user tour: accepted)
+        ("chat", {"messages": [{"role": "user", "content": None}]}, "messages[0].content",
+         "required for a user message"),
         # a typo inside a message or stream_options too (a user tour: both were ignored)
         ("chat", {"messages": [{"role": "user", "content": "hi", "nmae": "bob"}]}, "messages[0].nmae",
          "unknown field"),
