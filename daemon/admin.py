@@ -77,6 +77,12 @@ def _check_pd_partner(sc: Scale, groups: dict[str, Any]) -> None:
 def _param_of(exc: Exception) -> str | None:
     """The body field an error names: msgspec's `$.field`, or our "field: problem"."""
     text = str(exc)
+    # a field missing or unknown is named by msgspec in backquotes (at the top level there is
+    # no `$.path`: param was null for `{}` and for an unknown field, a user tour)
+    named = re.match(r"Object (?:missing required|contains unknown) field `([^`]*)`(?: - at `\$\.?([^`]*)`)?", text)
+    if named is not None:
+        field, where = named.groups()
+        return f"{where}.{field}" if where else field
     m = re.search(r"at `\$\.([\w.\[\]]+)`", text) if isinstance(exc, msgspec.ValidationError) else None
     if m is not None:
         return m.group(1)

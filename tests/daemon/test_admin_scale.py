@@ -55,7 +55,9 @@ def test_token_scale_up_and_down(tmp_path: Path) -> None:
         assert denied.returncode == 2 and denied.stderr.count("\n") == 1 and "401" in denied.stderr
         # a field that does not apply to the fault's kind is named, not ignored (a user tour)
         for body, field in (({"kind": "link-down", "target": "s0/npu0/roce", "bw_factor": 5}, "bw_factor"),
-                            ({"kind": "hang-npu", "target": "hw/s0/npu0", "region": "kv"}, "region")):  # fmt: skip
+                            ({"kind": "hang-npu", "target": "hw/s0/npu0", "region": "kv"}, "region"),
+                            # missing and unknown fields too (their param was null)
+                            ({}, "kind"), ({"kind": "kill-te", "target": "te/0", "n": 1}, "n")):  # fmt: skip
             r = httpx.post(admin + "/admin/fault", json=body, headers=AUTH, timeout=10)
             assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
 
