@@ -35,32 +35,29 @@ def dense_ends(
     ends: list[float] = []
     s = start_s
     k = 0  # byte offset of the next pass's pick
-    for d in pre:
-        if varied:
-            d = d * table[picks[k] | (picks[k + 1] << 8)]
-        e = s + d
-        ends.append(e)
-        s = e + gap_s
-        k += 2
+    npre = len(pre)
     # The integer sums as floats, stepped by exact additions (every value is below 2**53)
     pairs, dp = float(pairs0 + lo * dpairs), float(dpairs)
     cached, dc = float(kv0 + lo * tokens), float(tokens)
-    for _ in range(n):
-        compute = flops_per_pair * pairs / peak  # op_time_s's roofline max of the attention core
-        memory = (kv_layer * cached + q_bytes) / bw
-        x = compute if compute >= memory else memory
-        x = x * layers + linear + collective + head
-        if floor > 0.0 and floor > x:
-            x = floor
-        d = fixed + x
-        if sampling >= 0.0:
-            d = d + sampling
+    for i in range(npre + n):
+        if i < npre:  # a head or lead pass: priced as a forward of its own
+            d = pre[i]
+        else:
+            compute = flops_per_pair * pairs / peak  # op_time_s's roofline max of the attention core
+            memory = (kv_layer * cached + q_bytes) / bw
+            x = compute if compute >= memory else memory
+            x = x * layers + linear + collective + head
+            if floor > 0.0 and floor > x:
+                x = floor
+            d = fixed + x
+            if sampling >= 0.0:
+                d = d + sampling
+            pairs += dp
+            cached += dc
         if varied:
             d = d * table[picks[k] | (picks[k + 1] << 8)]
         e = s + d
         ends.append(e)
         s = e + gap_s
         k += 2
-        pairs += dp
-        cached += dc
     return ends
