@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deepserve.actors.cluster.messages import ScaleGroup
-from deepserve.actors.ports.faults import HbmRegionFault, LinkDegrade, LinkDown, NpuHang
+from deepserve.actors.ports.faults import HbmRegionFault, LinkDegrade, LinkDown, LinkUp, NpuHang
 from deepserve.actors.ports.npu import DEFAULT_REGIONS
 from deepserve.actors.ports.pod import KillPod
 from deepserve.adapters.scenario.control import MANAGER_ADDR, PODS_ADDR
@@ -30,7 +30,7 @@ HBM_REGIONS = DEFAULT_REGIONS  # what a TE allocates ("weights", "kv"): a fault 
 
 
 class Fault(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    kind: Literal["kill-te", "hang-npu", "link-down", "link-degrade", "hbm-fault"]
+    kind: Literal["kill-te", "hang-npu", "link-down", "link-up", "link-degrade", "hbm-fault"]
     target: str  # a TE ("te/0"), an NPU ("hw/s0/npu3") or a link ("s0/npu3/roce")
     bw_factor: float | None = None  # link-degrade only (default 0.5)
     region: str | None = None  # hbm-fault only: an HBM region the TEs use (`HBM_REGIONS`; default kv)
@@ -115,8 +115,10 @@ def fault_inputs(rt: Runtime, f: Fault) -> list[tuple[str, Any]]:
                          f"(e.g. {', '.join(roce or links[:2])})")  # fmt: skip
     if f.kind == "link-degrade" and not 0 < bw_factor <= 1:
         raise ValueError(f"bw_factor: must be in (0, 1], got {bw_factor}")
-    msg2: Any = LinkDown(link=f.target) if f.kind == "link-down" else LinkDegrade(link=f.target, bw_factor=bw_factor)
-    return [(FABRIC, msg2)]
+    # link-up repairs a link: up, full bandwidth, no flapping (the fabric's LinkUp), so an
+    # engineer can end a link fault without restarting the daemon
+    msg2: Any = {"link-down": LinkDown(link=f.target), "link-up": LinkUp(link=f.target)}.get(f.kind)
+    return [(FABRIC, msg2 or LinkDegrade(link=f.target, bw_factor=bw_factor))]
 
 
 def _bad_limit(limit: int) -> JSONResponse:

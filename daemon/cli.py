@@ -14,7 +14,7 @@ from typing import Any
 from deepserve.adapters.scenario.loader import ScenarioError
 from deepserve.cli.util import CliError, print_json
 
-FAULTS = ("kill-te", "hang-npu", "link-down", "link-degrade", "hbm-fault")
+FAULTS = ("kill-te", "hang-npu", "link-down", "link-up", "link-degrade", "hbm-fault")
 
 
 def register_daemon(sub: Any) -> None:
@@ -39,7 +39,8 @@ def register_daemon(sub: Any) -> None:
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_status)
     ft = sub.add_parser("fault", help="inject a fault into the running daemon (recorded in its log)")
-    ft.add_argument("kind", choices=FAULTS)
+    ft.add_argument("kind", choices=FAULTS,
+                    help="link-up repairs a link that link-down or link-degrade broke (up, full bandwidth)")
     ft.add_argument("target", help="a TE (te/0), an NPU (hw/s0/npu1) or a link (s0/npu0/roce)")
     ft.add_argument("--bw-factor", type=float, default=None,
                     help="link-degrade: the share of bandwidth left, in (0, 1] (default 0.5)")

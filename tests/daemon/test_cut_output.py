@@ -1,7 +1,8 @@
 """A request cut after its first output token says so: a non-streamed one is a 503 naming how far
 it got and why (not a 200 with part of a text), a streamed one ends with an in-band error event
 (which the `openai` client raises). Driven by a real fault: the prefill TE's RoCE link goes down,
-so a P/D request's first token comes from prefill and its KV never reaches decode."""
+so a P/D request's first token comes from prefill and its KV never reaches decode. Once the link
+is repaired (`link-up`), every request finishes again."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ MODEL = "llama3-8b"
 REQUESTS = 24
 
 
-async def _load(url: str) -> list[tuple[str, str]]:
+async def _load(url: str, requests: int = REQUESTS) -> list[tuple[str, str]]:
     c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
 
     async def plain(i: int) -> tuple[str, str]:
@@ -31,8 +32,8 @@ async def _load(url: str) -> list[tuple[str, str]]:
             return ("error", f"{exc.status_code}: {exc.body['message']}")  # type: ignore[index]
 
     try:
-        plains = await asyncio.gather(*(plain(i) for i in range(REQUESTS)))
-        streams = await asyncio.gather(*(stream_story(c, MODEL, i, 6) for i in range(REQUESTS)))
+        plains = await asyncio.gather(*(plain(i) for i in range(requests)))
+        streams = await asyncio.gather(*(stream_story(c, MODEL, i, 6) for i in range(requests)))
     finally:
         await c.close()
     return [*plains, *streams]
@@ -47,6 +48,10 @@ def test_a_request_cut_after_output_is_an_error_not_a_partial_success(tmp_path: 
         r = httpx.post(info["admin_url"] + "/admin/fault", json={"kind": "link-down", "target": link}, timeout=10)
         assert r.status_code == 200, r.text
         results = asyncio.run(_load(info["url"]))
+        # the link repaired from the admin API, every request finishes again
+        r = httpx.post(info["admin_url"] + "/admin/fault", json={"kind": "link-up", "target": link}, timeout=10)
+        assert r.status_code == 200, r.text
+        repaired = asyncio.run(_load(info["url"], 8))
     finally:
         out = stop_daemon(proc)
     assert proc.returncode == 0, out
@@ -60,5 +65,6 @@ def test_a_request_cut_after_output_is_an_error_not_a_partial_success(tmp_path: 
         assert why.startswith("the request failed after 1 output token: "), why
     for kind, why in results:  # everything else ran to its end
         assert kind in ("error", "aborted") or why in ("length 6", "length"), (kind, why)
+    assert all(why in ("length 6", "length") for _, why in repaired), repaired
     with open_log(info["log"]) as log:
         assert verify(log).identical
