@@ -108,6 +108,11 @@ class TaskTokens(Message, frozen=True, kw_only=True):
     times_s: tuple[float, ...]
 
 
+# The reason of a decode task whose KV never arrived starts with this: the JE then keeps the job's
+# retries off the prefill TE too (the KV path between the two may be what failed).
+KV_TRANSFER_FAILED = "KV transfer failed"
+
+
 class TaskFinished(Message, frozen=True, kw_only=True):
     """The one terminal message of a task."""
 

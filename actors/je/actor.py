@@ -20,6 +20,7 @@ import msgspec
 
 from deepserve.actors.flowserve.master.pd import KvRelease
 from deepserve.actors.flowserve.messages import (
+    KV_TRANSFER_FAILED,
     SubmitTask,
     TaskAccepted,
     TaskFinished,
@@ -218,7 +219,10 @@ class JobExecutor(Actor[JeState]):
             if decision is None:
                 return
         else:
-            cands = self._candidates(j, ("colocated", "prefill"))
+            # a prefill is of use only with a decode TE to take its KV: when every decode TE has
+            # failed this job, its retry goes to a colocated TE
+            roles = ("colocated", "prefill") if not j.excluded or self._candidates(j, ("decode",)) else ("colocated",)
+            cands = self._candidates(j, roles)
             decision = self.policy.select(self._route_req(rid, j), cands, self.state.turns) if cands else None
             if decision is not None:
                 phase = "prefill" if decision.subgroup == "pd" else "chat"
@@ -231,11 +235,18 @@ class JobExecutor(Actor[JeState]):
                 ctx.after(self.cfg.forwarding.ttft_deadline_s, ParkTimeout(request_id=rid), key=f"park/{rid}")
             return
         if decision is None:
-            why = (f"every {phase} TE of model {j.model!r} failed this job; last: {last}" if last else
-                   f"no TE for model {j.model!r} (its TE group is empty)")
-            self._finish(ctx, rid, j, "failed", why)
+            self._finish(ctx, rid, j, "failed", self._no_te_why(j, phase, last))
             return
         self._send(ctx, rid, j, phase, attempt, decision)
+
+    def _no_te_why(self, j: Job, phase: str, last: str) -> str:
+        """Why no TE can take the job's next task, as it is: the group is empty, or every TE
+        that could take it failed this job (named)."""
+        if j.excluded:
+            tail = f"; last: {last}" if last else ""
+            return (f"no {phase} TE of model {j.model!r} left for it: {', '.join(j.excluded)} failed this "
+                    f"job{tail}")  # fmt: skip
+        return f"no TE for model {j.model!r} (its TE group is empty)"
 
     def _send(self, ctx: Context, rid: str, j: Job, phase: str, attempt: int, decision: Decision) -> None:
         tid = task_id(rid, phase, attempt)
@@ -409,7 +420,7 @@ class JobExecutor(Actor[JeState]):
                 return
             te = j.te
             ctx.record(JeTaskEnded(request_id=rid, task_id=m.task_id, te=te, status="completed", reason=m.reason))
-            ctx.record(JePrefilled(request_id=rid, first_token_s=m.first_token_s, kv=m.kv,
+            ctx.record(JePrefilled(request_id=rid, first_token_s=m.first_token_s, kv=m.kv, te=te,
                                    cached_prompt_tokens=m.cached_prompt_tokens, prompt_tokens=m.prompt_tokens))
             self._dispatch(ctx, rid, j, "decode", j.decodes + 1)  # a restarted job's next decode
             if self.cfg.forwarding.mode == "on_demand":
@@ -422,7 +433,9 @@ class JobExecutor(Actor[JeState]):
 
     def _task_failed(self, ctx: Context, rid: str, j: Job, reason: str) -> None:
         te, phase, attempt = j.te, j.phase, j.attempt
-        ctx.record(JeTaskEnded(request_id=rid, task_id=j.task_id, te=te, status="failed", reason=reason))
+        kv_lost = phase == "decode" and KV_TRANSFER_FAILED in reason
+        ctx.record(JeTaskEnded(request_id=rid, task_id=j.task_id, te=te, status="failed", reason=reason,
+                               prefill_te=j.prefill_te if kv_lost else ""))  # fmt: skip
         if j.cancelled:
             self._finish(ctx, rid, j, "cancelled", j.cancelled)
             return
@@ -435,7 +448,7 @@ class JobExecutor(Actor[JeState]):
         restart = phase == "decode"
         tries = j.start_attempt if restart else attempt
         if tries >= self.cfg.max_attempts:
-            self._finish(ctx, rid, j, "failed", f"gave up after {tries} attempts: {reason}")
+            self._finish(ctx, rid, j, "failed", f"gave up after {tries} attempt{'s' if tries > 1 else ''}: {reason}")
         else:
             self._dispatch(ctx, rid, j, "chat" if restart else phase, tries + 1, reason)
 

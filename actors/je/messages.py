@@ -199,6 +199,9 @@ class JeTaskEnded(Event, frozen=True, kw_only=True):
     te: str
     status: str
     reason: str
+    # also excluded from the job's retries: the prefill TE whose KV never reached the failed
+    # decode (the link between them may be what failed; no heartbeat covers a link)
+    prefill_te: str = ""
 
 
 class JePrefilled(Event, frozen=True, kw_only=True):
@@ -207,6 +210,7 @@ class JePrefilled(Event, frozen=True, kw_only=True):
     cached_prompt_tokens: int
     prompt_tokens: int
     kv: KvHandle
+    te: str = ""  # the prefill TE holding the KV: a failed decode excludes it too
 
 
 class JobFinished(Event, frozen=True, kw_only=True):
@@ -258,6 +262,7 @@ class Job(msgspec.Struct, kw_only=True):
     prompt_tokens: int = 0
     output_tokens: int = 0  # produced by the current attempt so far (TaskStreamed)
     kv: KvHandle | None = None
+    prefill_te: str = ""  # the TE that prefilled `kv` (JePrefilled)
     cancelled: str = ""  # why the requester cancelled it ("": not cancelled)
     cancel_completes: bool = False  # ... and it ends completed, not cancelled (a stop sequence)
 

@@ -35,8 +35,10 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
         j = s.jobs[e.request_id]  # type: ignore[attr-defined]
         _close(s, j.te)
         j.te, j.acked = "", False
-        if e.status != "completed" and e.te not in j.excluded:  # type: ignore[attr-defined]
-            j.excluded.append(e.te)  # type: ignore[attr-defined]
+        if e.status != "completed":  # type: ignore[attr-defined]
+            for te in (e.te, e.prefill_te):  # type: ignore[attr-defined]
+                if te and te not in j.excluded:
+                    j.excluded.append(te)
     elif t is TaskAcked:
         j = s.jobs[e.task_id.rpartition("/")[0]]  # type: ignore[attr-defined]
         j.acked = True
@@ -71,7 +73,7 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
             j.refused = []
     elif t is JePrefilled:
         j = s.jobs[e.request_id]  # type: ignore[attr-defined]
-        j.first_token_s, j.kv = e.first_token_s, e.kv  # type: ignore[attr-defined]
+        j.first_token_s, j.kv, j.prefill_te = e.first_token_s, e.kv, e.te  # type: ignore[attr-defined]
         j.cached_prompt_tokens, j.prompt_tokens = e.cached_prompt_tokens, e.prompt_tokens  # type: ignore[attr-defined]
         _close(s, j.te)
         j.te = ""

@@ -39,14 +39,20 @@ async def _load(url: str, requests: int = REQUESTS) -> list[tuple[str, str]]:
     return [*plains, *streams]
 
 
+def _break_prefill_link(info: dict) -> str:
+    st = httpx.get(info["admin_url"] + "/admin/status", timeout=10).json()
+    (prefill,) = [t for t in st["tes"] if t["role"] == "prefill"]
+    link = prefill["npus"][0].removeprefix("hw/") + "/roce"
+    r = httpx.post(info["admin_url"] + "/admin/fault", json={"kind": "link-down", "target": link}, timeout=10)
+    assert r.status_code == 200, r.text
+    return link
+
+
 def test_a_request_cut_after_output_is_an_error_not_a_partial_success(tmp_path: Path) -> None:
-    proc, info = start_daemon(tmp_path / "run", "--set", "cluster.tes=1")
+    # one attempt: a non-streamed request cut after its first token is not retried either
+    proc, info = start_daemon(tmp_path / "run", "--set", "cluster.tes=1", "--set", "scheduling.max_attempts=1")
     try:
-        st = httpx.get(info["admin_url"] + "/admin/status", timeout=10).json()
-        (prefill,) = [t for t in st["tes"] if t["role"] == "prefill"]
-        link = prefill["npus"][0].removeprefix("hw/") + "/roce"
-        r = httpx.post(info["admin_url"] + "/admin/fault", json={"kind": "link-down", "target": link}, timeout=10)
-        assert r.status_code == 200, r.text
+        link = _break_prefill_link(info)
         results = asyncio.run(_load(info["url"]))
         # the link repaired from the admin API, every request finishes again
         r = httpx.post(info["admin_url"] + "/admin/fault", json={"kind": "link-up", "target": link}, timeout=10)
@@ -60,11 +66,29 @@ def test_a_request_cut_after_output_is_an_error_not_a_partial_success(tmp_path: 
     aborted = [why for kind, why in streamed if kind == "aborted"]
     assert cut and aborted, results  # the fault hit P/D requests both ways
     for why in cut:
-        assert why.startswith("503: the request failed after 1 output token: "), why
+        assert why.startswith("503: the request failed after 1 output token: gave up after 1 attempt: "), why
     for why in aborted:
         assert why.startswith("the request failed after 1 output token: "), why
     for kind, why in results:  # everything else ran to its end
         assert kind in ("error", "aborted") or why in ("length 6", "length"), (kind, why)
     assert all(why in ("length 6", "length") for _, why in repaired), repaired
+    with open_log(info["log"]) as log:
+        assert verify(log).identical
+
+
+def test_a_non_streamed_request_whose_kv_was_lost_is_retried_off_the_broken_pair(tmp_path: Path) -> None:
+    """A tour: with the prefill TE's link down, a non-streamed request's retry went back to the
+    same prefill TE and then failed, saying the model's TE group was empty. Now the retry avoids
+    the pair (the JE excludes the prefill TE too) and a colocated TE answers it."""
+    proc, info = start_daemon(tmp_path / "run", "--set", "cluster.tes=1")
+    try:
+        _break_prefill_link(info)
+        results = asyncio.run(_load(info["url"]))
+    finally:
+        out = stop_daemon(proc)
+    assert proc.returncode == 0, out
+    plain, streamed = results[:REQUESTS], results[REQUESTS:]
+    assert all(why == "length 6" for _, why in plain), plain
+    assert any(kind == "aborted" for kind, _ in streamed), streamed  # streamed ones saw output: cut
     with open_log(info["log"]) as log:
         assert verify(log).identical

@@ -48,7 +48,7 @@ from deepserve.actors.flowserve.master.state import (
     TransferHeld,
     TransferReleased,
 )
-from deepserve.actors.flowserve.messages import KvHandle, SubmitTask
+from deepserve.actors.flowserve.messages import KV_TRANSFER_FAILED, KvHandle, SubmitTask
 from deepserve.actors.flowserve.tokens import (
     blocks_needed,
     emulated_token,
@@ -165,7 +165,7 @@ def received(m: DpMaster, ctx: Context, tid: str, ok: bool, reason: str) -> None
     if r.cancelled is not None:
         m.end(ctx, r, "cancelled", r.cancelled)
     elif not ok:
-        m.end(ctx, r, "failed", f"KV transfer failed: {reason}")
+        m.end(ctx, r, "failed", f"{KV_TRANSFER_FAILED}: {reason}")
     else:
         computed = r.task.prompt.num_tokens
         ctx.record(TaskStatus(task_id=tid, status=WAITING, num_computed=computed))

@@ -5,6 +5,7 @@ The real TEs are exercised by the scenario tests."""
 from __future__ import annotations
 
 from deepserve.actors.flowserve.messages import (
+    KV_TRANSFER_FAILED,
     KvHandle,
     SubmitTask,
     TaskAccepted,
@@ -23,7 +24,8 @@ class ScriptedTe(Actor[dict]):
     """`behaviour`: "ok", "reject", "reject_first" (rejects its first `n` tasks), "dead" (never
     answers), "fail_early" (fails before any token), "fail_late" (streams a token, then fails),
     "slots" (a prefill without a local queue: holds at most `n` tasks, refuses beyond),
-    "stream" (streams its first token at once, then works normally)."""
+    "stream" (streams its first token at once, then works normally), "kv_lost" (a decode whose
+    KV never arrives fails saying so; other tasks work)."""
 
     def __init__(self, behaviour: str = "ok", n: int = 0, tpot_s: float = 0.01) -> None:
         self.behaviour, self.n, self.tpot = behaviour, n, tpot_s
@@ -52,6 +54,10 @@ class ScriptedTe(Actor[dict]):
             now = ctx.now()
             if self.behaviour in ("fail_early", "fail_late"):
                 ctx.send(t.reply_to, _finished(t, "failed", "NPU crashed", now, ctx.self, None))
+                return
+            if self.behaviour == "kv_lost" and t.kind == "decode":
+                why = f"{KV_TRANSFER_FAILED}: link s1/npu0/roce is down"
+                ctx.send(t.reply_to, _finished(t, "failed", why, now, ctx.self, None))
                 return
             kv = None
             if t.kind == "prefill":

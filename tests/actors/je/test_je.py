@@ -150,6 +150,26 @@ def test_a_non_streamed_pd_job_whose_decode_fails_starts_over_from_a_new_prefill
     assert verify(MemoryLog(d.sink)).identical
 
 
+def test_a_decode_whose_kv_never_arrived_is_retried_off_its_prefill_te_too() -> None:
+    """The KV path between a P/D pair may be what failed (a link down: no heartbeat sees it), so
+    the retry avoids the prefill TE as well and goes to a colocated TE (a tour: it went back to
+    the same prefill and then failed, saying the TE group was empty)."""
+    tes = {"c/0": {}, "p/0": {}, "d/0": {"behaviour": "kv_lost"}}
+    first, quiet = job(0), msgspec.structs.replace(job(1), stream=False)
+    roles = {"colocated": ["c/0"], "prefill": ["p/0"], "decode": ["d/0"]}
+    d, out = run(tes, roles, [first, quiet])
+    r = done_of(out)["r1"]
+    assert (r.status, r.te) == ("completed", "c/0"), r
+    assert [(e.task_id, e.decision.chosen) for e in decisions(d) if e.request_id == "r1"] == [
+        ("r1/prefill.1", "p/0"), ("r1/decode.1", "d/0"), ("r1/chat.2", "c/0")]
+    assert verify(MemoryLog(d.sink)).identical
+    # with no other path left, the failure names the TEs that failed the job
+    d, out = run(tes, {"prefill": ["p/0"], "decode": ["d/0"]}, [quiet])
+    r = done_of(out)["r1"]
+    assert r.status == "failed" and r.reason.startswith(
+        "no chat TE of model 'm' left for it: d/0, p/0 failed this job; last: failed on d/0: KV transfer failed"), r
+
+
 def test_dead_te_times_out_and_the_task_moves_on() -> None:
     tes = {"te/0": {"behaviour": "dead"}, "te/1": {}}
     d, out = run(tes, {"colocated": list(tes)}, [job(0)], {"forwarding": {"accept_timeout_s": 0.5}})
