@@ -135,6 +135,16 @@ class Frontend:
             raise HttpError(429, str(exc), "rate_limit_error", headers={"Retry-After": "1"}) from None
         except NoCapacity as exc:
             raise HttpError(503, str(exc), "service_unavailable") from None
+        try:
+            return await self._serve(request, req, stops, kind, rid, q)
+        except HttpError as exc:  # accepted, so in the log: the client can name it (`replay why`)
+            exc.headers = {**(exc.headers or {}), "X-Request-Id": rid}
+            raise
+
+    async def _serve(self, request: Request, req: Any, stops: list[str], kind: str, rid: str,
+                     q: Any) -> Response:  # fmt: skip
+        """An accepted request from its first item to its response."""
+        rt, cfg = self.rt, self.cfg
         t0 = time.perf_counter()
         try:
             first = await first_item(request, q, cfg.ttft_deadline_s)

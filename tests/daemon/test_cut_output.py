@@ -20,6 +20,9 @@ MODEL = "llama3-8b"
 REQUESTS = 24
 
 
+ERROR_IDS: list[str | None] = []  # X-Request-Id of each error response (`_load`)
+
+
 async def _load(url: str, requests: int = REQUESTS) -> list[tuple[str, str]]:
     c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
 
@@ -29,6 +32,7 @@ async def _load(url: str, requests: int = REQUESTS) -> list[tuple[str, str]]:
                                            extra_body={"ignore_eos": True})  # fmt: skip
             return ("finished", f"{r.choices[0].finish_reason} {r.usage.completion_tokens}")
         except openai.APIStatusError as exc:
+            ERROR_IDS.append(exc.response.headers.get("x-request-id"))
             return ("error", f"{exc.status_code}: {exc.body['message']}")  # type: ignore[index]
 
     try:
@@ -50,6 +54,7 @@ def _break_prefill_link(info: dict) -> str:
 
 def test_a_request_cut_after_output_is_an_error_not_a_partial_success(tmp_path: Path) -> None:
     # one attempt: a non-streamed request cut after its first token is not retried either
+    ERROR_IDS.clear()
     proc, info = start_daemon(tmp_path / "run", "--set", "cluster.tes=1", "--set", "scheduling.max_attempts=1")
     try:
         link = _break_prefill_link(info)
@@ -67,6 +72,8 @@ def test_a_request_cut_after_output_is_an_error_not_a_partial_success(tmp_path: 
     assert cut and aborted, results  # the fault hit P/D requests both ways
     for why in cut:
         assert why.startswith("503: the request failed after 1 output token: gave up after 1 attempt: "), why
+    # an accepted request's error names it, for `replay why` (a tour: only a 200 did)
+    assert len(ERROR_IDS) == len(cut) and all(i and i.startswith("cmpl-") for i in ERROR_IDS), ERROR_IDS
     for why in aborted:
         assert why.startswith("the request failed after 1 output token: "), why
     for kind, why in results:  # everything else ran to its end
