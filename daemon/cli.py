@@ -55,7 +55,7 @@ def register_daemon(sub: Any) -> None:
 
 
 def _admin_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--admin-url", help="the admin API (default: from runs/daemon.json)")
+    p.add_argument("--admin-url", help="the admin API (default: the daemon runs/daemons/ names)")
     p.add_argument("--token", default="", help="bearer token, when the daemon requires one")
 
 
@@ -134,25 +134,44 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _pointed_url() -> str:
-    """The admin URL of the daemon `runs/daemon.json` names (written by `deepserve up` in this
-    directory, removed at its clean stop), if that daemon still runs."""
-    pointer = Path("runs/daemon.json")
-    try:
-        info = json.loads(pointer.read_text())
-        url, pid = str(info["admin_url"]), int(info["pid"])
-    except FileNotFoundError:
-        raise CliError("no running daemon found here (no runs/daemon.json): start one with "
-                       "`deepserve up`, or pass --admin-url") from None  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CliError(f"runs/daemon.json is unreadable ({exc}); pass --admin-url") from None
+    """The admin URL of the one running daemon started in this directory (`runs/daemons/<pid>.json`,
+    written by `deepserve up`, removed at its clean stop); several running: name them."""
+    live, gone = _pointed_daemons()
+    if len(live) == 1:
+        return str(live[0]["admin_url"])
+    if live:
+        named = "; ".join(f"pid {d['pid']} admin {d['admin_url']} (run dir {d.get('run_dir', '?')})" for d in live)
+        raise CliError(f"{len(live)} daemons run from here: {named}: pass --admin-url")
+    if gone:
+        d = gone[-1]
+        raise CliError(f"the daemon runs/daemons/ names (pid {d['pid']}, {d['admin_url']}) is not running: start "
+                       "one with `deepserve up`, or pass --admin-url")  # fmt: skip
+    raise CliError("no running daemon found here (runs/daemons/ names none): start one with "
+                   "`deepserve up`, or pass --admin-url")  # fmt: skip
+
+
+def _pointed_daemons() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(running, gone) daemons of the pointers in runs/daemons/, each by pid order."""
+    live: list[dict[str, Any]] = []
+    gone: list[dict[str, Any]] = []
+    for path in sorted(Path("runs/daemons").glob("*.json")):
+        try:
+            info = json.loads(path.read_text())
+            str(info["admin_url"]), int(info["pid"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CliError(f"{path} is unreadable ({exc}); pass --admin-url") from None
+        (live if _running(int(info["pid"])) else gone).append(info)
+    return live, gone
+
+
+def _running(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        raise CliError(f"the daemon runs/daemon.json names (pid {pid}, {url}) is not running: start "
-                       "one with `deepserve up`, or pass --admin-url") from None  # fmt: skip
+        return False
     except PermissionError:
         pass  # it runs, as another user
-    return url
+    return True
 
 
 def _admin(args: argparse.Namespace, path: str, body: dict[str, Any] | None = None) -> Any:

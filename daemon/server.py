@@ -28,7 +28,9 @@ from .http import create_app
 from .metrics import Metrics
 from .runtime import Runtime
 
-POINTER = Path("runs/daemon.json")  # where `deepserve status` finds the running daemon
+# Where `deepserve status` finds the running daemons: one pointer each (several may run from one
+# directory; one pointer for all let a second daemon take over the first's silently, a tour).
+POINTERS = Path("runs/daemons")
 
 
 class _Server(uvicorn.Server):
@@ -119,8 +121,8 @@ async def serve(cfg: DaemonConfig, run_dir: Path, grace_s: float = 10.0, ready: 
                 "run_dir": str(run_dir), "log": str(rt.log_path), "pid": os.getpid()}  # fmt: skip
         _write_atomically(run_dir / "daemon.json", json.dumps(info))
         with contextlib.suppress(OSError):
-            POINTER.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomically(POINTER, json.dumps(info))
+            POINTERS.mkdir(parents=True, exist_ok=True)
+            _write_atomically(pointer_of(os.getpid()), json.dumps(info))
         log.info("deepserve up", model=cfg.model_name(), tes=len(rt.placement.tes), **info)
         print(f"deepserve: serving {cfg.model_name()} at {info['url']}/v1  admin {info['admin_url']}  "
               f"log {rt.log_path}", flush=True)  # fmt: skip
@@ -143,11 +145,14 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def pointer_of(pid: int) -> Path:
+    return POINTERS / f"{pid}.json"
+
+
 def _drop_pointer(pid: int) -> None:
-    """Remove `runs/daemon.json` if it still names this daemon (another may have started since)."""
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        if json.loads(POINTER.read_text())["pid"] == pid:
-            POINTER.unlink()
+    """Remove this daemon's pointer at its clean stop."""
+    with contextlib.suppress(OSError):
+        pointer_of(pid).unlink()
 
 
 def default_run_dir() -> Path:

@@ -5,6 +5,7 @@ request; with `max_inflight = 1` a second request meanwhile is a 429 with Retry-
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -104,10 +105,26 @@ def test_status_without_a_running_daemon_says_so(tmp_path: Path) -> None:
                               timeout=60, cwd=tmp_path)  # fmt: skip
 
     r = status()
-    assert r.returncode == 2 and "no running daemon found here (no runs/daemon.json)" in r.stderr
-    (tmp_path / "runs").mkdir()
+    assert r.returncode == 2 and "no running daemon found here (runs/daemons/ names none)" in r.stderr
+    (tmp_path / "runs" / "daemons").mkdir(parents=True)
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    (tmp_path / "runs" / "daemon.json").write_text(f'{{"admin_url": "http://127.0.0.1:9", "pid": {gone.stdout}}}')
+    pid = int(gone.stdout)
+    (tmp_path / "runs" / "daemons" / f"{pid}.json").write_text(f'{{"admin_url": "http://127.0.0.1:9", "pid": {pid}}}')
     r = status()  # a pointer left by a daemon that is gone (killed: a clean stop removes it)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert f"(pid {int(gone.stdout)}, http://127.0.0.1:9) is not running" in r.stderr
+    # two running (this test's process and a child stand in for two daemons): status names both
+    # and asks which, instead of picking the one that wrote last (a tour: a second `up` took over)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for p, port in ((os.getpid(), 7), (child.pid, 8)):
+            (tmp_path / "runs" / "daemons" / f"{p}.json").write_text(
+                f'{{"admin_url": "http://127.0.0.1:{port}", "pid": {p}, "run_dir": "r{port}"}}')
+        r = status()
+    finally:
+        child.kill()
+        child.wait()
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "2 daemons run from here: " in r.stderr and r.stderr.rstrip().endswith("pass --admin-url"), r.stderr
+    assert f"pid {os.getpid()} admin http://127.0.0.1:7 (run dir r7)" in r.stderr
+    assert f"pid {child.pid} admin http://127.0.0.1:8 (run dir r8)" in r.stderr
