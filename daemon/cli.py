@@ -86,11 +86,18 @@ def _up(args: argparse.Namespace) -> int:
     if (run_dir / "daemon.db").exists():
         raise CliError(f"--run-dir {run_dir} already holds a daemon log; choose a new directory")
     # Checked before anything is written: a failure here leaves no half-made log behind.
-    _check_run_dir(run_dir, "daemon.run_dir" if cfg.daemon.run_dir and not args.run_dir else "--run-dir")
+    flag = "daemon.run_dir" if cfg.daemon.run_dir and not args.run_dir else "--run-dir"
+    _check_run_dir(run_dir, flag)
     try:
         sockets = bind_listeners(cfg)
     except ListenError as exc:
         raise CliError(f"{_listen_flag(args, cfg, exc.key)}: {exc}") from None
+    try:  # made here, after the checks: a path the checks pass may still refuse (root under /proc)
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        for s in sockets:
+            s.close()
+        raise CliError(f"{flag} {run_dir}: cannot be made: {exc.strerror or exc}") from None
     configure_logging(cfg.daemon.log_format)
     if args.processes:
         from .procs.runtime import ProcRuntime

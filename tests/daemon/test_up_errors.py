@@ -64,3 +64,6 @@ def test_a_run_dir_that_cannot_be_made_names_run_dir(tmp_path: Path) -> None:
     r = up("--port", "0", "--run-dir", str(f), cwd=tmp_path)
     one_error_line(r, f"--run-dir {f}")
     assert f.read_text() == ""
+    # a path the checks pass but the kernel refuses (even root cannot make a directory in /proc)
+    r = up("--port", "0", "--run-dir", "/proc/deepserve-nope/run", cwd=tmp_path)
+    one_error_line(r, "--run-dir /proc/deepserve-nope/run: cannot be made")
