@@ -2,7 +2,8 @@
 
 Reads only the log: the gateway's `GatewayRouted`/`GatewayRefused` (admission, the JE drawn),
 the JE's `RouteDecided` (each task's policy, parameters, candidates ranked with their loads and
-prefix matches, heatmap cell, predicted bucket), task ends and refusals, and the terminal record;
+prefix matches, heatmap cell, predicted bucket), task ends and refusals, a cancel the client asked
+for (`JobCancelRequested`: a TTFT deadline, a disconnect, a stop sequence), and the terminal record;
 runs driven by the workload stand-in (`deepserve sim`) show its `RequestDispatched` round-robin
 hops, its `RequestPrefilled` (P/D) and `RequestFinished` instead. Streams the log once, decoding
 only the event types it shows.
@@ -20,7 +21,7 @@ from .common import ReplayError, first_few, pick_run
 
 HOP_TYPES = frozenset({
     "GatewayRouted", "GatewayRefused", "RouteDecided", "OfferRefused", "JeTaskEnded", "JePrefilled",
-    "JobFinished", "RequestDispatched", "RequestPrefilled", "RequestFinished",
+    "JobFinished", "RequestDispatched", "RequestPrefilled", "RequestFinished", "JobCancelRequested",
 })  # fmt: skip
 TERMINAL = ("JobFinished", "RequestFinished")
 MAX_KNOWN = 8  # request ids named when the one asked for is absent
@@ -90,6 +91,9 @@ def _hop_lines(h: dict[str, Any]) -> Iterator[str]:
                else f"{at}  {who}: every prefill refused this sweep; offering again after a pause")
     elif ev == "JeTaskEnded" and h["status"] != "completed":
         yield f"{at}  {who}: task {h['task_id']} on {h['te']} {h['status']}: {h['reason']}"
+    elif ev == "JobCancelRequested":  # when the client gave up (TTFT deadline, disconnect, stop)
+        then = "it ends completed (a stop sequence)" if h["completed"] else "cancelling its task"
+        yield f"{at}  {who}: cancel requested: {h['reason']}; {then}"
     elif ev == "JePrefilled":
         yield f"{at}  {who}: prefill done ({h['cached_prompt_tokens']}/{h['prompt_tokens']} prompt tokens cached)"
     elif ev == "RequestDispatched":

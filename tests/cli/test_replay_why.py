@@ -17,7 +17,7 @@ from deepserve.actors.flowserve.messages import Prompt, Sampling  # noqa: E402
 from deepserve.actors.gateway.actor import Gateway  # noqa: E402
 from deepserve.actors.gateway.messages import ApiRequest  # noqa: E402
 from deepserve.actors.je.actor import JobExecutor  # noqa: E402
-from deepserve.actors.je.messages import TeGroupMembership  # noqa: E402
+from deepserve.actors.je.messages import CancelJob, TeGroupMembership  # noqa: E402
 from deepserve.core import SimDriver  # noqa: E402
 from deepserve.persistence import open_sink  # noqa: E402
 
@@ -40,10 +40,13 @@ def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for role, members in {"colocated": ("c/0", "c/1"), "prefill": ("p/0", "p/1"), "decode": ("d/0",)}.items():
             d.inject(je, TeGroupMembership(model="m", role=role, tes=members), at=0.0)  # type: ignore[arg-type]
     d.spawn("gw", Gateway, config={"jes": ["je/0", "je/1"]})
-    for i, n in enumerate((500, 4000)):  # short prompt -> colocated; long -> PD (heatmap)
+    for i, n in enumerate((500, 4000, 500)):  # short prompt -> colocated; long -> PD (heatmap)
         d.inject("gw", ApiRequest(request_id=f"r{i}", model="m", prompt=Prompt(num_tokens=n, block_hashes=(1, 2, 3)),
                                   sampling=Sampling(max_tokens=4, target_output_tokens=4), reply_to="ext/client"),
                  at=0.01 + i, corr=f"r{i}")
+    for je in ("je/0", "je/1"):  # r2's client gives up (the daemon's TTFT deadline does this)
+        d.inject(je, CancelJob(request_id="r2", reason="no first token within 0.01 s (TTFT deadline)"),
+                 at=2.02, corr="r2")
     d.run(until=30.0)
     sink.close()
     return path
@@ -79,7 +82,16 @@ def test_why_json_has_every_hop_with_the_decision_inputs(log: Path, tmp_path: Pa
 
 def test_why_unknown_request_is_exit_2_saying_how_to_find_ids(log: Path, tmp_path: Path) -> None:
     res = deepserve("replay", "why", str(log), "nope", cwd=tmp_path)
-    assert_one_line_error(res, "no request 'nope'", "(requests: r0, r1)")
+    assert_one_line_error(res, "no request 'nope'", "(requests: r0, r1, r2)")
+
+
+def test_why_shows_when_the_client_gave_up(log: Path, tmp_path: Path) -> None:
+    """A tour: a request cancelled at its TTFT deadline showed only its end, seconds later
+    (when its TE answered the cancel), not the moment the client was told 504."""
+    out = deepserve("replay", "why", str(log), "r2", cwd=tmp_path).stdout
+    cancel = [line for line in out.splitlines() if "cancel requested" in line]
+    assert cancel == ["t=2.020000  je/0: cancel requested: no first token within 0.01 s (TTFT deadline); "
+                      "cancelling its task"], out
 
 
 def test_why_on_a_simulation_log_shows_the_workload_hops(tmp_path: Path) -> None:
