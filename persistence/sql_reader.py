@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import msgspec
-from sqlalchemy import Row, Select, Table, select
+from sqlalchemy import Row, Select, Table, func, select
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import ColumnElement, Executable
 from sqlalchemy.sql.visitors import InternalTraversal
@@ -192,15 +192,30 @@ class SqlLog(LogReader):
 
     def check_pages(self) -> None:
         """Every page of every run against its checksum (`LogError` at the first that
-        fails): part of `check_integrity` for a file that holds pages."""
+        fails), then that no step is missing: part of `check_integrity` for a SQLite file."""
         c = pages.c
         stmt = select(c.run_id, c.id, c.body, c.crc32, c.steps, c.t_first, c.t_last, c.first_step)
         ends: dict[str, int] = {}  # where each run's previous page ended
+        paged = 0
         for chunk in self.db.chunks(stmt.order_by(c.id), PAGE_CHUNK):
             for run, page_id, body, crc, steps, t_first, t_last, first in chunk:
                 head = PageHead(steps, t_first, t_last)
                 ends[run] = check_page_head(self.label, run, (page_id, body, crc), head, first,
                                             ends.get(run))  # fmt: skip
+                paged += steps
+        self._check_no_step_missing(paged, max(ends.values(), default=1) - 1)
+
+    def _check_no_step_missing(self, paged: int, last_paged: int) -> None:
+        """Step ids run 1..N without a gap in a SQLite log (rows and pages draw them from one
+        sequence, under the write lock): a deleted input row or page leaves one, which no
+        checksum sees (the rows and pages left are intact) and which readers other than
+        verify would skip silently (a tour: `replay why` left a hop out)."""
+        rows, last_row = self.db.all(select(func.count(), func.coalesce(func.max(inputs.c.id), 0)))[0]
+        last = max(last_row, last_paged)
+        if rows + paged != last:
+            raise LogError(f"{self.label}: damaged log: it holds {rows + paged:,} steps but its step ids "
+                           f"run 1..{last:,}: {last - rows - paged:,} are missing or repeated (a deleted "
+                           "row or page; its records cannot be trusted)")  # fmt: skip
 
     def paged_steps(self, run: str, where: StepFilter) -> Iterator[Step]:
         """The steps of a paged run that `where` selects (`pages.page_steps`)."""

@@ -146,3 +146,29 @@ def test_a_damaged_file_in_a_run_directory_is_named(demo_log: Path, tmp_path: Pa
     _damage(demo_log, run_dir / "b.db", "ix_inputs_actor")
     res = deepserve("replay", "log", str(run_dir), cwd=tmp_path)
     assert_one_line_error(res, str(run_dir / "b.db"), "damaged SQLite file")
+
+
+@pytest.mark.parametrize("layout", ["rows", "pages"])
+def test_every_replay_command_refuses_a_log_missing_a_step(demo_log: Path, tmp_path: Path, layout) -> None:
+    """A deleted step (an input row with its children, or a whole page) leaves every checksum
+    intact; the gap in the step ids gives it away (a tour: `replay why` left a hop out, exit 0)."""
+    bad = tmp_path / "bad.db"
+    if layout == "rows":
+        shutil.copy(demo_log, bad)
+    else:  # 4 pages: the second one goes
+        assert deepserve("sim", "example", "--requests", "800", "--log", str(bad), cwd=tmp_path).returncode == 0
+        _checkpointed(bad)
+    with sqlite3.connect(bad) as db:
+        if layout == "rows":
+            (step,) = db.execute("SELECT id FROM inputs ORDER BY id LIMIT 1 OFFSET 40").fetchone()
+            for table in ("events", "outputs", "snapshots"):
+                db.execute(f"DELETE FROM {table} WHERE step_id = ?", (step,))
+            db.execute("DELETE FROM inputs WHERE id = ?", (step,))
+        else:
+            db.execute("DELETE FROM pages WHERE id = (SELECT id FROM pages ORDER BY id LIMIT 1 OFFSET 1)")
+    assert _integrity(bad) == "ok"
+    for command, *rest in COMMANDS:
+        res = deepserve("replay", command, str(bad), *rest, cwd=tmp_path)
+        line = assert_one_line_error(res, str(bad), "damaged log: it holds ")
+        assert "are missing or repeated (a deleted row or page" in line, line
+        assert res.stdout == "", (command, res.stdout[:200])
