@@ -38,6 +38,9 @@ class Metrics:
                              buckets=BUCKETS)  # fmt: skip
         self.success = Counter("vllm:request_success", "Finished requests", [*lbl, "finished_reason"], registry=r)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens", lbl, registry=r)
+        # Counted as tokens arrive, as vLLM's engine counts them: an attempt a retry discarded made
+        # its tokens too, and its gaps are in the ITL histogram (counted at the end from the
+        # final attempt alone, the histogram held more gaps than there were tokens, a tour).
         self.gen_tokens = Counter("vllm:generation_tokens", "Generated tokens", lbl, registry=r)
         self.running = Gauge("vllm:num_requests_running", "Running requests", lbl, registry=r)
         self.waiting = Gauge("vllm:num_requests_waiting", "Waiting requests", lbl, registry=r)
@@ -61,6 +64,7 @@ class Metrics:
     def tokens(self, msg: TaskTokens) -> None:
         """Each gap between consecutive output tokens of a request (emulated token times)."""
         itl = self.itl.labels(self.model)
+        self.gen_tokens.labels(self.model).inc(len(msg.times_s))
         # token 0 again: a retry from scratch (a non-streamed request), no gap to the failed attempt
         prev = self._last_token_s.get(msg.request_id) if msg.first_index else None
         for t in msg.times_s:
@@ -80,7 +84,6 @@ class Metrics:
         self.terminal.labels(d.status).inc()
         self.success.labels(m, d.reason if d.status == "completed" else d.status).inc()
         self.prompt_tokens.labels(m).inc(d.prompt_tokens)
-        self.gen_tokens.labels(m).inc(d.output_tokens)
         self.pc_queries.labels(m).inc(d.prompt_tokens)
         self.pc_hits.labels(m).inc(d.cached_prompt_tokens)
         self.e2e.labels(m).observe(max(0.0, d.finish_s - d.arrival_s))
