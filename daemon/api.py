@@ -11,6 +11,10 @@ TopP = Annotated[float, msgspec.Meta(gt=0, le=1)]
 MaxTok = Annotated[int, msgspec.Meta(ge=1)]
 Seed = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2, le=2)]  # OpenAI's range
+# vLLM's sampling extensions, with vLLM's ranges (-1 or 0: top_k off)
+TopK = Annotated[int, msgspec.Meta(ge=-1, le=1 << 20)]
+MinP = Annotated[float, msgspec.Meta(ge=0, le=1)]
+RepetitionPenalty = Annotated[float, msgspec.Meta(gt=0, le=100)]
 MAX_STOPS = 4  # OpenAI's limit
 MAX_MESSAGES = 4096
 MAX_TOKEN_ID = 1 << 32  # token ids in a prompt: any vocabulary's ids fit
@@ -87,6 +91,12 @@ class _Common(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     user: str | None = None
     presence_penalty: Penalty = 0.0  # checked by `unsupported` (0 only)
     frequency_penalty: Penalty = 0.0
+    # vLLM's sampling extensions, which vLLM clients send: top_k and min_p narrow the sampling as
+    # top_p does (accepted, as top_p is); repetition_penalty depends on what came before, as the
+    # penalties above do (1 only)
+    top_k: TopK = -1
+    min_p: MinP = 0.0
+    repetition_penalty: RepetitionPenalty = 1.0
     # Accepted and without effect here: they change no output.
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -106,9 +116,9 @@ class _Common(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         """(field, message) for the first field asking what deepserve cannot do."""
         if self.logit_bias:
             return _refuse("logit_bias", NO_PROBS)
-        for field in ("presence_penalty", "frequency_penalty"):
+        for field, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
             value = getattr(self, field)
-            if value:
+            if value != neutral:
                 return _refuse(field, "the emulated model's tokens do not depend on what came before",
                                f" {value}")  # fmt: skip
         if self.stream_options is not None and not self.stream:

@@ -146,6 +146,9 @@ def test_text_content_parts_read_as_their_text(daemon: dict[str, Any]) -> None:
         ("chat", {"presence_penalty": 0.5}, "presence_penalty", "do not depend"),
         ("chat", {"frequency_penalty": -2}, "frequency_penalty", "do not depend"),
         ("chat", {"presence_penalty": 50}, "presence_penalty", "<= 2"),
+        ("chat", {"repetition_penalty": 1.2}, "repetition_penalty", "do not depend"),  # vLLM's extensions
+        ("completions", {"top_k": -5}, "top_k", ">= -1"),
+        ("completions", {"min_p": 1.5}, "min_p", "<= 1"),
         ("completions", {"logprobs": 1}, "logprobs", "no token probabilities"),
         ("completions", {"best_of": 3}, "best_of", "one completion"),
         ("completions", {"suffix": "end"}, "suffix", "fill-in-the-middle"),
@@ -170,7 +173,9 @@ def test_neutral_values_of_unsupported_fields_are_accepted(daemon: dict[str, Any
     r = client(daemon).chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=3, logprobs=False, tool_choice="none",
         response_format={"type": "text"}, metadata={"team": "sre"}, store=False,
-        parallel_tool_calls=True, presence_penalty=0, frequency_penalty=0.0, extra_body={"ignore_eos": True},
+        parallel_tool_calls=True, presence_penalty=0, frequency_penalty=0.0,
+        # vLLM's sampling extensions, as vLLM clients send them (a tour: each was a 400)
+        extra_body={"ignore_eos": True, "top_k": 40, "min_p": 0.05, "repetition_penalty": 1.0},
     )  # fmt: skip
     assert r.usage.completion_tokens == 3
     # an assistant turn sent back as the client got it (refusal, annotations): history, accepted
