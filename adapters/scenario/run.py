@@ -30,6 +30,7 @@ from deepserve.core import Message, SimDriver
 from deepserve.core.records import LogSink
 
 from .builder import WORKLOAD_ADDR, build_cluster
+from .faults import fault_inputs
 from .loader import trace_path
 from .schema import Scenario
 
@@ -115,8 +116,10 @@ def run_scenario(
                 on_done(env.msg)
 
     driver.on_external = listen
-    (build or build_cluster)(driver, scenario)
-    for at, dst, fault in faults:
+    placed = (build or build_cluster)(driver, scenario)
+    # a split run (`select`) holds its servers' NPUs and links alone: their faults only
+    own = tuple(sorted({te.server for te in placed.tes})) if select is not None and placed is not None else None
+    for at, dst, fault in (*faults, *fault_inputs(scenario.faults, own)):
         driver.inject(dst, fault, at=at, src="ext/fault")
     t0 = time.perf_counter()
     injected = 0

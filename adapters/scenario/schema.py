@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from .faults import FaultSpec, check_faults
 from .sched import Scheduling, check_scheduling
 
 Pos = Annotated[int, msgspec.Meta(ge=1)]
@@ -83,6 +84,7 @@ class Scenario(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     workload: Workload = msgspec.field(default_factory=Workload)
     # Issue 6: gateway + JEs + a routing policy instead of the workload stand-in (sched.py).
     scheduling: Scheduling | None = None
+    faults: tuple[FaultSpec, ...] = ()  # hardware faults at virtual times (faults.py)
 
 
 HARDWARE_OF_TOPOLOGY = {"gen1": "910b", "cm384": "910c"}
@@ -154,5 +156,7 @@ def check(s: Scenario, known_models: tuple[str, ...]) -> list[tuple[str, str]]:
     if c.scheduler.max_batch_tokens < c.kv_block_tokens and not c.scheduler.chunked_prefill:
         problems.append(("cluster.scheduler.max_batch_tokens", "is below one KV block without chunked prefill"))
     problems += check_scheduling(s)
+    if s.faults and servers:
+        problems += check_faults(s.faults, c.topology, servers)
     return problems
 
