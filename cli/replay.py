@@ -56,7 +56,7 @@ def register(subparsers: Any) -> None:
     _command(sub, "digest", _digest, "content digest, comparable between runs")
 
     p = _command(sub, "why", _why, "a request's path (gateway, JE, TEs) and what decided each hop")
-    p.add_argument("request_id", metavar="REQUEST_ID", help="the request's id, e.g. r12")
+    p.add_argument("request_id", metavar="REQUEST_ID", help="the request's id: a daemon's chat-N or cmpl-N (its X-Request-Id), a simulation's rN")
 
     p = _command(
         sub, "migrate", _migrate, "upgrade a log written by an older schema, in place", reads=False

@@ -123,7 +123,8 @@ async def serve(cfg: DaemonConfig, run_dir: Path, grace_s: float = 10.0, ready: 
         with contextlib.suppress(OSError):
             POINTERS.mkdir(parents=True, exist_ok=True)
             _write_atomically(pointer_of(os.getpid()), json.dumps(info))
-        log.info("deepserve up", model=cfg.model_name(), tes=len(rt.placement.tes), **info)
+        spare = cfg.control.spare_tes  # slots placed for scaling up, not launched
+        log.info("deepserve up", model=cfg.model_name(), tes=len(rt.placement.tes) - spare, spare_slots=spare, **info)
         print(f"deepserve: serving {cfg.model_name()} at {info['url']}/v1  admin {info['admin_url']}  "
               f"log {rt.log_path}", flush=True)  # fmt: skip
         if ready is not None:
