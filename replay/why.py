@@ -3,7 +3,9 @@
 Reads only the log: the gateway's `GatewayRouted`/`GatewayRefused` (admission, the JE drawn),
 the JE's `RouteDecided` (each task's policy, parameters, candidates ranked with their loads and
 prefix matches, heatmap cell, predicted bucket), task ends and refusals, a cancel the client asked
-for (`JobCancelRequested`: a TTFT deadline, a disconnect, a stop sequence), and the terminal record;
+for (`JobCancelRequested`: a TTFT deadline, a disconnect, a stop sequence), the faults injected
+while it ran and the last few before it (`deepserve fault`, a scenario's `[[faults]]`: "FAULT"
+lines), and the terminal record;
 runs driven by the workload stand-in (`deepserve sim`) show its `RequestDispatched` round-robin
 hops, its `RequestPrefilled` (P/D) and `RequestFinished` instead. Streams the log once, decoding
 only the event types it shows.
@@ -24,6 +26,9 @@ HOP_TYPES = frozenset({
     "JobFinished", "RequestDispatched", "RequestPrefilled", "RequestFinished", "JobCancelRequested",
 })  # fmt: skip
 TERMINAL = ("JobFinished", "RequestFinished")
+FAULT_SOURCES = frozenset({"ext/admin", "ext/fault"})  # `deepserve fault`/`scale`; a scenario's plan
+MAX_FAULTS = 100_000
+FAULTS_BEFORE = 3  # faults shown from before the request arrived
 MAX_KNOWN = 8  # request ids named when the one asked for is absent
 
 
@@ -31,6 +36,8 @@ def _load_types() -> None:
     """Register the event classes by importing their modules (decode works by type name)."""
     import deepserve.actors.gateway.messages  # noqa: F401
     import deepserve.actors.je.messages  # noqa: F401
+    import deepserve.actors.ports.faults  # noqa: F401
+    import deepserve.actors.ports.pod  # noqa: F401
     import deepserve.actors.workload.messages  # noqa: F401
 
 
@@ -41,8 +48,11 @@ def request_hops(reader: LogReader, request_id: str, run_id: str | None = None) 
 
     run = pick_run(reader, run_id)
     hops: list[dict[str, Any]] = []
+    faults: list[dict[str, Any]] = []
     known: dict[str, None] = {}  # the first request ids seen, for the error below
     for step in reader.steps(run.run_id):
+        if step.input.src in FAULT_SOURCES and len(faults) < MAX_FAULTS:
+            faults.append(_fault_hop(step.input))
         for ev in step.events:
             if ev.type not in HOP_TYPES:
                 continue
@@ -56,12 +66,35 @@ def request_hops(reader: LogReader, request_id: str, run_id: str | None = None) 
     if not hops:
         named = f"requests: {first_few(list(known), MAX_KNOWN)}" if known else "it records no request hops"
         raise ReplayError(f"no request {request_id!r} in run {run.run_id!r} ({named})")
-    return hops
+    return _with_faults(hops, faults)
+
+
+def _fault_hop(rec: Any) -> dict[str, Any]:
+    """An injected fault or admin action (kill-te, link-down, scale, ...) as a hop."""
+    import msgspec
+
+    try:
+        data = msgspec.to_builtins(decode(rec.type, rec.payload))
+        data.pop("type", None)
+    except Exception:  # a type this process cannot import: named, not decoded
+        data = {}
+    return {"t": rec.t, "actor": rec.actor, "event": "Fault", "src": rec.src, "fault": rec.type, "fields": data}
+
+
+def _with_faults(hops: list[dict[str, Any]], faults: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The faults injected while the request was in the system, and the last few before it came
+    (a link down before it is as much a cause), merged in by time: what an SRE looks for first
+    when a request failed (a tour: why said a TE "left the colocated group", not that it had
+    been killed 4 s before)."""
+    start, end = hops[0]["t"], hops[-1]["t"]
+    shown = [f for f in faults if f["t"] < start][-FAULTS_BEFORE:] + [f for f in faults if start <= f["t"] <= end]
+    return sorted([*hops, *shown], key=lambda h: h["t"]) if shown else hops  # stable: log order at a tie
 
 
 def why_lines(hops: list[dict[str, Any]]) -> Iterator[str]:
     end = next((h for h in reversed(hops) if h["event"] in TERMINAL), None)
-    rid = hops[0]["request_id"] if "request_id" in hops[0] else hops[0]["done"]["request_id"]
+    own = next(h for h in hops if h["event"] != "Fault")
+    rid = own["request_id"] if "request_id" in own else own["done"]["request_id"]
     if end is not None:
         d = end["done"]
         ttft = (f"TTFT {1e3 * (d['first_token_s'] - d['arrival_s']):.1f} ms, "
@@ -102,6 +135,9 @@ def _hop_lines(h: dict[str, Any]) -> Iterator[str]:
     elif ev == "RequestPrefilled":
         yield (f"{at}  {who}: prefill done ({h['cached_prompt_tokens']} prompt tokens cached); "
                "KV registered for the decode side")
+    elif ev == "Fault":
+        fields = ", ".join(f"{k}={v}" for k, v in h["fields"].items())
+        yield f"{at}  FAULT ({h['src']}) -> {who}: {h['fault']}{' ' + fields if fields else ''}"
     elif ev in TERMINAL:
         d = h["done"]
         yield f"{at}  {who}: {d['status']} on {d['te'] or '-'}: {d['reason']}"

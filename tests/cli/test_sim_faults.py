@@ -46,6 +46,10 @@ def test_a_link_down_fails_the_pd_requests_it_cuts_until_the_link_is_up(tmp_path
     assert res.returncode == 0 and res.stdout.startswith("identical"), res.stdout + res.stderr
     log = deepserve("replay", "log", "down.db", "--actor", "hw/fabric", "--since", "5", "--until", "5", cwd=tmp_path)
     assert "ext/fault→hw/fabric  LinkDown" in log.stdout, log.stdout[:2000]
+    # why names the fault beside a request it failed (it came before the request: the last few do)
+    why = deepserve("replay", "why", "down.db", "r20", cwd=tmp_path).stdout.splitlines()
+    assert why[0].startswith("request r20: failed (KV transfer failed: ") and "link s0/npu0/roce is down" in why[0]
+    assert why[1] == "t=5.000000  FAULT (ext/fault) -> hw/fabric: LinkDown link=s0/npu0/roce", why
 
 
 def test_a_split_run_gives_each_worker_its_servers_faults(tmp_path: Path) -> None:
