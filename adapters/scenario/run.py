@@ -25,7 +25,7 @@ from deepserve.actors.flowserve.tokens import combine
 from deepserve.actors.workload.messages import Arrive, EndOfRun, RequestDone
 from deepserve.actors.workload.metrics import Collector
 from deepserve.adapters.traces import TraceRequest, open_trace
-from deepserve.adapters.traces.prompts import prompt_of
+from deepserve.adapters.traces.prompts import prompts_of
 from deepserve.core import Message, SimDriver
 from deepserve.core.records import LogSink
 
@@ -36,6 +36,7 @@ from .schema import Scenario
 
 WINDOW_REQUESTS = 512
 DRAIN_CHUNK = 20_000  # deliveries between progress checks while draining
+PROMPT_CHUNK = 1024  # trace rows read, and their prompts hashed, together (chains.py)
 
 
 class RunResult(msgspec.Struct, kw_only=True):
@@ -54,27 +55,52 @@ def arrivals(
     """(time, Arrive) for each request of the trace, scaled by `rps_scale`, first `requests`.
     With `select` (a partition's filter on the request's 0-based position), a request it does
     not select comes as (time, None): it still counts towards the injection windows, so that
-    every partition injects at the same points of the trace as the whole run does."""
+    every partition injects at the same points of the trace as the whole run does. Rows are
+    read `PROMPT_CHUNK` at a time, their prompts hashed together (`prompts_of`); a bad row
+    raises after the rows before it are yielded, as when they were read one by one."""
     w, c = scenario.workload, scenario.cluster
     limit = requests if requests is not None else (w.requests or None)
-    source = open_trace(trace_path(trace or w.trace))
-    req: TraceRequest
-    for position, req in enumerate(source.head(limit)):
-        at = req.arrival_s / w.rps_scale
-        if select is not None and not select(position):
-            yield at, None
-            continue
-        seed = combine(scenario.seed & ((1 << 64) - 1), req.index)
-        out = min(req.output_tokens, w.max_tokens)
-        if not c.prefix_caching and req.hash_ids is not None:
-            # Prefix caching off: every prompt gets a chain of its own, so no prefix can match
-            # (what vLLM's enable_prefix_caching=False means to the scheduler).
-            req = msgspec.structs.replace(req, hash_ids=None)
-        yield at, Arrive(
-            request_id=f"r{req.index}", model=c.model,
-            prompt=prompt_of(req, c.kv_block_tokens),
-            sampling=Sampling(max_tokens=out, target_output_tokens=out, seed=seed, ignore_eos=True),
-        )  # fmt: skip
+    rows = iter(open_trace(trace_path(trace or w.trace)).head(limit))
+    position = 0
+    while True:
+        chunk: list[TraceRequest] = []
+        error: Exception | None = None
+        try:
+            for req in rows:
+                chunk.append(req)
+                if len(chunk) == PROMPT_CHUNK:
+                    break
+        except Exception as exc:  # noqa: BLE001 - re-raised once the rows before it are out
+            error = exc
+        keep = [select is None or select(position + i) for i in range(len(chunk))]
+        chosen = [_cache_view(req, c.prefix_caching) for req, k in zip(chunk, keep, strict=True) if k]
+        prompts = iter(prompts_of(chosen, c.kv_block_tokens))
+        it = iter(chosen)
+        for req, k in zip(chunk, keep, strict=True):
+            at = req.arrival_s / w.rps_scale
+            if not k:
+                yield at, None
+                continue
+            req = next(it)
+            seed = combine(scenario.seed & ((1 << 64) - 1), req.index)
+            out = min(req.output_tokens, w.max_tokens)
+            yield at, Arrive(
+                request_id=f"r{req.index}", model=c.model, prompt=next(prompts),
+                sampling=Sampling(max_tokens=out, target_output_tokens=out, seed=seed, ignore_eos=True),
+            )  # fmt: skip
+        position += len(chunk)
+        if error is not None:
+            raise error
+        if len(chunk) < PROMPT_CHUNK:
+            return
+
+
+def _cache_view(req: TraceRequest, prefix_caching: bool) -> TraceRequest:
+    if not prefix_caching and req.hash_ids is not None:
+        # Prefix caching off: every prompt gets a chain of its own, so no prefix can match
+        # (what vLLM's enable_prefix_caching=False means to the scheduler).
+        return msgspec.structs.replace(req, hash_ids=None)
+    return req
 
 
 def run_scenario(

@@ -14,6 +14,7 @@ from deepserve.actors.flowserve.tokens import (
     unique_chain_hashes,
 )
 
+from .chains import trace_chain_hashes_many
 from .common import MOONCAKE_BLOCK_TOKENS, TraceRequest
 
 
@@ -27,3 +28,16 @@ def prompt_of(req: TraceRequest, block_tokens: int, salt: int = 0) -> Prompt:
             req.hash_ids, req.prompt_tokens, block_tokens, MOONCAKE_BLOCK_TOKENS
         )
     return Prompt(num_tokens=req.prompt_tokens, block_hashes=hashes)
+
+
+def prompts_of(reqs: list[TraceRequest], block_tokens: int) -> list[Prompt]:
+    """`prompt_of(req, block_tokens)` of each request, the Mooncake ones' hashes computed
+    together (`chains.trace_chain_hashes_many`: the same ints, a fraction of the work)."""
+    mooncake = [(r.hash_ids, r.prompt_tokens) for r in reqs if r.hash_ids is not None]
+    many = iter(trace_chain_hashes_many(mooncake, block_tokens, MOONCAKE_BLOCK_TOKENS))
+    out: list[Prompt] = []
+    for r in reqs:
+        hashes = next(many) if r.hash_ids is not None else None
+        out.append(prompt_of(r, block_tokens) if hashes is None
+                   else Prompt(num_tokens=r.prompt_tokens, block_hashes=hashes))  # fmt: skip
+    return out

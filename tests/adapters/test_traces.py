@@ -274,3 +274,56 @@ def test_common_trace_prefix_is_the_common_block_prefix(prefix, tail_a, tail_b, 
             break
         common += 1
     assert common == len(prefix) * 512 // block
+
+
+# ---- many prompts at once (chains.py): the same hashes as one by one ------------------------
+
+from deepserve.adapters.traces.chains import trace_chain_hashes_many  # noqa: E402
+from deepserve.adapters.traces.prompts import prompts_of  # noqa: E402
+
+
+@pytest.mark.parametrize("block", [64, 128, 256, 512, 1024, 100])
+def test_prompts_of_the_mooncake_fixture_equal_prompt_of_each(block: int) -> None:
+    from deepserve.adapters.scenario.loader import trace_path
+
+    reqs = list(open_trace(trace_path("builtin:mooncake_conv_1k")))
+    assert prompts_of(reqs, block) == [prompt_of(r, block) for r in reqs]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    prompts=st.lists(
+        st.tuples(st.lists(st.integers(-(1 << 63), (1 << 64) + 5), max_size=40), st.integers(0, 40 * 512)),
+        max_size=40,
+    ),
+    block=st.sampled_from([128, 256, 512, 300]),
+)
+def test_many_chains_equal_the_scalar_chains_or_leave_them_to_it(prompts, block) -> None:
+    """Odd ids (negative, past 64 bits), ids that cannot cover the prompt, empty prompts: every
+    answer equals the scalar function's, or is None where the scalar one must answer."""
+    from deepserve.actors.flowserve.tokens import chain_hashes_from_trace_blocks
+
+    many = trace_chain_hashes_many([(tuple(ids), n) for ids, n in prompts], block, 512)
+    for (ids, n), got in zip(prompts, many, strict=True):
+        fits = -(-n // 512) <= len(ids) and all(-(1 << 63) <= x < (1 << 63) for x in ids[: -(-n // 512)])
+        if 512 % block or not fits:
+            assert got is None
+        else:
+            assert got == chain_hashes_from_trace_blocks(ids, n, block)
+
+
+def test_a_bad_row_raises_after_the_rows_before_it(tmp_path) -> None:
+    """`arrivals` reads rows in chunks: a malformed row still comes after every good row
+    before it has been yielded."""
+    from deepserve.adapters.scenario.loader import load_scenario
+    from deepserve.adapters.scenario.run import arrivals
+
+    good = '{"timestamp": %d, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n'
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(good % (i * 10) for i in range(5)) + '{"timestamp": 60, "input_length": "x"}\n')
+    feed = arrivals(load_scenario("mooncake-16te", ()), str(path), None)
+    got = []
+    with pytest.raises(TraceError):
+        for _, msg in feed:
+            got.append(msg)
+    assert [m.request_id for m in got] == [f"r{i}" for i in range(5)]
