@@ -78,7 +78,7 @@ def _allocated(rtc: Rtc, ev: RtcBlocksAllocated) -> None:
                 del cold[b]
             else:
                 del lru[b]
-            if memo.gen[b] == memo.now:
+            if b in memo.marks:
                 _left_lru(memo, b)
             hbm_hash[b] = None
             rtc.hbm_saved[b] = 0
@@ -222,7 +222,7 @@ def _swap_out_finished(rtc: Rtc, c: CopyOp, stored: dict[int, int | None] | None
             ref[b] = 0
             rtc.cold_hbm[b] = None
             memo = rtc.swap_memo
-            memo.gen[b], memo.pos[b] = memo.now, -1
+            memo.marks[b] = -1
             memo.cold += 1
         else:
             _ref_dec(rtc, b, cold=cold)

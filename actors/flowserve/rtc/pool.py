@@ -42,9 +42,8 @@ def _take_hbm(rtc: Rtc, b: int) -> None:
 
 def _left_lru(memo: SwapMemo, b: int) -> None:
     """Block b left the LRU (the swap-out memo's bookkeeping, state.SwapMemo)."""
-    if memo.gen[b] == memo.now:
-        memo.gen[b] = 0
-        i = memo.pos[b]
+    i = memo.marks.pop(b, None)
+    if i is not None:
         if i < 0:
             memo.cold -= 1  # one of the saved blocks put at the front since the scan
         else:
@@ -77,7 +76,7 @@ def _ref_dec(rtc: Rtc, b: int, cold: bool = False) -> None:
             rtc.cold_hbm[b] = None  # at the LRU's front (lru_order)
             memo = rtc.swap_memo
             if rtc.hbm_saved[b]:  # the memo's known front grows by one saved block
-                memo.gen[b], memo.pos[b] = memo.now, -1
+                memo.marks[b] = -1
                 memo.cold += 1
             else:
                 memo.forget()
@@ -92,7 +91,7 @@ def _index_hbm(rtc: Rtc, h: int, parent: int | None, b: int) -> None:
     else:
         node.hbm = b
         rtc.hbm_saved[b] = node.dram != NONE
-        if node.dram == NONE and rtc.swap_memo.gen[b] == rtc.swap_memo.now:
+        if node.dram == NONE and b in rtc.swap_memo.marks:
             rtc.swap_memo.forget()
     rtc.hbm_hash[b] = h
 
@@ -119,7 +118,7 @@ def _take_dram(rtc: Rtc, d: int) -> None:
             del rtc.nodes[h]
         else:
             rtc.hbm_saved[node.hbm] = 0
-            if rtc.swap_memo.gen[node.hbm] == rtc.swap_memo.now:
+            if node.hbm in rtc.swap_memo.marks:
                 rtc.swap_memo.forget()  # a block the memo took for saved is not saved now
     rtc.dram_pins[d] = 1
 

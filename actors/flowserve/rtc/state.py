@@ -27,7 +27,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Iterator
-from itertools import chain
+from itertools import chain, compress
+from operator import not_
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -129,31 +130,37 @@ class SwapMemo:
 
     EXTENT = 4  # blocks read by a scan, in windows: a longer read lasts through more evictions
 
-    __slots__ = ("gen", "pos", "now", "size", "unsaved", "removed", "cold")
+    __slots__ = ("marks", "now", "size", "unsaved", "removed", "cold", "_asked", "_answer")
 
-    def __init__(self, blocks: int) -> None:
-        self.gen = [0] * blocks  # block b is marked iff gen[b] == now
-        self.pos = [0] * blocks  # a marked block's position at the scan (-1: put at the front since)
-        self.now = 1
+    def __init__(self, blocks: int = 0) -> None:  # noqa: ARG002 - (the pool's size: not needed)
+        # The marked blocks -> their position at the scan (-1: a saved block put at the front
+        # since). A dict, built and dropped whole by C code (`remember`, `forget`): a scan's
+        # 1,024 marks, written one by one into per-block lists, were most of its cost.
+        self.marks: dict[int, int] = {}
+        self.now = 1  # the scan's generation (`unsaved_within`'s memo)
         self.size = 0  # blocks marked at the scan
         self.unsaved: dict[int, int] = {}  # marked blocks not saved -> position, by position
         self.removed: list[int] = []  # positions of marked blocks that left the LRU since, sorted
         self.cold = 0  # saved blocks put at the LRU's front since the scan
+        # The last `unsaved_within` question and its answer (see there)
+        self._asked: tuple[int, int, int, int] = (0, 0, 0, 0)
+        self._answer: tuple[tuple[int, int], ...] = ()
 
     def remember(self, marked: list[int], flags: bytes) -> None:
         """A scan read `marked` (the LRU's first blocks) and their saved flags."""
+        if len(marked) != len(flags):
+            raise ValueError(f"{len(marked)} blocks, {len(flags)} flags")
         self.now += 1
-        now, gen, pos = self.now, self.gen, self.pos
-        for i, b in enumerate(marked):
-            gen[b] = now
-            pos[b] = i
+        positions = range(len(marked))
+        self.marks = dict(zip(marked, positions, strict=True))
         self.size = len(marked)
-        self.unsaved = {b: i for i, (b, saved) in enumerate(zip(marked, flags, strict=True)) if not saved}
+        self.unsaved = dict(compress(zip(marked, positions, strict=True), map(not_, flags)))
         self.removed = []
         self.cold = 0
 
     def forget(self) -> None:
         self.now += 1
+        self.marks = {}
         self.size = self.cold = 0
         self.unsaved = {}
         self.removed = []
@@ -162,9 +169,19 @@ class SwapMemo:
         """How many blocks at the LRU's front the memo knows."""
         return self.cold + self.size - len(self.removed)
 
-    def unsaved_within(self, window: int) -> list[tuple[int, int]]:
+    def unsaved_within(self, window: int) -> tuple[tuple[int, int], ...]:
         """(position now, block) of the unsaved blocks among the LRU's first `window` (which
-        the memo must know: `known() >= window`, or the whole LRU)."""
+        the memo must know: `known() >= window`, or the whole LRU).
+
+        The answer is a function of `unsaved`, `removed` and `cold`, and between two scans
+        (`now`) a block leaves `unsaved` only as its position joins `removed`, which only
+        grows: (now, cold, len(removed), window) says whether anything changed since the last
+        question, and most questions come again unchanged (a master asks after every batch;
+        under pressure with too few unsaved blocks to copy, 2 of 3 full walks were for
+        nothing)."""
+        asked = (self.now, self.cold, len(self.removed), window)
+        if asked == self._asked:
+            return self._answer
         removed, cold = self.removed, self.cold
         out: list[tuple[int, int]] = []
         for b, i in self.unsaved.items():  # by position; those that left the LRU are gone
@@ -172,7 +189,8 @@ class SwapMemo:
             if at >= window:
                 break
             out.append((at, b))
-        return out
+        self._asked, self._answer = asked, tuple(out)
+        return self._answer
 
 
 class Rtc(msgspec.Struct, kw_only=True, dict=True):
