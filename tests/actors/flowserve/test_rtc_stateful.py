@@ -214,6 +214,8 @@ class RtcMachine(RuleBasedStateMachine):
         # The memo that spares most scans (state.SwapMemo) decides as a fresh scan would: a
         # copy of the state starts with no memo.
         assert ev == rtc.plan_swap_out(copy.deepcopy(r))
+        # Asked again with nothing changed, the memo answers from its kept answer, the same
+        assert ev == rtc.plan_swap_out(r)
         if known:
             event(f"swap-out decided from the memo ({'a copy' if ev else 'nothing'})")
         if ev is not None:
