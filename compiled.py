@@ -29,16 +29,21 @@ from types import ModuleType
 
 # Groups of modules, one shared library each (groups compile in parallel; a call between two
 # groups is an ordinary Python call). Message, event and state types stay pure: they are msgspec
-# Structs, C already. FlowServe's and the NPU's hottest modules, and the ZeroMQ transport, were
-# tried as further groups and left out: neither the whole-trace simulation nor the transport's
-# round trips got faster (docs/decisions.md, 2026-11-26). The NPU's run-chunk loop is a group of
-# its own: plain float arithmetic, which mypyc turns into C doubles (docs/decisions.md, 2026-11-27).
+# Structs, C already. FlowServe's and the NPU's hottest modules were tried as further groups and
+# left out: the whole-trace simulation got no faster (docs/decisions.md, 2026-11-26). The NPU's
+# run-chunk loop is a group of its own: plain float arithmetic, which mypyc turns into C doubles
+# (docs/decisions.md, 2026-11-27). The ZeroMQ transport is one too: its wall-clock gain was lost
+# in the machine's noise when first tried (2026-11-26), but it takes ~12k instructions off each
+# side of a round trip (2026-11-27).
 GROUPS: dict[str, tuple[str, ...]] = {
     # The kernel: every delivery runs through these.
     "kernel": ("core.codec", "core.envelope", "core.mailbox", "core.cell", "core.steps", "core.context",
                "core.driver", "core.inline", "core.sim", "core.asyncdriver"),
     # An NPU run chunk's pass ends: one loop over C doubles (npu_loop's docstring).
     "npu": ("adapters.hardware.devices.npu_loop",),
+    # The ZeroMQ transport's hot path: a round trip runs the receive drain, the send path and
+    # their bookkeeping once a side. Its Structs and its RuntimeError stay pure (zmq/limits.py).
+    "zmq": ("adapters.zmq.peer", "adapters.zmq.transport"),
 }
 COMPILED = tuple(m for modules in GROUPS.values() for m in modules)
 PACKAGE_ROOT = Path(__file__).resolve().parent

@@ -13,13 +13,12 @@ the old connection is noticed as a gap rather than skipped."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import zmq
 
-from deepserve.core.codec import decode
-from deepserve.core.envelope import Envelope
 from deepserve.core.transport import Wire
 
 # Socket options and flags as plain ints: pyzmq's enum members cost ~0.8 µs a call
@@ -32,7 +31,8 @@ EVENTS, POLLIN, NOBLOCK, RCVMORE = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOB
 # message on each side between them).
 sock_send = zmq.backend.Socket.send
 sock_recv = zmq.backend.Socket.recv
-sock_get = zmq.backend.Socket.get
+# (typed as returning Any: the option decides the type, and every option read here is an int)
+sock_get: Callable[[zmq.Socket, int], Any] = zmq.backend.Socket.get
 
 
 class DataIn(msgspec.Struct, array_like=True):
@@ -49,6 +49,8 @@ class Ack(msgspec.Struct, array_like=True):
 
 
 _enc = msgspec.msgpack.Encoder()
+# core.transport's encoder of a `Wire`
+encode_wire = msgspec.msgpack.Encoder(order="deterministic").encode
 _data_dec = msgspec.msgpack.Decoder(DataIn)
 _ack_dec = msgspec.msgpack.Decoder(Ack)
 _Raw = msgspec.Raw
@@ -79,7 +81,3 @@ def receive_and_ack(router: Any) -> list[Wire]:
     router.send_multipart([ident, ack_frame(data.first + len(data.items) - 1)])
     return data.items
 
-
-def envelope_of(w: Wire) -> Envelope:
-    return Envelope(w.src, w.dst, w.msg_id, w.hlc, w.corr, decode(w.type, w.payload),
-                    w.reply_to, w.ask, w.external, w.payload)

@@ -12,34 +12,21 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from typing import Any, Final
 
-import msgspec
 import zmq
 
-from .frames import EVENTS, NOBLOCK, POLLIN, data_frame, read_ack, sock_get, sock_send
+from . import frames
+from .frames import read_ack
+from .limits import Limits
 
-
-class Limits(msgspec.Struct, frozen=True):
-    """Bounds of one transport; every queue has one."""
-
-    window: int = 4096  # envelopes on the wire, unacknowledged, per peer
-    high_water: int = 8192  # pending per peer above which senders wait
-    max_pending: int = 65_536  # pending per peer above which a send is refused
-    batch: int = 512  # envelopes per data frame
-    resend_s: float = 0.25  # no ack progress for this long: resend the window
-    ack_delay_s: float = 0.01  # a receiver acks at most this late unless asked at once (fewer sends)
-    peer_timeout_s: float = 2.0  # no ack progress this long: senders stop waiting
-    close_timeout_s: float = 5.0  # how long a close waits for the last acks
-
-    def __post_init__(self) -> None:
-        for name in ("window", "high_water", "max_pending", "batch"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"Limits.{name} must be >= 1, got {getattr(self, name)}")
-        if not self.window <= self.high_water <= self.max_pending:
-            raise ValueError("Limits: need window <= high_water <= max_pending")
-        for name in ("resend_s", "ack_delay_s", "peer_timeout_s", "close_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"Limits.{name} must be > 0, got {getattr(self, name)}")
+# Module-level `Final`s are C statics in the compiled build (compiled.py), not dict lookups.
+_EVENTS: Final = frames.EVENTS
+_POLLIN: Final = frames.POLLIN
+_NOBLOCK: Final = frames.NOBLOCK
+_sock_send: Final = frames.sock_send
+_sock_get: Final = frames.sock_get
+_data_frame: Final = frames.data_frame
 
 
 class Peer:
@@ -49,6 +36,10 @@ class Peer:
                  loop: asyncio.AbstractEventLoop) -> None:  # fmt: skip
         self.endpoint = endpoint
         self.limits = limits
+        # (read on every send: plain attributes, not the Struct's, which compiled code reaches
+        # by name)
+        self.window = limits.window
+        self.high_water = limits.high_water
         self.sender_id = sender_id
         self.loop = loop
         self.sock = sock = ctx.socket(zmq.DEALER)
@@ -93,7 +84,7 @@ class Peer:
         if not queued and not inflight:
             self.last_progress = time.monotonic()
         queued.append(wire)
-        if not self.full and len(queued) + len(inflight) >= self.limits.high_water:
+        if not self.full and len(queued) + len(inflight) >= self.high_water:
             self.full = True
             self.room.clear()
         if self.scheduled:
@@ -102,13 +93,13 @@ class Peer:
         # an idle peer leaves at once: a request/reply (a round trip) does not wait for a
         # turn of the loop on either side.
         self.scheduled = True
-        if len(queued) == 1 and len(inflight) < self.limits.window:
+        if len(queued) == 1 and len(inflight) < self.window:
             self._send_batch(False)
         return True
 
     def flush(self, want_ack: bool = False) -> None:
         self.scheduled = False
-        queued, inflight, window = self.queued, self.inflight, self.limits.window
+        queued, inflight, window = self.queued, self.inflight, self.window
         sent = False
         while queued and len(inflight) < window:
             if not self._send_batch(want_ack):
@@ -120,22 +111,22 @@ class Peer:
         # does not: its acks come on the receiver's delay, the next one's signal or the resend
         # timer (which reads acks before it resends) picks up one that waits.
         if sent or want_ack or self.closing or len(inflight) >= window // 2:
-            if sock_get(self.sock, EVENTS) & POLLIN:  # type: ignore[operator]
+            if _sock_get(self.sock, _EVENTS) & _POLLIN:
                 self.loop.call_soon(self.read_acks)
 
     def _send_batch(self, want_ack: bool) -> bool:
         """One data frame of what is queued (within the window); False if ZeroMQ
         refused it (the frame counts as in flight; the resend timer sends it again)."""
-        queued, inflight, lim = self.queued, self.inflight, self.limits
+        queued, inflight, window = self.queued, self.inflight, self.window
         if len(queued) == 1:  # a round trip's (callers keep the window open)
             items = [queued.popleft()]
         else:
-            items = [queued.popleft() for _ in range(min(len(queued), lim.batch, lim.window - len(inflight)))]
+            items = [queued.popleft() for _ in range(min(len(queued), self.limits.batch, window - len(inflight)))]
         first = self.acked + len(inflight) + 1
         inflight.extend(items)
-        want = want_ack or self.closing or len(inflight) >= lim.window // 2
+        want = want_ack or self.closing or len(inflight) >= window // 2
         try:
-            sock_send(self.sock, data_frame(self.sender_id, self.acked + 1, first, want, items), NOBLOCK)
+            _sock_send(self.sock, _data_frame(self.sender_id, self.acked + 1, first, want, items), _NOBLOCK)
         except zmq.Again:
             return False
         return True
@@ -151,7 +142,7 @@ class Peer:
             self._rewound_at = self.acked  # once per gap, not once per frame behind it
             self.rewind()
         pending = len(self.queued) + len(inflight)
-        if self.full and pending <= self.limits.high_water // 2:
+        if self.full and pending <= self.high_water // 2:
             self.full = False
             self.room.set()
         if not pending:
@@ -185,7 +176,7 @@ class Peer:
             return
         while True:
             try:
-                frame = sock.recv(NOBLOCK)
+                frame = sock.recv(_NOBLOCK)
             except zmq.Again:
                 return
             ack = read_ack(frame)
@@ -206,5 +197,8 @@ class Peer:
     def close(self) -> None:
         self._timer.cancel()
         if not self.loop.is_closed():
-            self.loop.remove_reader(self.fd)
+            # (through Any: asyncio's stubs say `remove_reader` returns a bool, uvloop's returns
+            # None, and compiled code checks a declared return type even when it is unused)
+            loop: Any = self.loop
+            loop.remove_reader(self.fd)
         self.sock.close(linger=0)

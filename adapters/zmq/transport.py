@@ -18,29 +18,31 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Awaitable, Callable
+from typing import Any, Final
 
 import msgspec
 import structlog
 import zmq
 
+from deepserve.core.codec import decode, encode
 from deepserve.core.envelope import Envelope
-from deepserve.core.transport import Deliver, wire_decode, wire_encode
+from deepserve.core.transport import Deliver, Wire, wire_decode
 
+from . import frames
 from .directory import Directory, EndpointError, check_endpoint
-from .frames import (
-    EVENTS,
-    NOBLOCK,
-    POLLIN,
-    RCVMORE,
-    ack_frame,
-    envelope_of,
-    read_data,
-    sock_get,
-    sock_recv,
-)
-from .peer import Limits, Peer
+from .frames import RCVMORE, ack_frame
+from .limits import Limits, TransportError
+from .peer import Peer
 
 log = structlog.get_logger("deepserve.zmq")
+# Module-level `Final`s are C statics in the compiled build (compiled.py), not dict lookups.
+_EVENTS: Final = frames.EVENTS
+_POLLIN: Final = frames.POLLIN
+_NOBLOCK: Final = frames.NOBLOCK
+_sock_recv: Final = frames.sock_recv
+_sock_get: Final = frames.sock_get
+_read_data: Final = frames.read_data
+_encode_wire: Final = frames.encode_wire
 
 # Admit an envelope: None once it is in a mailbox, or an awaitable that delivers it
 # when the mailbox has room (the receiver stops reading its socket meanwhile).
@@ -49,10 +51,6 @@ DRAIN_FRAMES = 256  # frames read before letting other tasks run
 MAX_SENDERS = 4096  # receiver-side sequence state kept per sending node
 MAX_CACHE = 65_536  # resolved addresses remembered
 ACK_LINGER_MS = 500  # at close: how long the last acks may take to leave
-
-
-class TransportError(RuntimeError):
-    """A socket that could not be bound, or a transport used after close."""
 
 
 class _Sender:
@@ -132,7 +130,13 @@ class ZmqTransport:
         if peer is None or self._closed or len(peer.queued) + len(peer.inflight) >= self.limits.max_pending:
             self.refused += 1
             return False
-        if peer.push(wire_encode(env)):
+        # (core.transport's `wire_encode`, here so that the compiled build runs it as C)
+        payload = env.payload
+        if payload is None:
+            payload = encode(env.msg)
+        wire = _encode_wire(Wire(env.src, env.dst, env.msg_id, env.hlc, env.corr, env.reply_to, env.ask,
+                                 env.external, type(env.msg).__name__, payload))
+        if peer.push(wire):
             turn = self._turn
             if turn is None:
                 self._loop_now().call_soon(peer.flush)
@@ -242,9 +246,9 @@ class ZmqTransport:
         self._loop_now().call_soon(self._drain)
 
     def _stop_reading(self) -> None:
-        loop = self._loop
+        loop: Any = self._loop  # (Any: see `Peer.close`)
         if self._reading and self._router is not None and loop is not None and not loop.is_closed():
-            loop.remove_reader(self._router.getsockopt(zmq.FD))  # type: ignore[arg-type]
+            loop.remove_reader(self._router.getsockopt(zmq.FD))
         self._reading = False
 
     def _drain(self) -> None:
@@ -271,8 +275,8 @@ class ZmqTransport:
     def _drain_frames(self, router: zmq.Socket) -> None:
         for _ in range(DRAIN_FRAMES):
             try:
-                ident = sock_recv(router, NOBLOCK)
-                frame = sock_recv(router, NOBLOCK)  # our DEALERs send one frame: [ident, frame]
+                ident = _sock_recv(router, _NOBLOCK)
+                frame = _sock_recv(router, _NOBLOCK)  # our DEALERs send one frame: [ident, frame]
             except zmq.Again:
                 return
             rest = self._on_frame(ident, frame)
@@ -283,7 +287,7 @@ class ZmqTransport:
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
                 return
-            if not sock_get(router, EVENTS) & POLLIN:  # type: ignore[operator]
+            if not _sock_get(router, _EVENTS) & _POLLIN:
                 return
         self._loop_now().call_soon(self._drain)  # a flood: let the actors run
 
@@ -293,14 +297,14 @@ class ZmqTransport:
         router = self._router
         assert router is not None
         while router.getsockopt(RCVMORE):
-            router.recv(NOBLOCK)
+            router.recv(_NOBLOCK)
         self.malformed += 1
         if self.malformed == 1:
             log.warning("zmq transport dropped a frame it cannot read", bytes=len(frame), error=error)
 
     def _on_frame(self, ident: bytes, frame: bytes) -> Awaitable[None] | None:
         try:
-            data = read_data(frame)
+            data = _read_data(frame)
         except msgspec.DecodeError as exc:
             self._foreign(frame, str(exc))
             return None
@@ -320,11 +324,11 @@ class ZmqTransport:
             self.duplicates += min(skip, len(data.items))
         return self._deliver(st, data.items, skip, data.want_ack)
 
-    def _deliver(self, st: _Sender, items: list, start: int, want_ack: bool) -> Awaitable[None] | None:
+    def _deliver(self, st: _Sender, items: list[Wire], start: int, want_ack: bool) -> Awaitable[None] | None:
         admit = self._admit
         assert admit is not None
         for i in range(start, len(items)):
-            waiting = admit(envelope_of(items[i]))
+            waiting = admit(_envelope(items[i]))
             if waiting is not None:
                 return self._resume(st, items, i, want_ack, waiting)
             st.expected += 1
@@ -339,7 +343,7 @@ class ZmqTransport:
         elif self._ack_timer is None:
             self._ack_timer = self._loop_now().call_later(self.limits.ack_delay_s, self._flush_acks)
 
-    async def _resume(self, st: _Sender, items: list, i: int, want_ack: bool,
+    async def _resume(self, st: _Sender, items: list[Wire], i: int, want_ack: bool,
                       waiting: Awaitable[None]) -> None:  # fmt: skip
         """Finish a frame whose delivery waits for mailbox space, then read again."""
         admit = self._admit
@@ -352,7 +356,7 @@ class ZmqTransport:
             self.received += 1
             i += 1
             while i < len(items):
-                nxt = admit(envelope_of(items[i]))
+                nxt = admit(_envelope(items[i]))
                 if nxt is not None:
                     waiting = nxt
                     break
@@ -371,7 +375,7 @@ class ZmqTransport:
         if self._router is None or self._closed:
             return
         try:
-            self._router.send_multipart([st.ident, ack_frame(st.expected - 1, gap)], NOBLOCK)
+            self._router.send_multipart([st.ident, ack_frame(st.expected - 1, gap)], _NOBLOCK)
         except zmq.ZMQError:
             pass  # an ack lost is an ack resent: the sender's timer asks again
 
@@ -381,8 +385,15 @@ class ZmqTransport:
             if st.dirty:
                 self._send_ack(st)
         router = self._router
-        if router is not None and not self._closed and router.getsockopt(EVENTS) & POLLIN:  # type: ignore[operator]
+        if router is not None and not self._closed and _sock_get(router, _EVENTS) & _POLLIN:
             self._loop_now().call_soon(self._drain)  # the sends may have taken the FD's signal
+
+
+def _envelope(w: Wire) -> Envelope:
+    """A received `Wire` as the driver's envelope (core.transport's `wire_decode` after the
+    frame's decoding, here so that the compiled build runs it as C)."""
+    return Envelope(w.src, w.dst, w.msg_id, w.hlc, w.corr, decode(w.type, w.payload),
+                    w.reply_to, w.ask, w.external, w.payload)
 
 
 __all__ = ["Directory", "EndpointError", "Limits", "TransportError", "ZmqTransport"]
