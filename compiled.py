@@ -43,6 +43,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "npu": ("adapters.hardware.devices.npu_loop",),
     # The ZeroMQ transport's hot path: a round trip runs the receive drain, the send path and
     # their bookkeeping once a side. Its Structs and its RuntimeError stay pure (zmq/limits.py).
+    # (In the kernel's group instead, measured the same: its calls into the kernel are few.)
     "zmq": ("adapters.zmq.peer", "adapters.zmq.transport"),
 }
 COMPILED = tuple(m for modules in GROUPS.values() for m in modules)
@@ -71,7 +72,14 @@ def check(build_dir: Path = BUILD_DIR) -> str:
     if manifest.get("python") != sys.implementation.cache_tag:
         return "pure"
     # Quietly: a warning on stderr would change what every CLI command prints.
-    return "compiled" if manifest.get("sources") == source_hashes() else "stale"
+    # The groups too: a build laid out in other groups has other shared libraries to load.
+    current = manifest.get("sources") == source_hashes() and manifest.get("groups") == _groups()
+    return "compiled" if current else "stale"
+
+
+def _groups() -> dict[str, list[str]]:
+    """`GROUPS` as the manifest's JSON holds it."""
+    return {g: list(ms) for g, ms in GROUPS.items()}
 
 
 def _manifest(build_dir: Path = BUILD_DIR) -> dict:
@@ -167,7 +175,7 @@ def build(opt_level: str = "3") -> Path:
             dist.run_command("build_ext")
         finally:
             os.chdir(cwd)
-        manifest = {"python": sys.implementation.cache_tag, "sources": hashes,
+        manifest = {"python": sys.implementation.cache_tag, "sources": hashes, "groups": _groups(),
                     "mypyc": _mypyc_version()}
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
         shutil.rmtree(BUILD_DIR, ignore_errors=True)

@@ -83,7 +83,8 @@ def test_a_simulation_logs_the_same_bytes(tmp_path: Path, scenario: list[str]) -
 
 def _fake_build(tmp_path: Path, **change: object) -> Path:
     """A build directory whose manifest matches today's sources, then `change`d."""
-    manifest = {"python": sys.implementation.cache_tag, "sources": compiled.source_hashes()}
+    manifest = {"python": sys.implementation.cache_tag, "sources": compiled.source_hashes(),
+                "groups": {g: list(ms) for g, ms in compiled.GROUPS.items()}}
     manifest.update(change)
     build = tmp_path / "build"
     build.mkdir()
@@ -100,6 +101,10 @@ def test_a_build_of_other_sources_is_not_loaded(tmp_path: Path, monkeypatch) -> 
     shutil.rmtree(tmp_path / "build")
     missing = {m: h for m, h in hashes.items() if m != "core.cell"}  # a module added since
     assert compiled.check(_fake_build(tmp_path, sources=missing)) == "stale"
+    shutil.rmtree(tmp_path / "build")
+    # the same sources in other groups: other shared libraries (loading them failed on import)
+    regrouped = {"all": [m for ms in compiled.GROUPS.values() for m in ms]}
+    assert compiled.check(_fake_build(tmp_path, groups=regrouped)) == "stale"
     assert "older than the sources" in compiled.describe("stale")
 
 
