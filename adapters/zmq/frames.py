@@ -54,6 +54,10 @@ encode_wire = msgspec.msgpack.Encoder(order="deterministic").encode
 _data_dec = msgspec.msgpack.Decoder(DataIn)
 _ack_dec = msgspec.msgpack.Decoder(Ack)
 _Raw = msgspec.Raw
+# The C methods behind `data_frame`, `read_data` and the `Wire` encoding, for the compiled modules
+# to call without a Python function around them.
+encode_frame = _enc.encode
+decode_data = _data_dec.decode
 
 
 def data_frame(sender: int, base: int, first: int, want_ack: bool, items: list[bytes]) -> bytes:

@@ -14,6 +14,7 @@ import time
 from collections import deque
 from typing import Any, Final
 
+import msgspec
 import zmq
 
 from . import frames
@@ -26,7 +27,8 @@ _POLLIN: Final = frames.POLLIN
 _NOBLOCK: Final = frames.NOBLOCK
 _sock_send: Final = frames.sock_send
 _sock_get: Final = frames.sock_get
-_data_frame: Final = frames.data_frame
+_encode_frame: Final = frames.encode_frame
+_Raw: Final = msgspec.Raw
 
 
 class Peer:
@@ -125,8 +127,10 @@ class Peer:
         first = self.acked + len(inflight) + 1
         inflight.extend(items)
         want = want_ack or self.closing or len(inflight) >= window // 2
+        # (frames.data_frame, inlined)
+        frame = _encode_frame((self.sender_id, self.acked + 1, first, want, [_Raw(w) for w in items]))
         try:
-            _sock_send(self.sock, _data_frame(self.sender_id, self.acked + 1, first, want, items), _NOBLOCK)
+            _sock_send(self.sock, frame, _NOBLOCK)
         except zmq.Again:
             return False
         return True

@@ -41,7 +41,7 @@ _POLLIN: Final = frames.POLLIN
 _NOBLOCK: Final = frames.NOBLOCK
 _sock_recv: Final = frames.sock_recv
 _sock_get: Final = frames.sock_get
-_read_data: Final = frames.read_data
+_read_data: Final = frames.decode_data
 _encode_wire: Final = frames.encode_wire
 
 # Admit an envelope: None once it is in a mailbox, or an awaitable that delivers it
