@@ -37,7 +37,7 @@ from types import ModuleType
 # side of a round trip (2026-11-27).
 GROUPS: dict[str, tuple[str, ...]] = {
     # The kernel: every delivery runs through these.
-    "kernel": ("core.codec", "core.envelope", "core.mailbox", "core.cell", "core.steps", "core.context",
+    "kernel": ("core.codec", "core.envelope", "core.mailbox", "core.cell", "core.pagewriter", "core.steps", "core.context",
                "core.driver", "core.inline", "core.sim", "core.asyncdriver"),
     # An NPU run chunk's pass ends: one loop over C doubles (npu_loop's docstring).
     "npu": ("adapters.hardware.devices.npu_loop",),

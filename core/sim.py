@@ -16,7 +16,7 @@ from .driver import ASK_SRC, AskError, DriverBase
 from .envelope import Envelope
 from .messages import Message, Started
 from .records import DEAD, FULL, LATE, LogSink, Step
-from .steps import StepPage, make_row, make_step
+from .steps import StepPage, make_step
 
 Invariant = Callable[["SimDriver"], None]
 LOG_BATCH = 1024  # records handed to the sink at a time (a page of the process writer's)
@@ -52,7 +52,7 @@ class SimDriver(DriverBase):
         # (`append_page`), encoded as they are made into one `StepPage`; else as Steps, kept
         # here and handed over one `append` each.
         self._log_buf: list[Step] = []
-        self._append_page: Callable[[bytearray, int, float, float], int] | None = getattr(
+        self._append_page: Callable[[bytes, int, float, float], int] | None = getattr(
             sink, "append_page", None
         )
         self._page: StepPage | None = None if self._append_page is None else StepPage()
@@ -177,7 +177,7 @@ class SimDriver(DriverBase):
             snapshot = execute(cell, env, t)
             if sink is not None:  # `_log`, inlined
                 if page is not None:
-                    if page.add(make_row(cell, env, t, snapshot), t) >= page_steps:
+                    if page.add_delivery(cell, env, t, snapshot) >= page_steps:
                         self._flush_log()
                 else:
                     log_buf.append(make_step(cell, env, t, snapshot))
@@ -208,7 +208,7 @@ class SimDriver(DriverBase):
     def _log(self, step: Step) -> None:
         page = self._page
         if page is not None:
-            if page.add(step, step.input.t) >= self._page_steps:
+            if page.add(step) >= self._page_steps:
                 self._flush_log()
             return
         buf = self._log_buf
@@ -222,10 +222,8 @@ class SimDriver(DriverBase):
         page = self._page
         if page is not None:
             if page.steps:
-                try:
-                    self._append_page(page.body, page.steps, page.t_first, page.t_last)  # type: ignore[misc]
-                finally:
-                    page.clear()
+                steps, t_first, t_last = page.steps, page.t_first, page.t_last
+                self._append_page(page.take(), steps, t_first, t_last)  # type: ignore[misc]
             return
         buf = self._log_buf
         if not buf:

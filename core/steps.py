@@ -1,19 +1,18 @@
 """A delivery's log records: what a driver appends after `execute`, and what replay rebuilds.
 
-Built once per logged delivery, so the hot function, `make_row`, builds the step as a *row*:
-`(input, events, outputs, snapshot)` with each record a plain tuple of its fields in field
-order (the rare snapshot stays a `SnapshotRec`). msgspec encodes a row byte for byte like its `Step` (array-like Structs are arrays), so
-for a sink that stores encoded pages (`append_page`: the process writer's) the driver encodes
-rows into a `StepPage` as they are made and builds no Structs (~1,500 of 15,400 instructions a
-logged ping-pong step, measured). `make_step` is the same record as a `Step`, for every other
-sink.
+Built once per logged delivery. For a sink that stores encoded pages (`append_page`: the
+process writer's) the driver writes each step's msgpack straight into a `StepPage` as it is
+made (`core/pagewriter.py`: no record objects, the bytes msgspec makes of its `Step`);
+`make_step` builds the same record as a `Step`, for every other sink.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-import msgspec
+from librt.strings import BytesWriter
+
+from deepserve import BUILD
 
 from .cell import Cell, encode_state, restore_state
 from .classpath import class_path
@@ -21,6 +20,7 @@ from .codec import encode
 from .context import Out
 from .envelope import Envelope
 from .messages import Event
+from .pagewriter import write_delivery, write_record
 from .records import (
     DELIVERED,
     SNAPSHOT,
@@ -31,10 +31,12 @@ from .records import (
     Step,
 )
 
+# The compiled build writes a page's steps field by field (pagewriter.py: ~50 native writes a
+# step). Interpreted, those are ~50 calls, slower than msgspec encoding the step's row (a logged
+# ping-pong step: 60k against 39k instructions, measured), so the pure build encodes rows.
+NATIVE: Final = BUILD == "compiled"
 # As `Final`: the compiled build keeps these in C statics (a module global is a dict lookup).
 _encode: Final = encode
-# Pages are plain msgpack of rows and records (no dicts, nothing to order): the plain encoder.
-_page_encode_into: Final = msgspec.msgpack.Encoder().encode_into
 _DELIVERED: Final = int(DELIVERED)  # a plain int: msgspec encodes an IntEnum slowly
 
 
@@ -192,20 +194,32 @@ def _output_message(o: Out) -> tuple[str, bytes]:
 
 
 class StepPage:
-    """Steps encoded as they are made, back to back (a row or a `Step` each: the same bytes),
+    """Steps encoded as they are made, back to back (the same bytes as msgspec's `Step`s),
     with their count and time bounds: a page's body for a sink that stores pages
     (`append_page`). Encoding a step while its objects are fresh keeps no record alive
-    between deliveries (~400 instructions a logged delivery fewer than buffering rows)."""
+    between deliveries."""
 
     def __init__(self) -> None:
-        self.body = bytearray()
+        self.body = BytesWriter()
         self.steps = 0
         self.t_first = 0.0
         self.t_last = 0.0
 
-    def add(self, step: Any, t: float) -> int:
-        """Append `step` (its input's time `t`); returns the steps now held."""
-        _page_encode_into(step, self.body, -1)
+    def add_delivery(self, cell: Cell, env: Envelope, t: float, snapshot: bool) -> int:
+        """Append the step of the delivery `execute` just made (at time `t`; `snapshot`:
+        whether it took one); returns the steps now held."""
+        if NATIVE:
+            write_delivery(self.body, cell, env, t, snapshot_record(cell) if snapshot else None)
+        else:
+            write_record(self.body, make_row(cell, env, t, snapshot))
+        return self._count(t)
+
+    def add(self, step: Step) -> int:
+        """Append a `Step` (a dead letter, a final snapshot); returns the steps now held."""
+        write_record(self.body, step)
+        return self._count(step.input.t)
+
+    def _count(self, t: float) -> int:
         if self.steps == 0:
             self.t_first = self.t_last = t
         elif t < self.t_first:
@@ -215,6 +229,9 @@ class StepPage:
         self.steps += 1
         return self.steps
 
-    def clear(self) -> None:
-        self.body = bytearray()
+    def take(self) -> bytes:
+        """The body so far, and start a new page."""
+        body = self.body.getvalue()
+        self.body.truncate(0)
         self.steps = 0
+        return body
