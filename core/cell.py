@@ -66,7 +66,7 @@ class Cell:
     __slots__ = (
         "addr", "actor", "seq", "hlc", "out_seq", "parent", "alive", "ctx", "stats",
         "snap", "events_since_snap", "event_bytes_since_snap", "final_seq", "restart_times",
-        "mailbox", "task", "open_asks", "failed_asks", "inline",
+        "mailbox", "task", "open_asks", "failed_asks", "inline", "log_addr",
     )
 
     def __init__(self, addr: str, seed: int, seq: int = 0) -> None:
@@ -87,6 +87,7 @@ class Cell:
         self.mailbox: Any = None  # driver-specific
         self.task: Any = None
         self.inline = 0  # AsyncDriver: deliveries waiting in its inline queue for this cell
+        self.log_addr: bytes | None = None  # `addr` as msgpack, once a page has a step of it
         # Asks routed and not yet settled, and (bounded, oldest first out) asks that
         # failed: an answer to either after it is settled is late (see `settle_ask`).
         self.open_asks: set[int] = set()

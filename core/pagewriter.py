@@ -95,10 +95,6 @@ def write_float(w: BytesWriter, x: float) -> None:
     write_f64_be(w, x)
 
 
-def write_bool(w: BytesWriter, x: bool) -> None:
-    w.append(TRUE if x else FALSE)
-
-
 def _len_head(w: BytesWriter, n: int, small: int, one: int, what: str) -> None:
     """A str (`small` = fixstr, `one` = str 8) or bin (`small` < 0: none, `one` = bin 8)
     header: the byte after `one` is the 16-bit form, the next the 32-bit form."""
@@ -183,7 +179,9 @@ def write_delivery(w: BytesWriter, cell: Cell, env: Envelope, now: float, snapsh
     its input, events, outputs and `snapshot` (a `SnapshotRec` or None). Leaves the
     message's encoding on `env` and each output's on its `Out`, as `make_step` does."""
     ctx = cell.ctx
-    addr = str_bytes(cell.addr)
+    addr = cell.log_addr
+    if addr is None:
+        addr = cell.log_addr = str_bytes(cell.addr)
     seq = cell.seq
     msg = env.msg
     payload = env.payload
@@ -200,10 +198,10 @@ def write_delivery(w: BytesWriter, cell: Cell, env: Envelope, now: float, snapsh
     write_int(w, env.msg_id)
     write_opt_str(w, env.corr)
     write_opt_int(w, env.reply_to)
-    write_bool(w, env.external)
+    w.append(TRUE if env.external else FALSE)
     w.write(type_name_bytes(msg))
     write_bin(w, payload)
-    write_bool(w, env.ask)
+    w.append(TRUE if env.ask else FALSE)
     write_int(w, env.hlc)
     events = ctx.events
     if events:
@@ -256,7 +254,7 @@ def _write_output(w: BytesWriter, addr: bytes, seq: int, i: int, o: Out) -> None
     write_opt_str(w, o.key)
     write_opt_str(w, o.corr)
     write_opt_int(w, o.reply_to)
-    write_bool(w, o.ask)
+    w.append(TRUE if o.ask else FALSE)
     m = o.msg
     if m is None:
         w.append(0xA0)  # "": no message (a cancel, a stop)
