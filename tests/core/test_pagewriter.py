@@ -82,6 +82,13 @@ def test_none_bools_and_type_names() -> None:
     assert pw.type_name_bytes(Add(1)) == _msgpack("Add")
 
 
+def test_the_last_string_and_type_remembered_are_the_ones_asked_for() -> None:
+    for s in ["b/0", "b/1", "b/1", "b/0", "", "b/0"]:
+        assert pw.str_bytes(s) == _msgpack(s)
+    for obj in [Add(1), Started(cls="x", args={}), Started(cls="y", args={}), Add(2), "s", 1]:
+        assert pw.type_name_bytes(obj) == _msgpack(type(obj).__name__)
+
+
 def test_the_caches_are_bounded() -> None:
     for i in range(pw.CACHE_LIMIT + 10):
         assert pw.str_bytes(f"s{i}") == _msgpack(f"s{i}")
