@@ -60,6 +60,9 @@ def write_int(w: BytesWriter, x: int) -> None:
         elif x < 0x100000000:
             w.append(0xCE)
             write_i32_be(w, x - 0x100000000 if x >= 0x80000000 else x)
+        elif x <= 0x3FFFFFFFFFFFFFFF:  # compiled, a short int: compared without a big constant
+            w.append(0xCF)
+            write_i64_be(w, x)
         elif x < 0x10000000000000000:
             w.append(0xCF)
             write_i64_be(w, x - 0x10000000000000000 if x >= 0x8000000000000000 else x)
