@@ -8,7 +8,9 @@ Here the compiled build (compiled.py) writes each value into a `librt.strings.By
 (mypyc's own byte buffer: its appends and big-endian writes compile to a few C instructions),
 unboxed. The encoding is msgpack as msgspec writes it: the smallest int form, floats as float64,
 str/bin/array headers by length, None/False/True as 0xc0/0xc2/0xc3. Tests compare it with
-msgspec value by value and step by step (tests/core/test_pagewriter.py).
+msgspec value by value and step by step (tests/core/test_pagewriter.py), which also fail when a
+field is added to a record (`core/records.py`) and not here. The pure build encodes rows with
+msgspec instead (`steps.NATIVE`): interpreted, ~50 writes a step are ~50 calls.
 
 What is encoded once and kept: an address or a type name, with its header, by the string (or
 the type) it encodes (bounded caches, cleared when full).
