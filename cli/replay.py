@@ -215,6 +215,9 @@ def _state(args: argparse.Namespace) -> int:
         print_json(fields)
         return 0
     status = "alive" if st.alive else "stopped"
+    if st.cut:  # a killed process's log just ends (a tour: "alive" for an actor killed before --at)
+        status = ("alive at its last record; its log ends there without a final snapshot (its process "
+                  "was killed, or still runs): nothing later is known")  # fmt: skip
     when = "end of log" if st.at is None else f"t={st.at:g}"
     print(f"{st.actor} at {when}: after #{st.seq} (t={st.t:.6f}), {status}, {st.events} events folded")
     print_pretty_json(data)

@@ -17,7 +17,7 @@ from deepserve.core.actor import Actor, UnknownActorClass
 from deepserve.core.cell import build_actor
 from deepserve.core.codec import DecodeError, decode, to_builtins
 from deepserve.core.messages import Raw, Started, Stopped
-from deepserve.core.records import Step
+from deepserve.core.records import SNAPSHOT, Step
 from deepserve.persistence.api import LogReader
 
 from .common import ReplayError, load_hint, pick_run, some
@@ -31,6 +31,9 @@ class ActorState(msgspec.Struct):
     alive: bool  # False if the actor had stopped by then
     events: int  # events folded since the actor's last (re)start
     state: Any  # the state object itself (see `state_data` for printing)
+    # The actor's records stop before `at` (or the log's end) with no final snapshot: its
+    # process ended without a clean stop (killed), or still runs; past `t` the log knows nothing.
+    cut: bool = False
 
     def state_data(self) -> Any:
         """The state as plain data (dicts, lists) for printing and JSON."""
@@ -98,10 +101,15 @@ def state_at(
     """`actor`'s state after every delivery with clock time <= `at` (default: all)."""
     run = pick_run(reader, run_id)
     fold: _Fold | None = None
-    for step in reader.steps(run.run_id, actor=actor, until=at):
+    beyond, last_kind = False, SNAPSHOT
+    for step in reader.steps(run.run_id, actor=actor):
         rec = step.input
+        if at is not None and rec.t > at:
+            beyond = True  # the actor has records after `at`: it was there, whatever it did
+            break
+        last_kind = rec.kind
         if rec.seq < 0:
-            continue  # a dead letter: never reached the actor
+            continue  # a dead letter (or a final snapshot): no delivery to fold
         if rec.type == "Started":  # a spawn, a re-spawn or an in-place restart: start over
             fold = fold or _Fold()
             started = decode("Started", rec.payload)
@@ -114,4 +122,6 @@ def state_at(
         when = "" if at is None else f" at or before t={at}"
         known = some(reader.actors(run.run_id))
         raise ReplayError(f"no actor {actor!r} in run {run.run_id!r}{when} (actors: {known})")
-    return ActorState(actor, at, fold.seq, fold.t, fold.alive, fold.events, fold.state)
+    # A clean end (a run's end, a stop) leaves a final snapshot of every live actor.
+    cut = fold.alive and not beyond and last_kind != SNAPSHOT
+    return ActorState(actor, at, fold.seq, fold.t, fold.alive, fold.events, fold.state, cut)
