@@ -63,13 +63,16 @@ class DaemonScheduling(msgspec.Struct, frozen=True, forbid_unknown_fields=True, 
     heatmap: str = ""  # pd_aware / combined on the mixed group (`deepserve profile heatmap`)
     predictor: str = ""  # a decode-length predictor file ("" = none)
     max_attempts: Annotated[int, msgspec.Meta(ge=1, le=16)] = 3
+    # a prefill TE whose KV failed to reach its decode TE gets no new task for this long (0: off)
+    kv_fail_cooldown_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 5.0
     kv_events: bool = True  # the JE mirrors the TEs' KV cache events (locality sees real caches)
     forwarding: Forwarding = msgspec.field(default_factory=Forwarding)
 
     def as_scenario_section(self) -> Scheduling:
         return Scheduling(policy=self.policy, params=dict(self.params), heatmap=self.heatmap,
                           predictor=self.predictor, max_attempts=self.max_attempts,
-                          kv_events=self.kv_events, forwarding=self.forwarding)  # fmt: skip
+                          kv_fail_cooldown_s=self.kv_fail_cooldown_s, kv_events=self.kv_events,
+                          forwarding=self.forwarding)  # fmt: skip
 
 
 class DaemonConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -57,6 +57,7 @@ from .messages import (
     OfferAgain,
     OfferRefused,
     ParkTimeout,
+    PrefillSetAside,
     PrefillWaiting,
     RouteDecided,
     SubmitBatch,
@@ -194,13 +195,23 @@ class JobExecutor(Actor[JeState]):
             ctx.after(cfg.batch_tick_s, BatchTick(), key="batch")
 
     # ---- routing -------------------------------------------------------------------------------
-    def _candidates(self, j: Job, roles: tuple[str, ...]) -> tuple[Candidate, ...]:
+    def _candidates(self, j: Job, roles: tuple[str, ...], now: float = -1.0) -> tuple[Candidate, ...]:
+        """The TEs of `roles` that may take the job's next task; with `now`, a prefill TE set
+        aside (its KV failed to arrive, `PrefillSetAside`) only when no other TE is left."""
+        out = self._candidates_of(j, roles, self.state.set_aside if now >= 0 else {}, now)
+        if not out and now >= 0 and self.state.set_aside:
+            out = self._candidates_of(j, roles, {}, now)
+        return out
+
+    def _candidates_of(self, j: Job, roles: tuple[str, ...], aside: dict[str, float],
+                       now: float) -> tuple[Candidate, ...]:  # fmt: skip
         s = self.state
         group = s.groups.get(j.model, {})
         tree = s.trees.get(j.model)
         out: list[Candidate] = []
         for role in roles:
-            tes = [te for te in group.get(role, []) if te not in j.excluded]
+            tes = [te for te in group.get(role, []) if te not in j.excluded
+                   and not (role == "prefill" and aside.get(te, -1.0) > now)]  # fmt: skip
             match = tree.match(j.prompt.block_hashes, tes) if tree is not None and role != "decode" else {}
             sub = "colocated" if role == "colocated" else "pd"
             out += [Candidate(te=te, subgroup=sub, load=s.open.get(te, 0),  # type: ignore[arg-type]
@@ -222,7 +233,7 @@ class JobExecutor(Actor[JeState]):
             # a prefill is of use only with a decode TE to take its KV: when every decode TE has
             # failed this job, its retry goes to a colocated TE
             roles = ("colocated", "prefill") if not j.excluded or self._candidates(j, ("decode",)) else ("colocated",)
-            cands = self._candidates(j, roles)
+            cands = self._candidates(j, roles, ctx.now())
             decision = self.policy.select(self._route_req(rid, j), cands, self.state.turns) if cands else None
             if decision is not None:
                 phase = "prefill" if decision.subgroup == "pd" else "chat"
@@ -261,7 +272,7 @@ class JobExecutor(Actor[JeState]):
 
     def _offer(self, ctx: Context, rid: str, j: Job) -> Decision | None:
         """On-demand forwarding: the next prefill after a refusal, or a wait, or the timeout."""
-        cands = self._candidates(j, ("prefill",))
+        cands = self._candidates(j, ("prefill",), ctx.now())
         fw = self.cfg.forwarding
         offer = next_offer(cands, tuple(j.refused), ctx.now(), j.arrival_s, fw)
         if offer.stop:
@@ -308,7 +319,8 @@ class JobExecutor(Actor[JeState]):
         if oldest is None:
             return
         rid, j = oldest
-        if te in j.excluded or te not in s.groups.get(j.model, {}).get("prefill", ()):
+        if te in j.excluded or te not in s.groups.get(j.model, {}).get("prefill", ()) \
+                or s.set_aside.get(te, -1.0) > ctx.now():
             return
         cand = Candidate(te=te, subgroup="pd", load=s.open.get(te, 0))
         decision = Decision(policy="batch_forwarding", params={}, chosen=te, subgroup="pd",
@@ -436,6 +448,9 @@ class JobExecutor(Actor[JeState]):
         kv_lost = phase == "decode" and KV_TRANSFER_FAILED in reason
         ctx.record(JeTaskEnded(request_id=rid, task_id=j.task_id, te=te, status="failed", reason=reason,
                                prefill_te=j.prefill_te if kv_lost else ""))  # fmt: skip
+        cooldown = self.cfg.kv_fail_cooldown_s
+        if kv_lost and j.prefill_te and cooldown > 0:
+            ctx.record(PrefillSetAside(te=j.prefill_te, until_s=ctx.now() + cooldown, reason=reason))
         if j.cancelled:
             self._finish(ctx, rid, j, "cancelled", j.cancelled)
             return

@@ -28,10 +28,16 @@ class JeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     kv_block_tokens: int = 128  # the cluster's block size: prompt-tree matches in tokens
     stream_to: str = ""  # a live frontend's address: output tokens are relayed there ("": none)
     kv_events: bool = True  # subscribe to the TEs' KV cache events (False: ROUTED guesses only)
+    # A prefill TE whose KV failed to reach its decode TE gets no new P/D task for this long
+    # while another TE can take it (outlier ejection: a down link is invisible to heartbeats,
+    # so every request sent that way would find it down once). 0: never set aside.
+    kv_fail_cooldown_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError("scheduling.max_attempts: must be >= 1")
+        if not 0 <= self.kv_fail_cooldown_s <= 3600:
+            raise ValueError("scheduling.kv_fail_cooldown_s: must be in [0, 3600]")
         if self.batch_inflight < 1 or self.batch_online_limit < 0 or not self.batch_tick_s > 0:
             raise ValueError("scheduling.batch_*: inflight >= 1, online_limit >= 0, tick_s > 0")
         Policy(self.policy, self.params, self.heatmap)  # validates name, params and heatmap

@@ -213,6 +213,15 @@ class JePrefilled(Event, frozen=True, kw_only=True):
     te: str = ""  # the prefill TE holding the KV: a failed decode excludes it too
 
 
+class PrefillSetAside(Event, frozen=True, kw_only=True):
+    """A prefill TE's KV did not reach its decode TE: no new P/D task goes to it before
+    `until_s` while another TE can take one (`JeConfig.kv_fail_cooldown_s`)."""
+
+    te: str
+    until_s: float
+    reason: str
+
+
 class JobFinished(Event, frozen=True, kw_only=True):
     done: RequestDone
     batch_id: str = ""
@@ -288,6 +297,7 @@ class JeState(msgspec.Struct, kw_only=True):
     turns: int = 0  # round-robin decisions so far
     waiting: list[str] = []  # on-demand: prefill tasks no prefill took yet, oldest first
     sweep_misses: int = 0  # on-demand: fallback sweeps in a row that found no idle prefill
+    set_aside: dict[str, float] = {}  # prefill TE -> until when it gets no new task (PrefillSetAside)
     online: int = 0  # online jobs in flight
     completed: int = 0
     failed: int = 0

@@ -19,6 +19,7 @@ from .messages import (
     JobParked,
     MembershipChanged,
     OfferRefused,
+    PrefillSetAside,
     PrefillWaiting,
     RouteDecided,
     SweepMissed,
@@ -57,6 +58,8 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
             s.waiting.append(rid)
     elif t is SweepMissed:
         s.sweep_misses += 1
+    elif t is PrefillSetAside:
+        s.set_aside[e.te] = e.until_s  # type: ignore[attr-defined]
     elif t is TaskStreamed:
         j = s.jobs[e.task_id.rpartition("/")[0]]  # type: ignore[attr-defined]
         j.streamed = True

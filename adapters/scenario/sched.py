@@ -39,6 +39,8 @@ class Scheduling(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     jes: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
     max_inflight_per_model: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 1_000_000
     max_attempts: Annotated[int, msgspec.Meta(ge=1, le=16)] = 3
+    # a prefill TE whose KV failed to reach its decode TE gets no new task for this long (0: off)
+    kv_fail_cooldown_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 5.0
     kv_events: bool = True  # the JEs mirror the TEs' KV cache events (False: routing guesses only)
     forwarding: Forwarding = msgspec.field(default_factory=Forwarding)
 
@@ -102,7 +104,7 @@ def je_config(sch: Scheduling, kv_block_tokens: int = 128) -> dict[str, Any]:
         "policy": sch.policy, "params": dict(sch.params),
         "heatmap": load_heatmap(sch.heatmap) if sch.heatmap else None,
         "forwarding": msgspec.to_builtins(sch.forwarding), "max_attempts": sch.max_attempts,
-        "kv_events": sch.kv_events,
+        "kv_fail_cooldown_s": sch.kv_fail_cooldown_s, "kv_events": sch.kv_events,
         "predictor": load_predictor(sch.predictor) if sch.predictor else None,
     }  # fmt: skip
 

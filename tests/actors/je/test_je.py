@@ -170,6 +170,27 @@ def test_a_decode_whose_kv_never_arrived_is_retried_off_its_prefill_te_too() -> 
         "no chat TE of model 'm' left for it: d/0, p/0 failed this job; last: failed on d/0: KV transfer failed"), r
 
 
+def test_a_prefill_whose_kv_failed_gets_no_new_task_for_the_cooldown() -> None:
+    """Outlier ejection: a down link is invisible to heartbeats, so without it every P/D request
+    sent that way found it down once (a streamed one then failed: it had shown its first token).
+    The prefill TE is set aside for `kv_fail_cooldown_s` while another TE can take the work."""
+    tes = {"c/0": {}, "p/0": {}, "d/0": {"behaviour": "kv_lost"}}
+    roles = {"colocated": ["c/0"], "prefill": ["p/0"], "decode": ["d/0"]}
+    quiet = [msgspec.structs.replace(job(i), stream=False) for i in range(5)]
+    late = msgspec.structs.replace(job(9), stream=False)
+    d, out = run(tes, roles, quiet, {"kv_fail_cooldown_s": 2.0}, gap_s=0.5, extra=[(8.0, "je/0", late)])
+    done = done_of(out)
+    assert all(r.status == "completed" for r in done.values()), done
+    (aside,) = events(d, "PrefillSetAside")
+    assert aside.te == "p/0" and "KV transfer failed" in aside.reason
+    first = {e.request_id: e.decision for e in decisions(d) if e.attempt == 1 and e.phase != "decode"}
+    assert first["r1"].chosen == "p/0"  # round robin's second turn: the P/D pair, whose KV fails
+    for rid in ("r2", "r3", "r4"):  # within the cooldown: p/0 is not a candidate
+        assert [c.te for c in first[rid].ranked] == ["c/0"], (rid, first[rid])
+    assert {c.te for c in first["r9"].ranked} == {"c/0", "p/0"}  # after it: offered again
+    assert verify(MemoryLog(d.sink)).identical
+
+
 def test_dead_te_times_out_and_the_task_moves_on() -> None:
     tes = {"te/0": {"behaviour": "dead"}, "te/1": {}}
     d, out = run(tes, {"colocated": list(tes)}, [job(0)], {"forwarding": {"accept_timeout_s": 0.5}})
