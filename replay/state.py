@@ -101,7 +101,7 @@ def state_at(
     """`actor`'s state after every delivery with clock time <= `at` (default: all)."""
     run = pick_run(reader, run_id)
     fold: _Fold | None = None
-    beyond, last_kind = False, SNAPSHOT
+    beyond, last_kind = False, int(SNAPSHOT)
     for step in reader.steps(run.run_id, actor=actor):
         rec = step.input
         if at is not None and rec.t > at:
