@@ -151,14 +151,20 @@ def str_bytes(s: str) -> bytes:
         return last.s_bytes
     b = _STRS.get(s)
     if b is None:
-        tmp = BytesWriter()
-        write_str(tmp, s)
-        b = tmp.getvalue()
-        if len(_STRS) >= CACHE_LIMIT:
-            _STRS.clear()
-        _STRS[s] = b
+        b = _cache_str(_STRS, s, s)
     last.s = s
     last.s_bytes = b
+    return b
+
+
+def _cache_str(cache: dict[Any, bytes], key: Any, text: str) -> bytes:
+    """`text` as msgpack, kept in `cache` under `key` (a cache miss; bounded by CACHE_LIMIT)."""
+    tmp = BytesWriter()
+    write_str(tmp, text)
+    b = tmp.getvalue()
+    if len(cache) >= CACHE_LIMIT:
+        cache.clear()
+    cache[key] = b
     return b
 
 
@@ -177,12 +183,7 @@ def type_name_bytes(obj: object) -> bytes:
         return last.cls_bytes
     b = _TYPE_NAMES.get(cls)
     if b is None:
-        tmp = BytesWriter()
-        write_str(tmp, cls.__name__)
-        b = tmp.getvalue()
-        if len(_TYPE_NAMES) >= CACHE_LIMIT:
-            _TYPE_NAMES.clear()
-        _TYPE_NAMES[cls] = b
+        b = _cache_str(_TYPE_NAMES, cls, cls.__name__)
     last.cls = cls
     last.cls_bytes = b
     return b
