@@ -23,6 +23,7 @@ read every TE's load), a cluster on one server. Those are refused with the reaso
 from __future__ import annotations
 
 import contextlib
+import gc
 import multiprocessing
 import os
 import re
@@ -45,6 +46,7 @@ from .placement import Placement, place
 from .run import RunResult, run_scenario
 from .schema import Scenario
 
+WORKER_GC_GEN0_THRESHOLD = 100_000  # the cyclic GC's first threshold in a worker (`_worker`)
 PROGRESS_EVERY = 64  # terminal requests between a worker's progress messages
 WORKLOAD_COUNTERS = ("arrived", "completed", "failed", "cancelled", "duplicates")
 
@@ -159,6 +161,12 @@ def _worker(conn: Connection, scenario: Scenario, trace: str, requests: int | No
     leaves no reader of this worker's pipe and the worker's next send fails."""
     for other in inherited:
         other.close()
+    # The parent's objects are long-lived here: kept out of the collector (what Python's gc
+    # docs advise for a forked child), and young objects collected 10x less often than the
+    # CLI's threshold: the collector's CPU in a worker of 3,000 Mooncake requests went from
+    # 0.17 s to 0.085 s (~3 % -> ~1.5 %, measured with gc.callbacks). A worker is ours alone.
+    gc.freeze()
+    gc.set_threshold(WORKER_GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
     try:
         from deepserve.persistence import open_sink
 
