@@ -9,6 +9,12 @@ means a log and a state that diverged, and raises instead of corrupting the pool
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable, Iterable
+from itertools import repeat
+from operator import delitem, setitem
+from typing import Any
+
 from .events import (
     RtcBlocksAllocated,
     RtcBlocksCached,
@@ -62,7 +68,8 @@ def _allocated(rtc: Rtc, ev: RtcBlocksAllocated) -> None:
                     del lru[b]
                 else:
                     del rtc.cold_hbm[b]
-                _left_lru(memo, b)
+                if b in memo.marks:
+                    _left_lru(memo, b)
             ref[b] = r + 1
         table.extend(ev.shared)
         sb.num_cached = len(table)
@@ -179,17 +186,31 @@ def _copy_finished(rtc: Rtc, ev: RtcCopyFinished) -> None:
 
 def _swap_out_started(rtc: Rtc, hbm: tuple[int, ...], dram: tuple[int, ...]) -> None:
     """The copy takes a reference on each HBM block (off the LRU: `_ref_inc`) and each DRAM
-    destination (`_take_dram`), one loop a side: a swap-out moves tens of blocks at once."""
-    ref, hbm_hash, memo = rtc.ref, rtc.hbm_hash, rtc.swap_memo
-    for b in hbm:
-        r = ref[b]
-        if r == 0:
-            if hbm_hash[b] is None:
-                raise Diverged(f"HBM block {b} is free: it cannot be shared")
-            leave_lru(rtc, b)
-            _left_lru(memo, b)
-        ref[b] = r + 1
+    destination (`_take_dram`): a swap-out moves tens of blocks at once, so the common case
+    (distinct unreferenced blocks of `lru_hbm`; destinations from the top of the free stack)
+    runs as C-level maps, and anything else block by block."""
+    ref, lru = rtc.ref, rtc.lru_hbm
+    if (not any(map(ref.__getitem__, hbm)) and all(map(lru.__contains__, hbm))
+            and len(set(hbm)) == len(hbm)):  # fmt: skip
+        _each(delitem, repeat(lru), hbm)
+        rtc.swap_memo.left_lru(hbm)
+        _each(setitem, repeat(ref), hbm, repeat(1))
+    else:
+        hbm_hash, memo = rtc.hbm_hash, rtc.swap_memo
+        for b in hbm:
+            r = ref[b]
+            if r == 0:
+                if hbm_hash[b] is None:
+                    raise Diverged(f"HBM block {b} is free: it cannot be shared")
+                leave_lru(rtc, b)
+                _left_lru(memo, b)
+            ref[b] = r + 1
     dram_hash, free, pins = rtc.dram_hash, rtc.free_dram, rtc.dram_pins
+    k = min(len(dram), len(free))  # the free stack's top, popped in order (tiers._pick_dram)
+    if k and free[len(free) - k :][::-1] == list(dram[:k]):
+        del free[len(free) - k :]
+        _each(setitem, repeat(pins), dram[:k], repeat(1))
+        dram = dram[k:]
     for d in dram:
         if dram_hash[d] is None and free and free[-1] == d:
             free.pop()  # _take_dram's common case, inlined
@@ -200,10 +221,38 @@ def _swap_out_started(rtc: Rtc, hbm: tuple[int, ...], dram: tuple[int, ...]) -> 
 
 def _swap_out_finished(rtc: Rtc, c: CopyOp, stored: dict[int, int | None] | None) -> None:
     """Index the DRAM copies that arrived (`stored`; None: the copy failed), unpin the DRAM
-    blocks and drop the copy's HBM references (`_unpin_dram`, `_ref_dec`: their common cases
-    inlined). Reversed, so that the blocks keep their order at the LRU front."""
-    if not len(c.hashes) == len(c.hbm) == len(c.dram):
+    blocks and drop the copy's HBM references (`_unpin_dram`, `_ref_dec`). Reversed, so that
+    the blocks keep their order at the LRU front. The common case (every block arrived, each
+    DRAM block pinned by this copy only, each HBM block held by it only) runs as C-level
+    maps, in the same order as the loop would. (A block a copy holds keeps its content:
+    only an unreferenced block is taken, so `hbm_hash[b]` is set.)"""
+    n = len(c.hashes)
+    if not n == len(c.hbm) == len(c.dram):
         raise Diverged(f"copy {c.hashes!r}: hashes, HBM and DRAM blocks differ in number")
+    pins, ref = rtc.dram_pins, rtc.ref
+    if (stored is not None and all(map(stored.__contains__, c.hashes))
+            and list(map(pins.__getitem__, c.dram)).count(1) == n
+            and list(map(ref.__getitem__, c.hbm)).count(1) == n):  # fmt: skip
+        hs, bs, ds = c.hashes[::-1], c.hbm[::-1], c.dram[::-1]
+        _each(setattr, map(rtc.nodes.__getitem__, hs), repeat("dram"), ds)
+        dram_hash, hbm_saved = rtc.dram_hash, rtc.hbm_saved
+        for h, b, d in zip(hs, bs, ds, strict=True):  # (list stores: cheaper as bytecode than as calls)
+            dram_hash[d] = h
+            hbm_saved[b] = 1
+            pins[d] = 0
+            ref[b] = 0
+        rtc.lru_dram.update(dict.fromkeys(ds))
+        # saved blocks released cold: the LRU's front, and the memo's known front, grow
+        rtc.cold_hbm.update(dict.fromkeys(bs))
+        memo = rtc.swap_memo
+        memo.marks.update(dict.fromkeys(bs, -1))
+        memo.cold += n
+        return
+    _swap_out_finished_each(rtc, c, stored)
+
+
+def _swap_out_finished_each(rtc: Rtc, c: CopyOp, stored: dict[int, int | None] | None) -> None:
+    """`_swap_out_finished` block by block (a failed copy, a block shared meanwhile)."""
     nodes, dram_hash, hbm_saved, hbm_hash = rtc.nodes, rtc.dram_hash, rtc.hbm_saved, rtc.hbm_hash
     pins, ref, lru_dram = rtc.dram_pins, rtc.ref, rtc.lru_dram
     cold = stored is not None
@@ -226,6 +275,13 @@ def _swap_out_finished(rtc: Rtc, c: CopyOp, stored: dict[int, int | None] | None
             memo.cold += 1
         else:
             _ref_dec(rtc, b, cold=cold)
+
+
+def _each(fn: Callable[..., object], *args: Iterable[Any]) -> None:
+    """fn(*items) for each zip of `args`, looped in C (no Python step a block). Pass builtins
+    with a fast call (`operator.setitem`, bound methods of dict and list): a slot wrapper such
+    as `ref.__setitem__` packs a tuple per call and costs more than the bytecode it saves."""
+    deque(map(fn, *args), 0)
 
 
 def _cache_created(rtc: Rtc, ev: RtcCacheCreated) -> None:

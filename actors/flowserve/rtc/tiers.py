@@ -8,12 +8,14 @@ None when there is nothing to do); the executor moves the bytes in between.
 from __future__ import annotations
 
 from itertools import islice
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 
 from .apply import POPULATE, PREFETCH, SWAP_OUT
 from .events import RtcCopyFinished, RtcCopyStarted
 from .master import Match, _check_seq_free, _pick_hbm, can_allocate, match_by_prefix
 from .state import DRAM, HBM, NONE, Rtc, RtcError, SwapMemo, lru_blocks, lru_order
+
+_PARENT, _DRAM = attrgetter("parent"), attrgetter("dram")
 
 
 def _pick_dram(rtc: Rtc, n: int) -> tuple[list[int], list[int]]:
@@ -112,15 +114,31 @@ def plan_swap_out(rtc: Rtc) -> RtcCopyStarted | None:
     memo = rtc.swap_memo
     if memo.known() < min(size, lru_blocks(rtc)):
         _scan(rtc, memo, SwapMemo.EXTENT * size)
-    cold = memo.unsaved_within(size)
+    first, cold = memo.unsaved_within(size)
     if not cold:
         return None
     # Fewer than `swap_min_blocks` are not worth a copy of their own, unless the coldest of
     # them is among the next `swap_batch_blocks` blocks an allocation takes (free stack, LRU).
-    if len(cold) < cfg.swap_min_blocks and len(rtc.free_hbm) + cold[0][0] >= cfg.swap_batch_blocks:
+    if len(cold) < cfg.swap_min_blocks and len(rtc.free_hbm) + first >= cfg.swap_batch_blocks:
         return None
-    hbm_hash = rtc.hbm_hash
-    return copy_to_dram(rtc, [hbm_hash[b] for _, b in cold[: cfg.swap_batch_blocks]])  # type: ignore[misc]
+    return _swap_out(rtc, cold[: cfg.swap_batch_blocks])
+
+
+def _swap_out(rtc: Rtc, blocks: tuple[int, ...]) -> RtcCopyStarted | None:
+    """`copy_to_dram` of the chain hashes of `blocks`, which are distinct, cached and not in
+    DRAM (the memo's unsaved blocks: on the LRU, indexed, `hbm_saved` 0), so none is filtered
+    out: the event is built by C-level maps, without copy_to_dram's checks a block (the test
+    of the stateful RTC compares the two)."""
+    blocks = blocks[: len(rtc.free_dram) + len(rtc.lru_dram)]
+    if not blocks:
+        return None
+    hashes: tuple[int, ...] = tuple(map(rtc.hbm_hash.__getitem__, blocks))  # type: ignore[arg-type]
+    parents = tuple(map(_PARENT, map(rtc.nodes.__getitem__, hashes)))
+    dram, evicted = _pick_dram(rtc, len(blocks))
+    return RtcCopyStarted(
+        copy_id=_copy_id(rtc), kind=SWAP_OUT, hashes=hashes,
+        parents=parents, hbm=blocks, dram=tuple(dram), evicted_dram=tuple(evicted),
+    )
 
 
 def _scan(rtc: Rtc, memo: SwapMemo, n: int) -> None:
@@ -141,9 +159,15 @@ def finish_copy(rtc: Rtc, copy_id: str, ok: bool, reason: str = "") -> RtcCopyFi
         raise RtcError(f"unknown copy {copy_id!r} (finished twice, or the RTC was cleared)")
     stored: list[int] = []
     parents: list[int | None] = []
+    swap = c.kind == SWAP_OUT
+    if ok and swap:
+        # The common case: none of the blocks reached DRAM otherwise meanwhile (C-level maps)
+        found = list(map(rtc.nodes.__getitem__, c.hashes))
+        if list(map(_DRAM, found)).count(NONE) == len(found):
+            return RtcCopyFinished(copy_id=copy_id, ok=ok, medium=DRAM, stored=tuple(c.hashes),
+                                   parents=tuple(map(_PARENT, found)), reason=reason)
     if ok:
         nodes = rtc.nodes
-        swap = c.kind == SWAP_OUT
         for h in c.hashes:
             node = nodes[h]
             if (node.dram if swap else node.hbm) == NONE:

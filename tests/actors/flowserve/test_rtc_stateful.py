@@ -219,6 +219,8 @@ class RtcMachine(RuleBasedStateMachine):
         if known:
             event(f"swap-out decided from the memo ({'a copy' if ev else 'nothing'})")
         if ev is not None:
+            # built from the memo's blocks without copy_to_dram's checks (tiers._swap_out): the same
+            assert ev == rtc.copy_to_dram(r, list(ev.hashes))
             assert self.ref.swap_out(ev.copy_id, list(ev.hashes)) == list(ev.hashes)
             event("background swap-out")
             self.rec(ev)

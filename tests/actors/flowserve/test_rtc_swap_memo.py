@@ -1,0 +1,58 @@
+"""The swap-out memo's arithmetic (state.SwapMemo) against the plain walk it replaces."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from deepserve.actors.flowserve.rtc.pool import _left_lru
+from deepserve.actors.flowserve.rtc.state import SwapMemo
+
+
+def _memo(flags: list[bool]) -> SwapMemo:
+    memo = SwapMemo()
+    memo.remember(list(range(len(flags))), bytes(flags))
+    return memo
+
+
+@given(
+    flags=st.lists(st.booleans(), max_size=40),
+    data=st.data(),
+    cold=st.integers(0, 5),
+    window=st.integers(0, 50),
+)
+def test_unsaved_within_is_the_walk(flags: list[bool], data: st.DataObject, cold: int, window: int) -> None:
+    """Marked blocks 0..n-1 (block b at scan position b), some left the LRU in batches,
+    `cold` saved blocks put at the front: the unsaved blocks among the first `window` of
+    the LRU as it now is, and the first one's position, are what walking it gives."""
+    memo = _memo(flags)
+    left = data.draw(st.lists(st.sets(st.integers(0, max(len(flags) - 1, 0))), max_size=4))
+    gone: set[int] = set()
+    for batch in left:
+        batch = [b for b in batch if b not in gone and b < len(flags)]
+        memo.left_lru(batch)
+        gone.update(batch)
+    for i in range(cold):  # saved blocks released cold (apply._swap_out_finished)
+        memo.marks[1000 + i] = -1
+        memo.cold += 1
+    lru = [None] * cold + [b for b in range(len(flags)) if b not in gone]
+    walk = [(at, b) for at, b in enumerate(lru[:window]) if b is not None and not flags[b]]
+    first, blocks = memo.unsaved_within(window)
+    assert list(blocks) == [b for _, b in walk]
+    assert first == (walk[0][0] if walk else 0)
+    assert memo.unsaved_within(window) == (first, blocks)  # asked again: the kept answer
+
+
+@given(flags=st.lists(st.booleans(), min_size=1, max_size=30), data=st.data())
+def test_left_lru_is_each_block_leaving(flags: list[bool], data: st.DataObject) -> None:
+    """A batch leaving the LRU (`SwapMemo.left_lru`) leaves the memo as `_left_lru` a block
+    at a time does, marked or not, saved-cold or not."""
+    a, b = _memo(flags), _memo(flags)
+    for memo in (a, b):
+        memo.marks[99] = -1  # one saved block put at the front since the scan
+        memo.cold += 1
+    blocks = data.draw(st.lists(st.sampled_from([*range(len(flags) + 3), 99]), unique=True))
+    a.left_lru(blocks)
+    for block in blocks:
+        _left_lru(b, block)
+    assert (a.marks, a.unsaved, a.removed, a.cold) == (b.marks, b.unsaved, b.removed, b.cold)
