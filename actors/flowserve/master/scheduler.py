@@ -63,30 +63,51 @@ class _Step:
         self.admitted: list[tuple[str, int]] = []
         self.copies: list[rtc.RtcCopyStarted] = []
         self.running = list(st.running)
+        # Beside `entries`, for `passes`: each entry's task and its tokens computed after this
+        # pass, and whether any entry is more than one decode token (a head).
+        self.tasks: list[Req] = []
+        self.after: list[int] = []
+        self.head = False
 
     # ---- running tasks first (decode before partial prefills) ---------------------------
     def run_running(self) -> None:
+        """Decodes first, then partial prefills, each in running order. Per-batch fixed costs
+        dominate (2-3 entries a batch), so the per-task helpers (`_is_decode`, `_chunk`, `_add`,
+        `Req.num_tokens`) are inlined here."""
         reqs, B, seqs = self.st.reqs, self.cfg.block_tokens, self.st.rtc.seqs
-        decode = [_is_decode(reqs[t]) for t in self.running]
-        order = [t for t, d in zip(self.running, decode, strict=True) if d]
-        order += [t for t, d in zip(self.running, decode, strict=True) if not d]
-        for tid in order:
-            if tid in self.preempted or self.budget == 0:
-                continue
-            r = reqs[tid]
-            if r.cancelled is not None:
-                continue
-            n = self._chunk(r.num_tokens - r.num_computed)
-            if n == 0:
-                continue
-            sb = seqs.get(tid)  # blocks_needed(computed + n, B) - len(block_table), inlined
-            need = -(-(r.num_computed + n) // B) - (len(sb.blocks) if sb is not None else 0)
-            if not self._make_room(need, tid):
-                self._preempt(tid)
-                continue
-            if need > 0:
-                self.record(rtc.allocate(self.st.rtc, tid, need))
-            self._add(tid, n)
+        decodes: list[tuple[str, Req, int]] = []
+        others: list[tuple[str, Req, int]] = []
+        for t in self.running:
+            r = reqs[t]
+            left = r.task.prompt.num_tokens + r.emitted - r.num_computed  # tokens without KV
+            (decodes if left == 1 and r.emitted > 0 else others).append((t, r, left))
+        chunked = self.cfg.chunked_prefill
+        entries, tasks, after = self.entries, self.tasks, self.after
+        for order, decode in ((decodes, True), (others, False)):
+            for tid, r, left in order:
+                budget = self.budget
+                if budget == 0 or (self.preempted and tid in self.preempted):
+                    continue
+                if r.cancelled is not None:
+                    continue
+                n = left if left <= budget else (budget if chunked else 0)
+                if n == 0:
+                    continue
+                c = r.num_computed + n
+                sb = seqs.get(tid)  # blocks_needed(c, B) - len(block_table), inlined
+                need = -(-c // B) - (len(sb.blocks) if sb is not None else 0)
+                if need > 0:
+                    if not self._make_room(need, tid):
+                        self._preempt(tid)
+                        continue
+                    self.record(rtc.allocate(self.st.rtc, tid, need))
+                entries.append(Entry(tid, n))
+                self.scheduled.add(tid)
+                self.budget = budget - n
+                tasks.append(r)
+                after.append(c)
+                if not decode:  # a decode's n is 1 (the budget is not 0)
+                    self.head = True
 
     def _chunk(self, n: int) -> int:
         if n <= self.budget:
@@ -173,6 +194,9 @@ class _Step:
             self.record(rtc.allocate(R, tid, max(need, 0), shared=shared))
         self.admitted.append((tid, computed))
         self._add(tid, n)
+        self.tasks.append(r)
+        self.after.append(computed + n)
+        self.head = True  # a new task's pass computes its prompt (or a chunk of it)
         return True
 
     # ---- the simulation's fast path ---------------------------------------------------
@@ -186,45 +210,71 @@ class _Step:
         st, cfg = self.st, self.cfg
         if not cfg.aggregate or not self.entries or self.preempted:
             return SINGLE
-        reqs, admitted = st.reqs, dict(self.admitted)
-        entries = self.entries
+        reqs, entries, tasks, after = st.reqs, self.entries, self.tasks, self.after
+        admitted = dict(self.admitted) if self.admitted else {}
         if len(entries) != len(st.running) + len(admitted):
             in_batch = {e.task_id for e in entries}
             if any(t not in in_batch and reqs[t].cancelled is None for t in st.running):
                 return SINGLE  # left out of pass 0 (no budget): a later pass would take it
-        tasks = [reqs[e.task_id] for e in entries]
-        # tokens each entry has computed when the batch starts (an admission's, for a new one)
-        c0 = [admitted.get(e.task_id, r.num_computed) for e, r in zip(entries, tasks, strict=True)]
-        head = any(not (e.n == 1 and _is_decode(r) and e.task_id not in admitted)
-                   for e, r in zip(entries, tasks, strict=True))  # fmt: skip
-        # A head's prefill may have spent the token budget a waiting task needed: at the next
-        # pass it would be admitted, so the batch would not run unchanged.
-        if head and any(t not in admitted for t in st.waiting):
-            return SINGLE
-        after = [c + e.n for c, e in zip(c0, entries, strict=True)]  # computed after pass 0
-        if head and any(a < r.num_tokens for a, r in zip(after, tasks, strict=True)):
-            if st.rtc.config.dram_blocks:
-                # The DRAM tier's swap-out and prefetch are planned after each batch: stepwise
-                # after every chunk, in a run only at its end, and a lead would move them
-                # (docs/decisions.md, 2026-11-26 ninth session).
+        head = self.head  # an entry is an admission or more than one decode token
+        if head:
+            # A head's prefill may have spent the token budget a waiting task needed: at the
+            # next pass it would be admitted, so the batch would not run unchanged.
+            if any(t not in admitted for t in st.waiting):
                 return SINGLE
-            lead = _Lead(entries, tasks, c0, self._run_order(admitted), cfg)  # prompts left
-            if lead.failed:
-                return SINGLE
-            k = min(run_cap(st, cfg), *(f + r.out_len - r.emitted for f, r in zip(lead.emit_from, tasks, strict=True)))
-            k = self._blocks_allow(lead.computed, k) if k > 1 else k
-            if k <= 1:
-                return SINGLE
-            return Run(k, tuple(lead.passes[: k - 1]), tuple(min(f, k) for f in lead.emit_from))
-        k = min(run_cap(st, cfg), *(r.out_len - r.emitted for r in tasks))
+            if any(a < r.task.prompt.num_tokens + r.emitted for a, r in zip(after, tasks, strict=True)):
+                return self._lead_run(admitted)
+        k = run_cap(st, cfg)
+        for r in tasks:
+            left = r.out_len - r.emitted
+            if left < k:
+                k = left
         if k <= 1:
             return SINGLE
-
-        def computed(j: int) -> list[int]:  # every pass after pass 0 decodes
-            return [a + j - 1 for a in after]
-
-        k = self._blocks_allow(computed, k)
+        k = self._decode_blocks(k)
         return SINGLE if k <= 1 else Run(k)
+
+    def _lead_run(self, admitted: dict[str, int]) -> Run:
+        """`passes` for a batch whose prompts need passes after pass 0 (the lead)."""
+        st, cfg, entries, tasks = self.st, self.cfg, self.entries, self.tasks
+        if st.rtc.config.dram_blocks:
+            # The DRAM tier's swap-out and prefetch are planned after each batch: stepwise
+            # after every chunk, in a run only at its end, and a lead would move them
+            # (docs/decisions.md, 2026-11-26 ninth session).
+            return SINGLE
+        c0 = [a - e.n for a, e in zip(self.after, entries, strict=True)]  # computed before pass 0
+        lead = _Lead(entries, tasks, c0, self._run_order(admitted), cfg)  # prompts left
+        if lead.failed:
+            return SINGLE
+        k = min(run_cap(st, cfg), *(f + r.out_len - r.emitted for f, r in zip(lead.emit_from, tasks, strict=True)))
+        k = self._blocks_allow(lead.computed, k) if k > 1 else k
+        if k <= 1:
+            return SINGLE
+        return Run(k, tuple(lead.passes[: k - 1]), tuple(min(f, k) for f in lead.emit_from))
+
+    def _decode_blocks(self, k: int) -> int:
+        """`_blocks_allow` for a run whose every pass after pass 0 decodes: the common case
+        (the blocks of k passes fit) in one loop, the binary search otherwise."""
+        B, R = self.cfg.block_tokens, self.st.rtc
+        seqs, after = R.seqs, self.after
+        extra = 0
+        more: list[int] = []
+        for e, a in zip(self.entries, after, strict=True):
+            sb = seqs.get(e.task_id)
+            m = -(-(a + k - 1) // B) - (len(sb.blocks) if sb is not None else 0)
+            more.append(m)
+            if m > 0:
+                extra += m
+        if extra > rtc.hbm_free_blocks(R):
+
+            def computed(j: int) -> list[int]:  # every pass after pass 0 decodes
+                return [a + j - 1 for a in after]
+
+            return self._blocks_allow(computed, k)
+        for e, m in zip(self.entries, more, strict=True):
+            if m > 0:
+                self.record(rtc.allocate(R, e.task_id, m))
+        return k
 
     def _run_order(self, admitted: dict[str, int]) -> list[int]:
         """Entry indices in the stepwise path's order of later passes: the running queue's
@@ -331,7 +381,11 @@ def has_head(st: MasterState, entries: tuple[Entry, ...] | list[Entry]) -> bool:
     """Whether a run of these entries starts with a pass of its own (an entry completes its
     prompt in it) rather than a decode pass like the rest."""
     reqs = st.reqs
-    return any(not (e.n == 1 and _is_decode(reqs[e.task_id])) for e in entries if e.task_id in reqs)
+    for e in entries:  # any(not (e.n == 1 and _is_decode(r))), as a plain loop: once a batch
+        r = reqs.get(e.task_id)
+        if r is not None and (e.n != 1 or r.emitted <= 0 or r.task.prompt.num_tokens + r.emitted - r.num_computed != 1):
+            return True
+    return False
 
 
 def schedule(st: MasterState, cfg: MasterConfig, record: Record) -> Plan:
