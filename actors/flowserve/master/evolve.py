@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from deepserve.actors.flowserve import rtc
 from deepserve.actors.flowserve.master.scheduler import has_head
 from deepserve.actors.flowserve.master.state import (
@@ -142,7 +145,7 @@ def _ended(st: MasterState, e: BatchEnded) -> None:
         if entry.n > 1:
             prefill[0] += entry.n
         r.num_computed += entry.n
-        if r.num_computed >= r.num_tokens:
+        if r.num_computed >= r.task.prompt.num_tokens + r.emitted:  # Req.num_tokens, inlined
             r.emitted += 1
             if r.first_token_s is None:
                 r.first_token_s = e.ends_s[0]
@@ -174,45 +177,69 @@ def _task_ended(st: MasterState, e: TaskEnded) -> None:
     st.finished += 1
 
 
+def _launched(st: MasterState, e: BatchLaunched) -> None:
+    assert st.in_flight is not None and st.in_flight.step == e.step
+    st.in_flight.launched = True
+    st.in_flight.iterations = e.iterations
+
+
+def _interrupted(st: MasterState, e: BatchInterrupted) -> None:
+    assert st.in_flight is not None and st.in_flight.step == e.step
+    st.in_flight.interrupt = True
+
+
+def _cancel_marked(st: MasterState, e: TaskCancelMarked) -> None:
+    r = st.reqs[e.task_id]
+    r.cancelled, r.cancelled_at = e.reason, e.at_s
+
+
+def _transfer_held(st: MasterState, e: TransferHeld) -> None:
+    st.held[e.handle.transfer_id] = e.handle
+    held = st.reqs.get(e.task_id)
+    if held is not None:
+        _drop(st.running, e.task_id)
+        held.status = HELD
+
+
+def _transfer_released(st: MasterState, e: TransferReleased) -> None:
+    st.held.pop(e.transfer_id, None)
+
+
+def _channel_opened(st: MasterState, e: ChannelOpened) -> None:
+    st.channels.append(e.addr)
+
+
+def _corruption_armed(st: MasterState, e: CorruptionArmed) -> None:
+    st.corrupt.append((e.task_id, e.block_index))
+
+
+def _corruption_used(st: MasterState, e: CorruptionUsed) -> None:
+    del st.corrupt[e.index]
+
+
+def _device_lost(st: MasterState, e: DeviceLost) -> None:
+    st.device_lost = e.reason
+
+
+# The fold of each master event, by its exact type (no event type is subclassed): one dict
+# lookup instead of a chain of isinstance tests, ~16 events a request.
+FOLDS: dict[type, Callable[[MasterState, Any], None]] = {
+    BatchEnded: _ended, BatchPlanned: _planned, TaskQueued: _queued, TaskStatus: _status,
+    TaskEnded: _task_ended, BatchLaunched: _launched, BatchInterrupted: _interrupted,
+    TaskCancelMarked: _cancel_marked, TransferHeld: _transfer_held,
+    TransferReleased: _transfer_released, ChannelOpened: _channel_opened,
+    CorruptionArmed: _corruption_armed, CorruptionUsed: _corruption_used, DeviceLost: _device_lost,
+}  # fmt: skip
+RTC_EVENT_TYPES = frozenset(rtc.RTC_EVENTS)  # `rtc.is_rtc_event` as a set test, not a call
+
+
 def evolve_master(st: MasterState, e: Event) -> MasterState:
-    if rtc.is_rtc_event(e):
+    t = type(e)
+    if t in RTC_EVENT_TYPES:
         rtc.apply(st.rtc, e)
-    elif isinstance(e, BatchEnded):
-        _ended(st, e)
-    elif isinstance(e, BatchPlanned):
-        _planned(st, e)
-    elif isinstance(e, TaskQueued):
-        _queued(st, e)
-    elif isinstance(e, TaskStatus):
-        _status(st, e)
-    elif isinstance(e, TaskEnded):
-        _task_ended(st, e)
-    elif isinstance(e, BatchLaunched):
-        assert st.in_flight is not None and st.in_flight.step == e.step
-        st.in_flight.launched = True
-        st.in_flight.iterations = e.iterations
-    elif isinstance(e, BatchInterrupted):
-        assert st.in_flight is not None and st.in_flight.step == e.step
-        st.in_flight.interrupt = True
-    elif isinstance(e, TaskCancelMarked):
-        r = st.reqs[e.task_id]
-        r.cancelled, r.cancelled_at = e.reason, e.at_s
-    elif isinstance(e, TransferHeld):
-        st.held[e.handle.transfer_id] = e.handle
-        held = st.reqs.get(e.task_id)
-        if held is not None:
-            _drop(st.running, e.task_id)
-            held.status = HELD
-    elif isinstance(e, TransferReleased):
-        st.held.pop(e.transfer_id, None)
-    elif isinstance(e, ChannelOpened):
-        st.channels.append(e.addr)
-    elif isinstance(e, CorruptionArmed):
-        st.corrupt.append((e.task_id, e.block_index))
-    elif isinstance(e, CorruptionUsed):
-        del st.corrupt[e.index]
-    elif isinstance(e, DeviceLost):
-        st.device_lost = e.reason
-    else:
-        raise AssertionError(f"dp master: unknown event {type(e).__name__}")
+        return st
+    fold = FOLDS.get(t)
+    if fold is None:
+        raise AssertionError(f"dp master: unknown event {t.__name__}")
+    fold(st, e)
     return st

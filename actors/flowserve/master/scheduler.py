@@ -388,8 +388,9 @@ def has_head(st: MasterState, entries: tuple[Entry, ...] | list[Entry]) -> bool:
     return False
 
 
-def schedule(st: MasterState, cfg: MasterConfig, record: Record) -> Plan:
-    """The next batch of this DP group, or `Plan(batch=None)` when nothing can run."""
+def schedule(st: MasterState, cfg: MasterConfig, record: Record, launch: bool = False) -> Plan:
+    """The next batch of this DP group, or `Plan(batch=None)` when nothing can run. With
+    `launch`, a batch with entries says it is handed to the NPU at once (`launched`)."""
     step = _Step(st, cfg, record)
     step.run_running()
     step.admit_waiting()
@@ -400,5 +401,6 @@ def schedule(st: MasterState, cfg: MasterConfig, record: Record) -> Plan:
         step=st.step, entries=tuple(step.entries), iterations=run.passes, lead=run.lead,
         emit_from=run.emit_from,
         admitted=tuple(step.admitted), preempted=tuple(step.preempted),
+        launched=launch and bool(step.entries),
     )  # fmt: skip
     return Plan(batch=batch, copies=step.copies)
