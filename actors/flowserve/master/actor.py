@@ -348,7 +348,8 @@ class DpMaster(Actor[MasterState]):
                 times = ends_s[f : f + got] if len(ends_s) > 1 else ends_s * got
                 ctx.send(task.reply_to, token_message(r, first, times, cfg), corr=task.request_id)
             prompt = task.prompt
-            full = min(r.num_computed, prompt.num_tokens) // B
+            c, p = r.num_computed, prompt.num_tokens
+            full = (c if c < p else p) // B  # prompt blocks computed (min, without the call)
             sb = seqs.get(tid)
             if sb is not None and full > sb.num_cached:  # newly computed prompt blocks
                 ev = rtc.cache_blocks(st.rtc, tid, prompt.block_hashes, full)

@@ -101,6 +101,52 @@ def _ended(st: MasterState, e: BatchEnded) -> None:
     st.in_flight = None
     if fl is None or e.failed:
         return
+    if fl.lead:
+        _ended_lead(st, e, fl)
+        return
+    # No lead (the common case): pass 0, then one token a pass for every entry.
+    ends = e.ends_s
+    passes = len(ends)
+    if passes > 1:  # the mean decode pass
+        sample = (ends[-1] - ends[0]) / (passes - 1)
+        old = st.run_pass_s
+        st.run_pass_s = sample if old == 0.0 else (1 - RUN_PASS_WEIGHT) * old + RUN_PASS_WEIGHT * sample
+    reqs = st.reqs
+    prefill = 0  # prefill tokens of pass 0, for the prefill rate's sample
+    head = passes > 1 and has_head(st, fl.entries)
+    for entry in fl.entries:
+        r = reqs.get(entry.task_id)
+        if r is None or r.status != RUNNING:
+            continue
+        n = entry.n
+        if passes > 1:  # a run: pass 0 computes the entry's n tokens (a head's prompt), then one a pass
+            k = passes if r.cancelled_at is None else _before(ends, r.cancelled_at)
+            if k == 0:
+                continue  # cancelled while pass 0 ran: as a single pass, nothing is delivered
+            if n > 1:
+                prefill += n
+            r.num_computed += n + k - 1  # every pass emits: each prompt completes in pass 0
+            r.emitted += k
+            if head and r.first_token_s is None:
+                r.first_token_s = ends[0]
+            continue
+        if r.cancelled_at is not None and ends[0] >= r.cancelled_at:
+            continue  # cancelled while this pass ran: its token is not delivered
+        if n > 1:
+            prefill += n
+        r.num_computed += n
+        if r.num_computed >= r.task.prompt.num_tokens + r.emitted:  # Req.num_tokens, inlined
+            r.emitted += 1
+            if r.first_token_s is None:
+                r.first_token_s = ends[0]
+    s = e.prefill_s
+    if s > 0 and prefill:
+        w = PREFILL_RATE_WEIGHT
+        st.prefill_tokens_per_s = (1 - w) * st.prefill_tokens_per_s + w * (prefill / s)
+
+
+def _ended_lead(st: MasterState, e: BatchEnded, fl: InFlight) -> None:
+    """`_ended` of a batch with lead passes (its prompts finish after pass 0)."""
     passes = len(e.ends_s)
     m = 1 + len(fl.lead)  # the passes before decoding (pass 0 and the lead's)
     if passes > m:  # the mean decode pass
@@ -109,25 +155,17 @@ def _ended(st: MasterState, e: BatchEnded) -> None:
         st.run_pass_s = sample if old == 0.0 else (1 - RUN_PASS_WEIGHT) * old + RUN_PASS_WEIGHT * sample
     reqs = st.reqs
     # prefill tokens of each pass (pass 0, then the lead's), for the prefill rate's samples
-    prefill = [0] * (1 + len(fl.lead))
+    prefill = [0] * m
     head = passes > 1 and has_head(st, fl.entries)
-    lead = _lead_tokens(fl.lead) if passes > 1 and fl.lead else {}
+    lead = _lead_tokens(fl.lead) if passes > 1 else {}
     for i, entry in enumerate(fl.entries):
         r = reqs.get(entry.task_id)
         if r is None or r.status != RUNNING:
             continue
-        if passes > 1:  # a run: pass 0, the lead's passes, then one token a pass
+        if passes > 1:  # pass 0, the lead's passes (each pass has entries), then one token a pass
             k = passes if r.cancelled_at is None else _before(e.ends_s, r.cancelled_at)
             if k == 0:
                 continue  # cancelled while pass 0 ran: as a single pass, nothing is delivered
-            if not lead:  # pass 0 computes the entry's n tokens (a head's prompt), then one a pass
-                if entry.n > 1:
-                    prefill[0] += entry.n
-                r.num_computed += entry.n + k - 1  # every pass emits: each prompt completes in pass 0
-                r.emitted += k
-                if head and r.first_token_s is None:
-                    r.first_token_s = e.ends_s[0]
-                continue
             ns = (entry.n, *lead.get(entry.task_id, ()))
             ran = ns[:k]
             for j, n in enumerate(ran):
@@ -145,12 +183,12 @@ def _ended(st: MasterState, e: BatchEnded) -> None:
         if entry.n > 1:
             prefill[0] += entry.n
         r.num_computed += entry.n
-        if r.num_computed >= r.task.prompt.num_tokens + r.emitted:  # Req.num_tokens, inlined
+        if r.num_computed >= r.num_tokens:
             r.emitted += 1
             if r.first_token_s is None:
                 r.first_token_s = e.ends_s[0]
     # a lead pass that ran has a duration (the run may have ended before the others)
-    for tokens, s in zip(prefill, (e.prefill_s, *e.lead_s), strict=False) if fl.lead else ((prefill[0], e.prefill_s),):
+    for tokens, s in zip(prefill, (e.prefill_s, *e.lead_s), strict=False):
         if s > 0 and tokens:
             w = PREFILL_RATE_WEIGHT
             st.prefill_tokens_per_s = (1 - w) * st.prefill_tokens_per_s + w * (tokens / s)

@@ -39,7 +39,10 @@ def run_cap(st: MasterState, cfg: MasterConfig) -> int:
     if st.run_pass_s <= 0.0:
         return min(cfg.max_run_iterations, PROBE_RUN_PASSES)
     fit = int(RUN_TIMEOUT_SHARE * cfg.npu_timeout_s / st.run_pass_s)
-    return max(1, min(cfg.max_run_iterations, fit))
+    cap = cfg.max_run_iterations
+    if fit < cap:
+        cap = fit
+    return cap if cap > 1 else 1  # max(1, min(cap, fit)), once a batch
 
 
 class Plan(msgspec.Struct, kw_only=True):
