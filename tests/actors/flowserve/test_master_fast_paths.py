@@ -1,0 +1,118 @@
+"""The DP master's per-batch fast paths make the decisions of their plain versions
+(master_reference.py): at every scheduling call and every batch end of a run, the current code
+and the reference, each on its own copy of the state, give the same plan, the same recorded
+events and the same state after them."""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from typing import Any
+
+import pytest
+from fsharness import driver
+from fswire import REQ, hardware, master_config, task
+from master_reference import ref_ended, ref_has_head, ref_schedule
+
+from deepserve.actors.flowserve import rtc
+from deepserve.actors.flowserve.master import actor as master_actor
+from deepserve.actors.flowserve.master import evolve as master_evolve
+from deepserve.actors.flowserve.master import scheduler
+from deepserve.actors.flowserve.master.actor import DpMaster
+from deepserve.actors.flowserve.master.evolve import FOLDS, RTC_EVENT_TYPES, evolve_master
+from deepserve.actors.flowserve.master.state import MASTER_EVENTS, BatchEnded, MasterState
+from deepserve.actors.flowserve.messages import CancelTask
+from deepserve.adapters.scenario.loader import load_scenario
+from deepserve.adapters.scenario.run import run_scenario
+from deepserve.core import Event
+
+M = "te/0/dp/0"
+
+
+def test_the_fold_table_covers_every_master_event_and_rtc_events_exactly() -> None:
+    assert set(MASTER_EVENTS) <= set(FOLDS)
+    assert not set(FOLDS) & RTC_EVENT_TYPES
+    assert RTC_EVENT_TYPES == frozenset(rtc.RTC_EVENTS)
+    with pytest.raises(AssertionError, match="unknown event"):
+        evolve_master(MasterState(rtc=rtc.new_rtc(rtc.RtcConfig(hbm_blocks=4))), Event())
+
+
+class _Checker:
+    """Wraps `schedule` and the batch-end fold: each runs beside its reference."""
+
+    def __init__(self, monkeypatch: Any) -> None:
+        self.seen: Counter[str] = Counter()
+        real_schedule, real_evolve = scheduler.schedule, DpMaster.evolve
+        real_blocks_allow = scheduler._Step._blocks_allow
+
+        def schedule(st: MasterState, cfg: Any, record: Any, launch: bool = False) -> Any:
+            ref_st, ref_events, events = copy.deepcopy(st), [], []
+
+            def ref_record(ev: Event) -> None:
+                ref_events.append(ev)
+                evolve_master(ref_st, ev)
+
+            def rec(ev: Event) -> None:
+                events.append(ev)
+                record(ev)
+
+            want = ref_schedule(ref_st, cfg, ref_record, launch)
+            got = real_schedule(st, cfg, rec, launch)
+            assert got == want
+            assert events == ref_events
+            assert st == ref_st
+            b = got.batch
+            self.seen["run" if b is not None and b.iterations > 1 else "single"] += 1
+            self.seen["lead"] += bool(b is not None and b.lead)
+            self.seen["preempted"] += bool(b is not None and b.preempted)
+            return got
+
+        def evolve(actor: DpMaster, state: MasterState, event: Event) -> MasterState:
+            assert (type(event) in RTC_EVENT_TYPES) == rtc.is_rtc_event(event)
+            if type(event) is not BatchEnded:
+                return real_evolve(actor, state, event)
+            ref = copy.deepcopy(state)
+            head = ref_has_head(ref, ref.in_flight.entries) if ref.in_flight is not None else None
+            if ref.in_flight is not None:
+                assert scheduler.has_head(state, state.in_flight.entries) == head  # type: ignore[union-attr]
+            ref_ended(ref, event)
+            out = real_evolve(actor, state, event)
+            assert out == ref
+            self.seen["ended"] += 1
+            return out
+
+        def blocks_allow(step: Any, computed: Any, k: int) -> int:
+            self.seen["blocks_allow"] += 1
+            return real_blocks_allow(step, computed, k)
+
+        monkeypatch.setattr(master_actor, "schedule", schedule)
+        monkeypatch.setattr(DpMaster, "evolve", evolve)
+        monkeypatch.setattr(scheduler._Step, "_blocks_allow", blocks_allow)
+        assert master_evolve.FOLDS is FOLDS
+
+
+@pytest.mark.parametrize("dram_gb", [128, 0])
+def test_a_mooncake_slice_schedules_as_the_reference(monkeypatch: Any, dram_gb: int) -> None:
+    checker = _Checker(monkeypatch)
+    scenario = load_scenario("mooncake-16te", ("cluster.tes=2", f"cluster.kv_dram_gb={dram_gb}"))
+    result = run_scenario(scenario, requests=120)
+    assert result.summary["completed"] == 120
+    seen = checker.seen
+    assert seen["run"] > 50 and seen["single"] > 50 and seen["ended"] > 100, seen
+    if not dram_gb:
+        assert seen["lead"] > 0, seen  # leads only run without the DRAM tier
+
+
+def test_a_tight_pool_preempts_and_bounds_runs_as_the_reference(monkeypatch: Any) -> None:
+    checker = _Checker(monkeypatch)
+    d = driver(seed=5)
+    hardware(d)
+    d.spawn(M, DpMaster, config=master_config(aggregate=True, hbm_blocks=40, block_tokens=16,
+                                               max_num_seqs=6, max_num_batched_tokens=256))  # fmt: skip
+    for i in range(16):
+        t = task(i, 40 + 37 * (i % 5), 20 + 90 * (i % 3), block=16)
+        d.inject(M, t, at=0.02 * i + 0.007 * (i % 4), src=REQ)
+    d.inject(M, CancelTask(task_id="t6"), at=0.3, src=REQ)
+    d.run()
+    seen = checker.seen
+    assert seen["preempted"] > 0 and seen["blocks_allow"] > 0 and seen["run"] > 0, seen
