@@ -318,8 +318,12 @@ class DpMaster(Actor[MasterState]):
             lead_s = _lead_s(msg.ends_s, fl, self._gap) if fl.lead else ()
             self._finish_batch(ctx, msg.ends_s, head_s, lead_s)
         else:
-            prefill = any(e.n > 1 for e in fl.entries)
-            self._finish_batch(ctx, (ctx.now(),), msg.duration_s if prefill else 0.0)
+            prefill_s = 0.0
+            for e in fl.entries:  # the pass held a prefill chunk: its duration samples the rate
+                if e.n > 1:
+                    prefill_s = msg.duration_s
+                    break
+            self._finish_batch(ctx, (ctx.now(),), prefill_s)
 
     def _has_head(self, fl: InFlight) -> bool:
         known, head = self._head
@@ -334,10 +338,14 @@ class DpMaster(Actor[MasterState]):
         fl = st.in_flight
         assert fl is not None
         reqs = st.reqs
-        before = {e.task_id: reqs[e.task_id].emitted for e in fl.entries if e.task_id in reqs}
+        before: list[tuple[str, int]] = []  # each entry's tokens emitted before this batch
+        for e in fl.entries:
+            r = reqs.get(e.task_id)
+            if r is not None:
+                before.append((e.task_id, r.emitted))
         ctx.record(BatchEnded(step=fl.step, ends_s=ends_s, prefill_s=prefill_s, lead_s=lead_s))
         B, seqs = cfg.block_tokens, st.rtc.seqs
-        for tid, first in before.items():
+        for tid, first in before:
             r = reqs.get(tid)
             if r is None:
                 continue

@@ -61,11 +61,10 @@ class _Step:
         self.st, self.cfg, self.record = st, cfg, record
         self.budget = cfg.max_num_batched_tokens
         self.entries: list[Entry] = []
-        self.scheduled: set[str] = set()
         self.preempted: list[str] = []
         self.admitted: list[tuple[str, int]] = []
         self.copies: list[rtc.RtcCopyStarted] = []
-        self.running = list(st.running)
+        self.running = st.running  # read only: recording RTC events leaves the queues alone
         # Beside `entries`, for `passes`: each entry's task and its tokens computed after this
         # pass, and whether any entry is more than one decode token (a head).
         self.tasks: list[Req] = []
@@ -105,7 +104,6 @@ class _Step:
                         continue
                     self.record(rtc.allocate(self.st.rtc, tid, need))
                 entries.append(Entry(tid, n))
-                self.scheduled.add(tid)
                 self.budget = budget - n
                 tasks.append(r)
                 after.append(c)
@@ -119,7 +117,6 @@ class _Step:
 
     def _add(self, tid: str, n: int) -> None:
         self.entries.append(Entry(tid, n))
-        self.scheduled.add(tid)
         self.budget -= n
 
     def _make_room(self, need: int, tid: str, shared: tuple[int, ...] = ()) -> bool:
@@ -127,9 +124,10 @@ class _Step:
         until `need` blocks fit; False when only `tid` itself is left to preempt."""
         R = self.st.rtc
         while need > 0 and not rtc.can_allocate(R, need, shared):
+            scheduled = {e.task_id for e in self.entries}  # (only when blocks run short)
             victim = next(
                 (t for t in reversed(self.running)
-                 if t != tid and t not in self.scheduled and t not in self.preempted),
+                 if t != tid and t not in scheduled and t not in self.preempted),
                 None,
             )  # fmt: skip
             if victim is None:
@@ -219,14 +217,15 @@ class _Step:
             in_batch = {e.task_id for e in entries}
             if any(t not in in_batch and reqs[t].cancelled is None for t in st.running):
                 return SINGLE  # left out of pass 0 (no budget): a later pass would take it
-        head = self.head  # an entry is an admission or more than one decode token
-        if head:
+        if self.head:  # an entry is an admission or more than one decode token
             # A head's prefill may have spent the token budget a waiting task needed: at the
             # next pass it would be admitted, so the batch would not run unchanged.
-            if any(t not in admitted for t in st.waiting):
-                return SINGLE
-            if any(a < r.task.prompt.num_tokens + r.emitted for a, r in zip(after, tasks, strict=True)):
-                return self._lead_run(admitted)
+            for t in st.waiting:
+                if t not in admitted:
+                    return SINGLE
+            for a, r in zip(after, tasks, strict=True):
+                if a < r.task.prompt.num_tokens + r.emitted:  # a prompt is left after pass 0
+                    return self._lead_run(admitted)
         k = run_cap(st, cfg)
         for r in tasks:
             left = r.out_len - r.emitted
