@@ -223,8 +223,8 @@ class _Step:
             for t in st.waiting:
                 if t not in admitted:
                     return SINGLE
-            for a, r in zip(after, tasks, strict=True):
-                if a < r.task.prompt.num_tokens + r.emitted:  # a prompt is left after pass 0
+            for i, r in enumerate(tasks):  # (zip(strict=True) parses its keyword: ~1k instructions)
+                if after[i] < r.task.prompt.num_tokens + r.emitted:  # a prompt is left after pass 0
                     return self._lead_run(admitted)
         k = run_cap(st, cfg)
         for r in tasks:
@@ -258,12 +258,12 @@ class _Step:
         """`_blocks_allow` for a run whose every pass after pass 0 decodes: the common case
         (the blocks of k passes fit) in one loop, the binary search otherwise."""
         B, R = self.cfg.block_tokens, self.st.rtc
-        seqs, after = R.seqs, self.after
+        seqs, entries, after = R.seqs, self.entries, self.after
         extra = 0
         more: list[int] = []
-        for e, a in zip(self.entries, after, strict=True):
+        for i, e in enumerate(entries):  # entries and after are parallel lists
             sb = seqs.get(e.task_id)
-            m = -(-(a + k - 1) // B) - (len(sb.blocks) if sb is not None else 0)
+            m = -(-(after[i] + k - 1) // B) - (len(sb.blocks) if sb is not None else 0)
             more.append(m)
             if m > 0:
                 extra += m
@@ -273,9 +273,9 @@ class _Step:
                 return [a + j - 1 for a in after]
 
             return self._blocks_allow(computed, k)
-        for e, m in zip(self.entries, more, strict=True):
+        for i, m in enumerate(more):
             if m > 0:
-                self.record(rtc.allocate(R, e.task_id, m))
+                self.record(rtc.allocate(R, entries[i].task_id, m))
         return k
 
     def _run_order(self, admitted: dict[str, int]) -> list[int]:
