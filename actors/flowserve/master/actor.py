@@ -81,7 +81,9 @@ from deepserve.core import Actor, AskFailed, Context, Event, Message
 COPY = "copy:"  # LinkTransfer ids of tier copies (populate, swap-out)
 
 
-_FORWARD_DONE = (NpuForwardRunDone, NpuForwardDone)  # a tuple: isinstance on a union is slower
+# Tuples: isinstance on a union (X | Y) is slower
+_FORWARD_DONE = (NpuForwardRunDone, NpuForwardDone)
+_LINK_DONE = (LinkTransferDone, LinkTransferFailed)
 
 # Device errors after which every forward fails until a reset (the NPU port's kinds).
 DEVICE_LOST = (CRASHED, HBM_FAULT)
@@ -131,7 +133,7 @@ class DpMaster(Actor[MasterState]):
             self._done(ctx, msg)
         elif isinstance(msg, SubmitTask):
             self._submit(ctx, msg)
-        elif isinstance(msg, LinkTransferDone | LinkTransferFailed) and msg.req_id.startswith(COPY):
+        elif isinstance(msg, _LINK_DONE) and msg.req_id.startswith(COPY):
             self._copy_done(ctx, msg)
         elif isinstance(msg, CancelTask):
             self._cancel(ctx, msg)

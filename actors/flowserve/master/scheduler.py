@@ -22,7 +22,6 @@ from deepserve.actors.flowserve.master.state import (
     MasterState,
     Req,
 )
-from deepserve.actors.flowserve.tokens import blocks_needed
 from deepserve.core import Event
 
 Record = Callable[[Event], None]
@@ -156,7 +155,7 @@ class _Step:
     # ---- then waiting tasks, first come first served ------------------------------------
     def admit_waiting(self) -> None:
         st, cfg = self.st, self.cfg
-        if self.preempted:
+        if self.preempted or not st.waiting:
             return  # vLLM: no admissions in a step that had to preempt
         live = len(self.running)
         blocked = False
@@ -188,7 +187,7 @@ class _Step:
         n = self._chunk(r.num_tokens - computed)
         if n == 0:
             return False
-        need = blocks_needed(computed + n, B) - len(table) - len(shared)
+        need = -(-(computed + n) // B) - len(table) - len(shared)  # blocks_needed, inlined
         if not rtc.can_allocate(R, max(need, 0), shared):
             return False
         if need > 0 or shared or tid not in R.seqs:
