@@ -461,6 +461,8 @@ class DpMaster(Actor[MasterState]):
 def _lead_shapes(head: tuple[SeqShape, ...], fl: InFlight) -> tuple[tuple[tuple[SeqShape, ...], ...], tuple[SeqShape, ...]]:
     """A run's lead passes as shapes (each entry's context: what it computed before the pass),
     and the decode passes' shapes after them (every entry, one new token each)."""
+    if not fl.lead:  # a head run without lead passes (the common case): pass 1 decodes all
+        return (), tuple([SeqShape(1, s.context_tokens + s.new_tokens) for s in head])
     computed = {e.task_id: s.context_tokens + s.new_tokens for e, s in zip(fl.entries, head, strict=True)}
     lead = []
     for entries in fl.lead:

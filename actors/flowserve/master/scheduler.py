@@ -49,12 +49,11 @@ class Plan(msgspec.Struct, kw_only=True):
     copies: list[rtc.RtcCopyStarted]  # swap-outs started by preemption (the caller moves bytes)
 
 
-def _is_decode(r: Req) -> bool:
-    return r.num_tokens - r.num_computed == 1 and r.emitted > 0
-
-
 class _Step:
     """One scheduling pass over the state (plain bookkeeping, discarded afterwards)."""
+
+    __slots__ = ("admitted", "after", "budget", "cfg", "copies", "entries", "head", "preempted",
+                 "record", "running", "st", "tasks")  # fmt: skip
 
     def __init__(self, st: MasterState, cfg: MasterConfig, record: Record) -> None:
         self.st, self.cfg, self.record = st, cfg, record
@@ -73,7 +72,7 @@ class _Step:
     # ---- running tasks first (decode before partial prefills) ---------------------------
     def run_running(self) -> None:
         """Decodes first, then partial prefills, each in running order. Per-batch fixed costs
-        dominate (2-3 entries a batch), so the per-task helpers (`_is_decode`, `_chunk`, `_add`,
+        dominate (2-3 entries a batch), so the per-task helpers (a decode test, `_chunk`, `_add`,
         `Req.num_tokens`) are inlined here."""
         reqs, B, seqs = self.st.reqs, self.cfg.block_tokens, self.st.rtc.seqs
         decodes: list[tuple[str, Req, int]] = []
@@ -382,7 +381,7 @@ def has_head(st: MasterState, entries: tuple[Entry, ...] | list[Entry]) -> bool:
     """Whether a run of these entries starts with a pass of its own (an entry completes its
     prompt in it) rather than a decode pass like the rest."""
     reqs = st.reqs
-    for e in entries:  # any(not (e.n == 1 and _is_decode(r))), as a plain loop: once a batch
+    for e in entries:  # any(not (e.n == 1 and r is decoding)), as a plain loop: once a batch
         r = reqs.get(e.task_id)
         if r is not None and (e.n != 1 or r.emitted <= 0 or r.task.prompt.num_tokens + r.emitted - r.num_computed != 1):
             return True

@@ -14,15 +14,20 @@ from deepserve.actors.flowserve.master.evolve import (
     _before,
     _lead_tokens,
 )
-from deepserve.actors.flowserve.master.scheduler import SINGLE, Plan, Run, _is_decode, _Lead, _Step
+from deepserve.actors.flowserve.master.scheduler import SINGLE, Plan, Run, _Lead, _Step
 from deepserve.actors.flowserve.master.state import (
     RUNNING,
     BatchEnded,
     BatchPlanned,
     MasterConfig,
     MasterState,
+    Req,
 )
 from deepserve.core import Event
+
+
+def _is_decode(r: Req) -> bool:
+    return r.num_tokens - r.num_computed == 1 and r.emitted > 0
 
 
 def ref_run_cap(st: MasterState, cfg: MasterConfig) -> int:
