@@ -11,6 +11,8 @@ you get the same answer twice. A decision the state cannot honour raises `RtcErr
 
 from __future__ import annotations
 
+from itertools import filterfalse, islice
+
 import msgspec
 
 from .events import (
@@ -21,7 +23,7 @@ from .events import (
     RtcCleared,
     RtcFreed,
 )
-from .state import NONE, Rtc, RtcError, lru_blocks, lru_order
+from .state import NONE, Rtc, RtcError, SeqBlocks, lru_blocks, lru_order
 
 
 class Match(msgspec.Struct, frozen=True, gc=False):
@@ -88,8 +90,7 @@ def can_allocate(rtc: Rtc, num_blocks: int, shared: tuple[int, ...] = ()) -> boo
     """Whether `allocate(seq, num_blocks, shared)` would succeed now."""
     avail = len(rtc.free_hbm) + lru_blocks(rtc)
     if shared:
-        ref = rtc.ref
-        avail -= sum(1 for b in shared if ref[b] == 0)  # sharing takes them off the LRU
+        avail -= list(map(rtc.ref.__getitem__, shared)).count(0)  # sharing takes them off the LRU
     return avail >= num_blocks
 
 
@@ -115,19 +116,17 @@ def _pick_hbm(rtc: Rtc, n: int, skip: tuple[int, ...] = ()) -> tuple[list[int], 
     free = rtc.free_hbm
     k = min(n, len(free))
     picked = free[len(free) - k :][::-1]
-    evicted: list[int] = []
     if k < n:
-        hbm_hash = rtc.hbm_hash
-        skipping = set(skip)
-        for b in lru_order(rtc):
-            if b in skipping:
-                continue
-            picked.append(b)
-            evicted.append(hbm_hash[b])  # type: ignore[arg-type]
-            if len(picked) == n:
-                break
+        # the LRU's front, past `skip` (a prefix hit's blocks, shared first): islice in C
+        order = lru_order(rtc)
+        if skip:
+            order = filterfalse(set(skip).__contains__, order)
+        picked += islice(order, n - k)
         if len(picked) < n:
             raise RtcError(f"out of HBM blocks: need {n}, {len(picked)} can be freed")
+        evicted: list[int] = list(map(rtc.hbm_hash.__getitem__, picked[k:]))  # type: ignore[arg-type]
+    else:
+        evicted = []
     return picked, evicted
 
 
@@ -177,6 +176,19 @@ def cache_blocks(
     start = sb.num_cached
     if upto <= start:
         return None
+    hashes = tuple(block_hashes[start:upto])
+    if not any(map(rtc.nodes.__contains__, hashes)):  # the common case: all new, in C
+        return RtcBlocksCached(
+            seq=seq, num_cached=upto, blocks=tuple(sb.blocks[start:upto]), hashes=hashes,
+            parents=(block_hashes[start - 1] if start else None, *hashes[:-1]),
+        )  # fmt: skip
+    return _cache_some(rtc, seq, sb, block_hashes, start, upto)
+
+
+def _cache_some(
+    rtc: Rtc, seq: str, sb: SeqBlocks, block_hashes: tuple[int, ...] | list[int], start: int, upto: int
+) -> RtcBlocksCached:
+    """`cache_blocks` block by block, when some of the blocks' hashes are indexed already."""
     nodes = rtc.nodes
     blocks: list[int] = []
     hashes: list[int] = []
