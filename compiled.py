@@ -45,6 +45,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # their bookkeeping once a side. Its Structs and its RuntimeError stay pure (zmq/limits.py).
     # (In the kernel's group instead, measured the same: its calls into the kernel are few.)
     "zmq": ("adapters.zmq.peer", "adapters.zmq.transport"),
+    # The DP master's per-batch decisions and fold: plain int bookkeeping over the state's
+    # Structs once their Python overhead was cut (docs/decisions.md, 2026-11-27 eleventh session).
+    "master": ("actors.flowserve.master.scheduler", "actors.flowserve.master.evolve"),
 }
 COMPILED = tuple(m for modules in GROUPS.values() for m in modules)
 PACKAGE_ROOT = Path(__file__).resolve().parent

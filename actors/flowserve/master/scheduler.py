@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import msgspec
-
 from deepserve.actors.flowserve import rtc
+from deepserve.actors.flowserve.master.plan import SINGLE, Plan, Run
 from deepserve.actors.flowserve.master.state import (
     BatchPlanned,
     Entry,
@@ -42,11 +41,6 @@ def run_cap(st: MasterState, cfg: MasterConfig) -> int:
     if fit < cap:
         cap = fit
     return cap if cap > 1 else 1  # max(1, min(cap, fit)), once a batch
-
-
-class Plan(msgspec.Struct, kw_only=True):
-    batch: BatchPlanned | None
-    copies: list[rtc.RtcCopyStarted]  # swap-outs started by preemption (the caller moves bytes)
 
 
 class _Step:
@@ -307,18 +301,6 @@ class _Step:
             if more > 0:
                 self.record(rtc.allocate(R, e.task_id, more))
         return lo
-
-
-class Run(msgspec.Struct, frozen=True):
-    """How a batch runs: `passes` (1: a single forward), the lead passes after pass 0 (their
-    entries, in pass order) and, per entry, the pass of its first token (0 for all: ())."""
-
-    passes: int
-    lead: tuple[tuple[Entry, ...], ...] = ()
-    emit_from: tuple[int, ...] = ()
-
-
-SINGLE = Run(1)
 
 
 class _Lead:
