@@ -14,28 +14,17 @@ a prompt's last chunk would otherwise be a forward of its own followed by a run.
 
 from __future__ import annotations
 
-import functools
-import math
-
 import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
 from deepserve.actors.ports.npu import NpuForward, NpuForwardRun, SeqShape
-from deepserve.adapters.hardware.batch import GRAPH_MAX_NEW_TOKENS, Batch, Parallel, Seq, validate
-from deepserve.adapters.hardware.compute import (
-    dense_fixed,
-    forward_time,
-    is_dense_plan,
-    sampling_time_s,
-    span_of,
-)
+from deepserve.adapters.hardware.batch import GRAPH_MAX_NEW_TOKENS, Batch, Seq
+from deepserve.adapters.hardware.compute import forward_time, sampling_time_s
+from deepserve.adapters.hardware.devices.npu_dense import checked_dense, dense_terms, layout_of
 from deepserve.adapters.hardware.devices.npu_draws import factor_list, factors_of, run_ends
 from deepserve.adapters.hardware.devices.npu_loop import dense_ends
-from deepserve.adapters.hardware.layout import check_layout, largest_cluster
 from deepserve.adapters.hardware.models import model_profile
-from deepserve.adapters.hardware.roofline import ACT_BYTES
-from deepserve.adapters.hardware.sizes import kv_bytes_per_token_layer
 from deepserve.adapters.hardware.specs import npu_spec
 
 MAX_RUN_ITERATIONS = 100_000  # a limit on everything: one run's passes
@@ -73,7 +62,8 @@ FIRST_CHUNK = 128
 def next_chunk(done: int, limit: int) -> int:
     """How many more passes to draw: a run truncated early wastes little, a long one costs a
     few extra deliveries (128, 128, 256, 512, ... passes)."""
-    return min(limit - done, max(FIRST_CHUNK, done))
+    want = done if done > FIRST_CHUNK else FIRST_CHUNK  # min/max without the builtins' calls
+    return want if want < limit - done else limit - done
 
 
 def forward_cost_s(npu: str, msg: NpuForward | NpuForwardRun) -> tuple[float, str, int]:
@@ -87,22 +77,6 @@ def forward_cost_s(npu: str, msg: NpuForward | NpuForwardRun) -> tuple[float, st
     return total, cost.mode, batch.tokens
 
 
-@functools.lru_cache(maxsize=256)
-def _dense_main(model: str) -> bool:
-    m = model_profile(model)
-    return m.mla is None and is_dense_plan(m, "main")
-
-
-@functools.lru_cache(maxsize=256)  # a bad layout raises, and is not cached
-def _layout_valid(model: str, par: Parallel) -> None:
-    validate(model_profile(model), Batch(seqs=(Seq(1, 0),)), par)  # its layout checks
-
-
-@functools.lru_cache(maxsize=256)
-def _layout_fits(npu: str, model: str, par: Parallel) -> None:
-    check_layout(model_profile(model), par, largest_cluster(npu_spec(npu)))
-
-
 def check_run_cost(npu: str, msg: NpuForwardRun) -> tuple[float, ...] | None:
     """Raise what `forward_cost_s` raises for the run's first pass, without pricing it (the NPU
     prices a run pass by pass as it draws them). For a dense model's main part these are
@@ -111,26 +85,9 @@ def check_run_cost(npu: str, msg: NpuForwardRun) -> tuple[float, ...] | None:
     Returns the head's and the lead's costs (priced to check them; `pass_costs` takes them),
     None without a head."""
     head_s = head_costs(npu, msg) if msg.head else None  # pass 0's (and the lead's) own shapes
-    if msg.part != "main" or not _dense_main(msg.model):
+    if not checked_dense(npu, msg, msg.seqs):
         forward_cost_s(npu, msg)
-        return head_s
-    par = layout_of(msg)
-    _layout_valid(msg.model, par)
-    if not msg.seqs:
-        raise ValueError("batch: must hold at least one sequence")
-    for s in msg.seqs:  # validate's message for a bad sequence
-        if s.new_tokens < 1 or s.context_tokens < 0:
-            seq = Seq(s.new_tokens, s.context_tokens)
-            raise ValueError(f"batch: each seq needs new_tokens >= 1, context >= 0; got {seq}")
-    _layout_fits(npu, msg.model, par)
     return head_s
-
-
-def layout_of(msg: NpuForward | NpuForwardRun) -> Parallel:
-    return Parallel(
-        tp=msg.tp, pp=msg.pp, dp=msg.dp, ep=msg.ep,
-        shared_expert_ranks=msg.shared_expert_ranks, redundant_experts=msg.redundant_experts,
-    )  # fmt: skip
 
 
 def _logits(seqs: tuple[SeqShape, ...]) -> int:  # batch.logits_tokens on the port's shapes
@@ -139,8 +96,12 @@ def _logits(seqs: tuple[SeqShape, ...]) -> int:  # batch.logits_tokens on the po
 
 def run_shape(msg: NpuForwardRun) -> tuple[str, int]:
     """(mode, tokens) of every pass of a run (new tokens per sequence do not change)."""
-    graph = all(s.new_tokens <= GRAPH_MAX_NEW_TOKENS for s in msg.seqs)
-    return ("graph" if graph else "single_op"), sum(s.new_tokens for s in msg.seqs)
+    graph, tokens = True, 0  # one loop (all() and sum() over generators cost ~3k instructions)
+    for s in msg.seqs:
+        tokens += s.new_tokens
+        if s.new_tokens > GRAPH_MAX_NEW_TOKENS:
+            graph = False
+    return ("graph" if graph else "single_op"), tokens
 
 
 class DensePlan(msgspec.Struct, frozen=True):
@@ -181,79 +142,14 @@ def dense_plan(npu: str, msg: NpuForwardRun) -> DensePlan | None:
     )  # fmt: skip
 
 
-def dense_terms(
-    npu: str, msg: NpuForward | NpuForwardRun, seqs: tuple[SeqShape, ...] | None = None
-) -> tuple[DenseConsts, tuple[int, int, int, int]] | None:
-    """A dense run's constants (cached by the few values they depend on: hashing the request
-    or the model's frozen profile cost more than the rest) and its integer sums: attended
-    pairs and cached tokens at pass 0, their growth per pass (each sequence's context grows by
-    its n new tokens: pairs by n*n), and the tokens of a pass. None when not dense GQA.
-    `seqs`: other shapes than the run's (a head or lead pass)."""
-    seqs = msg.seqs if seqs is None else seqs
-    graph = all(s.new_tokens <= GRAPH_MAX_NEW_TOKENS for s in seqs)  # run_shape's mode
-    tokens = sum(s.new_tokens for s in seqs)
-    c = _dense_consts(npu, msg.model, msg.part, msg.tp, msg.pp, msg.dp, msg.ep,
-                      msg.shared_expert_ranks, msg.redundant_experts, tokens, _logits(seqs), graph,
-                      msg.sample)  # fmt: skip
-    if c is None:
-        return None
-    pairs0 = sum(s.new_tokens * s.context_tokens + s.new_tokens * (s.new_tokens + 1) // 2
-                 for s in seqs)  # fmt: skip
-    dpairs = sum(s.new_tokens * s.new_tokens for s in seqs)
-    return c, (pairs0, dpairs, sum(s.context_tokens + s.new_tokens for s in seqs), tokens)
-
-
-class DenseConsts(msgspec.Struct, frozen=True):
-    """The context-free constants of a dense run's pass (DensePlan's, without the sums)."""
-
-    fixed: float
-    layers: int
-    linear: float
-    collective: float
-    head: float
-    floor: float
-    sampling: float | None
-    flops_per_pair: float
-    kv_layer: float
-    q_bytes: float
-    peak: float
-    bw: float
-    loop: tuple[float, ...]  # the same, as npu_loop.dense_ends takes them
-
-
-@functools.lru_cache(maxsize=4096)
-def _dense_consts(
-    npu: str, model: str, part: str, tp: int, pp: int, dp: int, ep: int, shared_expert_ranks: int,
-    redundant_experts: int, tokens: int, logits: int, graph: bool, sample: bool,
-) -> DenseConsts | None:  # fmt: skip
-    m = model_profile(model)
-    if m.mla is not None or not is_dense_plan(m, part):
-        return None
-    spec = npu_spec(npu)
-    par = Parallel(tp=tp, pp=pp, dp=dp, ep=ep, shared_expert_ranks=shared_expert_ranks,
-                   redundant_experts=redundant_experts)  # fmt: skip
-    fx = dense_fixed(m, spec, par, span_of(spec), part, tokens, logits, graph)
-    # _gqa_core's constants, computed as it computes them
-    heads = m.n_heads / par.tp
-    kv_layer = kv_bytes_per_token_layer(m) * (math.ceil(m.n_kv_heads / par.tp) / m.n_kv_heads)
-    floor = 0.0 if graph else fx.launch_floor_s
-    sampling = sampling_time_s(m, spec, logits) if sample else None
-    flops_per_pair = 2 * heads * (2 * m.head_dim)
-    q_bytes = 2 * heads * m.head_dim * ACT_BYTES * tokens  # q in, output out
-    peak = spec.tflops_fp16 * spec.eff.compute  # op_time_s's denominators
-    bw = spec.hbm_bw_bytes_per_s * spec.eff.memory
-    loop = (fx.fixed_s, float(fx.layers), fx.linear_s, fx.collective_s, fx.head_s, floor,
-            -1.0 if sampling is None else sampling, flops_per_pair, kv_layer, q_bytes, peak, bw)  # fmt: skip
-    return DenseConsts(fx.fixed_s, fx.layers, fx.linear_s, fx.collective_s, fx.head_s, floor,
-                       sampling, flops_per_pair, kv_layer, q_bytes, peak, bw, loop)  # fmt: skip
-
-
 def head_request(msg: NpuForwardRun, shapes: tuple[SeqShape, ...]) -> NpuForwardRun:
     """One pass of a run's head or lead, as a one-pass request of its own shapes."""
     return msgspec.structs.replace(msg, seqs=shapes, head=(), lead=(), iterations=1)
 
 
-@functools.lru_cache(maxsize=256)  # checked on arrival, priced at the start: once
+# Not cached: the NPU keeps the value it checked a run with (`Npu._head_costed`) for its start,
+# and no two runs share a head (a cache by the request's value hit 0 of 921 times, and hashing
+# the request cost ~5k instructions)
 def head_costs(npu: str, msg: NpuForwardRun) -> tuple[float, ...]:
     """The durations of pass 0 and the lead's passes from the model (raises what
     `forward_cost_s` raises; not cached then)."""
@@ -265,28 +161,23 @@ def forward_cost_fast(npu: str, msg: NpuForward) -> tuple[float, str, int]:
     priced by the run's closed form at pass 0 (`_pass_cost`)."""
     seqs = msg.seqs
     cost = _pass_cost(npu, msg, seqs)
-    graph = all(s.new_tokens <= GRAPH_MAX_NEW_TOKENS for s in seqs)  # is_graph_batch
-    return cost, "graph" if graph else "single_op", sum(s.new_tokens for s in seqs)
+    graph, tokens = True, 0  # is_graph_batch and the batch's tokens, in one loop
+    for s in seqs:
+        tokens += s.new_tokens
+        if s.new_tokens > GRAPH_MAX_NEW_TOKENS:
+            graph = False
+    return cost, "graph" if graph else "single_op", tokens
 
 
 def _pass_cost(npu: str, msg: NpuForward | NpuForwardRun, shapes: tuple[SeqShape, ...]) -> float:
     """`forward_cost_s` of one pass of these shapes on the request's layout. A dense model's
     main part is priced by the run's closed form at its pass 0 (the same floats: the body's
     passes are those of forward_cost_s, test_npu_run), after forward_time's checks in its order."""
-    if msg.part != "main" or not _dense_main(msg.model):
+    if not checked_dense(npu, msg, shapes):
         one = msg if isinstance(msg, NpuForward) else head_request(msg, shapes)
         return forward_cost_s(npu, one)[0]
-    par = layout_of(msg)
-    _layout_valid(msg.model, par)
-    if not shapes:
-        raise ValueError("batch: must hold at least one sequence")
-    for s in shapes:  # validate's message for a bad sequence
-        if s.new_tokens < 1 or s.context_tokens < 0:
-            seq = Seq(s.new_tokens, s.context_tokens)
-            raise ValueError(f"batch: each seq needs new_tokens >= 1, context >= 0; got {seq}")
-    _layout_fits(npu, msg.model, par)
     terms = dense_terms(npu, msg, shapes)
-    if terms is None or max(terms[1][0], terms[1][2]) >= _FLOAT_EXACT:
+    if terms is None or terms[1][0] >= _FLOAT_EXACT or terms[1][2] >= _FLOAT_EXACT:
         return forward_cost_s(npu, msg if isinstance(msg, NpuForward) else head_request(msg, shapes))[0]
     consts, (pairs0, dpairs, kv0, tokens) = terms
     return dense_ends([], consts.loop, (0, 1, pairs0, dpairs, kv0, tokens), 0.0, 0.0, None, [])[0]
@@ -368,14 +259,16 @@ def chunk_ends(
     off), pass i+1 starting `gap_s` after pass i ends. A dense run's chunk is one compiled
     loop (`npu_loop.dense_ends`); anything else goes through the arrays (same floats)."""
     p = 1 + len(msg.lead) if msg.head else 0  # passes priced as forwards of their own
-    b_lo, b_hi = max(lo, p) - p, hi - p
+    b_lo, b_hi = (lo - p if lo > p else 0), hi - p  # (builtin max/min calls cost ~1k each)
     terms = dense_terms(npu, msg)
-    if terms is None or max(terms[1][0] + (b_hi - 1) * terms[1][1], terms[1][2] + (b_hi - 1) * terms[1][3]) >= _FLOAT_EXACT:
-        factors = factors_of(raw) if raw is not None else None
-        return run_ends(msg.gap_s, start_s, pass_costs(npu, msg, lo, hi, head_s), factors)
-    consts, (pairs0, dpairs, kv0, tokens) = terms
-    pre: list[float] = []
-    if lo < p:
-        pre = list((head_costs(npu, msg) if head_s is None else head_s)[lo : min(hi, p)])
-    ints = (b_lo, max(0, b_hi - b_lo), pairs0, dpairs, kv0, tokens)
-    return tuple(dense_ends(pre, consts.loop, ints, start_s, msg.gap_s, raw, factor_list()))
+    if terms is not None:
+        consts, (pairs0, dpairs, kv0, tokens) = terms
+        if pairs0 + (b_hi - 1) * dpairs < _FLOAT_EXACT and kv0 + (b_hi - 1) * tokens < _FLOAT_EXACT:
+            pre: list[float] = []
+            if lo < p:
+                pre = list((head_costs(npu, msg) if head_s is None else head_s)[lo : hi if hi < p else p])
+            n = b_hi - b_lo
+            ints = (b_lo, n if n > 0 else 0, pairs0, dpairs, kv0, tokens)
+            return tuple(dense_ends(pre, consts.loop, ints, start_s, msg.gap_s, raw, factor_list()))
+    factors = factors_of(raw) if raw is not None else None
+    return run_ends(msg.gap_s, start_s, pass_costs(npu, msg, lo, hi, head_s), factors)
