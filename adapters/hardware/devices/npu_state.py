@@ -138,7 +138,7 @@ def _resize(regions: dict[str, int], region: str, delta: int) -> dict[str, int]:
 
 
 def _truncate(st: NpuState, e: NpuRunTruncated) -> NpuState:
-    replace = msgspec.structs.replace
+    replace = _replace
     run = st.running
     if run is not None and run.pending.req.req_id == e.req_id:
         n = e.iterations
@@ -151,15 +151,16 @@ def _truncate(st: NpuState, e: NpuRunTruncated) -> NpuState:
     return replace(st, queue=queue)
 
 
+_replace = msgspec.structs.replace
+
+
 def evolve_npu(st: NpuState, e: Event) -> NpuState:
-    replace = msgspec.structs.replace
-    if isinstance(e, NpuForwardQueued):
-        return replace(st, queue=(*st.queue, e.pending))
-    if isinstance(e, NpuForwardStarted):
-        assert st.running is None and (st.queue or e.pending), "a graph started while another runs"
-        head, queue = (e.pending, st.queue) if e.pending is not None else (st.queue[0], st.queue[1:])
-        run = Running(head, e.at_s, e.duration_s, e.mode, e.tokens)
-        return replace(st, running=run, queue=queue)
+    replace = _replace
+    # The graph events first, the most frequent first (per simulated request: ~3 ends, ~1.8
+    # run starts, ~1.2 forward starts, ~0.8 truncations, ~0.5 extensions)
+    if isinstance(e, NpuForwardEnded):
+        assert st.running is not None, "no graph to end"
+        return replace(st, running=None, completed=st.completed + (e.aborted_region is None))
     if isinstance(e, NpuRunStarted):
         assert st.running is None and (st.queue or e.pending), "a run started while another graph runs"
         head, queue = (e.pending, st.queue) if e.pending is not None else (st.queue[0], st.queue[1:])
@@ -168,16 +169,20 @@ def evolve_npu(st: NpuState, e: Event) -> NpuState:
             e.limit or head.req.iterations,  # type: ignore[union-attr]
         )
         return replace(st, running=run, queue=queue)
+    if isinstance(e, NpuForwardStarted):
+        assert st.running is None and (st.queue or e.pending), "a graph started while another runs"
+        head, queue = (e.pending, st.queue) if e.pending is not None else (st.queue[0], st.queue[1:])
+        run = Running(head, e.at_s, e.duration_s, e.mode, e.tokens)
+        return replace(st, running=run, queue=queue)
+    if isinstance(e, NpuRunTruncated):
+        return _truncate(st, e)
     if isinstance(e, NpuRunExtended):
         cur = st.running
         assert cur is not None, "no run to extend"
         ends = cur.ends_s + e.ends_s
         return replace(st, running=replace(cur, ends_s=ends, duration_s=ends[-1] - cur.started_at_s))
-    if isinstance(e, NpuRunTruncated):
-        return _truncate(st, e)
-    if isinstance(e, NpuForwardEnded):
-        assert st.running is not None, "no graph to end"
-        return replace(st, running=None, completed=st.completed + (e.aborted_region is None))
+    if isinstance(e, NpuForwardQueued):
+        return replace(st, queue=(*st.queue, e.pending))
     if isinstance(e, NpuHbmGrown):
         return replace(st, regions=_resize(st.regions, e.region, e.nbytes))
     if isinstance(e, NpuHbmShrunk):
