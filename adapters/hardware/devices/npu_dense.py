@@ -40,7 +40,7 @@ def _layout_fits(npu: str, model: str, par: Parallel) -> None:
 
 
 @functools.lru_cache(maxsize=256)
-def _closed_form_ok(
+def closed_form_ok(
     npu: str, model: str, part: str, tp: int, pp: int, dp: int, ep: int, shared_expert_ranks: int,
     redundant_experts: int,
 ) -> bool:  # fmt: skip
@@ -65,7 +65,7 @@ def checked_dense(npu: str, msg: NpuForward | NpuForwardRun, shapes: tuple[SeqSh
     layout against the model, the sequences, the layout against the largest cluster of this
     NPU kind), for a dense model's main part: True when they pass. False (nothing checked) for
     anything else, which the caller prices through `forward_cost_s` to check it."""
-    if not _closed_form_ok(npu, msg.model, msg.part, msg.tp, msg.pp, msg.dp, msg.ep,
+    if not closed_form_ok(npu, msg.model, msg.part, msg.tp, msg.pp, msg.dp, msg.ep,
                            msg.shared_expert_ranks, msg.redundant_experts):  # fmt: skip
         if msg.part != "main" or not _dense_main(msg.model):
             return False
@@ -95,18 +95,25 @@ def layout_of(msg: NpuForward | NpuForwardRun) -> Parallel:
 
 
 def dense_terms(
-    npu: str, msg: NpuForward | NpuForwardRun, seqs: tuple[SeqShape, ...] | None = None
-) -> tuple[DenseConsts, tuple[int, int, int, int]] | None:
+    npu: str, msg: NpuForward | NpuForwardRun, seqs: tuple[SeqShape, ...] | None = None,
+    check: bool = False,
+) -> tuple[DenseConsts, tuple[int, int, int, int], bool] | None:  # fmt: skip
     """A dense run's constants (cached by the few values they depend on: hashing the request
     or the model's frozen profile cost more than the rest) and its integer sums: attended
     pairs and cached tokens at pass 0, their growth per pass (each sequence's context grows by
-    its n new tokens: pairs by n*n), and the tokens of a pass. None when not dense GQA.
-    `seqs`: other shapes than the run's (a head or lead pass)."""
+    its n new tokens: pairs by n*n), and the tokens of a pass; and whether the pass runs as a
+    graph. None when not dense GQA. `seqs`: other shapes than the run's (a head or lead pass).
+    `check`: raise `validate`'s error for the sequences first (as `_check_seqs`, in the same
+    loop), for a layout `closed_form_ok` passed."""
     seqs = msg.seqs if seqs is None else seqs
+    if check and not seqs:
+        raise ValueError("batch: must hold at least one sequence")
     # One loop for every sum (six generator reductions cost ~14k instructions a call)
     graph, tokens, logits, pairs0, dpairs, kv0 = True, 0, 0, 0, 0, 0
     for s in seqs:
         n, ctx = s.new_tokens, s.context_tokens
+        if check and (n < 1 or ctx < 0):  # validate's message for a bad sequence
+            raise ValueError(f"batch: each seq needs new_tokens >= 1, context >= 0; got {Seq(n, ctx)}")
         if n > GRAPH_MAX_NEW_TOKENS:  # run_shape's mode
             graph = False
         tokens += n
@@ -119,7 +126,7 @@ def dense_terms(
                       msg.sample)  # fmt: skip
     if c is None:
         return None
-    return c, (pairs0, dpairs, kv0, tokens)
+    return c, (pairs0, dpairs, kv0, tokens), graph
 
 
 class DenseConsts(msgspec.Struct, frozen=True):

@@ -21,7 +21,12 @@ from numpy.typing import NDArray
 from deepserve.actors.ports.npu import NpuForward, NpuForwardRun, SeqShape
 from deepserve.adapters.hardware.batch import GRAPH_MAX_NEW_TOKENS, Batch, Seq
 from deepserve.adapters.hardware.compute import forward_time, sampling_time_s
-from deepserve.adapters.hardware.devices.npu_dense import checked_dense, dense_terms, layout_of
+from deepserve.adapters.hardware.devices.npu_dense import (
+    checked_dense,
+    closed_form_ok,
+    dense_terms,
+    layout_of,
+)
 from deepserve.adapters.hardware.devices.npu_draws import factor_list, factors_of, run_ends
 from deepserve.adapters.hardware.devices.npu_loop import dense_ends
 from deepserve.adapters.hardware.models import model_profile
@@ -133,7 +138,7 @@ def dense_plan(npu: str, msg: NpuForwardRun) -> DensePlan | None:
     terms = dense_terms(npu, msg)
     if terms is None:
         return None
-    c, (pairs0, dpairs, kv0, tokens) = terms
+    c, (pairs0, dpairs, kv0, tokens), _ = terms
     return DensePlan(
         fixed=c.fixed, layers=c.layers, linear=c.linear, collective=c.collective, head=c.head,
         floor=c.floor, sampling=c.sampling, flops_per_pair=c.flops_per_pair, pairs0=pairs0,
@@ -153,34 +158,38 @@ def head_request(msg: NpuForwardRun, shapes: tuple[SeqShape, ...]) -> NpuForward
 def head_costs(npu: str, msg: NpuForwardRun) -> tuple[float, ...]:
     """The durations of pass 0 and the lead's passes from the model (raises what
     `forward_cost_s` raises; not cached then)."""
-    return tuple(_pass_cost(npu, msg, p) for p in (msg.head, *msg.lead))
+    if not msg.lead:  # (a tuple of a generator costs ~1.5k instructions more)
+        return (_pass_priced(npu, msg, msg.head)[0],)
+    return tuple([_pass_priced(npu, msg, p)[0] for p in (msg.head, *msg.lead)])
 
 
 def forward_cost_fast(npu: str, msg: NpuForward) -> tuple[float, str, int]:
     """`forward_cost_s(npu, msg)`, the same floats and errors: a dense model's main part is
-    priced by the run's closed form at pass 0 (`_pass_cost`)."""
-    seqs = msg.seqs
-    cost = _pass_cost(npu, msg, seqs)
-    graph, tokens = True, 0  # is_graph_batch and the batch's tokens, in one loop
-    for s in seqs:
-        tokens += s.new_tokens
-        if s.new_tokens > GRAPH_MAX_NEW_TOKENS:
-            graph = False
+    priced by the run's closed form at pass 0 (`_pass_priced`)."""
+    cost, graph, tokens = _pass_priced(npu, msg, msg.seqs)
     return cost, "graph" if graph else "single_op", tokens
 
 
-def _pass_cost(npu: str, msg: NpuForward | NpuForwardRun, shapes: tuple[SeqShape, ...]) -> float:
-    """`forward_cost_s` of one pass of these shapes on the request's layout. A dense model's
-    main part is priced by the run's closed form at its pass 0 (the same floats: the body's
-    passes are those of forward_cost_s, test_npu_run), after forward_time's checks in its order."""
-    if not checked_dense(npu, msg, shapes):
-        one = msg if isinstance(msg, NpuForward) else head_request(msg, shapes)
-        return forward_cost_s(npu, one)[0]
-    terms = dense_terms(npu, msg, shapes)
+def _pass_priced(
+    npu: str, msg: NpuForward | NpuForwardRun, shapes: tuple[SeqShape, ...]
+) -> tuple[float, bool, int]:
+    """`forward_cost_s` of one pass of these shapes on the request's layout: (duration, graph
+    mode, tokens). A dense model's main part is priced by the run's closed form at its pass 0
+    (the same floats: the body's passes are those of forward_cost_s, test_npu_run), after
+    forward_time's checks in its order (for a layout known to pass both layout checks, only
+    the sequences' checks, done in dense_terms' loop)."""
+    if closed_form_ok(npu, msg.model, msg.part, msg.tp, msg.pp, msg.dp, msg.ep,
+                      msg.shared_expert_ranks, msg.redundant_experts):  # fmt: skip
+        terms = dense_terms(npu, msg, shapes, check=True)
+    else:
+        terms = dense_terms(npu, msg, shapes) if checked_dense(npu, msg, shapes) else None
     if terms is None or terms[1][0] >= _FLOAT_EXACT or terms[1][2] >= _FLOAT_EXACT:
-        return forward_cost_s(npu, msg if isinstance(msg, NpuForward) else head_request(msg, shapes))[0]
-    consts, (pairs0, dpairs, kv0, tokens) = terms
-    return dense_ends([], consts.loop, (0, 1, pairs0, dpairs, kv0, tokens), 0.0, 0.0, None, [])[0]
+        one = msg if isinstance(msg, NpuForward) else head_request(msg, shapes)
+        cost, mode, tokens = forward_cost_s(npu, one)
+        return cost, mode == "graph", tokens
+    consts, (pairs0, dpairs, kv0, tokens), graph = terms
+    ends = dense_ends([], consts.loop, (0, 1, pairs0, dpairs, kv0, tokens), 0.0, 0.0, None, [])
+    return ends[0], graph, tokens
 
 
 def pass_costs(
@@ -262,7 +271,7 @@ def chunk_ends(
     b_lo, b_hi = (lo - p if lo > p else 0), hi - p  # (builtin max/min calls cost ~1k each)
     terms = dense_terms(npu, msg)
     if terms is not None:
-        consts, (pairs0, dpairs, kv0, tokens) = terms
+        consts, (pairs0, dpairs, kv0, tokens), _ = terms
         if pairs0 + (b_hi - 1) * dpairs < _FLOAT_EXACT and kv0 + (b_hi - 1) * tokens < _FLOAT_EXACT:
             pre: list[float] = []
             if lo < p:
