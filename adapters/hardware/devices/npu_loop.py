@@ -32,32 +32,38 @@ def dense_ends(
     lo, n, pairs0, dpairs, kv0, tokens = ints
     varied = raw is not None
     picks = raw if raw is not None else b""
-    ends: list[float] = []
+    npre = len(pre)
+    # Filled in place (appending cost ~30 instructions a pass more, and reallocations)
+    ends: list[float] = [0.0] * (npre + n)
     s = start_s
     k = 0  # byte offset of the next pass's pick
-    npre = len(pre)
-    # The integer sums as floats, stepped by exact additions (every value is below 2**53)
-    pairs, dp = float(pairs0 + lo * dpairs), float(dpairs)
-    cached, dc = float(kv0 + lo * tokens), float(tokens)
-    for i in range(npre + n):
-        if i < npre:  # a head or lead pass: priced as a forward of its own
-            d = pre[i]
-        else:
-            compute = flops_per_pair * pairs / peak  # op_time_s's roofline max of the attention core
-            memory = (kv_layer * cached + q_bytes) / bw
-            x = compute if compute >= memory else memory
-            x = x * layers + linear + collective + head
-            if floor > 0.0 and floor > x:
-                x = floor
-            d = fixed + x
-            if sampling >= 0.0:
-                d = d + sampling
-            pairs += dp
-            cached += dc
+    for i in range(npre):  # the head and lead passes: priced as forwards of their own
+        d = pre[i]
         if varied:
             d = d * table[picks[k] | (picks[k + 1] << 8)]
         e = s + d
-        ends.append(e)
+        ends[i] = e
+        s = e + gap_s
+        k += 2
+    # The integer sums as floats, stepped by exact additions (every value is below 2**53)
+    pairs, dp = float(pairs0 + lo * dpairs), float(dpairs)
+    cached, dc = float(kv0 + lo * tokens), float(tokens)
+    for i in range(npre, npre + n):
+        compute = flops_per_pair * pairs / peak  # op_time_s's roofline max of the attention core
+        memory = (kv_layer * cached + q_bytes) / bw
+        x = compute if compute >= memory else memory
+        x = x * layers + linear + collective + head
+        if floor > 0.0 and floor > x:
+            x = floor
+        d = fixed + x
+        if sampling >= 0.0:
+            d = d + sampling
+        pairs += dp
+        cached += dc
+        if varied:
+            d = d * table[picks[k] | (picks[k + 1] << 8)]
+        e = s + d
+        ends[i] = e
         s = e + gap_s
         k += 2
     return ends

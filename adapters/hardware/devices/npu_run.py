@@ -45,7 +45,7 @@ def check_run(msg: NpuForwardRun) -> str | None:
         return f"head: one shape per sequence of seqs ({len(msg.seqs)}), got {len(msg.head)}"
     if msg.lead and not msg.head:
         return "lead: needs a head (pass 0's shapes)"
-    if any(not shapes for shapes in msg.lead):
+    if msg.lead and any(not shapes for shapes in msg.lead):  # (no generator for no lead)
         return "lead: every pass needs at least one sequence"
     return None
 
