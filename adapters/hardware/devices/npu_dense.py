@@ -15,7 +15,7 @@ import msgspec
 from deepserve.actors.ports.npu import NpuForward, NpuForwardRun, SeqShape
 from deepserve.adapters.hardware.batch import GRAPH_MAX_NEW_TOKENS, Batch, Parallel, Seq, validate
 from deepserve.adapters.hardware.compute import dense_fixed, is_dense_plan, sampling_time_s, span_of
-from deepserve.adapters.hardware.dense_terms import DenseFixedPlan, dense_fixed_plan
+from deepserve.adapters.hardware.dense_fixed_plan import DenseFixedPlan, dense_fixed_plan
 from deepserve.adapters.hardware.layout import check_layout, largest_cluster
 from deepserve.adapters.hardware.models import model_profile
 from deepserve.adapters.hardware.roofline import ACT_BYTES

@@ -1,4 +1,4 @@
-"""`DenseFixedPlan` (dense_terms.py) gives `dense_fixed`'s and `sampling_time_s`' floats, bit for bit."""
+"""`DenseFixedPlan` (dense_fixed_plan.py) gives `dense_fixed`'s and `sampling_time_s`' floats, bit for bit."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from deepserve.adapters.hardware.compute import (
     sampling_time_s,
     span_of,
 )
-from deepserve.adapters.hardware.dense_terms import dense_fixed_plan
+from deepserve.adapters.hardware.dense_fixed_plan import dense_fixed_plan
 from deepserve.adapters.hardware.models import PROFILES, ModelProfile
 from deepserve.adapters.hardware.specs import NPUS
 
