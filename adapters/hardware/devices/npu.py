@@ -108,6 +108,12 @@ def delay_until(now: float, due: float) -> float:
     return delay
 
 
+def _not_before(p: Pending) -> float:
+    """The earliest start of a queued graph: its arrival plus the start delay it asked for."""
+    delay = p.req.start_delay_s
+    return p.accepted_at_s + delay if delay else p.accepted_at_s
+
+
 class Npu(Actor[NpuState]):
     """One NPU unit (a 910B chip or a 910C die). `queue_limit` bounds waiting requests."""
 
@@ -266,8 +272,7 @@ class Npu(Actor[NpuState]):
         now = ctx.now()
         # The graph starts when the device is free and its start delay has passed; the device
         # is busy (holds it as running) from now, so nothing overtakes it.
-        delay = head.req.start_delay_s  # the earliest start: arrival + the delay asked for
-        start = head.accepted_at_s + delay if delay else head.accepted_at_s
+        start = _not_before(head)
         start = now if start <= now else start
         if isinstance(head.req, NpuForwardRun):
             self._start_run(ctx, head.req, start, arrived)
@@ -291,8 +296,7 @@ class Npu(Actor[NpuState]):
             self._extend_run(ctx, req, len(run.ends_s), run.limit, run.ends_s[-1])
             return
         ctx.record(NpuForwardEnded(ctx.now(), None))
-        delay = req.start_delay_s  # waited behind other graphs: since its earliest start
-        queued = run.started_at_s - (run.pending.accepted_at_s + delay if delay else run.pending.accepted_at_s)
+        queued = run.started_at_s - _not_before(run.pending)  # waited behind other graphs
         queued = queued if queued > 0.0 else 0.0
         if isinstance(req, NpuForwardRun):
             starts = pass_starts(run.started_at_s, run.ends_s, req.gap_s) if req.starts else ()
