@@ -27,8 +27,12 @@ venv:
 # The compiled build (compiled.py): mypyc builds the hot modules into build/mypyc/, again
 # whenever one of them changes (the step checks their hashes: a no-op when they are unchanged).
 # If it cannot (no C compiler), one line says so and pure Python runs: same logs, slower.
+# Then the bytecode of the package's own modules, as pip does for installed packages (an
+# editable install gets none): under PYTHONDONTWRITEBYTECODE, which this project's machines
+# set, every `deepserve` process compiled ~120 modules from source at start, ~0.25 s (measured).
 compiled: $(STAMP)
 	@$(PY) -c 'import deepserve.compiled as c; c.main()'
+	@$(PY) -m compileall -q -j 0 -x '/(\.venv|build|runs|tests|\.git)/' .
 
 setup: $(STAMP) compiled
 

@@ -1,23 +1,26 @@
 """Opening logs by target: `open_sink` (the process's writer), `open_log` (a reader),
-`migrate` (the explicit schema upgrade). The imperative shell around the backends."""
+`migrate` (the explicit schema upgrade). The imperative shell around the backends.
+
+The readers, the thread writer and schema migrations need SQLAlchemy and are imported when
+used: a simulation's writer process on a new SQLite file does not (`sqlite/fresh.py`)."""
 
 from __future__ import annotations
 
 import glob
 import os
 import re
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .api import Durability, LogReader
 from .errors import LogError
 from .group_commit import GroupCommitSink
-from .merged_reader import MergedLog
-from .sql_reader import SqlLog
-from .sqlite.batch_store import SqliteBatchStore
-from .sqlite.files import SqliteDb, prepare_sqlite
-from .sqlite.log_reader import SqliteLog
+from .sqlite.fresh import create_log
 from .sqlite.process_writer import ProcessSink
 from .target import Target, parse_target
+
+if TYPE_CHECKING:
+    from .sql_reader import SqlLog
+    from .sqlite.log_reader import SqliteLog
 
 Writer = Literal["thread", "process"]
 PAGE_LOG_BYTES = 65536  # SQLite page size of a log the writer process creates
@@ -80,9 +83,15 @@ def open_sink(
     # 64 KiB SQLite pages a blob is 3 pages to write to the WAL and then the database, not 33
     # (the writer's system time -20 %, measured). Row logs keep 4 KiB: their small commits
     # would rewrite whole 64 KiB pages.
-    prepare_sqlite(path, create=True, upgrade=True, page_bytes=PAGE_LOG_BYTES if process_writer else 0)
+    page_bytes = PAGE_LOG_BYTES if process_writer else 0
+    if not create_log(path, page_bytes=page_bytes):  # a database already: check or migrate it
+        from .sqlite.files import prepare_sqlite
+
+        prepare_sqlite(path, create=True, upgrade=True, page_bytes=page_bytes)
     if process_writer:
         return ProcessSink(path, synchronous=synchronous, **limits)
+    from .sqlite.batch_store import SqliteBatchStore
+
     return GroupCommitSink(
         lambda: SqliteBatchStore(path, durability, synchronous),
         label=path,
@@ -100,6 +109,8 @@ def open_log(target: str, *, upgrade: bool = True) -> LogReader:
         return _open_pg(tgt, upgrade)
     path = tgt.path
     if os.path.isdir(path):
+        from .merged_reader import MergedLog
+
         files = log_files(path)
         logs: list[SqlLog] = []
         try:
@@ -121,12 +132,16 @@ def log_files(directory: str) -> list[str]:
 
 
 def _open_sqlite(path: str, upgrade: bool) -> SqliteLog:
+    from .sqlite.files import SqliteDb, prepare_sqlite
+    from .sqlite.log_reader import SqliteLog
+
     prepare_sqlite(path, create=False, upgrade=upgrade)
     return SqliteLog(SqliteDb(path))
 
 
 def _open_pg(tgt: Target, upgrade: bool) -> SqlLog:
     from .postgres import PgDb
+    from .sql_reader import SqlLog
 
     db = PgDb(tgt.url, tgt.label)
     try:
@@ -149,6 +164,8 @@ def migrate(target: str) -> dict[str, tuple[int, int]]:
             return {tgt.label: db.prepare(upgrade=True)}
         finally:
             db.close()
+    from .sqlite.files import prepare_sqlite
+
     paths = log_files(tgt.path) if os.path.isdir(tgt.path) else [tgt.path]
     return {p: prepare_sqlite(p, create=False, upgrade=True) for p in paths}
 

@@ -7,12 +7,12 @@ A target is a plain path (SQLite; a directory means one file per process), an
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
-
-from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError
+from typing import TYPE_CHECKING, NamedTuple
 
 from .errors import LogError, one_line
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
 
 
 class Target(NamedTuple):
@@ -26,7 +26,10 @@ def parse_target(target: str) -> Target:
     if not isinstance(target, str) or not target.strip():
         raise LogError(f"empty log target {target!r}: give a file path or a database URL")
     if "://" not in target:
-        return _sqlite(target)
+        return _sqlite(target)  # a plain path: no SQLAlchemy (fresh.py says why)
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     try:
         url = make_url(target)
     except (ArgumentError, ValueError) as exc:

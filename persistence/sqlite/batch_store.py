@@ -2,15 +2,13 @@
 per transaction, straight through stdlib sqlite3 (multi-row INSERTs, `sql.py`).
 
 SQLAlchemy compiles the statements here (it owns the schema); the writer process
-gets them compiled (`process_writer_config`), so it never imports SQLAlchemy.
+gets them compiled (`fresh.process_writer_config`), so it never imports SQLAlchemy.
 """
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from collections.abc import Sequence
-from typing import Any
 
 from msgspec.structs import astuple
 from sqlalchemy import insert
@@ -21,14 +19,10 @@ from deepserve.core.records import RunRec, Step
 from ..errors import RunExists
 from ..group_commit import runs_and_steps
 from ..rows import STEP_TABLES, run_row, step_rows
-from ..schema import INSERT_COLUMNS, RUN_FIELDS, metadata
-from .files import BUSY_MS
+from ..schema import INSERT_COLUMNS, metadata
+from .checks import BUSY_MS
+from .fresh import max_id_sql, writer_pragmas
 from .sql import RUN_EXISTS, MultiInsert, transaction
-
-# async: nothing crashes for real in sim, and a WAL commit without fsync still survives
-# a process kill (the pages are in the OS cache). outbox: NORMAL keeps the file
-# consistent across power loss too; pass synchronous="full" to also fsync every commit.
-SYNCHRONOUS = {"async": "OFF", "outbox": "NORMAL"}
 
 
 def insert_sql() -> dict[str, str]:
@@ -41,47 +35,6 @@ def insert_sql() -> dict[str, str]:
             raise RuntimeError(f"{name}: compiled INSERT columns differ from INSERT_COLUMNS")
         sql[name] = str(compiled)
     return sql
-
-
-def writer_pragmas(durability: str, synchronous: str | None = None) -> list[str]:
-    """The writer connection's settings (thread and process writers alike)."""
-    sync = (synchronous or SYNCHRONOUS[durability]).upper()
-    return [
-        f"synchronous={sync}",
-        f"busy_timeout={BUSY_MS}",
-        "cache_size=-65536",  # 64 MiB: index pages stay hot across batches
-    ]
-
-
-def max_id_sql() -> str:
-    """The last step id given out, in rows (`inputs.id`) or pages: both layouts draw
-    from one sequence. Both lookups are O(1): the rowid's maximum, and the last page
-    (pages are inserted in step-id order, under the write lock)."""
-    return (
-        "SELECT max(coalesce((SELECT max(id) FROM inputs), 0), "
-        "coalesce((SELECT first_step + steps - 1 FROM pages ORDER BY id DESC LIMIT 1), 0))"
-    )
-
-
-def process_writer_config(path: str, synchronous: str | None) -> dict[str, Any]:
-    """What the writer process needs, compiled here: it does not import SQLAlchemy."""
-    sql = insert_sql()
-    return {
-        "path": os.path.abspath(path),
-        "label": path,
-        "timeout": BUSY_MS / 1000,
-        # Its logs have 64 KiB pages: SQLite's default checkpoint, every 1,000 pages, would
-        # let the WAL grow to 64 MB and copy it all back when `close()` waits (38 ms of a
-        # 0.7 s logged run, measured). 64 pages is the default's 4 MB, checkpointed in the
-        # writer process while the driver runs.
-        "pragmas": [*writer_pragmas("async", synchronous), "wal_autocheckpoint=64"],
-        "runs_sql": sql["runs"],
-        "runs_cols": len(INSERT_COLUMNS["runs"]),
-        "page_sql": sql["pages"],
-        "max_id_sql": max_id_sql(),
-        "run_id_index": RUN_FIELDS.index("run_id"),
-        "process_index": RUN_FIELDS.index("process"),
-    }
 
 
 class SqliteBatchStore:

@@ -41,8 +41,8 @@ from ..errors import LogError, one_line
 from ..pages import array_header, page_head
 from ..pressure import Pressure
 from . import child
-from .batch_store import process_writer_config
 from .child import ACK, ACK_BODY, CONFIG, ERROR, PAGE, PAGE_HEAD, RUN, SYNC
+from .fresh import process_writer_config
 
 DEFAULT_BATCH = 1024
 DEFAULT_PENDING = 16 * DEFAULT_BATCH
