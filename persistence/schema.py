@@ -29,8 +29,10 @@ from deepserve.core.records import EventRec, InputRec, OutputRec, RunRec, Snapsh
 # mode; v1 logs were single-process and read back as process "main"). v3: `inputs.ask`
 # and `inputs.src_hlc`. v4: `pages` (a run's steps as encoded pages: the writer process).
 # v5: `crc32` on every row of the row layout and on `runs` (rows.py: what a row holds is
-# checked on every read, as pages' bodies are).
-SCHEMA_VERSION = 5
+# checked on every read, as pages' bodies are). v6: a page's body may be a zstd frame of its
+# msgpack (pages.py; the writer process compresses every page it stores): nothing else changed,
+# but a deepserve before v6 would take such a page for a damaged one.
+SCHEMA_VERSION = 6
 
 # SQLite only makes INTEGER PRIMARY KEY an alias of the rowid (no extra b-tree);
 # PostgreSQL needs 64 bits for long-lived cluster databases.

@@ -91,6 +91,12 @@ def _v4_to_v5(conn: Connection) -> None:
     _sum_rows(conn, inputs, INPUT_FIELDS, counts.input_crc)
 
 
+def _v5_to_v6(conn: Connection) -> None:
+    """v6 lets a page's body be a zstd frame (pages.py). A v5 log's pages are msgpack as they
+    were, and read as before: the version is recorded so that an older deepserve refuses a v6
+    log ("newer than this deepserve supports") instead of calling its pages damaged."""
+
+
 def _sum_rows(conn: Connection, table: Table, cols: tuple[str, ...], crc: Callable[[tuple], int]) -> None:
     """Set every row's crc32 to `crc((id, *cols))`, booleans as 0/1, a chunk of rows at a time."""
     stmt = update(table).where(table.c.id == bindparam("row_id")).values(crc32=bindparam("crc"))
@@ -133,7 +139,7 @@ class _ChildCounts:
 
 # version v -> the step that upgrades a v database to v+1
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
-    1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5,
+    1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6,
 }  # fmt: skip
 
 

@@ -61,7 +61,7 @@ def _shape(path: Path) -> tuple[list[tuple[str, str, str]], int, str, list[int]]
 def test_a_fresh_log_is_the_one_prepare_sqlite_makes(tmp_path: Path, page_bytes: int) -> None:
     ours, theirs = tmp_path / "fresh.db", tmp_path / "sqlalchemy.db"
     assert fresh.create_log(str(ours), page_bytes=page_bytes) is True
-    assert prepare_sqlite(str(theirs), create=True, upgrade=True, page_bytes=page_bytes) == (5, 5)
+    assert prepare_sqlite(str(theirs), create=True, upgrade=True, page_bytes=page_bytes) == (SCHEMA_VERSION, SCHEMA_VERSION)
     assert _shape(ours) == _shape(theirs)
     assert _shape(ours)[1:] == (page_bytes or 4096, "wal", [SCHEMA_VERSION])
     # and SQLAlchemy's side takes it as a current log, with nothing to migrate

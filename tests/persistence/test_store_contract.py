@@ -19,6 +19,7 @@ from store_testdata import (
 
 from deepserve.core.records import RunRec, Step
 from deepserve.persistence import LogError, MemoryLog, MemoryStore, open_log, open_sink
+from deepserve.persistence.pages import ZSTD_MAGIC, checked_body
 from deepserve.persistence.sql_reader import CHUNK
 
 
@@ -243,5 +244,13 @@ def test_sqlite_file_is_wal(backend: Backend) -> None:
     backend.write(run_rec("w"), edge_steps())
     import sqlite3
 
-    assert sqlite3.connect(backend.target).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert os.path.getsize(backend.target) > 1 << 20
+    conn = sqlite3.connect(backend.target)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    if backend.kind != "sqlite-process":
+        assert os.path.getsize(backend.target) > 1 << 20  # the 1 MiB payload is in the file
+        return
+    # The writer process stores each page as a zstd frame (pages.py): the 1 MiB payload
+    # (256 byte values repeated) is in the file, in a few KiB
+    pages = conn.execute("SELECT id, body, crc32 FROM pages").fetchall()
+    assert [body[:4] for _, body, _ in pages] == [ZSTD_MAGIC]
+    assert len(pages[0][1]) < 1 << 16 < 1 << 20 < len(checked_body("t", "w", pages[0]))

@@ -10,14 +10,17 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import msgspec
 import pytest
+import zstandard
 from store_testdata import edge_steps, encoded, expected, run_rec
 
 from deepserve.core.records import InputRec, Step
 from deepserve.persistence import LogError, open_log, open_sink
+from deepserve.persistence.pages import ZSTD_MAGIC
 from deepserve.persistence.sqlite.process_writer import ProcessSink
 
 
@@ -361,10 +364,11 @@ def test_a_damaged_page_is_refused_by_every_read_and_by_the_integrity_check(tmp_
         for i in range(10):
             sink.append(_step(i))
     with sqlite3.connect(p) as c:
-        (body,) = c.execute("SELECT body FROM pages").fetchone()
+        (stored,) = c.execute("SELECT body FROM pages").fetchone()
+        body = zstandard.ZstdDecompressor().decompress(stored)  # a zstd frame (schema v6)
         at = body.rindex(b"p")  # the last step's one-byte payload
         bad = body[:at] + b"q" + body[at + 1 :]
-        c.execute("UPDATE pages SET body = ?", (bad,))
+        c.execute("UPDATE pages SET body = ?", (zstandard.ZstdCompressor().compress(bad),))
     assert [s.input.payload for s in msgspec.msgpack.decode(bad, type=list[Step])][-1] == b"q"
     log = open_log(p)
     want = f"{p}: damaged log: page 1 of run 'r' fails its checksum (its steps cannot be trusted)"
@@ -557,3 +561,37 @@ def test_the_writer_checkpoints_as_it_goes_so_close_has_little_to_copy(tmp_path:
     sink.close()
     assert wal_bytes < 5 * 2**20  # the default's 4 MB (64 pages), plus the page in flight
     assert sum(1 for _ in open_log(p).steps()) == 3000
+
+
+def test_pages_are_zstd_frames_and_msgpack_pages_still_read(tmp_path: Path) -> None:
+    """Schema v6: the writer process stores each page as a zstd frame; a page stored as bare
+    msgpack (every page before v6) reads as before, beside compressed ones in one run."""
+    p = str(tmp_path / "x.db")
+    with open_sink(p, writer="process", max_batch=4) as sink:
+        sink.begin_run(run_rec("r"))
+        for i in range(8):
+            sink.append(_step(i))
+    with sqlite3.connect(p) as c:
+        stored = c.execute("SELECT id, body FROM pages ORDER BY id").fetchall()
+        assert [body[:4] for _, body in stored] == [ZSTD_MAGIC, ZSTD_MAGIC]
+        plain = zstandard.ZstdDecompressor().decompress(stored[0][1])
+        c.execute("UPDATE pages SET body = ?, crc32 = ? WHERE id = ?", (plain, zlib.crc32(plain), stored[0][0]))
+    log = open_log(p)
+    log.check_integrity()
+    assert [s.input.seq for s in log.steps()] == list(range(8))
+
+
+def test_a_page_that_does_not_decompress_is_a_damaged_log(tmp_path: Path) -> None:
+    """A frame damaged and its checksum made to match: the read names the page, not zstd."""
+    p = str(tmp_path / "x.db")
+    with open_sink(p, writer="process") as sink:
+        sink.begin_run(run_rec("r"))
+        for i in range(3):
+            sink.append(_step(i))
+    with sqlite3.connect(p) as c:
+        (stored,) = c.execute("SELECT body FROM pages").fetchone()
+        bad = stored[:8] + bytes(len(stored) - 8)  # the frame header kept, its blocks zeroed
+        c.execute("UPDATE pages SET body = ?, crc32 = ?", (bad, zlib.crc32(bad)))
+    log = open_log(p)
+    with pytest.raises(LogError, match=r"x.db: damaged log: page 1 of run 'r' does not decompress"):
+        list(log.steps())
