@@ -8,6 +8,8 @@ and their timeout cancelled.
 
 from __future__ import annotations
 
+import math
+
 from deepserve.core import Context, Message, ReplyHandle
 
 # The kernel's handle for answering a request from a later handler.
@@ -32,3 +34,17 @@ def respond(ctx: Context, msg: Message) -> None:
     """Answer the message being handled. Unlike `ctx.reply`, an external tell (ext/...) gets the
     answer too, like an answer sent later does: devices answer every request the same way."""
     answer(ctx, reply_to(ctx), msg)
+
+
+def delay_until(now: float, due: float) -> float:
+    """The timer delay that fires at exactly `due` (the kernel adds it to `now`, and
+    `due - now` is not always exact when `now` < due / 2): a timer armed earlier than the
+    stepwise timeline would arm it (a delayed NPU start, a lone fabric transfer's completion)
+    then fires on the same float, so the timeline is unchanged. Where no delay reaches `due`
+    (`now + delay` rounds half to even past it), the timer fires just before `due`."""
+    delay = due - now
+    while now + delay < due:
+        delay = math.nextafter(delay, math.inf)
+    while delay > 0.0 and now + delay > due:
+        delay = math.nextafter(delay, -math.inf)
+    return delay

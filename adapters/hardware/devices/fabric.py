@@ -3,9 +3,13 @@
 One actor per topology domain, so max-min sharing over multi-hop paths is computed in one place
 (flows.py, with fairshare.py). One timer ("tick") is pending at a time: the next completion; it
 is re-armed after every handler that changed something and after every tick, so a completion
-can never be left without a timer. Link faults arrive as external
-inputs: down (in-flight and new transfers fail), degraded (capacity x factor), flapping (down/up
-toggles on timers), up (repaired).
+can never be left without a timer. One exception saves a delivery: a transfer accepted into an
+empty fabric (most DRAM-tier copies) has its completion in closed form, so its setup end is not
+ticked; the tick is armed at the completion, and delivers it if nothing came before, while the
+first other handler at or after the setup end records the start first, at that end, as its tick
+would have (`FabricState.lone`). Link faults arrive as external inputs: down (in-flight and new
+transfers fail), degraded (capacity x factor), flapping (down/up toggles on timers), up
+(repaired).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from deepserve.adapters.hardware.devices.flows import (
     FabricFaultRejected,
     FabricFlapSet,
     FabricLinkSet,
+    FabricLoneAccepted,
     FabricState,
     FabricXferAccepted,
     FabricXferDelivered,
@@ -39,6 +44,7 @@ from deepserve.adapters.hardware.devices.flows import (
     capacity,
     done_slack_s,
     evolve_fabric,
+    lone_delay_s,
     setup_end_s,
 )
 from deepserve.adapters.hardware.devices.topology import build, resource_link, route
@@ -122,6 +128,12 @@ class Fabric(Actor[FabricState]):
         return evolve_fabric(state, event, self.nominal, self.directions)
 
     def handle(self, ctx: Context, msg: Message) -> None:
+        lone = self.state.lone
+        if lone is not None:
+            if isinstance(msg, FabricTick):  # its completion (the one tick while it is lone):
+                self._deliver(ctx, self.state.xfers[lone])  # its start shared nothing, is not
+                return  # recorded; the fabric is empty, nothing to arm
+            lone = self._lone_start(ctx, lone)
         if isinstance(msg, FabricTick):
             self._tick(ctx)
             self._reschedule(ctx)  # always: a tick that delivered nothing must not end the clock
@@ -130,7 +142,8 @@ class Fabric(Actor[FabricState]):
         # fails), so a handler that leaves the next completion alone leaves the timer alone.
         armed = self.state.next_event_s()
         if isinstance(msg, LinkTransfer | LinkBroadcast):
-            self._accept(ctx, msg)
+            if self._accept(ctx, msg):
+                return  # its tick is armed at its completion
         elif isinstance(msg, LinkCancel):
             x = self.state.xfers.get(f"{ctx.sender}|{msg.req_id}")
             if x is not None:
@@ -141,18 +154,34 @@ class Fabric(Actor[FabricState]):
             self._fault(ctx, msg)
         else:
             return
-        if ctx.events and self.state.next_event_s() != armed:
+        at = self.state.next_event_s()
+        if lone is not None and self.state.lone is None and at == armed and at is not None:
+            # a lone setup end, untimed until this handler changed the fabric: its tick fires
+            # where the acceptance would have armed it (exact: flows.lone_delay_s)
+            ctx.after(at - ctx.now(), FabricTick(), key="tick")
+        elif ctx.events and at != armed:
             self._reschedule(ctx)
 
+    def _lone_start(self, ctx: Context, key: str) -> str | None:
+        """Record the untimed start of the lone transfer `key` if its setup has ended (at that
+        end, as its tick would have: that tick came before anything at or after it). Returns
+        the key while it is still in setup."""
+        end = setup_end_s(self.state.xfers[key])
+        if end > ctx.now():
+            return key
+        ctx.record(FabricXfersFlowing((key,), end))
+        return None
+
     # ---- transfers ---------------------------------------------------------
-    def _accept(self, ctx: Context, msg: LinkTransfer | LinkBroadcast) -> None:
+    def _accept(self, ctx: Context, msg: LinkTransfer | LinkBroadcast) -> bool:
+        """Accept or refuse a transfer; True if it armed the tick itself (a lone one)."""
         to = reply_to(ctx)
         key = f"{ctx.sender}|{msg.req_id}"
         try:
             xfer = self._xfer(ctx, msg, key, to)
         except ValueError as exc:
             answer(ctx, to, LinkTransferFailed(req_id=msg.req_id, reason=str(exc)))
-            return
+            return False
         conds = self.state.conds
         down = None
         if conds:  # all links at nominal condition: nothing can be down
@@ -161,8 +190,15 @@ class Fabric(Actor[FabricState]):
             link = resource_link(down)
             reason = f"link {link} is down"
             answer(ctx, to, LinkTransferFailed(req_id=msg.req_id, reason=reason, link=link))
-            return
-        ctx.record(FabricXferAccepted(xfer))  # its setup ends on a tick (flows.starts)
+            return False
+        st = self.state
+        delay = None if st.xfers else lone_delay_s(st, self.nominal, ctx.now(), xfer)
+        if delay is None:
+            ctx.record(FabricXferAccepted(xfer))  # its setup ends on a tick (flows.starts)
+            return False
+        ctx.record(FabricLoneAccepted(xfer))
+        ctx.after(delay, FabricTick(), key="tick")
+        return True
 
     def _xfer(self, ctx: Context, msg: LinkTransfer | LinkBroadcast, key: str, to: ReplyTo) -> Xfer:
         if key in self.state.xfers:

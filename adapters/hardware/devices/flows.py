@@ -21,7 +21,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from deepserve.adapters.hardware.devices.common import RTOL, ReplyTo
+from deepserve.adapters.hardware.devices.common import RTOL, ReplyTo, delay_until
 from deepserve.adapters.hardware.devices.topology import resource_link
 from deepserve.adapters.hardware.fairshare import MaxMinShare
 from deepserve.core import Event
@@ -80,6 +80,12 @@ class FabricState(msgspec.Struct):
     delivered: int = 0
     delivered_bytes: int = 0
     failed: int = 0
+    # A transfer accepted into an empty fabric whose setup end has no tick (fabric.py,
+    # `lone_delay_s`): delivered by the tick at its completion (its start, sharing nothing, is
+    # not recorded) unless another handler comes first: that one records its start, at its
+    # setup end if that has passed. Any other change to transfers or links ends this (the setup
+    # end is ticked again).
+    lone: str | None = None
 
     def __deepcopy__(self, memo: dict) -> FabricState:
         """The kernel deep-copies states for snapshots: the records inside are immutable, so
@@ -90,7 +96,7 @@ class FabricState(msgspec.Struct):
             due=list(self.due), starts=list(self.starts),
             conds=dict(self.conds),
             flaps=dict(self.flaps), delivered=self.delivered,
-            delivered_bytes=self.delivered_bytes, failed=self.failed,
+            delivered_bytes=self.delivered_bytes, failed=self.failed, lone=self.lone,
         )  # fmt: skip
 
     def next_due(self) -> tuple[float, str] | None:
@@ -113,6 +119,12 @@ class FabricState(msgspec.Struct):
 
 
 class FabricXferAccepted(Event, frozen=True):
+    xfer: Xfer
+
+
+class FabricLoneAccepted(Event, frozen=True):
+    """A transfer accepted into an empty fabric, its setup end untimed (FabricState.lone)."""
+
     xfer: Xfer
 
 
@@ -199,6 +211,27 @@ def setup_end_s(x: Xfer) -> float:
     return x.accepted_at_s + x.fixed_s
 
 
+def lone_delay_s(st: FabricState, nominal: Mapping[str, float], now: float, x: Xfer) -> float | None:
+    """The tick delay to the completion of `x`, accepted now into an empty fabric, if nothing
+    else comes: where the tick its setup end arms fires, from its rate alone on its links (the
+    water-filling gives a lone flow its narrowest link, to the bit). None where the stepwise
+    ticks are needed: no bytes; done within the slack of its own start; a setup end or a
+    completion that a timer armed now (or, for the setup end, by any handler until then) cannot
+    hit exactly (`end - t` is exact for t >= end / 2: Sterbenz)."""
+    end = setup_end_s(x)
+    if x.nbytes <= 0 or not now < end <= 2.0 * now:
+        return None
+    rate = min(capacity(nominal, st.conds, r) for r in x.resources)
+    if not rate > 0:
+        return None
+    finish = end + float(x.nbytes) / rate  # _rerated at the start
+    if finish <= end + done_slack_s(end):
+        return None
+    done = end + (finish - end)  # the tick the setup end arms
+    delay = delay_until(now, done)
+    return delay if now + delay == done else None  # not when it rounds past `done`
+
+
 def _tidy_starts(st: FabricState) -> None:
     starts, xfers = st.starts, st.xfers
 
@@ -247,13 +280,15 @@ def evolve_fabric(
     directions: Mapping[str, tuple[str, ...]],
 ) -> FabricState:  # fmt: skip
     """Apply one event in place; `directions` maps a link to its "link:dir" resources."""
-    if isinstance(event, FabricXferAccepted):
+    if isinstance(event, FabricXferAccepted | FabricLoneAccepted):
         x = event.xfer
         st.xfers[x.key] = x
         for r in x.resources:
             st.on.setdefault(r, {})[x.key] = None
         heapq.heappush(st.starts, (setup_end_s(x), x.key))
+        st.lone = x.key if isinstance(event, FabricLoneAccepted) else None
         return st
+    lone, st.lone = st.lone, None  # any change but a flap's schedule or a rejected fault ends it
     if isinstance(event, FabricXfersFlowing | FabricXferFlowing):
         keys = event.keys if isinstance(event, FabricXfersFlowing) else (event.key,)
         at, sharing = event.at_s, []
@@ -289,8 +324,10 @@ def evolve_fabric(
             st.flaps.pop(event.link, None)
         else:
             st.flaps[event.link] = event.flap
+        st.lone = lone  # a flap's capacity change is its own event (FabricLinkSet)
         return st
     elif isinstance(event, FabricFaultRejected):
+        st.lone = lone
         return st
     else:
         raise AssertionError(f"fabric: unknown event {type(event).__name__}")

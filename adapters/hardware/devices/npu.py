@@ -35,7 +35,13 @@ from deepserve.actors.ports.npu import (
     NpuStatus,
 )
 from deepserve.adapters.hardware.calibration import DP_COMPUTE_CV
-from deepserve.adapters.hardware.devices.common import ReplyTo, answer, reply_to, respond
+from deepserve.adapters.hardware.devices.common import (
+    ReplyTo,
+    answer,
+    delay_until,
+    reply_to,
+    respond,
+)
 from deepserve.adapters.hardware.devices.npu_draws import (
     factor_picks_raw,
     pass_starts,
@@ -94,18 +100,6 @@ def variance_factor(rng_draw: float) -> float:
     DP_COMPUTE_CV (calibration.py: a DP group's compute variation between two barriers).
     Takes a standard normal draw so the caller's seeded rng is the only source of chance."""
     return math.exp(_SIGMA * rng_draw - _HALF_VAR)  # the constants computed once, same floats
-
-
-def delay_until(now: float, due: float) -> float:
-    """The timer delay that fires at exactly `due` (the kernel adds it to `now`, and
-    `due - now` is not always exact when `now` < due / 2): a delayed start then ends on the same
-    float as a timer armed at the start would, so the stepwise timeline is unchanged."""
-    delay = due - now
-    while now + delay < due:
-        delay = math.nextafter(delay, math.inf)
-    while delay > 0.0 and now + delay > due:
-        delay = math.nextafter(delay, -math.inf)
-    return delay
 
 
 def _not_before(p: Pending) -> float:
