@@ -240,7 +240,9 @@ class Rtc(msgspec.Struct, kw_only=True, dict=True):
     ref: list[int]
     hbm_hash: list[int | None]  # chain hash held by each HBM block (None: no indexed content)
     free_hbm: list[int]
-    # OrderedDicts at run time (O(1) pop at the front); typed `dict` so snapshots decode.
+    # Plain dicts (insertion order is LRU order: entries are only appended and deleted). A
+    # walk from the front skips the deleted entries left there until the dict next resizes (a
+    # few instructions each), and every move costs half an OrderedDict's (no linked node).
     lru_hbm: dict[int, None]  # cached, unreferenced HBM blocks; LRU first (after cold_hbm)
     dram_hash: list[int | None]
     free_dram: list[int]
@@ -261,11 +263,7 @@ class Rtc(msgspec.Struct, kw_only=True, dict=True):
     cold_hbm: dict[int, None] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # A snapshot decoded from msgpack comes back with plain dicts: keep the LRU order type.
-        if type(self.lru_hbm) is not OrderedDict:
-            self.lru_hbm = OrderedDict(self.lru_hbm)
-        if type(self.lru_dram) is not OrderedDict:
-            self.lru_dram = OrderedDict(self.lru_dram)
+        # A snapshot decoded from msgpack comes back with plain dicts: `finished` pops its front.
         if type(self.finished) is not OrderedDict:
             self.finished = OrderedDict(self.finished)
         if len(self.hbm_saved) != len(self.hbm_hash):  # a snapshot from before the field
@@ -285,10 +283,10 @@ class Rtc(msgspec.Struct, kw_only=True, dict=True):
             ref=self.ref[:],
             hbm_hash=self.hbm_hash[:],
             free_hbm=self.free_hbm[:],
-            lru_hbm=OrderedDict(self.lru_hbm),
+            lru_hbm=dict(self.lru_hbm),
             dram_hash=self.dram_hash[:],
             free_dram=self.free_dram[:],
-            lru_dram=OrderedDict(self.lru_dram),
+            lru_dram=dict(self.lru_dram),
             dram_pins=self.dram_pins[:],
             nodes={h: Node(n.parent, n.hbm, n.dram) for h, n in self.nodes.items()},
             seqs={k: SeqBlocks(v.blocks[:], v.num_cached, v.loading) for k, v in self.seqs.items()},
@@ -310,10 +308,10 @@ def new_rtc(config: RtcConfig) -> Rtc:
         ref=[0] * h,
         hbm_hash=[None] * h,
         free_hbm=list(range(h - 1, -1, -1)),
-        lru_hbm=OrderedDict(),
+        lru_hbm={},
         dram_hash=[None] * d,
         free_dram=list(range(d - 1, -1, -1)),
-        lru_dram=OrderedDict(),
+        lru_dram={},
         dram_pins=[0] * d,
         nodes={},
         seqs={},
