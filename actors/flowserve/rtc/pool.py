@@ -6,8 +6,6 @@ Each re-checks the state it expects and raises `Diverged` otherwise. Only `apply
 
 from __future__ import annotations
 
-from bisect import insort
-
 from .state import NONE, Node, Rtc, RtcError, SwapMemo, leave_lru
 
 
@@ -47,8 +45,9 @@ def _left_lru(memo: SwapMemo, b: int) -> None:
         if i < 0:
             memo.cold -= 1  # one of the saved blocks put at the front since the scan
         else:
-            insort(memo.removed, i)
-            memo.unsaved.pop(b, None)
+            memo.gone[i] = 1
+            memo.unsaved[i] = 0
+            memo.removed += 1
 
 
 def _ref_inc(rtc: Rtc, b: int) -> None:

@@ -24,17 +24,16 @@ msgpack-encodable (actor snapshots) and cheap to read on the scheduler's hot pat
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Iterator
-from itertools import chain, compress, islice, repeat
-from operator import not_
+from itertools import chain, compress, repeat
 from typing import TYPE_CHECKING
 
 import msgspec
 
 NONE = -1  # "no block" in the int fields below (cheaper than Optional on the hot path)
 _UNMARKED = -2  # SwapMemo.left_lru: a block the memo has no mark for
+_NOT = bytes([1, 0]) + bytes(254)  # saved flags -> unsaved flags (bytes.translate)
 
 HBM = "HBM"  # KV-event medium names (vLLM uses "GPU"/"CPU"; ours are the NPU's tiers)
 DRAM = "DRAM"
@@ -131,7 +130,8 @@ class SwapMemo:
 
     EXTENT = 4  # blocks read by a scan, in windows: a longer read lasts through more evictions
 
-    __slots__ = ("marks", "now", "size", "unsaved", "removed", "cold", "_asked", "_answer")
+    __slots__ = ("marks", "now", "size", "blocks", "unsaved", "gone", "removed", "cold", "_asked",
+                 "_answer")
 
     def __init__(self, blocks: int = 0) -> None:  # noqa: ARG002 - (the pool's size: not needed)
         # The marked blocks -> their position at the scan (-1: a saved block put at the front
@@ -140,93 +140,94 @@ class SwapMemo:
         self.marks: dict[int, int] = {}
         self.now = 1  # the scan's generation (`unsaved_within`'s memo)
         self.size = 0  # blocks marked at the scan
-        self.unsaved: dict[int, int] = {}  # marked blocks not saved -> position, by position
-        self.removed: list[int] = []  # positions of marked blocks that left the LRU since, sorted
+        self.blocks: list[int] = []  # the marked blocks, by position
+        # Flags by position (bytes: counted and found by C code, `bytearray.count`/`find`):
+        # unsaved and still on the LRU; left the LRU since the scan ("removed").
+        self.unsaved = bytearray()
+        self.gone = bytearray()
+        self.removed = 0  # positions flagged in `gone`
         self.cold = 0  # saved blocks put at the LRU's front since the scan
         # The last `unsaved_within` question and its answer (see there)
         self._asked: tuple[int, int, int, int] = (0, 0, 0, 0)
         self._answer: tuple[int, tuple[int, ...]] = (0, ())
 
     def remember(self, marked: list[int], flags: bytes) -> None:
-        """A scan read `marked` (the LRU's first blocks) and their saved flags."""
+        """A scan read `marked` (the LRU's first blocks) and their saved flags (0 or 1)."""
         if len(marked) != len(flags):
             raise ValueError(f"{len(marked)} blocks, {len(flags)} flags")
         self.now += 1
-        positions = range(len(marked))
-        self.marks = dict(zip(marked, positions, strict=True))
+        self.marks = dict(zip(marked, range(len(marked)), strict=True))
         self.size = len(marked)
-        self.unsaved = dict(compress(zip(marked, positions, strict=True), map(not_, flags)))
-        self.removed = []
-        self.cold = 0
+        self.blocks = marked
+        self.unsaved = bytearray(flags.translate(_NOT))
+        self.gone = bytearray(len(marked))
+        self.removed = self.cold = 0
 
     def forget(self) -> None:
         self.now += 1
         self.marks = {}
-        self.size = self.cold = 0
-        self.unsaved = {}
-        self.removed = []
+        self.size = self.cold = self.removed = 0
+        self.blocks = []
+        self.unsaved = bytearray()
+        self.gone = bytearray()
 
     def known(self) -> int:
         """How many blocks at the LRU's front the memo knows."""
-        return self.cold + self.size - len(self.removed)
+        return self.cold + self.size - self.removed
 
     def unsaved_within(self, window: int) -> tuple[int, tuple[int, ...]]:
         """The unsaved blocks among the LRU's first `window` (which the memo must know:
         `known() >= window`, or the whole LRU), in LRU order, and the LRU position of the
         first (0 when there is none).
 
-        The answer is a function of `unsaved`, `removed` and `cold`, and between two scans
-        (`now`) a block leaves `unsaved` only as its position joins `removed`, which only
-        grows: (now, cold, len(removed), window) says whether anything changed since the last
-        question, and most questions come again unchanged (a master asks after every batch;
-        under pressure with too few unsaved blocks to copy, 2 of 3 full walks were for
-        nothing).
+        The answer is a function of `unsaved`, `gone` and `cold`, and between two scans
+        (`now`) a position leaves `unsaved` only as it joins `gone`, which only grows:
+        (now, cold, removed, window) says whether anything changed since the last question,
+        and most questions come again unchanged (a master asks after every batch; under
+        pressure with too few unsaved blocks to copy, 2 of 3 full walks were for nothing).
 
-        A marked block at scan position i is now at `cold + f(i)`, f(i) = i minus the removed
+        A marked block at scan position i is now at `cold + f(i)`, f(i) = i minus the gone
         positions below i, which never decreases with i: the window holds the marked
-        positions below the least x with f(x) >= window - cold, found by a few bisections of
-        `removed`; the unsaved blocks below x are then only counted, not each bisected (that
-        loop ran ~4 % of the simulation's Python lines)."""
-        asked = (self.now, self.cold, len(self.removed), window)
+        positions below the least x with f(x) >= window - cold, x = k + (gone below x), found
+        by counting flags in C (a bisection of a sorted list of positions per round compared
+        Python ints: a third of this function's instructions)."""
+        asked = (self.now, self.cold, self.removed, window)
         if asked == self._asked:
             return self._answer
-        removed, unsaved = self.removed, self.unsaved
+        gone, unsaved = self.gone, self.unsaved
         k = window - self.cold  # marked blocks the window holds
         answer: tuple[int, tuple[int, ...]] = (0, ())
-        if k > 0 and unsaved:
-            x = k  # the least fixed point of x = k + (removed positions below x) is that x
-            while (y := k + bisect_left(removed, x)) != x:
-                x = y
-            n = 0
-            for i in unsaved.values():  # ascending: scan order
-                if i >= x:
-                    break
-                n += 1
-            if n:
-                first = next(iter(unsaved.values()))
-                answer = (self.cold + first - bisect_left(removed, first), tuple(islice(unsaved, n)))
+        first = unsaved.find(1)
+        if k > 0 and first >= 0:
+            # The least fixed point of x = k + (gone positions below x) is that x. The first
+            # `head` positions are all gone (evictions take the LRU's front): start past them;
+            # then each round counts only the positions the last one added.
+            head = gone.find(0)
+            if head < 0:
+                head = len(gone)
+            lo, x = head, k + head
+            while d := gone.count(1, lo, x):
+                lo, x = x, x + d
+            if first < x:  # (first is not gone: past head)
+                answer = (self.cold + first - head - gone.count(1, head, first),
+                          tuple(compress(self.blocks[first:x], unsaved[first:x])))
         self._asked, self._answer = asked, answer
         return answer
 
     def left_lru(self, blocks: tuple[int, ...] | list[int]) -> None:
-        """`blocks` (distinct) left the LRU: `pool._left_lru` for each, in C when all of them
-        are marked at scan positions (a background swap-out takes unsaved marked blocks)."""
+        """`blocks` (distinct) left the LRU: `pool._left_lru` for each (a background swap-out
+        takes unsaved marked blocks: their marks are popped by one C-level map)."""
         marks = self.marks
         if not marks:
             return
-        positions = list(map(marks.pop, blocks, repeat(_UNMARKED)))
-        if positions and min(positions) >= 0:
-            removed = self.removed
-            removed += positions
-            removed.sort()
-            deque(map(self.unsaved.pop, blocks, repeat(None)), 0)
-            return
-        for b, i in zip(blocks, positions, strict=True):
-            if i == -1:
+        gone, unsaved = self.gone, self.unsaved
+        for i in map(marks.pop, blocks, repeat(_UNMARKED)):
+            if i >= 0:
+                gone[i] = 1
+                unsaved[i] = 0
+                self.removed += 1
+            elif i == -1:
                 self.cold -= 1
-            elif i >= 0:
-                insort(self.removed, i)
-                self.unsaved.pop(b, None)
 
 
 class Rtc(msgspec.Struct, kw_only=True, dict=True):

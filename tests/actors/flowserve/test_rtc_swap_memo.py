@@ -55,4 +55,4 @@ def test_left_lru_is_each_block_leaving(flags: list[bool], data: st.DataObject) 
     a.left_lru(blocks)
     for block in blocks:
         _left_lru(b, block)
-    assert (a.marks, a.unsaved, a.removed, a.cold) == (b.marks, b.unsaved, b.removed, b.cold)
+    assert (a.marks, a.unsaved, a.gone, a.removed, a.cold) == (b.marks, b.unsaved, b.gone, b.removed, b.cold)
