@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable
 from itertools import repeat
-from operator import delitem, setitem
+from operator import setitem
 from typing import Any
 
 from .events import (
@@ -36,7 +36,7 @@ from .pool import (
     _take_hbm,
     _unpin_dram,
 )
-from .state import NONE, CopyOp, NamedCache, Node, Rtc, SeqBlocks, leave_lru, new_rtc
+from .state import _UNMARKED, NONE, CopyOp, NamedCache, Node, Rtc, SeqBlocks, leave_lru, new_rtc
 
 SWAP_OUT = "swap_out"
 POPULATE = "populate"
@@ -159,10 +159,12 @@ def _copy_started(rtc: Rtc, ev: RtcCopyStarted) -> None:
 
 def _copy_finished(rtc: Rtc, ev: RtcCopyFinished) -> None:
     c = rtc.copies.pop(ev.copy_id)
-    stored = dict(zip(ev.stored, ev.parents, strict=True))
+    if len(ev.stored) != len(ev.parents):
+        raise Diverged(f"copy {ev.copy_id}: {len(ev.stored)} hashes stored, {len(ev.parents)} parents")
     if c.kind == SWAP_OUT:
-        _swap_out_finished(rtc, c, stored if ev.ok else None)
+        _swap_out_finished(rtc, c, ev.stored if ev.ok else None)
     else:
+        stored = dict(zip(ev.stored, ev.parents, strict=True))
         sb = rtc.seqs.get(c.seq) if c.seq is not None else None
         if sb is not None:
             sb.loading -= 1
@@ -186,25 +188,28 @@ def _copy_finished(rtc: Rtc, ev: RtcCopyFinished) -> None:
 
 def _swap_out_started(rtc: Rtc, hbm: tuple[int, ...], dram: tuple[int, ...]) -> None:
     """The copy takes a reference on each HBM block (off the LRU: `_ref_inc`) and each DRAM
-    destination (`_take_dram`): a swap-out moves tens of blocks at once, so the common case
-    (distinct unreferenced blocks of `lru_hbm`; destinations from the top of the free stack)
-    runs as C-level maps, and anything else block by block."""
-    ref, lru = rtc.ref, rtc.lru_hbm
-    if (not any(map(ref.__getitem__, hbm)) and all(map(lru.__contains__, hbm))
-            and len(set(hbm)) == len(hbm)):  # fmt: skip
-        _each(delitem, repeat(lru), hbm)
-        rtc.swap_memo.left_lru(hbm)
-        _each(setitem, repeat(ref), hbm, repeat(1))
-    else:
-        hbm_hash, memo = rtc.hbm_hash, rtc.swap_memo
-        for b in hbm:
-            r = ref[b]
-            if r == 0:
-                if hbm_hash[b] is None:
-                    raise Diverged(f"HBM block {b} is free: it cannot be shared")
+    destination (`_take_dram`), the common cases inline (a swap-out moves tens of blocks at
+    once: one plain loop costs less than C-level maps' checks and calls)."""
+    ref, lru, memo = rtc.ref, rtc.lru_hbm, rtc.swap_memo
+    marks, gone, unsaved = memo.marks, memo.gone, memo.unsaved
+    for b in hbm:
+        r = ref[b]
+        if r == 0:
+            if b in lru:  # an unsaved block of `lru_hbm` (the blocks the plan picks)
+                del lru[b]
+            elif rtc.hbm_hash[b] is None:
+                raise Diverged(f"HBM block {b} is free: it cannot be shared")
+            else:
                 leave_lru(rtc, b)
-                _left_lru(memo, b)
-            ref[b] = r + 1
+            if marks:  # _left_lru, inline
+                i = marks.pop(b, _UNMARKED)
+                if i >= 0:
+                    gone[i] = 1
+                    unsaved[i] = 0
+                    memo.removed += 1
+                elif i == -1:
+                    memo.cold -= 1
+        ref[b] = r + 1
     dram_hash, free, pins = rtc.dram_hash, rtc.free_dram, rtc.dram_pins
     k = min(len(dram), len(free))  # the free stack's top, popped in order (tiers._pick_dram)
     if k and free[len(free) - k :][::-1] == list(dram[:k]):
@@ -219,45 +224,47 @@ def _swap_out_started(rtc: Rtc, hbm: tuple[int, ...], dram: tuple[int, ...]) -> 
             _take_dram(rtc, d)
 
 
-def _swap_out_finished(rtc: Rtc, c: CopyOp, stored: dict[int, int | None] | None) -> None:
-    """Index the DRAM copies that arrived (`stored`; None: the copy failed), unpin the DRAM
-    blocks and drop the copy's HBM references (`_unpin_dram`, `_ref_dec`). Reversed, so that
-    the blocks keep their order at the LRU front. The common case (every block arrived, each
-    DRAM block pinned by this copy only, each HBM block held by it only) runs as C-level
-    maps, in the same order as the loop would. (A block a copy holds keeps its content:
-    only an unreferenced block is taken, so `hbm_hash[b]` is set.)"""
+def _swap_out_finished(rtc: Rtc, c: CopyOp, stored: tuple[int, ...] | None) -> None:
+    """Index the DRAM copies that arrived (the hashes `stored`; None: the copy failed), unpin
+    the DRAM blocks and drop the copy's HBM references (`_unpin_dram`, `_ref_dec`). Reversed,
+    so that the blocks keep their order at the LRU front. The common case (every block
+    arrived: `stored` is the copy's hashes, as `tiers.finish_copy` says so; each DRAM block
+    pinned by this copy only, each HBM block held by it only) runs as C-level maps, in the
+    same order as the loop would. (A block a copy holds keeps its content: only an
+    unreferenced block is taken, so `hbm_hash[b]` is set.)"""
     n = len(c.hashes)
     if not n == len(c.hbm) == len(c.dram):
         raise Diverged(f"copy {c.hashes!r}: hashes, HBM and DRAM blocks differ in number")
     pins, ref = rtc.dram_pins, rtc.ref
-    if (stored is not None and all(map(stored.__contains__, c.hashes))
+    if (stored is not None and list(stored) == c.hashes
             and list(map(pins.__getitem__, c.dram)).count(1) == n
             and list(map(ref.__getitem__, c.hbm)).count(1) == n):  # fmt: skip
-        hs, bs, ds = c.hashes[::-1], c.hbm[::-1], c.dram[::-1]
-        _each(setattr, map(rtc.nodes.__getitem__, hs), repeat("dram"), ds)
-        dram_hash, hbm_saved = rtc.dram_hash, rtc.hbm_saved
-        for h, b, d in zip(hs, bs, ds, strict=True):  # (list stores: cheaper as bytecode than as calls)
+        nodes, dram_hash, hbm_saved = rtc.nodes, rtc.dram_hash, rtc.hbm_saved
+        lru_dram, cold, marks = rtc.lru_dram, rtc.cold_hbm, rtc.swap_memo.marks
+        for h, b, d in zip(reversed(c.hashes), reversed(c.hbm), reversed(c.dram), strict=True):
+            nodes[h].dram = d
             dram_hash[d] = h
             hbm_saved[b] = 1
             pins[d] = 0
             ref[b] = 0
-        rtc.lru_dram.update(dict.fromkeys(ds))
-        # saved blocks released cold: the LRU's front, and the memo's known front, grow
-        rtc.cold_hbm.update(dict.fromkeys(bs))
+            lru_dram[d] = None
+            # saved blocks released cold: the LRU's front, and the memo's known front, grow
+            cold[b] = None
+            marks[b] = -1
         memo = rtc.swap_memo
-        memo.marks.update(dict.fromkeys(bs, -1))
         memo.cold += n
         return
     _swap_out_finished_each(rtc, c, stored)
 
 
-def _swap_out_finished_each(rtc: Rtc, c: CopyOp, stored: dict[int, int | None] | None) -> None:
+def _swap_out_finished_each(rtc: Rtc, c: CopyOp, stored: tuple[int, ...] | None) -> None:
     """`_swap_out_finished` block by block (a failed copy, a block shared meanwhile)."""
+    arrived = set(stored) if stored is not None else None
     nodes, dram_hash, hbm_saved, hbm_hash = rtc.nodes, rtc.dram_hash, rtc.hbm_saved, rtc.hbm_hash
     pins, ref, lru_dram = rtc.dram_pins, rtc.ref, rtc.lru_dram
     cold = stored is not None
     for h, b, d in zip(reversed(c.hashes), reversed(c.hbm), reversed(c.dram), strict=True):
-        if stored is not None and h in stored:
+        if arrived is not None and h in arrived:
             nodes[h].dram = d
             dram_hash[d] = h
             hbm_saved[b] = 1

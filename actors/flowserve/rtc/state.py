@@ -13,7 +13,8 @@ msgpack-encodable (actor snapshots) and cheap to read on the scheduler's hot pat
   evicted first, the latest first) read backwards, then `lru_hbm`. Both only ever append and
   delete, so a dict's stored order is its LRU order: msgpack encodes a dict in the order it
   stores its keys, which an OrderedDict's `move_to_end(last=False)` does not change (one LRU
-  with the cold blocks moved to its front logged snapshots in the wrong order).
+  with the cold blocks moved to its front logged snapshots in the wrong order). All three LRU
+  dicts (`lru_dram` too) are plain dicts: an OrderedDict's moves cost twice a dict's.
 - The prefix index (DeepServe's radix tree over token blocks) is `nodes`, keyed by the block's
   64-bit *chain hash* (`Prompt.block_hashes`): a chain hash names its whole prefix, so the tree is
   stored as a parent-pointer table and a prefix walk is one dict lookup per block. A node points
@@ -26,13 +27,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterator
-from itertools import chain, compress, repeat
+from itertools import chain, compress
 from typing import TYPE_CHECKING
 
 import msgspec
 
 NONE = -1  # "no block" in the int fields below (cheaper than Optional on the hot path)
-_UNMARKED = -2  # SwapMemo.left_lru: a block the memo has no mark for
+_UNMARKED = -2  # apply._swap_out_started: a block the memo has no mark for
 _NOT = bytes([1, 0]) + bytes(254)  # saved flags -> unsaved flags (bytes.translate)
 
 HBM = "HBM"  # KV-event medium names (vLLM uses "GPU"/"CPU"; ours are the NPU's tiers)
@@ -119,14 +120,14 @@ class SwapMemo:
     A scan reads the first `EXTENT x` the decision's window (the window is the first
     `4 x swap_batch_blocks` LRU blocks) and marks those blocks with their positions, noting the
     positions of the unsaved ones (not yet in DRAM). Since then, the pool's moves report: a
-    marked block leaving the LRU (`removed`), a saved block put at the LRU's front (`cold`), and
+    marked block leaving the LRU (`gone`, `removed`), a saved block put at the LRU's front (`cold`), and
     a marked block losing its DRAM copy (everything forgotten). Blocks entering at the LRU's
     back land behind the marked ones. So the LRU still begins with the `cold` blocks, then the
     marked blocks not removed, in order; each one's position, and whether the window holds
     unsaved blocks and where the first is, follow without walking the LRU. Derived, never
     encoded: a decoded or copied state starts knowing nothing. (On the full Mooncake trace the
     scans took 14 % of the simulation's CPU, 86 us each: 256 steps of an OrderedDict's linked
-    list, cache-cold.)"""
+    list, cache-cold; the LRU dicts are plain dicts since.)"""
 
     EXTENT = 4  # blocks read by a scan, in windows: a longer read lasts through more evictions
 
@@ -213,21 +214,6 @@ class SwapMemo:
                           tuple(compress(self.blocks[first:x], unsaved[first:x])))
         self._asked, self._answer = asked, answer
         return answer
-
-    def left_lru(self, blocks: tuple[int, ...] | list[int]) -> None:
-        """`blocks` (distinct) left the LRU: `pool._left_lru` for each (a background swap-out
-        takes unsaved marked blocks: their marks are popped by one C-level map)."""
-        marks = self.marks
-        if not marks:
-            return
-        gone, unsaved = self.gone, self.unsaved
-        for i in map(marks.pop, blocks, repeat(_UNMARKED)):
-            if i >= 0:
-                gone[i] = 1
-                unsaved[i] = 0
-                self.removed += 1
-            elif i == -1:
-                self.cold -= 1
 
 
 class Rtc(msgspec.Struct, kw_only=True, dict=True):

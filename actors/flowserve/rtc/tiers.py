@@ -143,7 +143,7 @@ def _swap_out(rtc: Rtc, blocks: tuple[int, ...]) -> RtcCopyStarted | None:
 
 def _scan(rtc: Rtc, memo: SwapMemo, n: int) -> None:
     """Read the LRU's first n blocks' saved flags into the memo (C-level map/bytes ops: the
-    walk of the OrderedDict is the cost)."""
+    walk of the LRU dicts is the cost)."""
     marked = list(islice(lru_order(rtc), n))
     if len(marked) < 2:  # itemgetter of one key returns the item, not a tuple
         flags = bytes(rtc.hbm_saved[b] for b in marked)

@@ -210,13 +210,15 @@ def test_state_encodes_and_replays_identically() -> None:
     p.rec(rtc.copy_to_dram(p.r, [1]))
     back = msgspec.msgpack.decode(encode(p.r), type=rtc.Rtc)  # a snapshot round trip keeps the LRU type
     assert back == p.r and type(back.lru_hbm) is type(p.r.lru_hbm)
+    assert list(back.lru_hbm) == list(p.r.lru_hbm) and list(back.lru_dram) == list(p.r.lru_dram)  # (plain dicts: == ignores order)
     replayed = rtc.new_rtc(p.r.config)
     for ev in p.log:  # through the codec, as replay reads them
         rtc.apply(replayed, msgspec.msgpack.decode(encode(ev), type=type(ev)))
-    assert replayed == p.r
+    assert replayed == p.r and list(replayed.lru_hbm) == list(p.r.lru_hbm)
     p.rec(rtc.allocate(p.r, "b", 1))
     snap = copy.deepcopy(p.r)  # what the kernel keeps at a snapshot: equal and independent
     assert snap == p.r and type(snap.lru_hbm) is type(p.r.lru_hbm)
+    assert list(snap.lru_hbm) == list(p.r.lru_hbm) and list(snap.lru_dram) == list(p.r.lru_dram)
     p.rec(rtc.finish_copy(p.r, "c0", ok=True))
     p.rec(rtc.free(p.r, "b"))
     assert snap != p.r and "c0" in snap.copies and snap.seqs["b"].blocks == [3]

@@ -30,7 +30,8 @@ def test_unsaved_within_is_the_walk(flags: list[bool], data: st.DataObject, cold
     gone: set[int] = set()
     for batch in left:
         batch = [b for b in batch if b not in gone and b < len(flags)]
-        memo.left_lru(batch)
+        for b in batch:
+            _left_lru(memo, b)
         gone.update(batch)
     for i in range(cold):  # saved blocks released cold (apply._swap_out_finished)
         memo.marks[1000 + i] = -1
@@ -41,18 +42,3 @@ def test_unsaved_within_is_the_walk(flags: list[bool], data: st.DataObject, cold
     assert list(blocks) == [b for _, b in walk]
     assert first == (walk[0][0] if walk else 0)
     assert memo.unsaved_within(window) == (first, blocks)  # asked again: the kept answer
-
-
-@given(flags=st.lists(st.booleans(), min_size=1, max_size=30), data=st.data())
-def test_left_lru_is_each_block_leaving(flags: list[bool], data: st.DataObject) -> None:
-    """A batch leaving the LRU (`SwapMemo.left_lru`) leaves the memo as `_left_lru` a block
-    at a time does, marked or not, saved-cold or not."""
-    a, b = _memo(flags), _memo(flags)
-    for memo in (a, b):
-        memo.marks[99] = -1  # one saved block put at the front since the scan
-        memo.cold += 1
-    blocks = data.draw(st.lists(st.sampled_from([*range(len(flags) + 3), 99]), unique=True))
-    a.left_lru(blocks)
-    for block in blocks:
-        _left_lru(b, block)
-    assert (a.marks, a.unsaved, a.gone, a.removed, a.cold) == (b.marks, b.unsaved, b.gone, b.removed, b.cold)
