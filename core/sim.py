@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from bisect import insort
 from collections.abc import Callable
-from heapq import heappop, heappush
+from heapq import heapify, heappop, heappush
 from typing import Any
 
 from .cell import execute, settle_ask
@@ -27,6 +27,7 @@ from .steps import StepPage, make_step
 Invariant = Callable[["SimDriver"], None]
 Entry = tuple[int, Envelope, "str | None"]  # (seq, envelope, timer key or None)
 LOG_BATCH = 1024  # records handed to the sink at a time (a page of the process writer's)
+STALE_SLACK = 128  # cancelled timers' entries tolerated, beyond as many as the live times
 
 
 class SimDriver(DriverBase):
@@ -49,6 +50,7 @@ class SimDriver(DriverBase):
         self._times: list[Any] = []  # a heap of the times in `_due`
         self._due: dict[Any, list[Entry]] = {}  # time -> its entries, in seq order
         self._seq = 0
+        self._timer_count = 0  # timers' entries queued, cancelled ones included (`_compact`)
         self.deliveries = 0
         self.invariants: list[Invariant] = []
         self._depth: dict[str, int] = {}  # due, undelivered non-timer messages per address
@@ -181,6 +183,7 @@ class SimDriver(DriverBase):
                 heappop(times)
             t: float = tb
             if key is not None:
+                self._timer_count -= 1
                 tkey = (env.dst, key)
                 if timers.get(tkey) != seq:
                     continue  # cancelled or replaced
@@ -297,7 +300,28 @@ class SimDriver(DriverBase):
         self._push(t, env)  # past the capacity: one notice per message the sender sent
 
     def _set_timer(self, deadline: float, env: Envelope, key: str) -> None:
-        self._timers[(env.dst, key)] = self._push(deadline, env, key)
+        timers = self._timers
+        timers[(env.dst, key)] = self._push(deadline, env, key)
+        n = self._timer_count = self._timer_count + 1
+        # (`_times` counts the live times and, about one each, the dead entries')
+        if 2 * (n - len(timers)) > len(self._times) + STALE_SLACK:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop cancelled and replaced timers' entries (answered asks' timeouts, mostly), which
+        otherwise stay queued until their deadlines: on the Mooncake trace ~1,100 times queued,
+        ~90 % of them dead, for every push and pop to sift through (~100 once dropped). Run
+        when they outnumber the other times queued (plus a slack): O(1) a timer, amortized.
+        The live entries keep their (time, seq) order; the loop's references stay valid."""
+        times, due, timers = self._times, self._due, self._timers
+        for t in list(due):
+            bucket = due[t]
+            bucket[:] = [e for e in bucket if e[2] is None or timers.get((e[1].dst, e[2])) == e[0]]
+            if not bucket:
+                del due[t]
+        times[:] = list(due)
+        heapify(times)
+        self._timer_count = len(timers)
 
     def _spawn_child(self, env: Envelope, t: float) -> None:
         self._push(t, env)  # the child's cell is made when `Started` arrives
