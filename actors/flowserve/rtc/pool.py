@@ -118,7 +118,7 @@ def _take_dram(rtc: Rtc, d: int) -> None:
         else:
             rtc.hbm_saved[node.hbm] = 0
             if node.hbm in rtc.swap_memo.marks:
-                rtc.swap_memo.forget()  # a block the memo took for saved is not saved now
+                rtc.swap_memo.unsave(node.hbm)
     rtc.dram_pins[d] = 1
 
 

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from deepserve.actors.flowserve import rtc
-from deepserve.actors.flowserve.rtc.state import NONE
+from deepserve.actors.flowserve.rtc.state import NONE, SwapMemo
+from deepserve.actors.flowserve.rtc.tiers import _scan
 from deepserve.core.codec import encode
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -309,7 +310,22 @@ class RtcMachine(RuleBasedStateMachine):
             assert (list(m.hbm_blocks), list(m.dram_blocks)) == self.ref.match(chain[::-1])
             assert self.mirror.match_tiers(chain[::-1]) == (len(m.hbm_blocks), len(m.dram_blocks))
 
+    @rule()
+    def memo_reads_the_lru(self) -> None:
+        """The swap-out memo scans the LRU now (as a plan under pressure would), so that the
+        moves after it find blocks marked: a DRAM eviction of one (`SwapMemo.unsave`), say."""
+        _scan(self.r, self.r.swap_memo, 4 * self.r.config.swap_batch_blocks)
+
     # ---- invariants ----
+    @invariant()
+    def memo_answers_as_a_fresh_scan(self) -> None:
+        r, memo = self.r, self.r.swap_memo
+        if memo.size or memo.cold:
+            fresh = SwapMemo()
+            _scan(r, fresh, 4 * r.config.swap_batch_blocks)
+            window = min(memo.known(), rtc.lru_blocks(r))
+            assert memo.unsaved_within(window) == fresh.unsaved_within(window)
+
     @invariant()
     def no_leak_no_negative_refs(self) -> None:
         r = self.r
