@@ -188,8 +188,8 @@ def _copy_finished(rtc: Rtc, ev: RtcCopyFinished) -> None:
 
 def _swap_out_started(rtc: Rtc, hbm: tuple[int, ...], dram: tuple[int, ...]) -> None:
     """The copy takes a reference on each HBM block (off the LRU: `_ref_inc`) and each DRAM
-    destination (`_take_dram`), the common cases inline (a swap-out moves tens of blocks at
-    once: one plain loop costs less than C-level maps' checks and calls)."""
+    destination (`_take_dram_each`), the common cases inline (a swap-out moves tens of blocks
+    at once: one plain loop costs less than C-level maps' checks and calls)."""
     ref, lru, memo = rtc.ref, rtc.lru_hbm, rtc.swap_memo
     marks, gone, unsaved = memo.marks, memo.gone, memo.unsaved
     for b in hbm:
@@ -210,18 +210,43 @@ def _swap_out_started(rtc: Rtc, hbm: tuple[int, ...], dram: tuple[int, ...]) -> 
                 elif i == -1:
                     memo.cold -= 1
         ref[b] = r + 1
-    dram_hash, free, pins = rtc.dram_hash, rtc.free_dram, rtc.dram_pins
+    free, pins = rtc.free_dram, rtc.dram_pins
     k = min(len(dram), len(free))  # the free stack's top, popped in order (tiers._pick_dram)
     if k and free[len(free) - k :][::-1] == list(dram[:k]):
         del free[len(free) - k :]
         _each(setitem, repeat(pins), dram[:k], repeat(1))
         dram = dram[k:]
+    if dram:
+        _take_dram_each(rtc, dram)
+
+
+def _take_dram_each(rtc: Rtc, dram: tuple[int, ...]) -> None:
+    """`_take_dram` of each block, its two common cases inline: the free stack's top, and
+    (once DRAM is full, every block of every swap-out) the eviction of an unpinned block."""
+    dram_hash, free, pins, lru_dram = rtc.dram_hash, rtc.free_dram, rtc.dram_pins, rtc.lru_dram
+    nodes, hbm_saved, memo = rtc.nodes, rtc.hbm_saved, rtc.swap_memo
     for d in dram:
-        if dram_hash[d] is None and free and free[-1] == d:
-            free.pop()  # _take_dram's common case, inlined
+        h = dram_hash[d]
+        if h is None:
+            if free and free[-1] == d:
+                free.pop()
+                pins[d] = 1
+                continue
+        elif pins[d] == 0 and d in lru_dram:
+            del lru_dram[d]
+            dram_hash[d] = None
+            node = nodes[h]
+            node.dram = NONE
+            b = node.hbm
+            if b == NONE:
+                del nodes[h]
+            else:
+                hbm_saved[b] = 0
+                if b in memo.marks:
+                    memo.unsave(b)
             pins[d] = 1
-        else:
-            _take_dram(rtc, d)
+            continue
+        _take_dram(rtc, d)
 
 
 def _swap_out_finished(rtc: Rtc, c: CopyOp, stored: tuple[int, ...] | None) -> None:

@@ -22,12 +22,11 @@ def _pick_dram(rtc: Rtc, n: int) -> tuple[list[int], list[int]]:
     free = rtc.free_dram
     k = min(n, len(free))
     picked = free[len(free) - k :][::-1]
-    evicted: list[int] = []
-    if k < n:
-        for d in islice(rtc.lru_dram, n - k):
-            picked.append(d)
-            evicted.append(rtc.dram_hash[d])  # type: ignore[arg-type]
-    return picked, evicted
+    if k == n:
+        return picked, []
+    lru = list(islice(rtc.lru_dram, n - k))
+    picked += lru
+    return picked, list(map(rtc.dram_hash.__getitem__, lru))  # type: ignore[arg-type]
 
 
 
