@@ -75,18 +75,22 @@ def _allocated(rtc: Rtc, ev: RtcBlocksAllocated) -> None:
         sb.num_cached = len(table)
     free, hbm_hash, ref, lru, cold = rtc.free_hbm, rtc.hbm_hash, rtc.ref, rtc.lru_hbm, rtc.cold_hbm
     nodes, memo = rtc.nodes, rtc.swap_memo
+    marks, gone, unsaved = memo.marks, memo.gone, memo.unsaved
     for b in ev.blocks:  # _take_hbm's two common cases, inlined
         h = hbm_hash[b]
         if h is None and free and free[-1] == b:
             free.pop()
             ref[b] = 1
-        elif h is not None and ref[b] == 0 and (b in cold or b in lru):  # evict a cached block
-            if b in cold:  # leave_lru
-                del cold[b]
-            else:
-                del lru[b]
-            if b in memo.marks:
-                _left_lru(memo, b)
+        # evict a cached block (leave_lru: the LRU dicts' values are None, their default 0)
+        elif h is not None and ref[b] == 0 and (cold.pop(b, 0) is None or lru.pop(b, 0) is None):
+            if marks:  # _left_lru, inline
+                i = marks.pop(b, _UNMARKED)
+                if i >= 0:
+                    gone[i] = 1
+                    unsaved[i] = 0
+                    memo.removed += 1
+                elif i == -1:
+                    memo.cold -= 1
             hbm_hash[b] = None
             rtc.hbm_saved[b] = 0
             node = nodes[h]
