@@ -31,6 +31,16 @@ def _step(i: int, hlc: int | None = None) -> Step:
     return Step(inp, (), ())
 
 
+def _paged_log(tmp_path: Path, steps: int, **sink: int) -> str:
+    """A log whose run "r" holds `_step(0)`..`_step(steps - 1)`, written by the writer process."""
+    p = str(tmp_path / "x.db")
+    with open_sink(p, writer="process", **sink) as s:
+        s.begin_run(run_rec("r"))
+        for i in range(steps):
+            s.append(_step(i))
+    return p
+
+
 def _gone(pid: int, timeout: float = 10.0) -> bool:
     """Whether `pid` has exited (a zombie nobody reaps counts as exited)."""
     deadline = time.monotonic() + timeout
@@ -358,11 +368,7 @@ def test_page_ids_continue_the_step_ids_of_rows(tmp_path: Path) -> None:
 def test_a_damaged_page_is_refused_by_every_read_and_by_the_integrity_check(tmp_path: Path) -> None:
     """One byte of a payload changed: the page still decodes (into other steps), and
     SQLite's own check passes; the page's checksum is what tells."""
-    p = str(tmp_path / "x.db")
-    with open_sink(p, writer="process") as sink:
-        sink.begin_run(run_rec("r"))
-        for i in range(10):
-            sink.append(_step(i))
+    p = _paged_log(tmp_path, 10)
     with sqlite3.connect(p) as c:
         (stored,) = c.execute("SELECT body FROM pages").fetchone()
         body = zstandard.ZstdDecompressor().decompress(stored)  # a zstd frame (schema v6)
@@ -394,11 +400,7 @@ def test_a_damaged_page_head_is_refused_by_the_integrity_check(tmp_path: Path, u
     """The checksum covers a page's body; the head beside it (steps, time bounds, first step)
     is what a time range selects pages by, without decoding them. Damaged, it hid a page from
     `replay log --since/--until` and moved `replay state --at`, with exit 0."""
-    p = str(tmp_path / "x.db")
-    with open_sink(p, writer="process", max_batch=3) as sink:
-        sink.begin_run(run_rec("r"))
-        for i in range(9):
-            sink.append(_step(i))
+    p = _paged_log(tmp_path, 9, max_batch=3)
     log = open_log(p)
     log.check_integrity()  # intact
     assert len(list(log.steps(since=3.0, until=4.0))) == 2
@@ -566,11 +568,7 @@ def test_the_writer_checkpoints_as_it_goes_so_close_has_little_to_copy(tmp_path:
 def test_pages_are_zstd_frames_and_msgpack_pages_still_read(tmp_path: Path) -> None:
     """Schema v6: the writer process stores each page as a zstd frame; a page stored as bare
     msgpack (every page before v6) reads as before, beside compressed ones in one run."""
-    p = str(tmp_path / "x.db")
-    with open_sink(p, writer="process", max_batch=4) as sink:
-        sink.begin_run(run_rec("r"))
-        for i in range(8):
-            sink.append(_step(i))
+    p = _paged_log(tmp_path, 8, max_batch=4)
     with sqlite3.connect(p) as c:
         stored = c.execute("SELECT id, body FROM pages ORDER BY id").fetchall()
         assert [body[:4] for _, body in stored] == [ZSTD_MAGIC, ZSTD_MAGIC]
@@ -583,11 +581,7 @@ def test_pages_are_zstd_frames_and_msgpack_pages_still_read(tmp_path: Path) -> N
 
 def test_a_page_that_does_not_decompress_is_a_damaged_log(tmp_path: Path) -> None:
     """A frame damaged and its checksum made to match: the read names the page, not zstd."""
-    p = str(tmp_path / "x.db")
-    with open_sink(p, writer="process") as sink:
-        sink.begin_run(run_rec("r"))
-        for i in range(3):
-            sink.append(_step(i))
+    p = _paged_log(tmp_path, 3)
     with sqlite3.connect(p) as c:
         (stored,) = c.execute("SELECT body FROM pages").fetchone()
         bad = stored[:8] + bytes(len(stored) - 8)  # the frame header kept, its blocks zeroed
