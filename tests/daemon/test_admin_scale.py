@@ -28,7 +28,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "deepserve", *args], capture_output=True, text=True, timeout=60)
 
 
-def wait_for(admin: str, pred: Any, timeout_s: float = 15.0) -> dict[str, Any]:
+def wait_for(admin: str, pred: Any, timeout_s: float = 60.0) -> dict[str, Any]:
     end = time.monotonic() + timeout_s
     while True:
         st = httpx.get(admin + "/admin/status", headers=AUTH, timeout=10).json()

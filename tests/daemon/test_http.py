@@ -272,7 +272,7 @@ def test_disconnect_cancels_and_frees_blocks(daemon: dict[str, Any]) -> None:
             got += line.startswith("data: ")
             if got >= 3:
                 break  # leave with the stream open: the connection closes
-    end = time.monotonic() + 20
+    end = time.monotonic() + 60  # generous: a loaded machine
     while time.monotonic() < end:
         st = status(daemon)
         dps = [dp for te in st["tes"] for dp in te["dps"]]
@@ -301,7 +301,7 @@ def test_200_concurrent_requests_all_complete(daemon: dict[str, Any]) -> None:
 def test_admin_reads_a_request_from_the_live_log(daemon: dict[str, Any]) -> None:
     r = httpx.post(daemon["url"] + "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3}, timeout=30)
     rid = r.headers["x-request-id"]
-    end = time.monotonic() + 10
+    end = time.monotonic() + 60
     while time.monotonic() < end:  # the log commits a few milliseconds behind
         got = httpx.get(f"{daemon['admin_url']}/admin/requests/{rid}", timeout=10)
         if got.status_code == 200 and any("JobFinished" in s["events"] for s in got.json()["steps"]):

@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx2 as httpx
 import openai
 from daemonproc import start_daemon, stop_daemon
 
@@ -29,6 +31,16 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "deepserve", *args], capture_output=True, text=True, timeout=60)
 
 
+def wait_running(admin_url: str, te: str, timeout_s: float = 60.0) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        st = httpx.get(admin_url + "/admin/status", timeout=10).json()
+        if any(dp.get("running", 0) for t in st["tes"] if t["te"] == te for dp in t["dps"]):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"{te} ran none of the requests in {timeout_s} s")
+
+
 async def ask(c: Any, i: int) -> tuple[int, str, int] | str:
     try:
         r = await c.chat.completions.create(
@@ -43,7 +55,10 @@ async def load(url: str, admin_url: str) -> tuple[list[Any], list[Any]]:
     c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
 
     async def kill() -> subprocess.CompletedProcess[str]:
-        await asyncio.sleep(0.4)  # every request has produced tokens by then
+        # Once te/1 runs its share, its first tokens are one prefill of ~30 tokens away and its
+        # last ones seconds away: the kill (a process start) lands between. (A fixed 0.4 s from
+        # the first request assumed the daemon had taken the requests in by then.)
+        await asyncio.to_thread(wait_running, admin_url, "te/1")
         return await asyncio.to_thread(cli, "fault", "kill-te", "te/1", "--admin-url", admin_url)
 
     k = asyncio.create_task(kill())
