@@ -1,4 +1,7 @@
-"""Bad input at the edge: one precise line on stderr, exit 2, never a traceback."""
+"""Bad input at the edge: one precise line on stderr, exit 2, never a traceback.
+
+The command runs in this process (`in_process`: what it checks is the message and the exit
+status), except where the process boundary is the point: a sink whose close fails at exit."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from cliproc import assert_one_line_error, deepserve
+from cliproc import assert_one_line_error, in_process
 
 from deepserve.core.records import EventRec, InputRec, MemorySink, Step
 from deepserve.persistence import open_sink
@@ -20,7 +23,7 @@ EXAMPLE_ARGS = ("--requests", "30")
 @pytest.fixture(scope="module")
 def good_log(tmp_path_factory) -> Path:
     where = tmp_path_factory.mktemp("good")
-    res = deepserve("sim", "example", *EXAMPLE_ARGS, "--log", "good.db", cwd=where)
+    res = in_process("sim", "example", *EXAMPLE_ARGS, "--log", "good.db", cwd=where)
     assert res.returncode == 0, res.stderr
     return where / "good.db"
 
@@ -57,7 +60,7 @@ def good_log(tmp_path_factory) -> Path:
 )
 def test_bad_arguments(good_log: Path, args, needles) -> None:
     args = tuple(str(good_log) if a == "GOOD" else a for a in args)
-    assert_one_line_error(deepserve(*args, cwd=good_log.parent), *needles)
+    assert_one_line_error(in_process(*args, cwd=good_log.parent), *needles)
 
 
 def test_corrupt_empty_directory_and_truncated_logs(good_log: Path, tmp_path: Path) -> None:
@@ -70,7 +73,7 @@ def test_corrupt_empty_directory_and_truncated_logs(good_log: Path, tmp_path: Pa
     truncated.write_bytes(data[: len(data) // 2])
     for path in (garbage, empty, tmp_path, truncated):
         for command in ("verify", "digest", "log"):
-            line = assert_one_line_error(deepserve("replay", command, str(path), cwd=tmp_path))
+            line = assert_one_line_error(in_process("replay", command, str(path), cwd=tmp_path))
             assert str(path) in line, line
 
 
@@ -79,7 +82,7 @@ def test_wrong_schema_version(good_log: Path, tmp_path: Path) -> None:
     future.write_bytes(good_log.read_bytes())
     with sqlite3.connect(future) as db:
         db.execute("UPDATE schema_version SET version = 999")
-    line = assert_one_line_error(deepserve("replay", "verify", str(future), cwd=tmp_path))
+    line = assert_one_line_error(in_process("replay", "verify", str(future), cwd=tmp_path))
     assert "999" in line and "version" in line
 
 
@@ -108,23 +111,23 @@ def test_unknown_message_type(tmp_path: Path, monkeypatch) -> None:
     log = tmp_path / "mystery.db"
     _log_with_unknown_types(log)
 
-    res = deepserve("replay", "verify", str(log), cwd=tmp_path)
+    res = in_process("replay", "verify", str(log), cwd=tmp_path)
     assert_one_line_error(res, "counter#3", "'Mystery'", "not registered")
-    res = deepserve("replay", "state", str(log), "--actor", "counter", cwd=tmp_path)
+    res = in_process("replay", "state", str(log), "--actor", "counter", cwd=tmp_path)
     assert_one_line_error(res, "counter#3", "'MysteryEvent'", "not registered")
 
-    res = deepserve("replay", "log", str(log), "--actor", "counter", cwd=tmp_path)
+    res = in_process("replay", "log", str(log), "--actor", "counter", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert 'counter#3  ext/input→counter  Mystery {"x":1}' in res.stdout
     assert 'event   MysteryEvent {"x":1}' in res.stdout
     # Everything else about the run is still readable.
-    assert deepserve("replay", "digest", str(log), cwd=tmp_path).returncode == 0
-    res = deepserve("replay", "state", str(log), "--actor", "counter", "--at", "1.5", cwd=tmp_path)
+    assert in_process("replay", "digest", str(log), cwd=tmp_path).returncode == 0
+    res = in_process("replay", "state", str(log), "--actor", "counter", "--at", "1.5", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
 
 
 def test_filters_that_match_something_still_list(good_log: Path) -> None:
-    res = deepserve("replay", "log", str(good_log), "--actor", "worker/0", "--corr", "job-0", cwd=good_log.parent)
+    res = in_process("replay", "log", str(good_log), "--actor", "worker/0", "--corr", "job-0", cwd=good_log.parent)
     assert res.returncode == 0 and "worker/0#2" in res.stdout, res.stderr
     assert res.stderr == ""
 
@@ -132,56 +135,47 @@ def test_filters_that_match_something_still_list(good_log: Path) -> None:
 def test_filters_that_each_hold_but_select_nothing_say_so(good_log: Path) -> None:
     """Both names exist; no input has both: an empty listing, and one line saying why."""
     for extra in ((), ("--json",)):
-        res = deepserve("replay", "log", str(good_log), "--actor", "dispatch", "--corr", "job-0",
+        res = in_process("replay", "log", str(good_log), "--actor", "dispatch", "--corr", "job-0",
                         "--since", "1e9", *extra, cwd=good_log.parent)
         assert res.returncode == 0 and res.stdout == "", res.stderr
         assert res.stderr == "no inputs match (actor 'dispatch', corr 'job-0', since 1e+09)\n"
 
 
 def test_a_refused_seed_writes_nothing(tmp_path: Path) -> None:
-    assert_one_line_error(deepserve("sim", "example", "--seed", str(2**64), cwd=tmp_path), "--seed")
+    assert_one_line_error(in_process("sim", "example", "--seed", str(2**64), cwd=tmp_path), "--seed")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_log_in_a_missing_directory_is_refused_not_created(tmp_path: Path) -> None:
     target = tmp_path / "no" / "such" / "x.db"
-    res = deepserve("sim", "example", "--log", str(target), cwd=tmp_path)
+    res = in_process("sim", "example", "--log", str(target), cwd=tmp_path)
     assert_one_line_error(res, f"no such directory {target.parent}")
     assert not (tmp_path / "no").exists()
 
 
 def test_default_log_directory_is_still_created(tmp_path: Path) -> None:
-    res = deepserve("sim", "example", *EXAMPLE_ARGS, cwd=tmp_path)
+    res = in_process("sim", "example", *EXAMPLE_ARGS, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "runs" / "example-0.db").is_file()
 
 
 def test_bench_checks_the_pg_url_before_measuring(tmp_path: Path) -> None:
     """Before: every other suite ran first (minutes), then the URL failed."""
-    res = deepserve("bench", "kernel", "--pg", "postgresql://u@127.0.0.1:1/db", cwd=tmp_path)
+    res = in_process("bench", "kernel", "--pg", "postgresql://u@127.0.0.1:1/db", cwd=tmp_path)
     assert_one_line_error(res, "cannot connect")
     assert "measuring" not in res.stderr
 
 
 @pytest.mark.parametrize("command", [("replay", "verify"), ("replay", "log"), ("replay", "migrate")])
-def test_postgres_without_asyncpg_names_the_extra(tmp_path: Path, command) -> None:
-    url = "postgresql://u@127.0.0.1:1/db"
-    code = (
-        "import sys; sys.modules['asyncpg'] = None\n"  # as if the extra were not installed
-        "from deepserve.cli import main\n"
-        f"raise SystemExit(main({[*command, url]!r}))"
-    )
-    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+def test_postgres_without_asyncpg_names_the_extra(tmp_path: Path, monkeypatch, command) -> None:
+    monkeypatch.setitem(sys.modules, "asyncpg", None)  # as if the extra were not installed
+    res = in_process(*command, "postgresql://u@127.0.0.1:1/db", cwd=tmp_path)
     assert_one_line_error(res, "asyncpg", "pip install 'deepserve[postgres]'")
 
 
-def test_sim_to_postgres_without_asyncpg_names_the_extra(tmp_path: Path) -> None:
-    code = (
-        "import sys; sys.modules['asyncpg'] = None\n"
-        "from deepserve.cli import main\n"
-        "raise SystemExit(main(['sim', 'example', '--log', 'postgresql://u:pw@127.0.0.1:1/db']))"
-    )
-    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+def test_sim_to_postgres_without_asyncpg_names_the_extra(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "asyncpg", None)
+    res = in_process("sim", "example", "--log", "postgresql://u:pw@127.0.0.1:1/db", cwd=tmp_path)
     line = assert_one_line_error(res, "deepserve[postgres]")
     assert "pw" not in line  # the password stays out of the message
 
@@ -190,7 +184,7 @@ def _run_dir(tmp_path: Path, seeds: tuple[int, ...]) -> Path:
     run_dir = tmp_path / "runs"
     run_dir.mkdir()
     for seed in seeds:
-        res = deepserve("sim", "example", *EXAMPLE_ARGS, "--seed", str(seed), "--log", f"runs/s{seed}.db", cwd=tmp_path)
+        res = in_process("sim", "example", *EXAMPLE_ARGS, "--seed", str(seed), "--log", f"runs/s{seed}.db", cwd=tmp_path)
         assert res.returncode == 0, res.stderr
     return run_dir
 
@@ -198,16 +192,16 @@ def _run_dir(tmp_path: Path, seeds: tuple[int, ...]) -> Path:
 def test_verify_of_a_directory_names_the_run_and_refuses_to_guess(tmp_path: Path) -> None:
     run_dir = _run_dir(tmp_path, (4, 5))
     for command in ("verify", "digest", "log"):
-        line = assert_one_line_error(deepserve("replay", command, str(run_dir), cwd=tmp_path))
+        line = assert_one_line_error(in_process("replay", command, str(run_dir), cwd=tmp_path))
         assert "2 runs" in line and "sim-4" in line and "sim-5" in line and "--run" in line, line
-    res = deepserve("replay", "verify", str(run_dir), "--run", "sim-5", cwd=tmp_path)
+    res = in_process("replay", "verify", str(run_dir), "--run", "sim-5", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert res.stdout.startswith("identical") and "(run 'sim-5')" in res.stdout
 
 
 def test_verify_of_a_one_run_directory_names_it(tmp_path: Path) -> None:
     run_dir = _run_dir(tmp_path, (6,))
-    res = deepserve("replay", "verify", str(run_dir), cwd=tmp_path)
+    res = in_process("replay", "verify", str(run_dir), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "(run 'sim-6')" in res.stdout
 
