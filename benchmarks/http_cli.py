@@ -12,8 +12,9 @@ from deepserve.cli.util import positive_int
 def register_http(which: argparse._SubParsersAction) -> None:
     p = which.add_parser("http", help="daemon HTTP throughput and platform overhead vs a bare uvicorn SSE endpoint")
     p.add_argument("--json", action="store_true", help="print rows as JSON lines")
-    p.add_argument("--requests", type=positive_int, default=200, metavar="N")
-    p.add_argument("--concurrency", type=positive_int, default=16, metavar="C")
+    p.add_argument("--requests", type=positive_int, default=200, metavar="N", help="requests per side (default 200)")
+    p.add_argument("--concurrency", type=positive_int, default=16, metavar="C",
+                   help="requests in flight at once (default 16)")
     p.add_argument("--tokens", type=positive_int, default=16, metavar="T", help="output tokens per request")
     p.set_defaults(func=_run)
 

@@ -23,20 +23,22 @@ def register_daemon(sub: Any) -> None:
     up.add_argument("--port", type=int, help="HTTP port (0: a free one)")
     up.add_argument("--config", metavar="FILE", help="TOML config (default configs/daemon/default.toml)")
     up.add_argument("--run-dir", metavar="DIR", help="where the log goes (default runs/daemon-<UTC time>)")
-    up.add_argument("--log-format", choices=("console", "json"))
-    up.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    up.add_argument("--log-format", choices=("console", "json"), help="the daemon's own log lines on stderr")
+    up.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one setting by its dotted name, e.g. cluster.tes=4 (repeatable)")
     up.add_argument("--processes", action="store_true",
                     help="one OS process per TE, over ZeroMQ (the control plane, JE, gateway and HTTP stay here)")
     up.set_defaults(func=_up)
     cfg = sub.add_parser("config", help="the daemon's config")
     csub = cfg.add_subparsers(dest="config_command", required=True, metavar="ACTION")
     show = csub.add_parser("show", help="print the resolved config (every default filled in)")
-    show.add_argument("--config", metavar="FILE")
-    show.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    show.add_argument("--config", metavar="FILE", help="TOML config layered over configs/daemon/default.toml")
+    show.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override one setting by its dotted name, e.g. cluster.tes=4 (repeatable)")
     show.set_defaults(func=_show)
     st = sub.add_parser("status", help="TEs, roles, DP groups, loads and KV usage of the running daemon")
     _admin_args(st)
-    st.add_argument("--json", action="store_true")
+    st.add_argument("--json", action="store_true", help="print the admin API's status as JSON")
     st.set_defaults(func=_status)
     ft = sub.add_parser("fault", help="inject a fault into the running daemon (recorded in its log)")
     ft.add_argument("kind", choices=FAULTS,
