@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cliproc import assert_one_line_error, deepserve
+from cliproc import assert_one_line_error, deepserve, in_process
 
 KEYS = {"requests", "completed", "prefix_hit_rate", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50",
         "tpot_ms_p99", "wall_s"}  # fmt: skip
@@ -65,7 +65,7 @@ def test_sim_toml_file_and_trace_override_text_summary(runs: Path, tmp_path: Pat
     ],
 )  # fmt: skip
 def test_sim_bad_input_is_one_line(runs: Path, args: tuple[str, ...], needles: list[str]) -> None:
-    assert_one_line_error(deepserve(*args, cwd=runs), *needles)
+    assert_one_line_error(in_process(*args, cwd=runs), *needles)  # refused before any work
 
 
 def test_sim_bad_trace_row_mid_run_names_file_line_field(runs: Path, tmp_path: Path) -> None:

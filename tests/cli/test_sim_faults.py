@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from cliproc import assert_one_line_error, deepserve
+from cliproc import assert_one_line_error, deepserve, in_process
 
 PD = """name = "pd-incident"
 [cluster]
@@ -28,7 +28,9 @@ def _fault(at_s: float, kind: str, target: str, **extra: object) -> str:
 def _sim(tmp_path: Path, toml: str, *args: str) -> dict:
     path = tmp_path / "s.toml"
     path.write_text(toml)
-    res = deepserve("sim", str(path), "--json", *args, cwd=tmp_path)
+    # In this process but for a split run (its workers fork: not from the test runner's process).
+    run = deepserve if "--workers" in args else in_process
+    res = run("sim", str(path), "--json", *args, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -42,12 +44,12 @@ def test_a_link_down_fails_the_pd_requests_it_cuts_until_the_link_is_up(tmp_path
     assert down["failed"] > 0 and down["completed"] + down["failed"] == 40
     assert 0 < repaired["failed"] < down["failed"]  # only those inside the outage
     assert repaired["completed"] + repaired["failed"] == 40
-    res = deepserve("replay", "verify", "down.db", cwd=tmp_path)
+    res = in_process("replay", "verify", "down.db", cwd=tmp_path)
     assert res.returncode == 0 and res.stdout.startswith("identical"), res.stdout + res.stderr
-    log = deepserve("replay", "log", "down.db", "--actor", "hw/fabric", "--since", "5", "--until", "5", cwd=tmp_path)
+    log = in_process("replay", "log", "down.db", "--actor", "hw/fabric", "--since", "5", "--until", "5", cwd=tmp_path)
     assert "ext/fault→hw/fabric  LinkDown" in log.stdout, log.stdout[:2000]
     # why names the fault beside a request it failed (it came before the request: the last few do)
-    why = deepserve("replay", "why", "down.db", "r20", cwd=tmp_path).stdout.splitlines()
+    why = in_process("replay", "why", "down.db", "r20", cwd=tmp_path).stdout.splitlines()
     assert why[0].startswith("request r20: failed (KV transfer failed: ") and "link s0/npu0/roce is down" in why[0]
     assert why[1] == "t=5.000000  FAULT (ext/fault) -> hw/fabric: LinkDown link=s0/npu0/roce", why
 
@@ -80,5 +82,5 @@ def test_a_split_run_gives_each_worker_its_servers_faults(tmp_path: Path) -> Non
 def test_a_bad_fault_is_one_line_naming_its_field(tmp_path: Path, fault: str, needles: list[str]) -> None:
     path = tmp_path / "bad.toml"
     path.write_text(PD + fault)
-    res = deepserve("sim", str(path), "--log", "none", cwd=tmp_path)
+    res = in_process("sim", str(path), "--log", "none", cwd=tmp_path)
     assert_one_line_error(res, *needles)

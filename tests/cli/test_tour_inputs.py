@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cliproc import assert_one_line_error, deepserve
+from cliproc import assert_one_line_error, deepserve, in_process
 
 from deepserve.persistence import open_log
 from deepserve.replay import verify
@@ -40,7 +40,7 @@ URL = ("--admin-url", "http://127.0.0.1:9")  # checked before any request: nothi
     ],
 )
 def test_refused_with_one_line_naming_the_field(tmp_path: Path, args: tuple[str, ...], needles: list[str]) -> None:
-    line = assert_one_line_error(deepserve(*args, cwd=tmp_path), *needles)
+    line = assert_one_line_error(in_process(*args, cwd=tmp_path), *needles)  # refused before any work
     assert "internal error" not in line
 
 
