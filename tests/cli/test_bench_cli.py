@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cliproc import deepserve
+from cliproc import deepserve, in_process
 
 ROWS = {
     "sim_deliveries_per_s_nolog", "sim_deliveries_per_s_logged", "async_msgs_per_s",
@@ -27,6 +27,6 @@ def test_bench_kernel_json_rows(tmp_path: Path) -> None:
 
 def test_bench_bad_arguments_are_one_line(tmp_path: Path) -> None:
     for args in (("bench",), ("bench", "nosuch"), ("bench", "kernel", "--scale", "-1")):
-        res = deepserve(*args, cwd=tmp_path)
+        res = in_process(*args, cwd=tmp_path)
         assert res.returncode == 2 and len(res.stderr.splitlines()) == 1, (args, res.stderr)
         assert "Traceback" not in res.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cliproc import deepserve
+from cliproc import deepserve, in_process
 
 
 def test_bench_devices_json_rows(tmp_path: Path) -> None:
@@ -36,6 +36,6 @@ def test_bench_devices_json_rows(tmp_path: Path) -> None:
 
 
 def test_bench_devices_bad_flow_count_is_one_line(tmp_path: Path) -> None:
-    res = deepserve("bench", "devices", "--flows", "3", cwd=tmp_path)
+    res = in_process("bench", "devices", "--flows", "3", cwd=tmp_path)
     assert res.returncode == 2 and len(res.stderr.splitlines()) == 1
     assert "--flows" in res.stderr and "Traceback" not in res.stderr

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cliproc import assert_one_line_error, deepserve
+from cliproc import assert_one_line_error, deepserve, in_process
 
 
 def test_bench_sim_json_rows(tmp_path: Path) -> None:
@@ -26,4 +26,4 @@ def test_bench_sim_json_rows(tmp_path: Path) -> None:
 
 
 def test_bench_sim_bad_override(tmp_path: Path) -> None:
-    assert_one_line_error(deepserve("bench", "sim", "--set", "cluster.x=1", cwd=tmp_path), "cluster.x")
+    assert_one_line_error(in_process("bench", "sim", "--set", "cluster.x=1", cwd=tmp_path), "cluster.x")

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from cliproc import deepserve
+from cliproc import deepserve, in_process
 
 RATES = {"zmq_msgs_per_s", "zmq_msgs_per_s_vs_bare", "zmq_roundtrips_per_s",
          "zmq_roundtrip_us_p50", "zmq_roundtrips_per_s_vs_asyncio", "zmq_roundtrip_us_p50_vs_asyncio"}
@@ -26,5 +26,5 @@ def test_bench_transport_json_rows(tmp_path: Path) -> None:
 
 
 def test_bench_transport_bad_rounds_is_one_line(tmp_path: Path) -> None:
-    res = deepserve("bench", "transport", "--rounds", "0", cwd=tmp_path)
+    res = in_process("bench", "transport", "--rounds", "0", cwd=tmp_path)
     assert res.returncode == 2 and len(res.stderr.splitlines()) == 1 and "--rounds" in res.stderr
