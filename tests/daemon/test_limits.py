@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,9 @@ from daemonproc import start_daemon, stop_daemon
 from deepserve.persistence import open_log
 from deepserve.replay import verify
 
-SETTINGS = ("daemon.max_inflight=1", "daemon.ttft_deadline_s=1.5", "cluster.tes=1", "pd.prefill_tes=0",
+# The TTFT deadline is the window in which the second request must meet the first in flight: 4 s
+# leaves a loaded machine room (with 1.5 s a second request held up that long finds no one).
+SETTINGS = ("daemon.max_inflight=1", "daemon.ttft_deadline_s=4", "cluster.tes=1", "pd.prefill_tes=0",
             "pd.decode_tes=0", "cluster.scheduler.chunked_prefill=false",
             "cluster.scheduler.max_batch_tokens=512")  # fmt: skip
 
@@ -45,8 +48,10 @@ def test_504_on_ttft_deadline_and_429_when_full(tmp_path: Path) -> None:
         t = threading.Thread(target=lambda: first.update(r=httpx.post(info["url"] + "/v1/completions", json=body,
                                                                       timeout=30)))  # fmt: skip
         t.start()
-        while httpx.get(info["admin_url"] + "/admin/status").json()["inflight"] == 0:
-            pass
+        end = time.monotonic() + 60
+        while httpx.get(info["admin_url"] + "/admin/status", timeout=10).json()["inflight"] == 0:
+            assert time.monotonic() < end and t.is_alive(), "the first request never showed in flight"
+            time.sleep(0.01)
         second = httpx.post(info["url"] + "/v1/completions", json=body, timeout=30)
         assert second.status_code == 429 and second.headers["retry-after"] == "1"
         assert second.json()["error"]["type"] == "rate_limit_error"
