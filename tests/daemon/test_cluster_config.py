@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cliproc import in_process
 
 from deepserve.adapters.scenario.loader import ScenarioError
 from deepserve.daemon.config import load_config
@@ -21,14 +20,13 @@ from deepserve.daemon.config import load_config
     ("control.pods=1", "control.pods: unknown key"),
     ("cluster.scheduler.aggregate=true", "cluster.scheduler.aggregate: must be false while control.heartbeats is on"),
 ])  # fmt: skip
-def test_bad_control_settings_name_the_key(setting: str, key: str) -> None:
-    r = subprocess.run([sys.executable, "-m", "deepserve", "config", "show", "--set", setting],
-                       capture_output=True, text=True, timeout=60)  # fmt: skip
+def test_bad_control_settings_name_the_key(setting: str, key: str, tmp_path: Path) -> None:
+    r = in_process("config", "show", "--set", setting, cwd=tmp_path)  # `main()` here: no process start
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and key in r.stderr, r.stderr
 
 
-def test_the_resolved_config_shows_the_control_plane() -> None:
-    r = subprocess.run([sys.executable, "-m", "deepserve", "config", "show"], capture_output=True, text=True, timeout=60)
+def test_the_resolved_config_shows_the_control_plane(tmp_path: Path) -> None:
+    r = in_process("config", "show", cwd=tmp_path)
     assert r.returncode == 0 and "[control]\nheartbeats = true\nheartbeat_interval_s = 1.0\nheartbeat_misses = 3" in r.stdout
 
 
