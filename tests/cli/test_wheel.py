@@ -125,19 +125,19 @@ def test_the_wheel_installs_imports_every_module_and_serves_with_processes(tmp_p
     venv = _venv(tmp_path, wheel)
     away = tmp_path / "elsewhere"  # outside the checkout: nothing found by the working directory
     away.mkdir()
-    res = subprocess.run([venv / "bin" / "python", "-c", IMPORT_ALL], cwd=away, env=_env(), capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
-    assert res.returncode == 0, res.stderr[-3000:]
-    imported = json.loads(res.stdout.splitlines()[-1])
-    assert Path(imported["root"]).is_relative_to(venv), imported
-    assert imported["modules"] == sum(1 for f in shipped if f.endswith(".py") and not f.endswith("__main__.py"))
-
     run_dir = away / "run"
     out = open(away / "up.out", "w")
     proc = subprocess.Popen([venv / "bin" / "deepserve", "up", *UP, "--run-dir", str(run_dir)], cwd=away, env=_env(),
                             stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
     out.close()
-    try:
+    try:  # every module imported while the daemon starts
+        res = subprocess.run([venv / "bin" / "python", "-c", IMPORT_ALL], cwd=away, env=_env(), capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+        assert res.returncode == 0, res.stderr[-3000:]
+        imported = json.loads(res.stdout.splitlines()[-1])
+        assert Path(imported["root"]).is_relative_to(venv), imported
+        assert imported["modules"] == sum(1 for f in shipped if f.endswith(".py") and not f.endswith("__main__.py"))
+
         info = _wait_started(proc, run_dir / "daemon.json", away / "up.out")
         body = {"model": "llama3-8b", "prompt": "hello", "max_tokens": 4, "ignore_eos": True}
         reply = httpx.post(info["url"] + "/v1/completions", json=body, timeout=START_TIMEOUT_S)
