@@ -45,6 +45,12 @@ def _build_tooling_missing() -> str:
     major, minor = (int(x) for x in setuptools.__version__.split(".")[:2])
     if (major, minor) < (70, 1) and shutil.which("wheel") is None:  # bdist_wheel: built in since 70.1
         return f"setuptools {setuptools.__version__} cannot build a wheel without `wheel`"
+    try:
+        from pip import __version__ as pip_version
+    except ImportError:
+        return "pip is not installed"
+    if tuple(int(x) for x in pip_version.split(".")[:2]) < (22, 3):  # `pip --python`
+        return f"pip {pip_version} cannot install into another environment (needs 22.3)"
     return ""
 
 
