@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import zipfile
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import httpx2 as httpx
@@ -38,20 +39,21 @@ START_TIMEOUT_S = 60
 
 
 def _build_tooling_missing() -> str:
+    """Why the wheel cannot be built and installed here ("" when it can). Versions only: importing
+    setuptools in the test process would replace distutils under whoever imported it."""
     try:
-        import setuptools
-    except ImportError:
-        return "setuptools is not installed (pip install -e '.[dev]')"
-    major, minor = (int(x) for x in setuptools.__version__.split(".")[:2])
-    if (major, minor) < (70, 1) and shutil.which("wheel") is None:  # bdist_wheel: built in since 70.1
-        return f"setuptools {setuptools.__version__} cannot build a wheel without `wheel`"
-    try:
-        from pip import __version__ as pip_version
-    except ImportError:
-        return "pip is not installed"
-    if tuple(int(x) for x in pip_version.split(".")[:2]) < (22, 3):  # `pip --python`
-        return f"pip {pip_version} cannot install into another environment (needs 22.3)"
+        setuptools, pip = version("setuptools"), version("pip")
+    except PackageNotFoundError as exc:
+        return f"{exc.name} is not installed (pip install -e '.[dev]')"
+    if _major_minor(setuptools) < (70, 1) and shutil.which("wheel") is None:  # bdist_wheel: built in since 70.1
+        return f"setuptools {setuptools} cannot build a wheel without `wheel`"
+    if _major_minor(pip) < (22, 3):  # `pip --python`
+        return f"pip {pip} cannot install into another environment (needs 22.3)"
     return ""
+
+
+def _major_minor(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v.split(".")[:2])
 
 
 pytestmark = pytest.mark.skipif(bool(_build_tooling_missing()), reason=_build_tooling_missing() or "-")
