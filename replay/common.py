@@ -60,6 +60,11 @@ def load_hint(cls: str) -> str:
     return "give its directory with --path DIR, or put it on PYTHONPATH"
 
 
+def refused_spawn(rec: InputRec, exc: Exception) -> str:
+    """The one line refusing a log's spawn entry whose class path replay will not call."""
+    return f"{rec.actor}#{rec.seq}: the log spawns {rec.actor!r} as {exc} (a log is data, never code)"
+
+
 def pick_run(reader: LogReader, run_id: str | None) -> RunRec:
     """The run named `run_id`, or the last run: the same default readers use."""
     runs = reader.runs()

@@ -15,12 +15,13 @@ import msgspec
 
 from deepserve.core.actor import Actor, UnknownActorClass
 from deepserve.core.cell import build_actor
+from deepserve.core.classpath import RefusedClass, load_logged_class
 from deepserve.core.codec import DecodeError, decode, to_builtins
 from deepserve.core.messages import Raw, Started, Stopped
 from deepserve.core.records import SNAPSHOT, Step
 from deepserve.persistence.api import LogReader
 
-from .common import ReplayError, load_hint, pick_run, some
+from .common import ReplayError, load_hint, pick_run, refused_spawn, some
 
 
 class ActorState(msgspec.Struct):
@@ -56,6 +57,12 @@ class _Fold:
 
     def start(self, step: Step, started: Started) -> None:
         failed = any(ev.type == "HandlerFailed" for ev in step.events)
+        try:
+            load_logged_class(started.cls)  # checked before build_actor calls it
+        except RefusedClass as exc:  # whatever the log says happened next: it is data
+            raise ReplayError(refused_spawn(step.input, exc)) from None
+        except UnknownActorClass:
+            pass  # build_actor raises it again, answered below
         try:
             self.actor = build_actor(started)
         except UnknownActorClass as exc:

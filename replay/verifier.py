@@ -13,8 +13,8 @@ from typing import Any
 
 import msgspec
 
-from deepserve.core.actor import UnknownActorClass, load_class
 from deepserve.core.cell import Cell, execute
+from deepserve.core.classpath import RefusedClass, UnknownActorClass, load_logged_class
 from deepserve.core.codec import DecodeError, decode
 from deepserve.core.codeid import CODE_VERSION
 from deepserve.core.envelope import Envelope
@@ -31,6 +31,7 @@ from .common import (
     mask_addresses,
     output_view,
     pick_run,
+    refused_spawn,
     snapshot_view,
 )
 
@@ -190,9 +191,11 @@ def _check_loadable(step: Step) -> None:
     rec = step.input
     try:
         started = msgspec.msgpack.decode(rec.payload, type=Started)
-        load_class(started.cls)
+        load_logged_class(started.cls)
     except msgspec.DecodeError:
         return  # reported by the caller's decode, with the actor and seq
+    except RefusedClass as exc:  # whatever the log says happened next: it is data, never code
+        raise ReplayError(refused_spawn(rec, exc)) from None
     except UnknownActorClass as exc:
         if step.events and step.events[0].type == "HandlerFailed":
             return  # it failed to start in the original run too: re-execution will agree

@@ -24,10 +24,12 @@ from kernel_actors import Add, AskIt, Boom, CancelTimer, Counter, DictState, For
 from deepserve.adapters.zmq.frames import receive_and_ack
 from deepserve.adapters.zmq_transport import ZmqTransport
 from deepserve.core.asyncdriver import AsyncDriver
+from deepserve.core.classpath import trust_directory
 from deepserve.persistence import open_log, open_sink
 from deepserve.replay import verify
 
 CORE_TESTS = Path(__file__).resolve().parent.parent / "core"
+trust_directory(str(CORE_TESTS))  # crash_child.py's actors, replayed in this process (a log is data)
 
 
 async def _wait_for(condition, timeout_s: float = 5.0) -> None:
