@@ -207,6 +207,9 @@ def _describe(view: Any) -> str:
 def _state(args: argparse.Namespace) -> int:
     from deepserve.replay.state import state_at
 
+    if args.at is not None and args.at < 0:  # clocks start at 0 (virtual) or the epoch (wall)
+        raise CliError(f"--at {args.at:g}: a clock time is never negative (seconds; a simulation's "
+                       "clock starts at 0)")  # fmt: skip
     st = state_at(_read(args), args.actor, args.at, args.run)
     data = st.state_data()
     if args.json:

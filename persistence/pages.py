@@ -138,11 +138,18 @@ def check_page_head(label: str, run_id: str, page: Page, head: PageHead, first_s
     heads = _decode(_HEADS, label, run_id, page)  # checks the body's CRC first
     ts = [h.input.t for h in heads]
     actual = PageHead(len(ts), min(ts), max(ts)) if ts else None
-    if actual != head or (expected_first is not None and first_step < expected_first):
+    problems = []
+    if actual != head:
+        holds = (f"its body holds {actual.steps} at t={actual.t_first:g}..{actual.t_last:g}" if actual
+                 else "its body holds none")  # fmt: skip
+        problems.append(f"its row says {head.steps} steps at t={head.t_first:g}..{head.t_last:g}, {holds}")
+    if expected_first is not None and first_step < expected_first:
+        problems.append(f"its row says it starts at step {first_step}, inside the run's previous page "
+                        f"(which ends at step {expected_first - 1})")  # fmt: skip
+    if problems:
         raise LogError(
             f"{label}: damaged log: page {page[0]} of run {run_id!r} has a head that does not "
-            f"match its steps (stored {tuple(head)}, first step {first_step}; its steps say "
-            f"{tuple(actual) if actual else None}, first step >= {expected_first})"
+            f"match its steps ({'; '.join(problems)})"
         )
     return first_step + head.steps
 

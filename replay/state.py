@@ -126,9 +126,11 @@ def state_at(
             raise ReplayError(f"{actor}#{rec.seq}: first logged input is {rec.type}, not Started")
         fold.apply(step)
     if fold is None:
-        when = "" if at is None else f" at or before t={at}"
+        if beyond and at is not None:  # it has records, all after `at` (--at -5: before any clock)
+            raise ReplayError(f"{actor!r} has no record at or before t={at:g} in run {run.run_id!r}: "
+                              f"its first is at t={rec.t:.6f}")  # fmt: skip
         known = some(reader.actors(run.run_id))
-        raise ReplayError(f"no actor {actor!r} in run {run.run_id!r}{when} (actors: {known})")
+        raise ReplayError(f"no actor {actor!r} in run {run.run_id!r} (actors: {known})")
     # A clean end (a run's end, a stop) leaves a final snapshot of every live actor.
     cut = fold.alive and not beyond and last_kind != SNAPSHOT
     return ActorState(actor, at, fold.seq, fold.t, fold.alive, fold.events, fold.state, cut)

@@ -34,10 +34,10 @@ def sqlite_error(label: str, exc: BaseException) -> LogError:
     """One line naming the file and what SQLite said, with the likely cause."""
     orig = getattr(exc, "orig", None) or exc
     msg = one_line(orig)
-    if "file is not a database" in msg:
-        return LogError(f"{label}: not an SQLite database ({msg}), not a deepserve log")
+    if "file is not a database" in msg:  # the header check passed: a header SQLite still refuses
+        return LogError(f"{label}: not an SQLite database, or its header is corrupt ({msg}), not a deepserve log")
     if "malformed" in msg:
-        return LogError(f"{label}: corrupt or truncated SQLite file ({msg})")
+        return LogError(f"{label}: corrupt SQLite file ({msg})")
     return LogError(f"{label}: SQLite error: {msg}")
 
 
@@ -66,8 +66,17 @@ def sqlite_engine(path: str, *, write: bool) -> Engine:
 
 
 def read_only_uri(path: str) -> str:
-    """The URI that opens `path` read-only (never created, never written, WAL left as is)."""
-    return f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro"
+    """The URI that opens `path` read-only (never created, never written, WAL left as is).
+
+    `mode=ro` alone still creates `-wal` and `-shm` files beside a log that has none (SQLite
+    needs them to read a WAL-mode file): reading must not write. With no `-wal` there are no
+    frames to read and no writer in WAL mode (a writer's connection keeps its `-wal` while it
+    lives), so the file is opened `immutable=1`: no locks, no side files. A log with its `-wal`
+    (a live or killed writer's) keeps `mode=ro`, which reads the WAL's frames."""
+    quoted = urllib.parse.quote(os.path.abspath(path))
+    if not os.path.exists(path + "-wal"):
+        return f"file:{quoted}?mode=ro&immutable=1"
+    return f"file:{quoted}?mode=ro"
 
 
 def prepare_sqlite(path: str, *, create: bool, upgrade: bool, page_bytes: int = 0) -> tuple[int, int]:

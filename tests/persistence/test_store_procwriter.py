@@ -389,10 +389,15 @@ def test_a_damaged_page_is_refused_by_every_read_and_by_the_integrity_check(tmp_
     ("update", "problem"),
     [
         # a time bound that hides the page from a time range ('replay log --since 3 --until 4')
-        ("UPDATE pages SET t_first = 5.0 WHERE id = 1", "stored (3, 5.0, 2.0), first step 1"),
-        ("UPDATE pages SET t_last = 1.0 WHERE id = 2", "stored (3, 3.0, 1.0), first step 4"),
-        ("UPDATE pages SET steps = 2 WHERE id = 2", "stored (2, 3.0, 5.0), first step 4"),
-        ("UPDATE pages SET first_step = 1 WHERE id = 2", "stored (3, 3.0, 5.0), first step 1"),
+        ("UPDATE pages SET t_first = 5.0 WHERE id = 1",
+         "(its row says 3 steps at t=5..2, its body holds 3 at t=0..2)"),
+        ("UPDATE pages SET t_last = 1.0 WHERE id = 2",
+         "(its row says 3 steps at t=3..1, its body holds 3 at t=3..5)"),
+        ("UPDATE pages SET steps = 2 WHERE id = 2",
+         "(its row says 2 steps at t=3..5, its body holds 3 at t=3..5)"),
+        # (was "first step >= None" on a run's first page: a comparison with nothing)
+        ("UPDATE pages SET first_step = 1 WHERE id = 2",
+         "(its row says it starts at step 1, inside the run's previous page (which ends at step 3))"),
     ],
 )
 def test_a_damaged_page_head_is_refused_by_the_integrity_check(tmp_path: Path, update: str,

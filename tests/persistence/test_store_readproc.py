@@ -170,7 +170,7 @@ def test_corrupt_pages_met_by_the_process(tmp_path: Path, monkeypatch: pytest.Mo
         list(it)
     log.close()
     assert str(info.value) == (
-        f"{path}: corrupt or truncated SQLite file (database disk image is malformed)"
+        f"{path}: corrupt SQLite file (database disk image is malformed)"
     )
     assert reader._proc.returncode == 1 and live_readers() == 0  # it reported, then exited
 

@@ -92,6 +92,9 @@ def _header(page_size: int = 4096, pages: int = 10, valid: bool = True) -> bytes
     h = bytearray(100)
     h[:16] = SQLITE_MAGIC
     h[16:18] = (1 if page_size == 65536 else page_size).to_bytes(2, "big")
+    h[18:24] = bytes([2, 2, 0, 64, 32, 32])  # WAL mode; the fixed payload fractions
+    h[44:48] = (4).to_bytes(4, "big")  # schema format
+    h[56:60] = (1).to_bytes(4, "big")  # UTF-8
     h[24:28] = (5).to_bytes(4, "big")
     h[28:32] = pages.to_bytes(4, "big")
     h[92:96] = (5 if valid else 4).to_bytes(4, "big")
@@ -101,7 +104,16 @@ def _header(page_size: int = 4096, pages: int = 10, valid: bool = True) -> bytes
 def test_header_problems() -> None:
     assert header_problem(_header(), 40960, False) is None
     assert header_problem(_header(), 40960 - 4096, False) == (
-        "truncated: 36864 bytes, but its header says 10 pages of 4096 bytes"
+        "truncated: 36864 bytes (9 whole pages), but its header says 10 pages of 4096 bytes "
+        "(or its page count, byte 28, is corrupt)"
+    )
+    assert header_problem(_header(), 40000, False) == (
+        "truncated: 40000 bytes, but its header says 10 pages of 4096 bytes"
+    )
+    corrupt = bytearray(_header())
+    corrupt[21] = 65
+    assert header_problem(bytes(corrupt), 40960, False) == (
+        "corrupt SQLite header: maximum embedded payload fraction (byte 21) is 65, not 64"
     )
     assert header_problem(_header(), 4096, True) is None  # pages may still be in the WAL
     assert header_problem(_header(valid=False), 4096, False) is None  # stale count: trust size
