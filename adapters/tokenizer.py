@@ -78,13 +78,16 @@ class HfTokenizer:
     """A Hugging Face `tokenizers` file (tokenizer.json) read from a local path."""
 
     def __init__(self, path: str) -> None:
+        p = Path(path)  # the file first: a wrong path is the error to fix, whatever is installed
+        if not p.exists():
+            raise ValueError(f"tokenizer: {path}: no such file")
+        if not p.is_file():
+            raise ValueError(f"tokenizer: {path} is not a file")
         try:
             from tokenizers import Tokenizer as _Hf  # optional dependency
         except ImportError:
-            raise ValueError("tokenizer: the 'tokenizers' package is not installed") from None
-        p = Path(path)
-        if not p.is_file():
-            raise ValueError(f"tokenizer: {path} is not a file")
+            raise ValueError(f"tokenizer: {path}: reading it needs the 'tokenizers' package, "
+                             "not installed (pip install tokenizers)") from None  # fmt: skip
         try:
             self._tok: Any = _Hf.from_file(str(p))
         except Exception as exc:  # noqa: BLE001 — the library raises its own exception types

@@ -18,6 +18,7 @@ from deepserve.adapters.scenario.loader import (
     apply_override,
     parse_override,
     parse_toml,
+    source_of,
 )
 from deepserve.adapters.scenario.sched import Forwarding, Scheduling, check_scheduling
 from deepserve.adapters.scenario.schema import Cluster, Scenario, check
@@ -134,10 +135,7 @@ def load_config(path: str | None = None, overrides: tuple[str | tuple[str, str],
     try:
         return _validated(doc)
     except _Invalid as bad:
-        origin = next((lbl for k, lbl in reversed(labels.items())
-                       if bad.key == k or bad.key.startswith(k + ".") or k.startswith(bad.key + ".")),
-                      default_source)  # fmt: skip
-        raise ScenarioError(origin, bad.key, bad.problem) from None
+        raise ScenarioError(source_of(bad.key, labels, default_source), bad.key, bad.problem) from None
 
 
 def _layer(base: dict[str, Any], top: dict[str, Any], prefix: str = "") -> list[str]:

@@ -4,6 +4,10 @@ TTFT = first token − arrival; TPOT = (finish − first token) / (output tokens
 with at least two output tokens (vLLM's benchmark definitions); e2e = finish − arrival. The prefix
 hit rate is cached prompt tokens / prompt tokens over completed requests. Percentiles interpolate
 linearly between order statistics (numpy's default), so p50 of [1, 2] is 1.5.
+
+The latency percentiles are of completed requests; a failed request's time from arrival to its
+failure has keys of its own (`failed_e2e_ms_*`): a request that waited 40 minutes on a hung NPU
+before failing must show somewhere, and mixing it into `e2e_ms_*` would change what they meant.
 """
 
 from __future__ import annotations
@@ -51,6 +55,10 @@ class Summary(msgspec.Struct, kw_only=True):
     e2e_ms_p50: float
     e2e_ms_p90: float
     e2e_ms_p99: float
+    failed_e2e_ms_p50: float  # arrival to failure, failed requests only (NaN: none failed)
+    failed_e2e_ms_p90: float
+    failed_e2e_ms_p99: float
+    failed_e2e_ms_max: float
     duration_s: float  # virtual time from the first arrival to the last finish
     throughput_rps: float  # completed requests per virtual second
     output_tokens_per_s: float
@@ -64,6 +72,7 @@ class Collector:
         self.ttft_ms: list[float] = []
         self.tpot_ms: list[float] = []
         self.e2e_ms: list[float] = []
+        self.failed_e2e_ms: list[float] = []
         self.counts = {"completed": 0, "failed": 0, "cancelled": 0}
         self.prompt_tokens = self.cached_prompt_tokens = self.output_tokens = 0
         self.first_arrival_s = math.inf
@@ -75,6 +84,8 @@ class Collector:
         self.first_arrival_s = min(self.first_arrival_s, d.arrival_s)
         self.last_finish_s = max(self.last_finish_s, d.finish_s)
         if d.status != "completed":
+            if d.status == "failed":
+                self.failed_e2e_ms.append((d.finish_s - d.arrival_s) * 1e3)
             key = d.reason[:120]
             self.failure_reasons[key] = self.failure_reasons.get(key, 0) + 1
             return
@@ -98,6 +109,7 @@ class Collector:
 
     def summary(self) -> Summary:
         ttft, tpot, e2e = sorted(self.ttft_ms), sorted(self.tpot_ms), sorted(self.e2e_ms)
+        failed = sorted(self.failed_e2e_ms)
         span = max(self.last_finish_s - self.first_arrival_s, 0.0) if self.terminal else 0.0
         done = self.counts["completed"]
         return Summary(
@@ -110,7 +122,9 @@ class Collector:
             tpot_ms_mean=_mean(tpot), tpot_ms_p50=percentile(tpot, 50),
             tpot_ms_p90=percentile(tpot, 90), tpot_ms_p99=percentile(tpot, 99),
             e2e_ms_p50=percentile(e2e, 50), e2e_ms_p90=percentile(e2e, 90),
-            e2e_ms_p99=percentile(e2e, 99), duration_s=span,
+            e2e_ms_p99=percentile(e2e, 99), failed_e2e_ms_p50=percentile(failed, 50),
+            failed_e2e_ms_p90=percentile(failed, 90), failed_e2e_ms_p99=percentile(failed, 99),
+            failed_e2e_ms_max=failed[-1] if failed else math.nan, duration_s=span,
             throughput_rps=done / span if span > 0 else 0.0,
             output_tokens_per_s=self.output_tokens / span if span > 0 else 0.0,
             failure_reasons=dict(sorted(self.failure_reasons.items())),

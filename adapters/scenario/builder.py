@@ -48,6 +48,20 @@ def kv_sizing(c: Cluster, role: str = "colocated") -> KvSizing:
     return KvSizing(block_bytes, blocks, dram_blocks)
 
 
+def max_prompt_tokens(c: Cluster) -> tuple[int, str]:
+    """The longest prompt every TE of the cluster takes, and what sets that limit. A master refuses
+    a task whose prompt and first output token need more KV blocks than its DP group's HBM holds,
+    or, chunked prefill off, more tokens than one pass takes (master/actor.py `_refusal`)."""
+    roles = ("prefill", "decode") if c.mode == "pd" else ("colocated",)
+    blocks = min(kv_sizing(c, role).hbm_blocks for role in roles)
+    limit = blocks * c.kv_block_tokens - 1
+    why = f"a DP group's KV cache holds {blocks} blocks of {c.kv_block_tokens} tokens, the first output token included"
+    s = c.scheduler
+    if not s.chunked_prefill and s.max_batch_tokens < limit:
+        return s.max_batch_tokens, "cluster.scheduler.max_batch_tokens with chunked prefill off"
+    return limit, why
+
+
 def master_config(scenario: Scenario, te: TePlacement, dp: int) -> dict[str, Any]:
     """The DP-group master's configuration (fs-engine's `MasterConfig`, as a dict)."""
     c, s = scenario.cluster, scenario.cluster.scheduler

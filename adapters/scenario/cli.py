@@ -9,6 +9,7 @@ trace — becomes a `CliError`: exit 2, one line naming the file, the line or th
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace, prepare_log: Callable[[Path], None]) -> int:
         parts = plan_partitions(scenario, args.workers)
     except (ScenarioError, TraceError, ParallelError) as exc:
         raise CliError(str(exc)) from None
-    total = args.requests or scenario.workload.requests or _count_rows(trace.path, trace.format)
+    total = _requests(args.requests, scenario.workload.requests, trace)
     if args.workers > 1:  # a run directory, even when the cluster has one server (one worker)
         target, logs = _worker_logs(args, scenario, parts, prepare_log)
     else:
@@ -140,8 +141,20 @@ def report(name: str, seed: int, trace: str, result: Any, wall_s: float, log: st
     return out
 
 
+def _requests(flag: int | None, field: int, trace: Any) -> int:
+    """How many requests the run takes from the trace; more than it holds is refused (a run that
+    quietly took fewer would report numbers for a load nobody asked for)."""
+    rows = _count_rows(trace.path, trace.format)
+    wanted = flag or field
+    if wanted > rows:
+        what = f"--requests {flag}" if flag else f"workload.requests = {field}"
+        whole = "leave --requests out" if flag else "0"
+        raise CliError(f"{what}: the trace {trace.path} has {rows} requests ({whole} for all of them)")
+    return wanted or rows
+
+
 def _count_rows(path: str, fmt: str) -> int:
-    """Rows of a trace, for the progress bar's total (a quick count of non-empty lines)."""
+    """Rows of a trace (a quick count of non-empty lines; a bad row is the reader's to report)."""
     n = 0
     with open(path, "rb") as f:
         for line in f:
@@ -162,15 +175,18 @@ def _print(out: dict[str, Any]) -> None:
     rows = [
         ("requests", f"{out['requests']} ({out['completed']} completed, {out['failed']} failed, "
                      f"{out['cancelled']} cancelled)"),
-        ("TTFT ms", _pcts(out, "ttft_ms")),
-        ("TPOT ms", _pcts(out, "tpot_ms")),
-        ("e2e ms", f"p50 {out['e2e_ms_p50']:.1f}  p90 {out['e2e_ms_p90']:.1f}  p99 {out['e2e_ms_p99']:.1f}"),
+        ("TTFT ms", _pcts(out, "ttft_ms", "mean", "p50", "p90", "p99")),
+        ("TPOT ms", _pcts(out, "tpot_ms", "mean", "p50", "p90", "p99")),
+        ("e2e ms", _pcts(out, "e2e_ms", "p50", "p90", "p99")),
         ("prefix hit rate", f"{out['prefix_hit_rate']:.3f} (cached prompt tokens / prompt tokens)"),
         ("throughput", f"{out['throughput_rps']:.2f} req/s, {out['output_tokens_per_s']:.0f} output tok/s "
                        f"over {out['duration_s']:.1f} virtual s"),
         ("wall", f"{out['wall_s']:.2f} s ({out['sim_requests_per_wall_s']:.0f} simulated requests per wall s"
                  f"{', ' + str(out['workers']) + ' workers' if out['workers'] > 1 else ''})"),
     ]  # fmt: skip
+    if out["failed"]:
+        rows.insert(4, ("e2e ms, failed", _pcts(out, "failed_e2e_ms", "p50", "p90", "p99", "max")
+                        + f"  (arrival to failure, {out['failed']} failed)"))  # fmt: skip
     for reason, n in out["failure_reasons"].items():
         rows.append(("failed", f"{n} x {reason}"))
     width = max(len(k) for k, _ in rows)
@@ -180,6 +196,8 @@ def _print(out: dict[str, Any]) -> None:
     print(f"log: {out['log']}")
 
 
-def _pcts(out: dict[str, Any], key: str) -> str:
-    return (f"mean {out[key + '_mean']:.1f}  p50 {out[key + '_p50']:.1f}  "
-            f"p90 {out[key + '_p90']:.1f}  p99 {out[key + '_p99']:.1f}")  # fmt: skip
+def _pcts(out: dict[str, Any], key: str, *stats: str) -> str:
+    """`mean 1.0  p50 2.0 ...` of a metric, or "none" when no request had it (NaN, not `nan`)."""
+    if math.isnan(out[f"{key}_{stats[0]}"]):
+        return "none (no completed request)" if key != "failed_e2e_ms" else "none"
+    return "  ".join(f"{stat} {out[f'{key}_{stat}']:.1f}" for stat in stats)

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from .schema import Scenario, check
+from .schema import RELATED, Scenario, check
 
 MAX_FILE_BYTES = 1 << 20
 MAX_OVERRIDES = 256
@@ -103,12 +103,16 @@ def _key_of(exc: msgspec.ValidationError) -> tuple[str, str]:
     return path.replace("[...]", "").replace("[", ".").replace("]", ""), problem
 
 
-def _source_of(key: str, file_source: str, overridden: dict[str, str]) -> str:
-    """The --set that set `key` (or a table above it), else the file."""
-    for k, item in overridden.items():
-        if key == k or key.startswith(k + ".") or k.startswith(key + "."):
-            return f"--set {item}"
-    return file_source
+def source_of(key: str, labels: dict[str, str], fallback: str) -> str:
+    """Where the bad value at `key` came from: the last of `labels` (dotted key -> the file or
+    override that set it, in the order they were applied) that set `key` or a table above or
+    below it; else the last that set a key the rule reporting `key` also reads (schema.RELATED);
+    else `fallback` (the file every other key came from)."""
+    for wanted in ((key,), RELATED.get(key, ())):
+        for k, label in reversed(labels.items()):
+            if any(w == k or w.startswith(k + ".") or k.startswith(w + ".") for w in wanted):
+                return label
+    return fallback
 
 
 def load_scenario(spec: str, overrides: Sequence[str] = (), known_models: tuple[str, ...] | None = None) -> Scenario:
@@ -117,22 +121,22 @@ def load_scenario(spec: str, overrides: Sequence[str] = (), known_models: tuple[
         raise ScenarioError("--set", "", f"at most {MAX_OVERRIDES} overrides")
     source, text = _read(spec)
     doc = parse_toml(source, text)
-    overridden: dict[str, str] = {}
+    overridden: dict[str, str] = {}  # dotted key -> the --set that set it
     for item in overrides:
         key, value = parse_override(item)
         apply_override(doc, key, value, f"--set {item}")
-        overridden[key] = item
+        overridden[key] = f"--set {item}"
     try:
         scenario = msgspec.convert(doc, Scenario)
     except msgspec.ValidationError as exc:
         key, problem = _key_of(exc)
-        raise ScenarioError(_source_of(key, source, overridden), key, problem) from None
+        raise ScenarioError(source_of(key, overridden, source), key, problem) from None
     if known_models is None:
         from deepserve.adapters.hardware.models import known_models as _known
 
         known_models = _known()
     for key, problem in check(scenario, known_models):
-        raise ScenarioError(_source_of(key, source, overridden), key, problem)
+        raise ScenarioError(source_of(key, overridden, source), key, problem)
     return scenario
 
 

@@ -24,12 +24,12 @@ from deepserve.actors.flowserve.messages import Sampling
 from deepserve.actors.flowserve.tokens import combine
 from deepserve.actors.workload.messages import Arrive, EndOfRun, RequestDone
 from deepserve.actors.workload.metrics import Collector
-from deepserve.adapters.traces import TraceRequest, open_trace
+from deepserve.adapters.traces import TraceError, TraceRequest, open_trace
 from deepserve.adapters.traces.prompts import prompts_of
 from deepserve.core import Message, SimDriver
 from deepserve.core.records import LogSink
 
-from .builder import WORKLOAD_ADDR, build_cluster
+from .builder import WORKLOAD_ADDR, build_cluster, max_prompt_tokens
 from .faults import fault_inputs
 from .loader import trace_path
 from .schema import Scenario
@@ -57,16 +57,24 @@ def arrivals(
     not select comes as (time, None): it still counts towards the injection windows, so that
     every partition injects at the same points of the trace as the whole run does. Rows are
     read `PROMPT_CHUNK` at a time, their prompts hashed together (`prompts_of`); a bad row
-    raises after the rows before it are yielded, as when they were read one by one."""
+    raises after the rows before it are yielded, as when they were read one by one. A prompt
+    no TE of the cluster can take is a bad row (it would fail on every TE it was offered)."""
     w, c = scenario.workload, scenario.cluster
     limit = requests if requests is not None else (w.requests or None)
-    rows = iter(open_trace(trace_path(trace or w.trace)).head(limit))
+    source = open_trace(trace_path(trace or w.trace))
+    rows = iter(source.head(limit))
+    longest, why = max_prompt_tokens(c)
+    field = "input_length" if source.format == "mooncake" else "ContextTokens"
     position = 0
     while True:
         chunk: list[TraceRequest] = []
         error: Exception | None = None
         try:
             for req in rows:
+                if req.prompt_tokens > longest:
+                    raise TraceError(source.path, req.line, field,
+                                     f"{req.prompt_tokens} tokens exceed the {longest} a TE of this "
+                                     f"cluster can take ({why})")  # fmt: skip
                 chunk.append(req)
                 if len(chunk) == PROMPT_CHUNK:
                     break

@@ -113,6 +113,21 @@ def _layout_problems(c: Cluster) -> list[tuple[str, str]]:
     return []
 
 
+# The other keys each cross-field rule of `check` reads, by the key it reports: the problem at
+# `cluster.hardware` may be the `--set cluster.topology=cm384` that made it, and an error must
+# name what the user wrote, not the default file that set the key it reports.
+RELATED: dict[str, tuple[str, ...]] = {
+    "cluster.model": ("cluster.hardware", "cluster.topology", "cluster.tp"),
+    "cluster.hardware": ("cluster.topology",),
+    "cluster.link": ("cluster.topology", "cluster.mode"),
+    "cluster.tp": ("cluster.dp_groups", "cluster.topology", "cluster.model"),
+    "cluster.tes": ("cluster.topology", "cluster.tp", "cluster.dp_groups"),
+    "cluster.prefill_tes": ("cluster.decode_tes", "cluster.topology", "cluster.tp", "cluster.dp_groups"),
+    "cluster.kv_dram_gb": ("cluster.topology", "cluster.tp", "cluster.dp_groups", "cluster.tes"),
+    "cluster.scheduler.max_batch_tokens": ("cluster.kv_block_tokens", "cluster.scheduler.chunked_prefill"),
+}
+
+
 def check(s: Scenario, known_models: tuple[str, ...]) -> list[tuple[str, str]]:
     """(dotted key, problem) for every rule spanning fields; empty when the scenario holds."""
     c = s.cluster
