@@ -16,12 +16,12 @@ from .combined import select_combined
 from .decision import Candidate, Decision, HeatmapCell, Ranked, RouteRequest
 from .least_load import select_least_load
 from .load_aware import LoadAwareParams, select_load_aware
-from .locality import PromptTree, select_locality
+from .locality import LocalityParams, PromptTree, select_locality
 from .pd_aware import PdAwareParams, PdHeatmap, select_pd_aware
 from .round_robin import select_round_robin
 
 POLICIES = ("round_robin", "least_load", "locality", "load_aware", "pd_aware", "combined")
-PARAMS_OF = {"load_aware": (LoadAwareParams,), "pd_aware": (PdAwareParams,),
+PARAMS_OF = {"locality": (LocalityParams,), "load_aware": (LoadAwareParams,), "pd_aware": (PdAwareParams,),
              "combined": (PdAwareParams, LoadAwareParams)}
 
 
@@ -41,6 +41,8 @@ class Policy:
         try:
             self.load = msgspec.convert({k: v for k, v in params.items()
                                          if k in LoadAwareParams.__struct_fields__}, LoadAwareParams)
+            self.loc = msgspec.convert({k: v for k, v in params.items()
+                                        if k in LocalityParams.__struct_fields__}, LocalityParams)
             self.pd = msgspec.convert({k: v for k, v in params.items()
                                        if k in PdAwareParams.__struct_fields__}, PdAwareParams)
             self.heatmap = msgspec.convert(heatmap, PdHeatmap) if isinstance(heatmap, dict) else heatmap
@@ -55,7 +57,7 @@ class Policy:
         if n == "least_load":
             return select_least_load(req, cands)
         if n == "locality":
-            return select_locality(req, cands)
+            return select_locality(req, cands, self.loc)
         if n == "load_aware":
             return select_load_aware(req, cands, self.load)
         if n == "pd_aware":
@@ -64,6 +66,6 @@ class Policy:
 
 
 __all__ = [
-    "POLICIES", "Candidate", "Decision", "HeatmapCell", "LoadAwareParams", "PdAwareParams",
+    "POLICIES", "Candidate", "Decision", "HeatmapCell", "LoadAwareParams", "LocalityParams", "PdAwareParams",
     "PdHeatmap", "Policy", "PromptTree", "Ranked", "RouteRequest",
 ]

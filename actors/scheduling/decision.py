@@ -23,6 +23,9 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True):
     subgroup: Subgroup = "colocated"
     load: int = 0  # open tasks from this JE on the TE
     prefix_blocks: int = 0  # leading prompt blocks the TE is believed to hold
+    # a prefill TE (subgroup "pd"): open tasks on the least-loaded decode TE its KV would go
+    # to — the pair's load is `load + decode_load` (a PD pair is busy decoding, not prefilling)
+    decode_load: int = 0
 
 
 class RouteRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,6 +49,16 @@ class Ranked(msgspec.Struct, frozen=True, kw_only=True):
     subgroup: Subgroup
     load: int
     prefix_blocks: int
+    decode_load: int = 0
+
+
+class Excluded(msgspec.Struct, frozen=True, kw_only=True):
+    """A TE of the group the decision did not rank, and why (failed this job, set aside,
+    refused this sweep, the other subgroup, over the load bound): `replay why` lists them."""
+
+    te: str
+    subgroup: Subgroup
+    reason: str
 
 
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,11 +72,20 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     heatmap_cell: HeatmapCell | None = None
     predicted_bucket: int | None = None
     decode_ratio: float | None = None  # predicted decode length / prefill length
+    # the Ranked fields the order compares, most significant first (ties beyond them: TE name;
+    # empty: an order that compares no field, round robin's turn)
+    order_by: tuple[str, ...] = ()
+    excluded: tuple[Excluded, ...] = ()  # TEs of the group not ranked, with the reason
 
 
 def ranked(cands: list[Candidate] | tuple[Candidate, ...]) -> tuple[Ranked, ...]:
-    return tuple(Ranked(te=c.te, subgroup=c.subgroup, load=c.load, prefix_blocks=c.prefix_blocks)
-                 for c in cands)
+    return tuple(Ranked(te=c.te, subgroup=c.subgroup, load=c.load, prefix_blocks=c.prefix_blocks,
+                        decode_load=c.decode_load) for c in cands)
+
+
+def pair_load(c: Candidate) -> int:
+    """Open tasks a choice of `c` adds to: a colocated TE's own, a PD pair's both sides."""
+    return c.load + c.decode_load
 
 
 def need_candidates(cands: tuple[Candidate, ...] | list[Candidate], policy: str) -> None:

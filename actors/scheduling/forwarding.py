@@ -13,6 +13,25 @@ import msgspec
 
 from .decision import Candidate
 
+# The refusals that mean "busy now, ask again" (the master's bounded queue, the TE shell's
+# dispatch queue). Every other refusal is permanent for that TE ("device lost: ...", a model it
+# does not serve, a prompt it cannot hold): re-offering cannot succeed, so the JE sets the TE
+# aside instead of sweeping it again until the TTFT deadline.
+BUSY_REFUSALS = ("queue full", "TE dispatch queue full")
+
+
+# The permanent refusals about the TE itself rather than the task: no other task should be
+# offered to it either for a while (`PrefillSetAside`, as after a failed KV transfer).
+TE_DOWN_REFUSALS = ("device lost", "model:", "no DP group answered")
+
+
+def is_busy(reason: str) -> bool:
+    return reason.startswith(BUSY_REFUSALS)
+
+
+def te_down(reason: str) -> bool:
+    return reason.startswith(TE_DOWN_REFUSALS)
+
 
 class ForwardingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     mode: str = "on_demand"  # or "local_queue": the TE queues (the baseline P/D-Serve replaces)

@@ -13,4 +13,5 @@ def select_least_load(req: RouteRequest, cands: tuple[Candidate, ...]) -> Decisi
     need_candidates(cands, "least_load")
     order = by_load(cands)
     return Decision(policy="least_load", chosen=order[0].te, subgroup=order[0].subgroup,
-                    ranked=ranked(order), reason=f"fewest open tasks ({order[0].load})")
+                    ranked=ranked(order), reason=f"fewest open tasks ({order[0].load})",
+                    order_by=("load",))

@@ -11,7 +11,7 @@ import msgspec
 
 from .decision import Candidate, Decision, RouteRequest, need_candidates, ranked
 from .least_load import by_load
-from .locality import by_prefix
+from .locality import PREFIX_ORDER, by_prefix
 
 
 class LoadAwareParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -32,11 +32,11 @@ def select_load_aware(req: RouteRequest, cands: tuple[Candidate, ...], p: LoadAw
     need_candidates(cands, policy)
     spread = imbalance(cands)
     if spread > p.threshold:
-        order = by_load(cands)
+        order, key = by_load(cands), ("load",)
         why = f"imbalance {spread} > threshold {p.threshold}: least loaded ({order[0].load} open)"
     else:
-        order = by_prefix(cands)
+        order, key = by_prefix(cands), PREFIX_ORDER
         why = (f"imbalance {spread} <= threshold {p.threshold}: longest prefix "
                f"({order[0].prefix_blocks} of {req.prompt_blocks} blocks)")
     return Decision(policy=policy, params={"threshold": float(p.threshold)}, chosen=order[0].te,
-                    subgroup=order[0].subgroup, ranked=ranked(order), reason=why, imbalance=spread)
+                    subgroup=order[0].subgroup, ranked=ranked(order), reason=why, imbalance=spread, order_by=key)

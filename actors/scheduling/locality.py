@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import msgspec
 
-from .decision import Candidate, Decision, RouteRequest, need_candidates, ranked
+from .decision import Candidate, Decision, Excluded, RouteRequest, need_candidates, ranked
 
 HBM, DRAM, ROUTED = 1, 2, 4
 MEDIUM_BITS = {"HBM": HBM, "DRAM": DRAM, "GPU": HBM, "CPU": DRAM, None: HBM}
@@ -140,16 +140,45 @@ class PromptTree(msgspec.Struct, kw_only=True):
         return out
 
 
-def by_prefix(cands: tuple[Candidate, ...]) -> list[Candidate]:
+def by_prefix(cands: tuple[Candidate, ...] | list[Candidate]) -> list[Candidate]:
     """Longest prefix first; among equals the least loaded, then name (deterministic)."""
     return sorted(cands, key=lambda c: (-c.prefix_blocks, c.load, c.te))
 
 
-def select_locality(req: RouteRequest, cands: tuple[Candidate, ...]) -> Decision:
+PREFIX_ORDER = ("-prefix_blocks", "load")  # Decision.order_by of by_prefix
+
+
+class LocalityParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    # A TE with more than this many open tasks above the least-loaded candidate is not preferred
+    # for its cache: without a bound every request sharing a first block (a system prompt) herds
+    # onto the one TE that holds it (Mooncake: a 1-hour trace took 5.9 virtual hours).
+    load_bound: int = 4
+
+    def __post_init__(self) -> None:
+        if self.load_bound < 0:
+            raise ValueError(f"scheduling.params.load_bound: must be >= 0, got {self.load_bound}")
+
+
+def within_bound(cands: tuple[Candidate, ...], bound: int) -> tuple[list[Candidate], list[Excluded]]:
+    """(the candidates within `bound` open tasks of the least loaded, the others with why)."""
+    floor = min(c.load for c in cands)
+    keep = [c for c in cands if c.load <= floor + bound]
+    over = [Excluded(te=c.te, subgroup=c.subgroup,
+                     reason=f"over the load bound: {c.load} open > least {floor} + load_bound {bound}")
+            for c in cands if c.load > floor + bound]  # fmt: skip
+    return keep, over
+
+
+def select_locality(req: RouteRequest, cands: tuple[Candidate, ...],
+                    p: LocalityParams = LocalityParams()) -> Decision:  # noqa: B008 (frozen)
     need_candidates(cands, "locality")
-    order = by_prefix(cands)
+    keep, over = within_bound(cands, p.load_bound)
+    order = by_prefix(keep)
     best = order[0]
     why = (f"longest common prefix: {best.prefix_blocks} of {req.prompt_blocks} blocks"
            if best.prefix_blocks else "no TE holds a prefix: least loaded")
-    return Decision(policy="locality", chosen=best.te, subgroup=best.subgroup, ranked=ranked(order),
-                    reason=why)
+    if over:
+        why += f" among the {len(keep)} TEs within load_bound {p.load_bound} of the least loaded"
+    return Decision(policy="locality", params={"load_bound": float(p.load_bound)}, chosen=best.te,
+                    subgroup=best.subgroup, ranked=ranked(order), reason=why, order_by=PREFIX_ORDER,
+                    excluded=tuple(over))

@@ -30,10 +30,35 @@ def test_least_load_picks_fewest_open_tasks_ties_by_name() -> None:
 
 
 def test_locality_picks_longest_prefix_then_load() -> None:
-    d = Policy("locality").select(REQ, cands(("a", 0, 2), ("b", 5, 6), ("c", 1, 6)), 0)
+    d = Policy("locality", {"load_bound": 5}).select(REQ, cands(("a", 0, 2), ("b", 5, 6), ("c", 1, 6)), 0)
     assert d.chosen == "c"  # 6 blocks on b and c; c is less loaded
     assert [(r.te, r.prefix_blocks) for r in d.ranked] == [("c", 6), ("b", 6), ("a", 2)]
-    assert "6 of 8" in d.reason
+    assert "6 of 8" in d.reason and d.order_by == ("-prefix_blocks", "load")
+
+
+def test_locality_does_not_herd_past_its_load_bound() -> None:
+    """Every request sharing a first block went to the one TE holding it, however loaded."""
+    hot = cands(("a", 9, 8), ("b", 4, 3), ("c", 0, 0))
+    d = Policy("locality").select(REQ, hot, 0)  # default load_bound 4: a (9 > 0 + 4) is out
+    assert d.chosen == "b" and d.params == {"load_bound": 4.0}
+    assert [e.te for e in d.excluded] == ["a"] and "load_bound 4" in d.excluded[0].reason
+    assert Policy("locality", {"load_bound": 9}).select(REQ, hot, 0).chosen == "a"
+    with pytest.raises(ValueError, match="load_bound"):
+        Policy("locality", {"load_bound": -1})
+
+
+def test_pd_aware_and_combined_bound_the_load_on_the_heatmaps_subgroup() -> None:
+    """The heatmap says PD; the one pair is busy decoding (decode_load): colocated takes it."""
+    busy_pair = (cands(("co/0", 1, 0), ("co/1", 2, 0))
+                 + (Candidate(te="p/0", subgroup="pd", load=0, decode_load=9),))
+    long_short = RouteRequest(request_id="r", prompt_tokens=4096, predicted_bucket=0)
+    for name in ("pd_aware", "combined"):
+        d = Policy(name, heatmap=HEAT).select(long_short, busy_pair, 0)
+        assert (d.subgroup, d.chosen) == ("colocated", "co/0"), name
+        assert "subgroup_load_bound 4" in d.reason
+        assert [(e.te, e.reason) for e in d.excluded] == [("p/0", "not in the chosen subgroup (colocated)")]
+        relaxed = Policy(name, {"subgroup_load_bound": 8}, heatmap=HEAT).select(long_short, busy_pair, 0)
+        assert relaxed.chosen == "p/0"
 
 
 def test_load_aware_keeps_locality_when_balanced_else_least_loaded() -> None:
