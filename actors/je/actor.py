@@ -29,14 +29,14 @@ from deepserve.actors.flowserve.messages import (
 )
 from deepserve.actors.flowserve.rtc.kv_events import KVEventBatch
 from deepserve.actors.scheduling import Candidate, Decision, Policy, RouteRequest
-from deepserve.actors.scheduling.decision import ranked
-from deepserve.actors.scheduling.forwarding import next_offer
+from deepserve.actors.scheduling.decision import Excluded, ranked
+from deepserve.actors.scheduling.forwarding import is_busy, next_offer, te_down
 from deepserve.actors.scheduling.least_load import select_least_load
 from deepserve.actors.scheduling.predictor import DecodeLengthTree, features
 from deepserve.actors.workload.messages import EndOfRun, RequestDone
 from deepserve.core import Actor, Context, Event, Message
 
-from . import failover
+from . import failover, routing
 from .config import MAX_BATCH_ITEMS, MAX_JOBS, JeConfig
 from .messages import (
     AcceptTimeout,
@@ -60,6 +60,7 @@ from .messages import (
     PrefillSetAside,
     PrefillWaiting,
     RouteDecided,
+    RouteQueued,
     SubmitBatch,
     SweepMissed,
     SweepTick,
@@ -143,22 +144,19 @@ class JobExecutor(Actor[JeState]):
             done = _done(m.request_id, "failed", f"JE holds {MAX_JOBS} jobs already", arrival, ctx.now())
             ctx.send(m.reply_to, done, corr=m.request_id)
             return
-        bucket = m.predicted_bucket if m.predicted_bucket is not None else self._predict(m)
+        match = routing.group_match(self.state, m.model, m.prompt.block_hashes)  # the decision's one walk
+        bucket = m.predicted_bucket if m.predicted_bucket is not None else self._predict(m, match)
         ctx.record(JobAccepted(request_id=m.request_id, model=m.model, prompt=m.prompt,
                                sampling=m.sampling, reply_to=m.reply_to, arrival_s=arrival,
                                predicted_bucket=bucket, stream=m.stream))  # fmt: skip
-        self._dispatch(ctx, m.request_id, self.state.jobs[m.request_id], "chat", 1)
+        self._dispatch(ctx, m.request_id, self.state.jobs[m.request_id], "chat", 1, match=match)
 
-    def _predict(self, m: JobRequest) -> int | None:
+    def _predict(self, m: JobRequest, match: dict[str, int]) -> int | None:
         """The decode-length bucket from what is known at arrival: the prompt length and the
-        longest prefix any TE of the model holds (the global prompt tree)."""
+        longest prefix any TE of the model holds (`match`: the global prompt tree's walk)."""
         if self.predictor is None:
             return None
-        tree = self.state.trees.get(m.model)
-        seen = 0
-        if tree is not None:
-            tes = [te for tes in self.state.groups.get(m.model, {}).values() for te in tes]
-            seen = max(tree.match(m.prompt.block_hashes, tes).values(), default=0)
+        seen = max(match.values(), default=0)
         return self.predictor.predict(features(m.prompt.num_tokens, seen * self.cfg.kv_block_tokens))
 
     def _batch(self, ctx: Context, m: SubmitBatch) -> None:
@@ -196,29 +194,24 @@ class JobExecutor(Actor[JeState]):
 
     # ---- routing -------------------------------------------------------------------------------
     def _candidates(self, j: Job, roles: tuple[str, ...], now: float = -1.0) -> tuple[Candidate, ...]:
-        """The TEs of `roles` that may take the job's next task; with `now`, a prefill TE set
-        aside (its KV failed to arrive, `PrefillSetAside`) only when no other TE is left."""
-        out = self._candidates_of(j, roles, self.state.set_aside if now >= 0 else {}, now)
-        if not out and now >= 0 and self.state.set_aside:
-            out = self._candidates_of(j, roles, {}, now)
-        return out
+        return routing.candidates(self.state, j, roles, now)[0]
 
-    def _candidates_of(self, j: Job, roles: tuple[str, ...], aside: dict[str, float],
-                       now: float) -> tuple[Candidate, ...]:  # fmt: skip
+    def decide(self, rid: str, j: Job, now: float, match: dict[str, int] | None = None) -> Decision | None:
+        """The policy's choice for the job's chat-or-prefill task (None: no TE), with every TE it
+        did not rank and why. Pure: `deepserve bench routing` times it."""
+        # a prefill is of use only with a decode TE to take its KV: when every decode TE has
+        # failed this job, its retry goes to a colocated TE
         s = self.state
-        group = s.groups.get(j.model, {})
-        tree = s.trees.get(j.model)
-        out: list[Candidate] = []
-        for role in roles:
-            tes = [te for te in group.get(role, []) if te not in j.excluded
-                   and not (role == "prefill" and aside.get(te, -1.0) > now)]  # fmt: skip
-            match = tree.match(j.prompt.block_hashes, tes) if tree is not None and role != "decode" else {}
-            sub = "colocated" if role == "colocated" else "pd"
-            out += [Candidate(te=te, subgroup=sub, load=s.open.get(te, 0),  # type: ignore[arg-type]
-                              prefix_blocks=match.get(te, 0)) for te in tes]
-        return tuple(out)
+        decodes = not j.excluded or routing.candidates(s, j, ("decode",))[0]
+        roles = ("colocated", "prefill") if decodes else ("colocated",)
+        cands, gone = routing.candidates(s, j, roles, now, match)
+        if not cands:
+            return None
+        d = self.policy.select(self._route_req(rid, j), cands, s.turns)
+        return msgspec.structs.replace(d, excluded=d.excluded + gone) if gone else d
 
-    def _dispatch(self, ctx: Context, rid: str, j: Job, phase: str, attempt: int, last: str = "") -> None:
+    def _dispatch(self, ctx: Context, rid: str, j: Job, phase: str, attempt: int, last: str = "",
+                  match: dict[str, int] | None = None) -> None:  # fmt: skip
         if j.cancelled:
             self._finish(ctx, rid, j, "cancelled", j.cancelled)
             return
@@ -226,19 +219,18 @@ class JobExecutor(Actor[JeState]):
             cands = self._candidates(j, ("decode",))
             decision = select_least_load(self._route_req(rid, j), cands) if cands else None
         elif phase == "prefill" and self.cfg.forwarding.mode == "on_demand" and j.refused:
-            decision = self._offer(ctx, rid, j)
-            if decision is None:
+            offered = self._offer(ctx, rid, j)
+            if offered is None:
                 return
+            phase, decision = offered
         else:
-            # a prefill is of use only with a decode TE to take its KV: when every decode TE has
-            # failed this job, its retry goes to a colocated TE
-            roles = ("colocated", "prefill") if not j.excluded or self._candidates(j, ("decode",)) else ("colocated",)
-            cands = self._candidates(j, roles, ctx.now())
-            decision = self.policy.select(self._route_req(rid, j), cands, self.state.turns) if cands else None
+            decision = self.decide(rid, j, ctx.now(), match)
             if decision is not None:
                 phase = "prefill" if decision.subgroup == "pd" else "chat"
                 if phase == "prefill" and self.cfg.forwarding.mode == "on_demand" and self.state.waiting:
-                    self._wait(ctx, rid, j, f"{len(self.state.waiting)} prefill tasks wait before it")
+                    why = f"{len(self.state.waiting)} prefill tasks wait before it"
+                    ctx.record(RouteQueued(request_id=rid, decision=decision, reason=why))
+                    self._wait(ctx, rid, j, why, front=j.waited)
                     return
         if decision is None and not last and j.model not in self.state.groups:
             if rid not in self.state.parked:
@@ -270,11 +262,21 @@ class JobExecutor(Actor[JeState]):
         ), corr=rid)  # fmt: skip
         ctx.after(self.cfg.forwarding.accept_timeout_s, AcceptTimeout(task_id=tid), key=f"acc/{tid}")
 
-    def _offer(self, ctx: Context, rid: str, j: Job) -> Decision | None:
-        """On-demand forwarding: the next prefill after a refusal, or a wait, or the timeout."""
-        cands = self._candidates(j, ("prefill",), ctx.now())
-        fw = self.cfg.forwarding
-        offer = next_offer(cands, tuple(j.refused), ctx.now(), j.arrival_s, fw)
+    def _offer(self, ctx: Context, rid: str, j: Job) -> tuple[str, Decision] | None:
+        """On-demand forwarding: the next prefill after a refusal, or a wait, or the timeout;
+        with no prefill able to take the task (each set aside or refused it for good), the
+        colocated subgroup now rather than at the TTFT deadline."""
+        now, fw, s = ctx.now(), self.cfg.forwarding, self.state
+        cands, gone = routing.candidates(s, j, ("prefill",), now, fallback=False)
+        if not cands:
+            colo, cgone = routing.candidates(s, j, ("colocated",), now)
+            if colo:
+                d = self.policy.select(self._route_req(rid, j), colo, s.turns)
+                why = f"no prefill TE can take it ({', '.join(e.te for e in gone) or 'none in the group'})"
+                return "chat", msgspec.structs.replace(d, reason=f"{why}: colocated subgroup; {d.reason}",
+                                                       excluded=d.excluded + gone + cgone)  # fmt: skip
+            cands, gone = routing.candidates(s, j, ("prefill",), now)  # the set-aside ones: a last resort
+        offer = next_offer(cands, tuple(j.refused), now, j.arrival_s, fw)
         if offer.stop:
             self._finish(ctx, rid, j, "failed", f"timeout: {offer.stop}")
             return None
@@ -282,9 +284,13 @@ class JobExecutor(Actor[JeState]):
             self._wait(ctx, rid, j, "every prefill refused", front=j.waited, missed=j.waited)
             return None
         order = sorted((c for c in cands if c.te not in j.refused), key=lambda c: (c.load, c.te))
-        return Decision(policy="on_demand", params={"ttft_deadline_s": fw.ttft_deadline_s},
-                        chosen=offer.te, subgroup="pd", ranked=ranked(order),
-                        reason=f"refused by {', '.join(j.refused)}: next fewest open streams")
+        busy = tuple(Excluded(te=c.te, subgroup="pd", reason="refused this sweep (busy)")
+                     for c in cands if c.te in j.refused)  # fmt: skip
+        why = (f"refused by {', '.join(j.refused)} this sweep: next fewest open streams" if j.refused else
+               f"a new sweep (the last one refused by {', '.join(j.last_refused) or 'none'}): fewest open streams")
+        return "prefill", Decision(policy="on_demand", params={"ttft_deadline_s": fw.ttft_deadline_s},
+                                   chosen=offer.te, subgroup="pd", ranked=ranked(order), reason=why,
+                                   order_by=("load",), excluded=busy + gone)  # fmt: skip
 
     # ---- on-demand forwarding: the JE-side wait, batch forwarding, bounded sweeps -------------
     def _wait(self, ctx: Context, rid: str, j: Job, reason: str, front: bool = False, missed: bool = False) -> None:
@@ -322,7 +328,8 @@ class JobExecutor(Actor[JeState]):
         if te in j.excluded or te not in s.groups.get(j.model, {}).get("prefill", ()) \
                 or s.set_aside.get(te, -1.0) > ctx.now():
             return
-        cand = Candidate(te=te, subgroup="pd", load=s.open.get(te, 0))
+        held = routing.group_match(s, j.model, j.prompt.block_hashes).get(te, 0)
+        cand = Candidate(te=te, subgroup="pd", load=s.open.get(te, 0), prefix_blocks=held)
         decision = Decision(policy="batch_forwarding", params={}, chosen=te, subgroup="pd",
                             ranked=ranked([cand]), reason=f"{te} is taking work: the oldest of "
                             f"{len(s.waiting)} waiting prefill tasks, until it refuses")  # fmt: skip
@@ -335,9 +342,9 @@ class JobExecutor(Actor[JeState]):
         if oldest is None:
             return
         rid, j = oldest
-        decision = self._offer(ctx, rid, j)
-        if decision is not None:
-            self._send(ctx, rid, j, "prefill", j.attempt + 1, decision)
+        offered = self._offer(ctx, rid, j)
+        if offered is not None:
+            self._send(ctx, rid, j, offered[0], j.attempt + 1, offered[1])
 
     def _oldest_waiting(self, ctx: Context) -> tuple[str, Job] | None:
         """The oldest waiting prefill task still inside its TTFT deadline; the ones past it are
@@ -389,9 +396,12 @@ class JobExecutor(Actor[JeState]):
         rid, j = cur
         ctx.cancel(f"acc/{m.task_id}")
         if j.phase == "prefill" and self.cfg.forwarding.mode == "on_demand":
-            te, fed = j.te, j.fed
-            ctx.record(OfferRefused(request_id=rid, task_id=m.task_id, te=te, reason=m.reason))
-            if fed:  # batch forwarding ends at the first refusal; the task is the oldest again
+            te, fed, busy = j.te, j.fed, is_busy(m.reason)
+            ctx.record(OfferRefused(request_id=rid, task_id=m.task_id, te=te, reason=m.reason, permanent=not busy))
+            if te_down(m.reason) and self.cfg.kv_fail_cooldown_s > 0:  # no other job offers it either
+                ctx.record(PrefillSetAside(te=te, until_s=ctx.now() + self.cfg.kv_fail_cooldown_s,
+                                           reason=f"refused {m.task_id}: {m.reason}"))  # fmt: skip
+            if fed and busy:  # batch forwarding ends at the first refusal; the task is the oldest again
                 self._wait(ctx, rid, j, f"{te} refused: it is busy", front=True)
             else:
                 self._dispatch(ctx, rid, j, "prefill", j.attempt + 1)

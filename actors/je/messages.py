@@ -176,6 +176,18 @@ class OfferRefused(Event, frozen=True, kw_only=True):
     task_id: str
     te: str
     reason: str
+    # not "busy" (forwarding.is_busy): the TE cannot take this task at all (device lost, ...):
+    # the job never offers it again (`Job.excluded`), instead of once per sweep
+    permanent: bool = False
+
+
+class RouteQueued(Event, frozen=True, kw_only=True):
+    """The policy chose a prefill (its decision recorded whole) but older prefill tasks wait
+    in the JE, so this one joins the wait instead of being offered (P/D-Serve: oldest first)."""
+
+    request_id: str
+    decision: Decision
+    reason: str
 
 
 class PrefillWaiting(Event, frozen=True, kw_only=True):
@@ -264,6 +276,7 @@ class Job(msgspec.Struct, kw_only=True):
     decodes: int = 0  # decode tasks sent (more than one: a non-streamed job restarted)
     excluded: list[str] = []  # TEs that failed this job (not offered again)
     refused: list[str] = []  # on-demand: prefills that refused in the current sweep
+    last_refused: list[str] = []  # on-demand: who refused in the sweep before the task waited
     fed: bool = False  # on-demand: the current offer is batch forwarding to one prefill
     waited: bool = False  # on-demand: the task has waited in the JE (its deadline timer is set)
     first_token_s: float | None = None
@@ -298,6 +311,7 @@ class JeState(msgspec.Struct, kw_only=True):
     waiting: list[str] = []  # on-demand: prefill tasks no prefill took yet, oldest first
     sweep_misses: int = 0  # on-demand: fallback sweeps in a row that found no idle prefill
     set_aside: dict[str, float] = {}  # prefill TE -> until when it gets no new task (PrefillSetAside)
+    set_aside_why: dict[str, str] = {}  # prefill TE -> PrefillSetAside.reason (replay why, decisions)
     online: int = 0  # online jobs in flight
     completed: int = 0
     failed: int = 0

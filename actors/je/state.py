@@ -22,6 +22,7 @@ from .messages import (
     PrefillSetAside,
     PrefillWaiting,
     RouteDecided,
+    RouteQueued,
     SweepMissed,
     TaskAcked,
     TaskStreamed,
@@ -49,6 +50,8 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
         rid = e.request_id  # type: ignore[attr-defined]
         j = s.jobs[rid]
         _close(s, j.te)
+        if j.refused:
+            j.last_refused = j.refused
         j.te, j.phase, j.refused, j.fed, j.waited = "", "prefill", [], False, True
         if rid in s.waiting:
             s.waiting.remove(rid)
@@ -60,6 +63,10 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
         s.sweep_misses += 1
     elif t is PrefillSetAside:
         s.set_aside[e.te] = e.until_s  # type: ignore[attr-defined]
+        s.set_aside_why[e.te] = e.reason  # type: ignore[attr-defined]
+    elif t is RouteQueued:
+        if e.decision.policy == "round_robin":  # type: ignore[attr-defined]
+            s.turns += 1  # the turn was taken: the next request goes to the next candidate
     elif t is TaskStreamed:
         j = s.jobs[e.task_id.rpartition("/")[0]]  # type: ignore[attr-defined]
         j.streamed = True
@@ -70,7 +77,10 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
         j = s.jobs[e.request_id]  # type: ignore[attr-defined]
         _close(s, j.te)
         j.te = ""
-        if e.te:  # type: ignore[attr-defined]
+        if e.permanent:  # type: ignore[attr-defined]
+            if e.te not in j.excluded:  # type: ignore[attr-defined]
+                j.excluded.append(e.te)  # type: ignore[attr-defined]
+        elif e.te:  # type: ignore[attr-defined]
             j.refused.append(e.te)  # type: ignore[attr-defined]
         else:  # a whole sweep refused: the next offer starts again from the best
             j.refused = []

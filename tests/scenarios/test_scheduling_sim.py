@@ -8,6 +8,7 @@ import pytest
 from scenario_util import run, scenario, show
 
 from deepserve.adapters.scenario.loader import ScenarioError
+from deepserve.adapters.scenario.run import run_scenario
 
 N = 200
 
@@ -36,3 +37,40 @@ def test_bad_scheduling_section_names_the_key() -> None:
         scenario("pd-1p1d", "scheduling.policy=load_aware", "scheduling.params.treshold=3")
     with pytest.raises(ScenarioError, match="scheduling.heatmap"):
         scenario("pd-1p1d", "scheduling.policy=pd_aware", "scheduling.heatmap=/nonexistent.json")
+
+
+def test_a_crashed_prefill_npu_is_set_aside_and_its_work_goes_colocated(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 29 §4: on-demand forwarding read "device lost" as busy and re-offered every P/D
+    task to the dead prefill until the TTFT deadline (before this fix: 6 of 300 completed here,
+    31 with least_load) while the colocated TEs sat idle. Now the refusal sets the prefill aside,
+    the refused task goes to the colocated subgroup at once, and `replay why` says so."""
+    from deepserve.actors.ports.faults import NpuCrash
+    from deepserve.adapters.scenario.sched import Forwarding, Scheduling
+    from deepserve.benchmarks.policies import CLUSTERS, PREFILL_SLOTS, build_mixed, scenario_of
+    from deepserve.persistence import open_log, open_sink
+    from deepserve.replay.why import request_hops, why_lines
+
+    n, c = 300, CLUSTERS["fig7"]  # 2 colocated TEs (te/0, te/1) + a 1P1D pair (te/2 on hw/s1)
+    sch = Scheduling(policy="round_robin", forwarding=Forwarding(mode="on_demand", retry_backoff_s=0.05))
+    s = scenario_of(c, sch, "builtin:azure_conv_500", n, 1.0, 0)
+    log = tmp_path / "crash.db"
+    sink = open_sink(str(log), "async")
+    done: list = []
+    r = run_scenario(s, build=build_mixed(c, PREFILL_SLOTS), requests=n, on_done=done.append, sink=sink,
+                     faults=[(0.0, "hw/s1/npu0", NpuCrash())])
+    sink.close()
+    show("prefill crashed:", r.summary)
+    assert (r.summary["completed"], r.summary["failed"]) == (300, 0)
+    assert {d.te for d in done} == {"te/0", "te/1"}
+    reader = open_log(str(log), upgrade=False)
+    refused = None
+    for d in done:
+        hops = request_hops(reader, d.request_id)
+        if any(h["event"] == "OfferRefused" for h in hops):
+            refused = "\n".join(why_lines(hops))
+            break
+    assert refused is not None, "no request was ever offered to the dead prefill"
+    print(refused)
+    assert "te/2 refused" in refused and "device lost" in refused and "for good" in refused
+    assert "refused it for good" in refused.split("not ranked: te/2")[1]  # the retry's decision
+    assert "-> te/0" in refused.split("for good (not busy)")[1] or "-> te/1" in refused.split("for good (not busy)")[1]

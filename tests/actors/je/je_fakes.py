@@ -25,7 +25,8 @@ class ScriptedTe(Actor[dict]):
     answers), "fail_early" (fails before any token), "fail_late" (streams a token, then fails),
     "slots" (a prefill without a local queue: holds at most `n` tasks, refuses beyond),
     "stream" (streams its first token at once, then works normally), "kv_lost" (a decode whose
-    KV never arrives fails saying so; other tasks work)."""
+    KV never arrives fails saying so; other tasks work), "lost" (its device is lost: refuses every
+    task for good, as a master with a crashed NPU does)."""
 
     def __init__(self, behaviour: str = "ok", n: int = 0, tpot_s: float = 0.01) -> None:
         self.behaviour, self.n, self.tpot = behaviour, n, tpot_s
@@ -38,9 +39,13 @@ class ScriptedTe(Actor[dict]):
             b = self.behaviour
             if b == "dead":
                 return
+            if b == "lost":
+                why = "device lost: hw/s9/npu0: crashed: injected crash"
+                ctx.send(msg.reply_to, TaskRejected(task_id=msg.task_id, reason=why))
+                return
             full = b == "slots" and len(self.tasks) >= self.n
             if b == "reject" or full or (b == "reject_first" and self.seen <= self.n):
-                ctx.send(msg.reply_to, TaskRejected(task_id=msg.task_id, reason="no free slot"))
+                ctx.send(msg.reply_to, TaskRejected(task_id=msg.task_id, reason="queue full: no free slot"))
                 return
             ctx.send(msg.reply_to, TaskAccepted(task_id=msg.task_id, te=ctx.self, dp=0, master=ctx.self))
             self.tasks[msg.task_id] = msg

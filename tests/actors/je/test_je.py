@@ -252,7 +252,7 @@ def test_local_queue_mode_treats_a_refusal_as_a_task_failure() -> None:
     cfg = {"forwarding": {"mode": "local_queue"}}
     _, out = run(tes, {"prefill": ["p/0", "p/1"], "decode": ["d/0"]}, [job(0)], cfg)
     r = done_of(out)["r0"]
-    assert r.status == "failed" and "rejected by p/1: no free slot" in r.reason
+    assert r.status == "failed" and "rejected by p/1: queue full: no free slot" in r.reason
 
 
 def test_membership_push_removing_a_te_moves_its_tasks() -> None:
