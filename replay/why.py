@@ -24,6 +24,7 @@ from .common import ReplayError, first_few, pick_run
 HOP_TYPES = frozenset({
     "GatewayRouted", "GatewayRefused", "RouteDecided", "OfferRefused", "JeTaskEnded", "JePrefilled",
     "JobFinished", "RequestDispatched", "RequestPrefilled", "RequestFinished", "JobCancelRequested",
+    "PrefillWaiting", "RouteQueued",
 })  # fmt: skip
 TERMINAL = ("JobFinished", "RequestFinished")
 FAULT_SOURCES = frozenset({"ext/admin", "ext/fault"})  # `deepserve fault`/`scale`; a scenario's plan
@@ -120,8 +121,15 @@ def _hop_lines(h: dict[str, Any]) -> Iterator[str]:
     elif ev == "RouteDecided":
         yield from _decision_lines(at, who, h)
     elif ev == "OfferRefused":
-        yield (f"{at}  {who}: {h['te']} refused {h['task_id']}: {h['reason']}" if h["te"]
+        then = ("; for good (not busy): set aside, never offered this job again" if h.get("permanent")
+                else "; busy: the next prefill is offered")
+        yield (f"{at}  {who}: {h['te']} refused {h['task_id']}: {h['reason']}{then}" if h["te"]
                else f"{at}  {who}: every prefill refused this sweep; offering again after a pause")
+    elif ev == "PrefillWaiting":
+        yield (f"{at}  {who}: waits in the JE{' at the head of the queue' if h['front'] else ''} "
+               f"({h['reason']}): offered again when a prefill frees a slot, a sweep, or the TTFT deadline")
+    elif ev == "RouteQueued":
+        yield from _decision_lines(at, who, h, f"queued, not offered: {h['reason']}")
     elif ev == "JeTaskEnded" and h["status"] != "completed":
         yield f"{at}  {who}: task {h['task_id']} on {h['te']} {h['status']}: {h['reason']}"
     elif ev == "JobCancelRequested":  # when the client gave up (TTFT deadline, disconnect, stop)
@@ -143,11 +151,14 @@ def _hop_lines(h: dict[str, Any]) -> Iterator[str]:
         yield f"{at}  {who}: {d['status']} on {d['te'] or '-'}: {d['reason']}"
 
 
-def _decision_lines(at: str, who: str, h: dict[str, Any]) -> Iterator[str]:
+def _decision_lines(at: str, who: str, h: dict[str, Any], queued: str = "") -> Iterator[str]:
     d = h["decision"]
     params = ", ".join(f"{k}={v:g}" for k, v in sorted(d["params"].items()))
-    yield (f"{at}  JE {who}: {h['phase']} task {h['task_id']} -> {d['chosen']} "
-           f"[policy {d['policy']}{' (' + params + ')' if params else ''}]")
+    policy = f"[policy {d['policy']}{' (' + params + ')' if params else ''}]"
+    if queued:
+        yield f"{at}  JE {who}: the policy chose {d['chosen']} ({d['subgroup']}) {policy}; {queued}"
+    else:
+        yield f"{at}  JE {who}: {h['phase']} task {h['task_id']} -> {d['chosen']} {policy}"
     yield f"{'':14}why: {d['reason']}"
     facts = []
     if d.get("heatmap_cell"):
@@ -161,10 +172,34 @@ def _decision_lines(at: str, who: str, h: dict[str, Any]) -> Iterator[str]:
         facts.append(f"load imbalance {d['imbalance']}")
     if facts:
         yield f"{'':14}inputs: " + "; ".join(facts)
-    yield f"{'':14}candidates, best first:  rank  TE  subgroup  open tasks  prefix blocks"
-    for k, r in enumerate(d["ranked"], 1):
+    keys = [k.lstrip("-") for k in d.get("order_by") or ()]
+    ranked = d["ranked"]
+    yield (f"{'':14}candidates, best first (ordered by {', '.join(keys) or 'turn'}):  rank  TE  subgroup  "
+           "open tasks  prefix blocks  [decode side's open tasks]")
+    for k, r in enumerate(ranked, 1):
         mark = "  <- chosen" if r["te"] == d["chosen"] else ""
-        yield f"{'':16}{k:>3}. {r['te']:<12} {r['subgroup']:<9} load {r['load']:>4}  prefix {r['prefix_blocks']:>5}{mark}"
+        if k > 1 and keys and all(r[f] == ranked[0][f] for f in keys):
+            mark = "  = tie with the chosen"
+        dec = f"  decode {r['decode_load']:>4}" if r.get("decode_load") else ""
+        yield (f"{'':16}{k:>3}. {r['te']:<12} {r['subgroup']:<9} load {r['load']:>4}  prefix "
+               f"{r['prefix_blocks']:>5}{dec}{mark}")
+    if ranked:
+        yield f"{'':14}{_margin(ranked, keys)}"
+    for e in d.get("excluded") or ():
+        yield f"{'':16}not ranked: {e['te']:<12} {e['subgroup']:<9} {e['reason']}"
+
+
+def _margin(ranked: list[dict[str, Any]], keys: list[str]) -> str:
+    """How far the chosen TE was ahead of the runner-up on the fields the order compares."""
+    if len(ranked) < 2:
+        return "the only candidate"
+    a, b = ranked[0], ranked[1]
+    if not keys:
+        return f"runner-up {b['te']}: the order compares no score (the turn decided)"
+    for f in keys:
+        if a[f] != b[f]:
+            return f"margin to the runner-up {b['te']}: {f} {a[f]} vs {b[f]}"
+    return f"tie with the runner-up {b['te']} on {', '.join(keys)}: broken by TE name"
 
 
 def run_why(reader: LogReader, request_id: str, run_id: str | None, as_json: bool) -> int:

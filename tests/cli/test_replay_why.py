@@ -17,7 +17,7 @@ from deepserve.actors.flowserve.messages import Prompt, Sampling  # noqa: E402
 from deepserve.actors.gateway.actor import Gateway  # noqa: E402
 from deepserve.actors.gateway.messages import ApiRequest  # noqa: E402
 from deepserve.actors.je.actor import JobExecutor  # noqa: E402
-from deepserve.actors.je.messages import CancelJob, TeGroupMembership  # noqa: E402
+from deepserve.actors.je.messages import CancelJob, JobRequest, TeGroupMembership  # noqa: E402
 from deepserve.core import SimDriver  # noqa: E402
 from deepserve.persistence import open_sink  # noqa: E402
 
@@ -58,7 +58,7 @@ def test_why_prints_the_path_and_the_numbers_that_decided(log: Path, tmp_path: P
     out = res.stdout
     assert out.startswith("request r0: completed")
     assert "gateway gw: admitted" in out and "drawn at random" in out
-    assert "policy combined (default_decode_tokens=256, threshold=8)" in out
+    assert "policy combined (default_decode_tokens=256, subgroup_load_bound=4, threshold=8)" in out
     assert "heatmap cell prefill>=0 ratio>=0 = -1.000" in out
     assert "task r0/chat.1 on c/0 failed: failed on c/0: NPU crashed" in out
     assert "r0/chat.2 -> c/1" in out and "<- chosen" in out
@@ -66,8 +66,45 @@ def test_why_prints_the_path_and_the_numbers_that_decided(log: Path, tmp_path: P
 
 def test_why_shows_the_pd_hops_and_the_refusal(log: Path, tmp_path: Path) -> None:
     out = deepserve("replay", "why", str(log), "r1", cwd=tmp_path).stdout
-    assert "= +0.500" in out and "p/0 refused r1/prefill.1: no free slot" in out
+    assert "= +0.500" in out and "p/0 refused r1/prefill.1: queue full: no free slot; busy" in out
     assert "policy on_demand" in out and "decode task r1/decode.1 -> d/0" in out
+
+
+def test_why_tells_the_whole_decision(log: Path, tmp_path: Path) -> None:
+    """Issue 29 §4: the colocated TEs of a PD decision were missing, a tie looked like a win."""
+    out = deepserve("replay", "why", str(log), "r1", cwd=tmp_path).stdout
+    first = out.split("r1/prefill.1 -> p/0")[1].split("refused")[0]
+    assert "not ranked: c/0          colocated not in the chosen subgroup (pd)" in first
+    assert "not ranked: c/1          colocated not in the chosen subgroup (pd)" in first
+    assert "= tie with the chosen" in first
+    assert "tie with the runner-up p/1 on prefix_blocks, load: broken by TE name" in first
+    offer = out.split("policy on_demand")[1]
+    assert "not ranked: p/0          pd        refused this sweep (busy)" in offer
+
+
+def test_why_shows_waits_and_the_policys_queued_choice(tmp_path: Path) -> None:
+    """A task queued behind older prefill tasks: the policy's own choice and the wait."""
+    from deepserve.persistence import open_log
+    from deepserve.replay.why import request_hops, why_lines
+
+    path = tmp_path / "queued.db"
+    sink = open_sink(str(path), "async")
+    d = SimDriver(5, sink=sink)
+    for addr, kw in {"c/0": {}, "p/0": {"behaviour": "reject"}, "d/0": {}}.items():
+        d.spawn(addr, ScriptedTe, **kw)
+    d.spawn("je/0", JobExecutor, config={"forwarding": {"ttft_deadline_s": 0.5}})
+    for role, members in {"colocated": ("c/0",), "prefill": ("p/0",), "decode": ("d/0",)}.items():
+        d.inject("je/0", TeGroupMembership(model="m", role=role, tes=members), at=0.0)  # type: ignore[arg-type]
+    for i in range(4):
+        d.inject("je/0", JobRequest(request_id=f"r{i}", model="m", prompt=Prompt(num_tokens=300),
+                                    sampling=Sampling(max_tokens=4), reply_to="ext/client"), at=0.01 * (i + 1))
+    d.run(until=5.0)
+    sink.close()
+    out = "\n".join(why_lines(request_hops(open_log(str(path), upgrade=False), "r3")))
+    assert "JE je/0: the policy chose p/0 (pd) [policy round_robin (turn=3)]; queued, not offered: " \
+           "1 prefill tasks wait before it" in out
+    assert "je/0: waits in the JE (1 prefill tasks wait before it)" in out
+    assert "request r3: failed (timeout: TTFT deadline 0.5s" in out
 
 
 def test_why_json_has_every_hop_with_the_decision_inputs(log: Path, tmp_path: Path) -> None:
