@@ -134,9 +134,7 @@ class ClusterManager(Actor[CmState]):
         elif isinstance(msg, TeBootFailed | PodFailed):
             self._failed(ctx, msg.te, msg.generation, f"boot failed: {msg.reason}")
         elif isinstance(msg, PodExited):
-            r = st.tes.get(msg.te)  # a registered TE is the heartbeat monitor's (see PodExited)
-            if r is not None and r.generation == msg.generation and r.state in ("starting", "replacing"):
-                self._failed(ctx, msg.te, msg.generation, f"boot failed: {msg.reason} during boot")
+            self._pod_exited(ctx, msg)
         elif isinstance(msg, BootTimeout):
             r = st.tes.get(msg.te)
             if r is not None and r.generation == msg.generation and r.state in ("starting", "replacing"):
@@ -176,6 +174,17 @@ class ClusterManager(Actor[CmState]):
         ctx.record(TePodUp(te=msg.te, generation=msg.generation, endpoint=msg.endpoint, duration_s=msg.duration_s))
         if msg.endpoint:
             self._directory(ctx, {msg.te: msg.endpoint, f"{msg.te}/": msg.endpoint}, ())
+
+    def _pod_exited(self, ctx: Context, msg: PodExited) -> None:
+        """The launcher saw the TE's process end: failed at once, booting or registered — not
+        after the heartbeats' misses, while the JEs still routed to a process that was gone."""
+        r = self.state.tes.get(msg.te)
+        if r is None or r.generation != msg.generation:
+            return
+        if r.state in ("starting", "replacing"):
+            self._failed(ctx, msg.te, msg.generation, f"boot failed: {msg.reason} during boot")
+        elif r.state in ("ready", "draining"):
+            self._failed(ctx, msg.te, msg.generation, f"its pod exited: {msg.reason}")
 
     def _failed(self, ctx: Context, te: str, generation: int, reason: str) -> None:
         r = self.state.tes.get(te)

@@ -12,8 +12,9 @@ duration and pushes the group's membership when the TE is ready (Scaler-Post, pr
 
 `StopPod` ends a pod the manager no longer wants (a failed TE before its replacement, a drained
 TE on scale-down); the launcher answers `PodStopped`. `KillPod` is a fault: the pod dies without
-telling anyone (single process: the TE's actors stop; processes mode: SIGKILL), so only the
-heartbeat monitor notices, exactly as with a crashed process.
+telling anyone, exactly as a crashed process (single process: the TE's actors stop and only the
+heartbeat monitor notices; processes mode: SIGKILL, which the supervisor reaps and reports as
+`PodExited`, as it does any crash).
 
 Two launchers implement this port (edge adapters, not the manager's business): in-process
 (`actors/cluster/pods.py: InProcessPods`, spawns the TE's actors in the same driver) and
@@ -102,9 +103,10 @@ class PodFailed(Message, frozen=True, kw_only=True):
 
 class PodExited(Message, frozen=True, kw_only=True):
     """The pod's process ended without being asked to, after `PodLaunched` (processes mode: the
-    supervisor reaped it). The manager acts on it only while the TE boots: no heartbeat watches a
-    TE before it registers, so without this a crash during TE-Load waits for the boot timeout. A
-    registered TE's crash stays the heartbeat monitor's to notice (a hung process sends nothing)."""
+    supervisor reaped it). The manager fails the TE at once: while it boots (no heartbeat watches
+    a TE before it registers; without this a crash during TE-Load waited for the boot timeout)
+    and once registered (without this the JEs routed to a dead process for the heartbeats'
+    misses). A hung process sends nothing: that one stays the heartbeat monitor's to notice."""
 
     pod_id: str
     te: str

@@ -9,9 +9,10 @@ bootstrap (`TeBoot`: TE-Pre-Load, weights through the host port, the TE shell, `
 
 A process that exits is reaped and reported (`ProcessExited`), and nothing here restarts it: a
 pod that dies before it came up answers `PodFailed`; one that dies on its own after is reported
-to the manager as `PodExited`, which fails the TE at once while it boots (no heartbeat watches
-it before it registers) and leaves a registered TE to the heartbeat monitor; either way the
-cluster manager decides the replacement and launches it through this port.
+to the manager as `PodExited`, which fails the TE at once, booting or registered (the heartbeat
+monitor is left the processes that hang without exiting); either way the cluster manager decides
+the replacement and launches it through this port. A process the supervisor stopped itself as
+the daemon shut down (`ProcessExited.shutdown`) is recorded gone and reported to nobody.
 
 `PodAgent` (at `{te}/pod`, in the TE process) starts the bootstrap and hands the cluster
 manager's directory (relayed here as `PeerRoutes`) to its process's transport.
@@ -155,7 +156,7 @@ class ProcessPods(Actor[ProcPodsState]):
         elif isinstance(msg, ProcessStartFailed) and msg.pod_id in pods:
             self._gone(ctx, msg.pod_id, 0, f"the process did not start: {msg.reason}")
         elif isinstance(msg, ProcessExited) and msg.pod_id in pods:
-            self._gone(ctx, msg.pod_id, msg.returncode, exit_reason(msg.returncode))
+            self._gone(ctx, msg.pod_id, msg.returncode, exit_reason(msg.returncode, msg.pid), msg.shutdown)
         elif isinstance(msg, StopPod):
             if msg.pod_id in pods:
                 self._signal(ctx, msg.pod_id, False, msg.reason)
@@ -204,11 +205,13 @@ class ProcessPods(Actor[ProcPodsState]):
         ctx.record(ProcPodStopping(pod_id=pid, kill=kill, reason=reason))
         ctx.send(SUPERVISOR, SignalProcess(pod_id=pid, kill=kill, reason=reason))
 
-    def _gone(self, ctx: Context, pid: str, returncode: int, reason: str) -> None:
+    def _gone(self, ctx: Context, pid: str, returncode: int, reason: str, shutdown: bool = False) -> None:
         pod = self.state.pods[pid]
         never_up = pod.phase == "starting"
         ctx.record(ProcPodGone(pod_id=pid, returncode=returncode, reason=reason, failed=never_up))
         m = pod.launch
+        if shutdown:
+            return  # the daemon stopped it on its way out: nothing to fail or replace
         if never_up:  # no heartbeat watches a pod that never came up: say so now
             ctx.send(pod.reply_to, PodFailed(pod_id=pid, te=m.te, generation=m.generation, reason=reason))
         elif pod.phase == "up" or (pod.killed and pod.pid):  # a crash, or `KillPod` (a crash on purpose)
@@ -225,7 +228,8 @@ class ProcessPods(Actor[ProcPodsState]):
                 ctx.send(f"{pod.launch.te}/pod", routes)
 
 
-def exit_reason(returncode: int) -> str:
+def exit_reason(returncode: int, pid: int = 0) -> str:
+    proc = f"the TE process (pid {pid})" if pid else "the TE process"
     if returncode < 0:
         import signal
 
@@ -233,8 +237,8 @@ def exit_reason(returncode: int) -> str:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = f"signal {-returncode}"
-        return f"the TE process was killed by {name}"
-    return f"the TE process exited with status {returncode}"
+        return f"{proc} was killed by {name}"
+    return f"{proc} exited with status {returncode}"
 
 
 class AgentState(msgspec.Struct, kw_only=True):

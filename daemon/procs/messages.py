@@ -48,11 +48,13 @@ class ProcessStartFailed(Message, frozen=True, kw_only=True):
 
 
 class ProcessExited(Message, frozen=True, kw_only=True):
-    """Supervisor → launcher: the pod's process was reaped (`returncode` < 0: killed by a signal)."""
+    """Supervisor → launcher: the pod's process was reaped (`returncode` < 0: killed by a signal).
+    `shutdown`: the supervisor itself stopped it as the daemon shut down (not a crash to replace)."""
 
     pod_id: str
     pid: int
     returncode: int
+    shutdown: bool = False
 
 
 class BootPod(Message, frozen=True, kw_only=True):

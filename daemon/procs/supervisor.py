@@ -1,7 +1,9 @@
 """The processes-mode supervisor: the imperative shell that starts, signals and reaps the TE
 processes the launcher actor (`launcher.py`) asks for, and reports what it saw back to it as
 external inputs. It never restarts anything on its own: a process that exits is reaped and
-reported, and the cluster's recovery path (heartbeats → cluster manager → `LaunchPod`) decides.
+reported at once (`ProcessExited` → launcher → `PodExited` → cluster manager, which fails the TE,
+pushes the membership so the JE stops routing to it, and launches its replacement); heartbeats
+remain for a process that hangs without exiting.
 
 Every child runs in its own session (a Ctrl-C in the terminal reaches only the daemon, which
 stops the children in order) and dies with its parent (te_host.py). `shutdown` SIGTERMs them
@@ -170,7 +172,8 @@ class Supervisor:
             return
         code = proc.returncode if proc.returncode is not None else await proc.wait()
         log.info("TE process exited", pod=child.pod_id, pid=proc.pid, returncode=code)
-        await self.inject(ProcessExited(pod_id=child.pod_id, pid=proc.pid, returncode=code))
+        # Reported the moment it is reaped: the manager fails the TE at once (no heartbeat wait)
+        await self.inject(ProcessExited(pod_id=child.pod_id, pid=proc.pid, returncode=code, shutdown=self.closing))
 
     async def _kill_after(self, child: Child, grace_s: float) -> None:
         await asyncio.sleep(grace_s)

@@ -110,10 +110,20 @@ def test_an_exit_is_recorded_reported_to_the_manager_and_nothing_restarts_it() -
     assert [type(m) for _, dst, m in out if dst == SUPERVISOR] == [SpawnProcess]  # no second spawn
     launched, exited = got(d, "cluster")  # the manager is told; replacing it is its decision
     assert isinstance(launched, PodLaunched) and isinstance(exited, PodExited)
-    assert (exited.pod_id, exited.generation, exited.reason) == ("te/0#g1", 1, "the TE process was killed by SIGKILL")
+    assert (exited.pod_id, exited.generation, exited.reason) == ("te/0#g1", 1,
+                                                                 "the TE process (pid 7) was killed by SIGKILL")
     st = d.actor("pods").state
     assert (st.pods, st.exited, st.failed) == ({}, 1, 0)
     assert exit_reason(-9) == "the TE process was killed by SIGKILL"
+
+
+def test_an_exit_at_the_daemons_shutdown_is_recorded_and_reported_to_nobody() -> None:
+    """The supervisor stopped it on the way out: not a crash the manager should replace."""
+    d, _out = cluster((0.0, launch()), (1.0, ProcessUp(pod_id="te/0#g1", pid=7, endpoint=EP, log="")),
+                      (5.0, ProcessExited(pod_id="te/0#g1", pid=7, returncode=0, shutdown=True)))  # fmt: skip
+    assert [type(m) for m in got(d, "cluster")] == [PodLaunched]
+    st = d.actor("pods").state
+    assert (st.pods, st.exited, st.failed) == ({}, 1, 0)
 
 
 @pytest.mark.parametrize("end", [ProcessExited(pod_id="te/0#g1", pid=7, returncode=1),

@@ -111,7 +111,7 @@ def test_a_boot_that_never_registers_times_out() -> None:
     assert st.tes["te/0"].history[-1]["reason"] == "not registered within 10s"
 
 
-def test_a_pod_that_dies_during_boot_is_replaced_at_once_and_after_registering_is_left_to_heartbeats() -> None:
+def test_a_pod_that_dies_during_boot_or_after_registering_is_failed_and_replaced_at_once() -> None:
     d, _ = run("crash", boot_timeout_s=50.0)
     st = d.actor("cluster").state
     assert {te: (r.generation, r.state) for te, r in st.tes.items()} == {"te/0": (2, "ready"), "te/1": (2, "ready")}
@@ -119,8 +119,17 @@ def test_a_pod_that_dies_during_boot_is_replaced_at_once_and_after_registering_i
     assert failed["reason"] == "boot failed: the TE process was killed by SIGKILL during boot"
     assert st.tes["te/0"].launched_s < 1.0  # replaced at once, not at the 50 s boot timeout
     late = PodExited(pod_id="te/0#g2", te="te/0", generation=2, reason="the TE process was killed by SIGKILL")
-    d2, _ = run("crash", boot_timeout_s=50.0, extra=((5.0, late),))  # te/0 registered at gen 2
-    assert d2.actor("cluster").state.tes["te/0"].generation == 2  # the heartbeat monitor's to notice
+    d2, out = run("crash", boot_timeout_s=50.0, extra=((5.0, late),))  # te/0 registered at gen 2
+    r = d2.actor("cluster").state.tes["te/0"]
+    assert (r.generation, r.state) == (3, "ready")  # failed when its process was reaped, not heartbeats later
+    (gen2,) = [h for h in r.history if h.get("generation") == 2]
+    assert gen2["reason"] == "its pod exited: the TE process was killed by SIGKILL"
+    assert r.launched_s == 5.0  # its replacement launched the moment the exit was reported
+    pushes = [m.tes for dst, m in out if isinstance(m, TeGroupMembership)]
+    assert ("te/1",) in pushes  # the JEs were told at once: they stop routing to it
+    stale = PodExited(pod_id="te/0#g1", te="te/0", generation=1, reason="late news")
+    d3, _ = run("crash", boot_timeout_s=50.0, extra=((5.0, stale),))  # an older generation's: ignored
+    assert d3.actor("cluster").state.tes["te/0"].generation == 2
     assert verify(MemoryLog(d2.sink)).identical  # type: ignore[arg-type]
 
 
