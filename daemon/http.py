@@ -19,13 +19,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deepserve.actors.flowserve.messages import Sampling
 from deepserve.actors.flowserve.tokens import combine, model_key
+from deepserve.actors.gateway.messages import REFUSED_429, is_refused
 from deepserve.actors.workload.messages import RequestDone
 from deepserve.adapters.tokenizer import chat_text, make_tokenizer, prompt_of_ids, prompt_of_text
 
 from .api import ChatRequest, CompletionRequest, error_body, route_error_body
 from .generation import Disconnected, Generation, GenerationFailed, first_item
 from .metrics import Metrics
-from .runtime import NoCapacity, Overloaded, Runtime
+from .runtime import NoCapacity, Runtime
 
 
 class HttpError(Exception):
@@ -131,8 +132,6 @@ class Frontend:
         sampling = self.sampling_of(req, rid)
         try:
             q = await rt.submit(rid, prompt, sampling, stream=bool(req.stream))
-        except Overloaded as exc:
-            raise HttpError(429, str(exc), "rate_limit_error", headers={"Retry-After": "1"}) from None
         except NoCapacity as exc:
             raise HttpError(503, str(exc), "service_unavailable") from None
         try:
@@ -154,6 +153,9 @@ class Frontend:
         except Disconnected:
             await rt.cancel(rid, "the client disconnected")
             return Response(status_code=499)
+        if isinstance(first, RequestDone) and is_refused(first.status, first.reason):  # recorded: GatewayRefused
+            raise HttpError(429, f"{first.reason.removeprefix(REFUSED_429)} (daemon.max_inflight)",
+                            "rate_limit_error", headers={"Retry-After": "1"})  # fmt: skip
         self.metrics.client_ttft(time.perf_counter() - t0)
         if isinstance(first, RequestDone) and first.status != "completed" and first.output_tokens == 0:
             status = 503 if first.status == "failed" else 500

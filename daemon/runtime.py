@@ -5,8 +5,8 @@ Actors: the emulated hardware, the control plane (cluster manager `cluster`, hea
 replacement), a JE and the gateway at `daemon.ingress`. The frontend never touches an actor: it
 injects `Arrive` into the gateway and `CancelJob` into the JEs (external inputs, logged with
 `src="ext/http"`), and reads what actors send outside — `TaskTokens` relayed by the JE to
-`ext/stream` and the one `RequestDone` per request (to `ext/metrics`, or a 429 refusal as a failed
-`RequestDone`) — demultiplexed here by request id into one bounded queue per open request. Admin
+`ext/stream` and the one `RequestDone` per request (to `ext/metrics`; the gateway's 429 refusal,
+recorded as `GatewayRefused`, is a failed `RequestDone` too: `is_refused`) — demultiplexed here by request id into one bounded queue per open request. Admin
 actions (faults, scaling) are external inputs too (`src="ext/admin"`). `status()` reads actor
 state without changing it.
 """
@@ -25,6 +25,7 @@ from deepserve.actors.cluster.messages import StopMonitor
 from deepserve.actors.flowserve.master.status import dp_load
 from deepserve.actors.flowserve.messages import Prompt, Sampling, TaskTokens
 from deepserve.actors.gateway.actor import Gateway
+from deepserve.actors.gateway.messages import is_refused
 from deepserve.actors.je.actor import JobExecutor
 from deepserve.actors.je.messages import CancelJob
 from deepserve.actors.ports.pod import TeSlot
@@ -49,10 +50,6 @@ LOG_FILE = "daemon.db"
 STREAM_QUEUE = 65_536  # tokens + the terminal message a slow client may have pending
 STREAM_ADDR = "ext/stream"  # where the JE relays output tokens (the frontend)
 JES = ("je/0",)
-
-
-class Overloaded(Exception):
-    """More requests in flight than `daemon.max_inflight` (HTTP 429)."""
 
 
 class NoCapacity(Exception):
@@ -184,11 +181,8 @@ class Runtime:
                      stream: bool = True) -> asyncio.Queue[Any]:  # fmt: skip
         if not self.accepting or self.driver is None:
             raise NoCapacity("the daemon is shutting down")
-        if len(self.streams) >= self.cfg.daemon.max_inflight:
-            self.counts["rejected_429"] += 1
-            if self.on_rejected is not None:
-                self.on_rejected()
-            raise Overloaded(f"{len(self.streams)} requests in flight (daemon.max_inflight)")
+        # Admission is the gateway's (`max_inflight_per_model` = daemon.max_inflight): a refusal
+        # is recorded there (`GatewayRefused`) and comes back as the request's one terminal state.
         q: asyncio.Queue[Any] = asyncio.Queue(STREAM_QUEUE)
         self.streams[request_id] = q
         self.counts["accepted"] += 1
@@ -216,11 +210,17 @@ class Runtime:
                 q.put_nowait(msg)
         elif isinstance(msg, RequestDone):
             q = self.streams.pop(msg.request_id, None)
-            self.counts[msg.status] = self.counts.get(msg.status, 0) + 1
-            log.info("request finished", request_id=msg.request_id, actor=msg.te, status=msg.status,
-                     reason=msg.reason, output_tokens=msg.output_tokens)  # fmt: skip
-            if self.on_done is not None:
-                self.on_done(msg)
+            if is_refused(msg.status, msg.reason):  # over daemon.max_inflight: HTTP 429
+                self.counts["rejected_429"] += 1
+                self.counts["accepted"] -= 1
+                if self.on_rejected is not None:
+                    self.on_rejected()
+            else:
+                self.counts[msg.status] = self.counts.get(msg.status, 0) + 1
+                log.info("request finished", request_id=msg.request_id, actor=msg.te, status=msg.status,
+                         reason=msg.reason, output_tokens=msg.output_tokens)  # fmt: skip
+                if self.on_done is not None:
+                    self.on_done(msg)
             if q is not None:
                 if q.full():
                     q.get_nowait()  # the terminal message must arrive: drop a token instead

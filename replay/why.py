@@ -103,6 +103,8 @@ def why_lines(hops: list[dict[str, Any]]) -> Iterator[str]:
         yield (f"request {rid}: {d['status']} ({d['reason']}) — {ttft}JCT "
                f"{1e3 * (d['finish_s'] - d['arrival_s']):.1f} ms, {d['prompt_tokens']} prompt tokens "
                f"({d['cached_prompt_tokens']} cached), {d['output_tokens']} output tokens")
+    elif (refused := next((h for h in hops if h["event"] == "GatewayRefused"), None)) is not None:
+        yield f"request {rid}: refused (429) by the gateway, never admitted: {refused['reason']}"
     else:
         yield f"request {rid}: not terminal in this log"
     for h in hops:

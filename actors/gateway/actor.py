@@ -20,6 +20,7 @@ from deepserve.actors.workload.messages import METRICS_ADDR, Arrive, EndOfRun, R
 from deepserve.core import Actor, Context, Event, Message
 
 from .messages import (
+    REFUSED_429,
     ApiRequest,
     Client,
     GatewayDone,
@@ -102,7 +103,7 @@ class Gateway(Actor[GatewayState]):
                 ctx.send(reply_to, Refused(request_id=rid, retry_after_s=cfg.retry_after_s, reason=why), corr=rid)
             else:
                 ctx.send(reply_to, RequestDone(
-                    request_id=rid, status="failed", reason=f"429 refused: {why}", arrival_s=ctx.now(),
+                    request_id=rid, status="failed", reason=f"{REFUSED_429}{why}", arrival_s=ctx.now(),
                     first_token_s=None, finish_s=ctx.now(), prompt_tokens=0, cached_prompt_tokens=0,
                     output_tokens=0, te=""), corr=rid)  # fmt: skip
             return

@@ -7,6 +7,15 @@ import msgspec
 from deepserve.actors.flowserve.messages import Prompt, Sampling
 from deepserve.core.messages import Event, Message
 
+# How the reason of an `Arrive` the gateway refused starts (its failed `RequestDone`): the
+# daemon's frontend answers such a request 429 with Retry-After (`is_refused`).
+REFUSED_429 = "429 refused: "
+
+
+def is_refused(status: str, reason: str) -> bool:
+    """A terminal state that is the gateway's admission refusal (nothing ran)."""
+    return status == "failed" and reason.startswith(REFUSED_429)
+
 
 class ApiRequest(Message, frozen=True, kw_only=True):
     """An API request from the HTTP layer; the answer is one `RequestDone`, or `Refused`."""
