@@ -465,7 +465,9 @@ class JobExecutor(Actor[JeState]):
             self._finish(ctx, rid, j, "cancelled", j.cancelled)
             return
         if j.stream and (j.streamed or phase == "decode"):  # the client has seen output
-            self._finish(ctx, rid, j, "failed", f"{phase} task failed after output streamed: {reason}")
+            # "chat" is the colocated task's kind, whatever the API: a completion's said "chat task"
+            what = "generation (prefill and decode)" if phase == "chat" else phase
+            self._finish(ctx, rid, j, "failed", f"its {what} task failed after output streamed: {reason}")
             return
         # Nothing reached the client (a non-streaming one sees output only at the end): retry. A
         # failed decode starts over from a new prefill (its KV went with the decode); the tokens

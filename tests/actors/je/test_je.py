@@ -102,6 +102,8 @@ def test_failure_after_streaming_fails_the_request_with_the_reason() -> None:
     _, out = run(tes, {"colocated": list(tes)}, [job(0)])
     r = done_of(out)["r0"]
     assert r.status == "failed" and "after output streamed" in r.reason and "NPU crashed" in r.reason
+    # what failed, in words a completions client reads too (it said "chat task failed")
+    assert r.reason.startswith("its generation (prefill and decode) task failed after output streamed: "), r.reason
 
 
 def test_failure_after_output_of_a_non_streamed_job_retries_it_from_scratch() -> None:
