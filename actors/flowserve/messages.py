@@ -41,6 +41,14 @@ class Sampling(msgspec.Struct, frozen=True, kw_only=True):
     target_output_tokens: int | None = None  # trace replay: stop here, ignoring EOS
     seed: int = 0  # the emulated token stream and EOS position derive from it
     ignore_eos: bool = False
+    # The emulated model's sampling (actors/flowserve/sampling.py): temperature 0 or top_k 1 is
+    # greedy (the output depends on the prompt only); top_k/top_p/min_p narrow the draw.
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: off
+    min_p: float = 0.0
+    min_tokens: int = 0  # no EOS before this many output tokens
+    prompt_key: int = 0  # a digest of the prompt's tokens: what the output continues
 
 
 class KvHandle(msgspec.Struct, frozen=True, kw_only=True):

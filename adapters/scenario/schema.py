@@ -27,6 +27,11 @@ class Scheduler(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     schedule_gap_ms: Annotated[float, msgspec.Meta(ge=0, le=1000)] = 0.5  # CPU time between steps
     max_waiting: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 100_000  # queue bound
     eos_rate: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0  # trace replay ignores EOS
+    # "lognormal": output lengths drawn from lognormal(mu, sigma) instead of eos_rate a token;
+    # the defaults are fitted to the Azure 2023 conversation trace (adapters/traces/fit_lengths.py)
+    eos_model: Literal["rate", "lognormal"] = "rate"
+    eos_lognormal_mu: Annotated[float, msgspec.Meta(ge=0, le=20)] = 5.019
+    eos_lognormal_sigma: Annotated[float, msgspec.Meta(ge=0, le=10)] = 0.859
     # "collaborative": the TE shell's DP balancer (xDeepServe §4.3); "round_robin": the baseline.
     balancer: Literal["collaborative", "round_robin"] = "collaborative"
     # KV pool: blocks per DP group; 0 = what HBM holds after weights (the normal case).

@@ -63,7 +63,8 @@ from deepserve.actors.flowserve.messages import (
     TaskAccepted,
     TaskRejected,
 )
-from deepserve.actors.flowserve.tokens import blocks_needed, output_length
+from deepserve.actors.flowserve.sampling import output_length_of
+from deepserve.actors.flowserve.tokens import blocks_needed
 from deepserve.actors.ports.link import LinkTransfer, LinkTransferDone, LinkTransferFailed
 from deepserve.actors.ports.npu import (
     CRASHED,
@@ -166,8 +167,7 @@ class DpMaster(Actor[MasterState]):
             ctx.send(msg.reply_to, TaskRejected(task_id=msg.task_id, reason=reason))
             return
         s = msg.sampling
-        out_len, stop = output_length(s.seed, s.max_tokens, s.target_output_tokens, s.ignore_eos,
-                                      cfg.eos_rate)  # fmt: skip
+        out_len, stop = output_length_of(s, cfg.eos_rate, cfg.eos_lognormal)
         if msg.stream:
             accepted = TaskAccepted(task_id=msg.task_id, te=cfg.te, dp=cfg.dp, master=ctx.self)
             ctx.send(msg.reply_to, accepted)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from deepserve.actors.flowserve.master.state import MasterConfig, Req
 from deepserve.actors.flowserve.messages import KvHandle, TaskFinished, TaskTokens
-from deepserve.actors.flowserve.tokens import emulated_tokens, eos_token_id
+from deepserve.actors.flowserve.sampling import sampled_tokens
+from deepserve.actors.flowserve.tokens import eos_token_id
 
 
 def token_message(
@@ -16,7 +17,7 @@ def token_message(
     count = len(times_s)
     ids: tuple[int, ...] = ()
     if cfg.token_ids:
-        ids = emulated_tokens(r.task.sampling.seed, first, count, cfg.vocab)
+        ids = sampled_tokens(r.task.sampling, first, count, cfg.vocab)
         if r.stop == "stop" and first + count == r.out_len:
             ids = (*ids[:-1], eos_token_id(cfg.vocab))
     return TaskTokens(

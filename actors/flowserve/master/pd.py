@@ -49,9 +49,9 @@ from deepserve.actors.flowserve.master.state import (
     TransferReleased,
 )
 from deepserve.actors.flowserve.messages import KV_TRANSFER_FAILED, KvHandle, SubmitTask
+from deepserve.actors.flowserve.sampling import sampled_tokens
 from deepserve.actors.flowserve.tokens import (
     blocks_needed,
-    emulated_token,
     eos_token_id,
     kv_fingerprints,
 )
@@ -69,9 +69,9 @@ def hold(m: DpMaster, ctx: Context, r: Req) -> None:
     cfg, st = m.cfg, m.state
     p, tid = r.task.prompt, r.task.task_id
     table = rtc.block_table(st.rtc, tid)
-    first = eos_token_id(cfg.vocab) if r.stop == "stop" and r.out_len == 1 else emulated_token(
-        r.task.sampling.seed, 0, cfg.vocab
-    )
+    first = eos_token_id(cfg.vocab) if r.stop == "stop" and r.out_len == 1 else sampled_tokens(
+        r.task.sampling, 0, 1, cfg.vocab
+    )[0]
     handle = KvHandle(
         transfer_id=tid, src=ctx.self, npus=cfg.npus, model=cfg.model, num_tokens=p.num_tokens,
         block_ids=tuple(table[: blocks_needed(p.num_tokens, cfg.block_tokens)]),

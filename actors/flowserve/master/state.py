@@ -53,6 +53,8 @@ class MasterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     sched_cpu_s: float = 0.004
     preemption: Literal["recompute", "swap"] = "recompute"
     eos_rate: float = 0.0
+    # (mu, sigma): output lengths lognormal (fitted to a trace) instead of the per-token eos_rate
+    eos_lognormal: tuple[float, float] | None = None
     vocab: int = 32_000
     aggregate: bool = False  # the simulation fast path (NpuForwardRun); False: step every pass
     token_ids: bool = True  # False (simulation): TaskTokens carry times only, ids left empty

@@ -1,0 +1,128 @@
+"""The emulated model's sampling: which token it emits at each output position, and where it stops.
+
+The emulated model has, at every output position j, a next-token distribution over its
+vocabulary (EOS aside) ranked by probability: p(rank r) ∝ (r + 1)^-ZIPF_EXPONENT, a Zipf law (the
+shape of real next-token distributions' heads). Which token holds which rank depends on the
+prompt and the position only (`prompt_key`, j): the model's preferred continuation of a prompt.
+
+Sampling then works as a user of a real model expects:
+
+- temperature T scales the logits: p_T(r) ∝ (r + 1)^-(ZIPF_EXPONENT / T) — a higher T draws from a
+  wider distribution; T < GREEDY_TEMPERATURE (as vLLM's) or top_k = 1 is greedy: rank 0 always,
+  so the output depends on the prompt only, whatever the seed;
+- top_k keeps the k first ranks, min_p the ranks with p ≥ min_p · p(rank 0), top_p the smallest
+  head with mass ≥ top_p (nucleus) — each a truncation of the ranks, renormalised;
+- the seed picks the uniform draw at each position: a seed makes sampling reproducible.
+
+The rank is drawn by inverting the continuous Zipf CDF on [1, R + 1) (closed form, no table over
+the vocabulary: the simulation draws millions), which is the discrete law up to rounding.
+
+The output length (where EOS comes) is drawn once per request before it runs (the scheduler knows
+it in advance, tokens.output_length): from the per-token `eos_rate` (geometric, the simulator's
+old model), or from a lognormal fitted to a real trace's output lengths (`eos_lognormal`, see
+README "Sampling and output lengths"). A greedy request draws it from its prompt, a sampled one
+from its seed; `min_tokens` defers EOS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from array import array
+from collections.abc import Sequence
+from statistics import NormalDist
+
+from deepserve.actors.flowserve.messages import Sampling
+from deepserve.actors.flowserve.tokens import _MASK, combine, eos_index, mix64
+
+ZIPF_EXPONENT = 2.0  # at T = 1 the top token has about half the mass, as an instruct model's
+GREEDY_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS: a lower temperature is greedy
+_UNIT = 1.0 / 9007199254740992.0  # 2^-53
+_NORMAL = NormalDist()
+
+
+def greedy(s: Sampling) -> bool:
+    return s.temperature < GREEDY_TEMPERATURE or s.top_k == 1
+
+
+def prompt_key_of(token_ids: Sequence[int]) -> int:
+    """The 64-bit digest of a prompt's token ids (what a greedy output depends on)."""
+    raw = array("q", token_ids).tobytes()
+    return int.from_bytes(hashlib.blake2b(raw, digest_size=8, person=b"ds-prompt").digest(), "little")
+
+
+def _uniform(key: int, index: int) -> float:
+    """A uniform in (0, 1) from (key, index)."""
+    return ((combine(key & _MASK, index) >> 11) + 0.5) * _UNIT
+
+
+def ranks_allowed(s: Sampling, vocab: int) -> int:
+    """How many ranks top_k and min_p leave (at least 1)."""
+    ranks = vocab - 1  # EOS is never sampled: its place is the output length
+    if s.top_k > 0:
+        ranks = min(ranks, s.top_k)
+    if s.min_p > 0.0:
+        a = ZIPF_EXPONENT / s.temperature
+        # p(r) / p(0) = (r + 1)^-a >= min_p  <=>  r + 1 <= min_p^(-1/a)
+        ranks = min(ranks, max(1, int(min(math.pow(s.min_p, -1.0 / a), 1e18))))
+    return max(1, ranks)
+
+
+def sampled_rank(u: float, temperature: float, top_p: float, ranks: int) -> int:
+    """The rank (0 = the most likely token) a uniform `u` picks under temperature and nucleus."""
+    a = ZIPF_EXPONENT / temperature
+    v = u * top_p  # the nucleus: the head of mass top_p of the (continuous) law
+    top = ranks + 1.0
+    if abs(1.0 - a) < 1e-9:
+        x = math.pow(top, v)
+    else:
+        b = 1.0 - a
+        x = math.pow(1.0 + v * (math.pow(top, b) - 1.0), 1.0 / b)
+    return min(max(int(x) - 1, 0), ranks - 1)
+
+
+def sampled_tokens(s: Sampling, start: int, count: int, vocab: int) -> tuple[int, ...]:
+    """Output tokens `start .. start+count` of a request: token j holds rank r_j of position j's
+    ranking, r_j = 0 when greedy, else drawn from the seed. Never EOS (vocab - 1)."""
+    v, key = vocab - 1, s.prompt_key & _MASK
+    bases = [mix64(combine(key, j)) % v for j in range(start, start + count)]
+    if greedy(s):
+        return tuple(bases)
+    ranks = ranks_allowed(s, vocab)
+    seed, t, p = s.seed, s.temperature, s.top_p
+    return tuple((b + sampled_rank(_uniform(seed, start + i), t, p, ranks)) % v for i, b in enumerate(bases))
+
+
+def lognormal_length(key: int, mu: float, sigma: float) -> int:
+    """An output length (>= 1) drawn from lognormal(mu, sigma) by the uniform of `key`."""
+    z = _NORMAL.inv_cdf(_uniform(key, 0x1E57))
+    return max(1, round(math.exp(min(mu + sigma * z, 40.0))))
+
+
+def eos_position(s: Sampling, eos_rate: float, eos_lognormal: tuple[float, float] | None) -> int | None:
+    """The 0-based index of the emulated EOS token, or None (never); min_tokens defers it."""
+    key = s.prompt_key if greedy(s) else s.seed
+    if eos_lognormal is not None:
+        eos: int | None = lognormal_length(key, *eos_lognormal) - 1
+    else:
+        eos = eos_index(key, eos_rate)
+    if eos is not None and eos + 1 < s.min_tokens:
+        eos = s.min_tokens - 1
+    return eos
+
+
+def output_length_of(s: Sampling, eos_rate: float, eos_lognormal: tuple[float, float] | None) -> tuple[int, str]:
+    """(output tokens, stop reason) of a request: tokens.output_length's rules with this module's
+    EOS draw ("stop": the emulated EOS, counted; "length": max_tokens; "target": a trace's)."""
+    if s.max_tokens <= 0:
+        raise ValueError(f"max_tokens: must be > 0, got {s.max_tokens}")
+    if s.target_output_tokens is not None:
+        if s.target_output_tokens <= 0:
+            raise ValueError(f"target_output_tokens: must be > 0, got {s.target_output_tokens}")
+        if s.target_output_tokens < s.max_tokens:
+            return s.target_output_tokens, "target"
+        return s.max_tokens, "length"
+    eos = None if s.ignore_eos else eos_position(s, eos_rate, eos_lognormal)
+    if eos is not None and eos + 1 <= s.max_tokens:
+        return eos + 1, "stop"
+    return s.max_tokens, "length"
