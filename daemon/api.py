@@ -1,4 +1,11 @@
-"""OpenAI-compatible request bodies (msgspec: an error names the field) and response shapes."""
+"""OpenAI-compatible request bodies (msgspec: an error names the field) and response shapes.
+
+Every field of OpenAI's and vLLM's current request bodies is declared here and is in exactly one
+of three kinds (README, "Request fields"; tests/daemon/test_openai_compat.py checks the table):
+honoured (HONOURED), accepted and documented as changing nothing here (NO_OP), or refused with a
+400 saying why unless it has its neutral value (REFUSED). Any other field is a 400 (a typo is
+caught), or, with `daemon.unknown_fields = "warn"`, dropped with one warning per field name.
+"""
 
 from __future__ import annotations
 
@@ -9,15 +16,19 @@ import msgspec
 Temp = Annotated[float, msgspec.Meta(ge=0, le=2)]
 TopP = Annotated[float, msgspec.Meta(gt=0, le=1)]
 MaxTok = Annotated[int, msgspec.Meta(ge=1)]
+NonNeg = Annotated[int, msgspec.Meta(ge=0)]
 Seed = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2, le=2)]  # OpenAI's range
 # vLLM's sampling extensions, with vLLM's ranges (-1 or 0: top_k off)
 TopK = Annotated[int, msgspec.Meta(ge=-1, le=1 << 20)]
 MinP = Annotated[float, msgspec.Meta(ge=0, le=1)]
 RepetitionPenalty = Annotated[float, msgspec.Meta(gt=0, le=100)]
+MAX_N = 16  # choices a request (each is its own emulated request on the cluster)
+MAX_N_OPT = Annotated[int, msgspec.Meta(ge=1, le=MAX_N)]
 MAX_STOPS = 4  # OpenAI's limit
 MAX_MESSAGES = 4096
 MAX_TOKEN_ID = 1 << 32  # token ids in a prompt: any vocabulary's ids fit
+TokenId = Annotated[int, msgspec.Meta(ge=0, lt=MAX_TOKEN_ID)]
 
 
 class TextPart(msgspec.Struct, tag="text", tag_field="type", forbid_unknown_fields=True):
@@ -41,6 +52,7 @@ class ChatMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     annotations: list[Any] | None = None
     audio: Any = None
     function_call: Any = None
+    reasoning_content: str | None = None  # vLLM's, in a turn sent back
 
     def __post_init__(self) -> None:
         # As OpenAI: only an assistant turn (one that called tools) may have no content.
@@ -57,7 +69,9 @@ class ChatMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class StreamOptions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    include_usage: bool = False
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False  # vLLM's: usage so far in every chunk
+    include_obfuscation: bool | None = None  # no-op: nothing to pad (a loopback-grade daemon)
 
 
 class ResponseFormat(msgspec.Struct, kw_only=True):
@@ -65,44 +79,148 @@ class ResponseFormat(msgspec.Struct, kw_only=True):
     json_schema: Any = None
 
 
-# OpenAI fields deepserve cannot honour: accepted at their neutral value (clients often send
-# it), otherwise a 400 naming the field. Never ignored: a request whose output would differ
-# from what was asked fails, rather than succeeding silently.
 NO_PROBS = "deepserve's emulated model has no token probabilities"
 NO_TOOLS = "deepserve's emulated model does not call functions"
+NO_STRUCTURE = "deepserve's emulated model writes plain text, it cannot follow a grammar or schema"
+NO_HISTORY = "the emulated model's tokens do not depend on what came before"
+NO_BEAMS = "deepserve samples each choice on its own: no beam search, no best-of ranking (one completion per choice)"
+
+# Fields each route honours (README "Request fields"; http.py and generation.py give them effect).
+HONOURED = (
+    "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+    "top_k", "min_p", "seed", "stop", "stop_token_ids", "include_stop_str_in_output", "stream",
+    "stream_options", "n", "ignore_eos", "min_tokens", "echo", "truncate_prompt_tokens", "cache_salt",
+)  # fmt: skip
+# Accepted, and changing nothing here, with why.
+NO_OP = {
+    "user": "an end-user id for OpenAI's abuse monitoring; nothing to monitor",
+    "safety_identifier": "OpenAI's replacement of `user`; nothing to monitor",
+    "prompt_cache_key": "OpenAI's cache-routing hint; the JE routes by `scheduling.policy` (prefix-aware ones match prompts)",
+    "prompt_cache_retention": "the prefix cache keeps blocks by LRU, not by request",
+    "metadata": "stored completions' tags; nothing is stored",
+    "store": "nothing is stored",
+    "service_tier": "one tier",
+    "priority": "vLLM's priority scheduling; the TE schedules first come, first served",
+    "request_id": "vLLM's own id for the request; deepserve's is in `X-Request-Id`",
+    "skip_special_tokens": "the emulated output has no special tokens",
+    "spaces_between_special_tokens": "the emulated output has no special tokens",
+    "add_special_tokens": "the prompt tokenizer adds none",
+    "add_generation_prompt": "the plain chat template always ends with the assistant's turn",
+    "chat_template_kwargs": "the plain chat template takes no arguments",
+    "mm_processor_kwargs": "no media is read",
+    "reasoning_effort": "the emulated model does not reason",
+    "include_reasoning": "the emulated model does not reason",
+    "verbosity": "the emulated output length follows the configured length model",
+    "prediction": "predicted outputs only change latency; the emulated model's pace is the NPU model's",
+    "modalities": "text only (`[\"text\"]`; audio is refused by `audio`)",
+    "parallel_tool_calls": "no tools are called",
+    "length_penalty": "only weighs beams; there is no beam search",
+    "return_tokens_as_token_ids": "changes how logprobs print; there are none",
+    "guided_decoding_backend": "no guided decoding (the guided_* fields are refused)",
+    "guided_whitespace_pattern": "no guided decoding (the guided_* fields are refused)",
+}
+# Refused unless neutral (None, false, empty, or the value in NEUTRAL), with why.
+REFUSED = {
+    "logprobs": NO_PROBS, "top_logprobs": NO_PROBS, "logit_bias": NO_PROBS, "prompt_logprobs": NO_PROBS,
+    "tools": NO_TOOLS, "functions": NO_TOOLS, "tool_choice": NO_TOOLS, "function_call": NO_TOOLS,
+    "response_format": NO_STRUCTURE, "structured_outputs": NO_STRUCTURE, "guided_json": NO_STRUCTURE,
+    "guided_regex": NO_STRUCTURE, "guided_choice": NO_STRUCTURE, "guided_grammar": NO_STRUCTURE,
+    "structural_tag": NO_STRUCTURE,
+    "presence_penalty": NO_HISTORY, "frequency_penalty": NO_HISTORY, "repetition_penalty": NO_HISTORY,
+    "bad_words": NO_HISTORY,
+    "best_of": NO_BEAMS, "use_beam_search": NO_BEAMS,
+    "suffix": "no fill-in-the-middle",
+    "allowed_token_ids": "the emulated model's vocabulary cannot be restricted",
+    "logits_processors": "the emulated model has no logits to process",
+    "audio": "deepserve's emulated model writes text only",
+    "web_search_options": "deepserve's emulated model does not search the web",
+    "moderation": "deepserve does not moderate",
+    "documents": "the plain chat template reads no documents",
+    "chat_template": "deepserve's chat template is fixed (adapters/tokenizer.py chat_text)",
+    "continue_final_message": "the plain chat template always opens a new assistant turn",
+    "return_token_ids": "the response carries text only",
+    "prompt_embeds": "prompts are text or token ids",
+    "kv_transfer_params": "P/D transfer is deepserve's own (the [pd] pool), not the client's",
+    "vllm_xargs": "no vLLM extension arguments",
+}
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
+    "tool_choice": ("none", "auto"), "function_call": ("none", "auto"), "best_of": (1,),
+}  # fmt: skip
 
 
-def _refuse(field: str, why: str, value: str = "") -> tuple[str, str]:
-    return field, f"`{field}`{value} is not supported: {why}"
+def _refusal(req: msgspec.Struct) -> tuple[str, str] | None:
+    """(field, message) for the first field asking what deepserve cannot do."""
+    for field in req.__struct_fields__:
+        why = REFUSED.get(field)
+        if why is None:
+            continue
+        value = getattr(req, field)
+        if value in (None, False, "", [], {}) or value in NEUTRAL.get(field, ()):
+            continue
+        if (field == "response_format" and value.type == "text") or (field == "best_of" and value == getattr(req, "n", None)):
+            continue
+        shown = value.type if field == "response_format" else value
+        text = repr(shown) if isinstance(shown, (str, int, float)) and not isinstance(shown, bool) else ""
+        return field, f"`{field}`{' ' + text if text else ''} is not supported: {why}"
+    return None
 
 
 class _Common(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model: str
     max_tokens: MaxTok | None = None
-    max_completion_tokens: MaxTok | None = None
-    temperature: Temp = 1.0
-    top_p: TopP = 1.0
+    temperature: Temp | None = None
+    top_p: TopP | None = None
     stop: str | list[str] | None = None
     seed: Seed | None = None
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
-    n: Annotated[int, msgspec.Meta(ge=1, le=1)] = 1
-    ignore_eos: bool = False  # vLLM's extension: run to max_tokens
+    n: MAX_N_OPT | None = None
+    # vLLM's extensions, honoured
+    ignore_eos: bool = False  # run to max_tokens
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    min_tokens: NonNeg = 0
+    stop_token_ids: list[TokenId] | None = None
+    include_stop_str_in_output: bool = False
+    truncate_prompt_tokens: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    cache_salt: str | None = None
+    # NO_OP
     user: str | None = None
-    presence_penalty: Penalty = 0.0  # checked by `unsupported` (0 only)
-    frequency_penalty: Penalty = 0.0
-    # vLLM's sampling extensions, which vLLM clients send: top_k and min_p narrow the sampling as
-    # top_p does (accepted, as top_p is); repetition_penalty depends on what came before, as the
-    # penalties above do (1 only)
-    top_k: TopK = -1
-    min_p: MinP = 0.0
-    repetition_penalty: RepetitionPenalty = 1.0
-    # Accepted and without effect here: they change no output.
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
-    # Checked by `unsupported` (neutral values only).
+    priority: int = 0
+    request_id: str | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    add_special_tokens: bool | None = None
+    length_penalty: float = 1.0
+    return_tokens_as_token_ids: bool | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
+    # REFUSED unless neutral
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    repetition_penalty: RepetitionPenalty | None = None
     logit_bias: dict[str, float] | None = None
+    prompt_logprobs: int | None = None
+    best_of: int | None = None
+    use_beam_search: bool = False
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    logits_processors: list[Any] | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    return_token_ids: bool | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    vllm_xargs: dict[str, Any] | None = None
 
     def stops(self) -> list[str]:
         if self.stop is None:
@@ -112,15 +230,14 @@ class _Common(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise msgspec.ValidationError(f"at most {MAX_STOPS} stop sequences - at `$.stop`")
         return [s for s in stops if s]
 
+    def choices(self) -> int:
+        return self.n or 1
+
     def unsupported(self) -> tuple[str, str] | None:
         """(field, message) for the first field asking what deepserve cannot do."""
-        if self.logit_bias:
-            return _refuse("logit_bias", NO_PROBS)
-        for field, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
-            value = getattr(self, field)
-            if value != neutral:
-                return _refuse(field, "the emulated model's tokens do not depend on what came before",
-                               f" {value}")  # fmt: skip
+        refused = _refusal(self)
+        if refused is not None:
+            return refused
         if self.stream_options is not None and not self.stream:
             return "stream_options", "`stream_options` is only allowed when `stream` is true"
         return None
@@ -128,24 +245,31 @@ class _Common(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class ChatRequest(_Common, kw_only=True):
     messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
+    max_completion_tokens: MaxTok | None = None
+    prompt_cache_retention: str | None = None
+    reasoning_effort: str | None = None
+    include_reasoning: bool | None = None
+    verbosity: str | None = None
+    prediction: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    parallel_tool_calls: bool | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[Any] | None = None
+    functions: list[Any] | None = None
     tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
-    response_format: ResponseFormat | None = None
-
-    def unsupported(self) -> tuple[str, str] | None:
-        if self.logprobs or self.top_logprobs:
-            return _refuse("logprobs" if self.logprobs else "top_logprobs", NO_PROBS)
-        if self.tools:
-            return _refuse("tools", NO_TOOLS)
-        if self.tool_choice not in (None, "none", "auto"):
-            return _refuse("tool_choice", NO_TOOLS, f" {self.tool_choice!r}")
-        if self.response_format is not None and self.response_format.type != "text":
-            return _refuse("response_format", "the emulated model writes plain text ('text')",
-                           f" {self.response_format.type!r}")  # fmt: skip
-        return super().unsupported()
+    function_call: Any = None
+    structural_tag: str | None = None
+    audio: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    moderation: Any = None
+    documents: list[Any] | None = None
+    chat_template: str | None = None
+    continue_final_message: bool = False
+    echo: bool = False  # vLLM's: the reply starts with the last message's content (an assistant's)
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -153,8 +277,8 @@ class CompletionRequest(_Common, kw_only=True):
     prompt: str | list[str | int | list[int]]
     echo: bool = False
     logprobs: int | None = None
-    best_of: int | None = None
     suffix: str | None = None
+    prompt_embeds: Any = None
 
     def prompt_input(self) -> str | list[int]:
         """The one prompt, as text or as token ids; a ValueError says what is wrong with it."""
@@ -171,15 +295,6 @@ class CompletionRequest(_Common, kw_only=True):
             raise ValueError(f"exactly one prompt per request, got {len(p)}")
         return p[0] if isinstance(p[0], str) else _token_ids(p[0])  # type: ignore[arg-type]
 
-    def unsupported(self) -> tuple[str, str] | None:
-        if self.logprobs:
-            return _refuse("logprobs", NO_PROBS)
-        if self.best_of is not None and self.best_of > 1:
-            return _refuse("best_of", "one completion a request", f" {self.best_of}")
-        if self.suffix:
-            return _refuse("suffix", "no fill-in-the-middle")
-        return super().unsupported()
-
 
 def _token_ids(ids: list[int]) -> list[int]:
     if not ids:
@@ -190,6 +305,14 @@ def _token_ids(ids: list[int]) -> list[int]:
     return ids
 
 
+# OpenAI's `code` of an error a status stands for, where the raise site names none.
+CODE_OF_STATUS = {
+    400: "invalid_value", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large",
+    422: "invalid_value", 429: "rate_limit_exceeded", 500: "internal_error", 503: "service_unavailable",
+    504: "timeout",
+}  # fmt: skip
+
+
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
@@ -198,7 +321,7 @@ def route_error_body(status: int, detail: object) -> dict[str, Any]:
     """A routing error (no such path: 404, a method the path does not take: 405) in OpenAI's
     error shape, for the API's and the admin API's exception handlers alike."""
     return error_body(str(detail), "not_found_error" if status == 404 else "invalid_request_error",
-                      None, str(status))  # fmt: skip
+                      None, CODE_OF_STATUS.get(status, "invalid_request"))  # fmt: skip
 
 
 def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:

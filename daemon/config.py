@@ -44,6 +44,9 @@ class Daemon(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     max_tokens_limit: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 8192
     ttft_deadline_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 60.0  # then 504
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024, le=1 << 30)] = 4 << 20
+    # A request field nobody declared: "error" (a 400 naming it: typos are caught) or "warn"
+    # (dropped, one warning per field name, as vLLM does). README, "Request fields".
+    unknown_fields: Literal["error", "warn"] = "error"
 
 
 class PdPool(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -44,21 +44,50 @@ async def first_item(request: Request, q: asyncio.Queue[Any], deadline_s: float)
                 raise Disconnected from None
 
 
+class Head:
+    """What every choice and chunk of one response shares: its id (unique across restarts), its
+    creation time, the model and the system fingerprint."""
+
+    def __init__(self, id_: str, kind: str, model: str, fingerprint: str) -> None:
+        self.id, self.kind, self.model, self.fingerprint = id_, kind, model, fingerprint
+        self.created = int(time.time())
+
+    def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint, "choices": choices}  # fmt: skip
+
+
 class Generation:
-    """One request's output: SSE chunks or one JSON body; stop sequences matched on the text."""
+    """One choice's output: text pieces with stop sequences and stop token ids matched, and its
+    chunks and choice object (`index` among the response's n)."""
 
     def __init__(self, rt: Runtime, rid: str, kind: str, model: str, stops: list[str], req: Any,
-                 q: asyncio.Queue[Any], first: Any) -> None:  # fmt: skip
+                 q: asyncio.Queue[Any], first: Any, index: int = 0, head: Head | None = None) -> None:  # fmt: skip
         self.rt, self.rid, self.kind, self.model, self.stops, self.req, self.q = rt, rid, kind, model, stops, req, q
+        self.index = index
+        self.head = head if head is not None else Head(rid, kind, model, "")
         self.pending = first
         self.text = ""
         self.tokens = 0
         self.last_token_s: float | None = None  # the latest token's emulated time (TPOT ends there)
         self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None  # vLLM's: the stop string or token id that ended it
         self.done: RequestDone | None = None
-        self.created = int(time.time())
-        # `echo` (completions): the prompt comes back before the completion, as OpenAI's does.
-        self.echo: str = req.prompt if kind == "cmpl" and getattr(req, "echo", False) else ""
+        self.created = self.head.created
+        self.prompt_tokens = 0  # known at submission (continuous usage stats)
+        self.stop_ids = frozenset(getattr(req, "stop_token_ids", None) or ())
+        self.min_tokens: int = getattr(req, "min_tokens", 0) or 0
+        # where stop sequences may start: not inside the first min_tokens tokens (vLLM's rule)
+        self.min_chars = 0 if self.min_tokens == 0 else -1
+        # `echo`: completions send the prompt back before the completion, as OpenAI's does; a chat
+        # (vLLM's) the last message's content when the assistant wrote it (a reply continued).
+        self.echo: str = ""
+        if getattr(req, "echo", False):
+            if kind == "cmpl":
+                self.echo = req.prompt
+            elif req.messages[-1].role == "assistant":
+                self.echo = req.messages[-1].text()
 
     async def _next(self) -> Any:
         if self.pending is not None:
@@ -66,19 +95,38 @@ class Generation:
             return item
         return await self.q.get()
 
+    def _end(self, item: RequestDone) -> None:
+        self.done = item
+        if self.finish_reason is None:
+            self.finish_reason = "length" if item.reason in ("length", "target") else "stop"
+            if item.status != "completed":
+                self.finish_reason = "stop" if item.reason == "stop sequence" else "abort"
+
+    async def _append(self, ids: tuple[int, ...], count: int) -> None:
+        """Add a message's tokens; a stop token id (after min_tokens) ends the text before it."""
+        cut = next((k for k, t in enumerate(ids) if t in self.stop_ids and self.tokens + k + 1 > self.min_tokens),
+                   None) if self.stop_ids else None  # fmt: skip
+        if self.min_chars < 0 and self.tokens + count >= self.min_tokens:
+            self.min_chars = len(self.text) + len(output_text(ids[: self.min_tokens - self.tokens]))
+        if cut is not None:
+            self.tokens += cut + 1
+            self.text += output_text(ids[:cut])
+            self.finish_reason, self.stop_reason = "stop", ids[cut]
+            await self.rt.cancel(self.rid, "stop token", completed=True)
+            return
+        self.tokens += count
+        self.text += output_text(ids)
+
     async def pieces(self) -> AsyncIterator[str]:
-        """Text pieces until the terminal message (or a stop sequence). With stop sequences, the
-        last `len(longest stop) - 1` characters are held back until they cannot start a match."""
+        """Text pieces until the terminal message (or a stop sequence or token). With stop
+        sequences, the last `len(longest stop) - 1` characters are held back until they cannot
+        start a match."""
         hold = max((len(x) for x in self.stops), default=1) - 1
         sent = 0
         while self.done is None:
             item = await self._next()
             if isinstance(item, RequestDone):
-                self.done = item
-                if self.finish_reason is None:
-                    self.finish_reason = "length" if item.reason in ("length", "target") else "stop"
-                    if item.status != "completed":
-                        self.finish_reason = "stop" if item.reason == "stop sequence" else "abort"
+                self._end(item)
                 if len(self.text) > sent:
                     yield self.text[sent:]
                 return
@@ -90,25 +138,34 @@ class Generation:
                 # attempt's text is dropped, not joined to the retry's. A streamed request is
                 # never retried once output went out, so `sent` is 0 here.
                 self.text, self.tokens, sent = "", 0, 0
-            self.tokens += len(item.token_ids) or len(item.times_s)
+                self.min_chars = 0 if self.min_tokens == 0 else -1
             if item.times_s:
                 self.last_token_s = item.times_s[-1]
-            self.text += output_text(item.token_ids)
-            hits = [h for h in (self.text.find(x, max(0, sent - hold)) for x in self.stops) if h >= 0]
-            if hits:
-                self.text = self.text[: min(hits)]
-                self.finish_reason = "stop"
-                await self.rt.cancel(self.rid, "stop sequence", completed=True)
+            await self._append(item.token_ids, len(item.token_ids) or len(item.times_s))
+            if self.finish_reason is None and self.stops and self.min_chars >= 0:
+                await self._match_stops(max(0, sent - hold, self.min_chars))
+            if self.finish_reason is not None:
                 continue
             upto = len(self.text) - hold
             if upto > sent:
                 yield self.text[sent:upto]
                 sent = upto
 
-    def _usage(self) -> dict[str, Any]:
+    async def _match_stops(self, start: int) -> None:
+        hits = [(h, x) for h, x in ((self.text.find(x, start), x) for x in self.stops) if h >= 0]
+        if hits:
+            at, stop = min(hits)
+            keep = len(stop) if getattr(self.req, "include_stop_str_in_output", False) else 0
+            self.text = self.text[: at + keep]
+            self.finish_reason, self.stop_reason = "stop", stop
+            await self.rt.cancel(self.rid, "stop sequence", completed=True)
+
+    def usage_parts(self) -> tuple[int, int, int]:
+        """(prompt, completion, cached prompt) tokens of this choice."""
         d = self.done
-        prompt = d.prompt_tokens if d is not None else 0
-        return usage(prompt, self.tokens, d.cached_prompt_tokens if d is not None else 0)
+        if d is None:
+            return self.prompt_tokens, self.tokens, 0
+        return d.prompt_tokens, self.tokens, d.cached_prompt_tokens
 
     def _emulated(self) -> dict[str, Any]:
         """The emulated timings of the request (the TE's token times on the daemon's clock)."""
@@ -121,42 +178,15 @@ class Generation:
         tpot = (end - d.first_token_s) / (d.output_tokens - 1) if d.output_tokens > 1 else None
         return {"ttft_s": d.first_token_s - d.arrival_s, "tpot_s": tpot, "status": d.status}
 
-    def _chunk(self, delta: str | None, finish: str | None) -> dict[str, Any]:
+    def chunk_choice(self, delta: str | None, finish: str | None) -> dict[str, Any]:
         if self.kind == "chat":
-            choice = {"index": 0, "delta": {} if delta is None else {"content": delta}, "finish_reason": finish}
-            obj = "chat.completion.chunk"
+            choice: dict[str, Any] = {"index": self.index, "delta": {} if delta is None else {"content": delta}}
         else:
-            choice = {"index": 0, "text": delta or "", "finish_reason": finish}
-            obj = "text_completion"
-        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
-
-    async def sse(self) -> AsyncIterator[bytes]:
-        enc = msgspec.json.encode
-        try:
-            if self.kind == "chat":
-                first = self._chunk(None, None)
-                first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
-                yield b"data: " + enc(first) + b"\n\n"
-            elif self.echo:
-                yield b"data: " + enc(self._chunk(self.echo, None)) + b"\n\n"
-            async for piece in self.pieces():
-                yield b"data: " + enc(self._chunk(piece, None)) + b"\n\n"
-            yield b"data: " + enc(self._chunk(None, self.finish_reason)) + b"\n\n"
-            failure = self.failure()
-            if failure is not None:  # cut after output: said in-band, as vLLM does (the openai
-                # client raises it as an `APIError`); the finish chunk above says "abort"
-                yield b"data: " + enc(error_body(failure, "service_unavailable", None, "503")) + b"\n\n"
-            opts = self.req.stream_options
-            if opts is not None and opts.include_usage:
-                final = self._chunk(None, None)
-                final["choices"], final["usage"] = [], self._usage()
-                final["deepserve"] = self._emulated()  # for `deepserve bench http` (platform overhead)
-                yield b"data: " + enc(final) + b"\n\n"
-            yield b"data: [DONE]\n\n"
-        finally:
-            if self.done is None:  # the client went away mid-stream: cancel to the TE
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self.rt.cancel(self.rid, "the client disconnected"))
+            choice = {"index": self.index, "text": delta or ""}
+        choice |= {"logprobs": None, "finish_reason": finish}
+        if finish is not None:
+            choice["stop_reason"] = self.stop_reason
+        return choice
 
     def failure(self) -> str | None:
         """Why the request failed after its first output, or None (completed, or cut short
@@ -167,29 +197,111 @@ class Generation:
         n = self.tokens
         return f"the request {d.status} after {n} output token{'' if n == 1 else 's'}: {d.reason}"
 
-    async def collect(self, request: Request) -> dict[str, Any]:
-        task = asyncio.ensure_future(self._drain())
-        while not task.done():
-            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if not task.done() and await request.is_disconnected():
-                task.cancel()
-                await self.rt.cancel(self.rid, "the client disconnected")
-                raise Disconnected
-        task.result()
-        failure = self.failure()
-        if failure is not None:  # nothing was sent yet: an error, not a 200 with part of a text
-            raise GenerationFailed(failure)
+    def choice(self) -> dict[str, Any]:
+        """The choice object of a non-streamed response."""
         if self.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": self.text},
-                      "finish_reason": self.finish_reason}  # fmt: skip
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": self.echo + self.text, "finish_reason": self.finish_reason,
-                      "logprobs": None}  # fmt: skip
-            obj = "text_completion"
-        return {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
-                "choices": [choice], "usage": self._usage()}  # fmt: skip
+            message: dict[str, Any] = {"role": "assistant", "content": self.echo + self.text, "refusal": None,
+                       "annotations": None, "audio": None, "function_call": None, "tool_calls": []}  # fmt: skip
+            return {"index": self.index, "message": message, "logprobs": None,
+                    "finish_reason": self.finish_reason, "stop_reason": self.stop_reason}  # fmt: skip
+        return {"index": self.index, "text": self.echo + self.text, "logprobs": None,
+                "finish_reason": self.finish_reason, "stop_reason": self.stop_reason}  # fmt: skip
 
-    async def _drain(self) -> None:
+    async def drain(self) -> None:
         async for _ in self.pieces():
             pass
+
+
+class Choices:
+    """A response's n choices (one Generation each): merged SSE chunks, or one JSON body whose
+    usage counts the prompt once and sums the completions (as OpenAI's and vLLM's)."""
+
+    def __init__(self, head: Head, gens: list[Generation], req: Any) -> None:
+        self.head, self.gens, self.req = head, gens, req
+
+    def usage(self) -> dict[str, Any]:
+        prompt, _, cached = self.gens[0].usage_parts()
+        return usage(prompt, sum(g.tokens for g in self.gens), cached)
+
+    async def _merged(self) -> AsyncIterator[tuple[Generation, str | None]]:
+        """(choice, piece) as pieces arrive, then (choice, None) once each choice ends."""
+        if len(self.gens) == 1:  # the common case: no task, no queue
+            g = self.gens[0]
+            async for piece in g.pieces():
+                yield g, piece
+            yield g, None
+            return
+        merged: asyncio.Queue[tuple[Generation, str | None]] = asyncio.Queue()
+
+        async def pump(g: Generation) -> None:
+            try:
+                async for piece in g.pieces():
+                    await merged.put((g, piece))
+            finally:
+                await merged.put((g, None))
+
+        tasks = [asyncio.ensure_future(pump(g)) for g in self.gens]
+        try:
+            for _ in range(len(tasks)):
+                while True:
+                    item = await merged.get()
+                    yield item
+                    if item[1] is None:
+                        break
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def sse(self) -> AsyncIterator[bytes]:
+        enc, head = msgspec.json.encode, self.head
+        opts = self.req.stream_options
+        continuous = opts is not None and bool(opts.continuous_usage_stats)
+        try:
+            for g in self.gens:
+                if self.head.kind == "chat":
+                    first = g.chunk_choice(None, None)
+                    first["delta"] = {"role": "assistant", "content": "", "refusal": None}
+                    yield b"data: " + enc(head.chunk([first])) + b"\n\n"
+                if g.echo:
+                    yield b"data: " + enc(head.chunk([g.chunk_choice(g.echo, None)])) + b"\n\n"
+            async for g, piece in self._merged():
+                chunk = head.chunk([g.chunk_choice(piece, None if piece is not None else g.finish_reason)])
+                if continuous:
+                    chunk["usage"] = self.usage()
+                yield b"data: " + enc(chunk) + b"\n\n"
+            failure = next((f for f in (g.failure() for g in self.gens) if f is not None), None)
+            if failure is not None:  # cut after output: said in-band, as vLLM does (the openai
+                # client raises it as an `APIError`); the finish chunk above says "abort"
+                yield b"data: " + enc(error_body(failure, "service_unavailable", None, "service_unavailable")) + b"\n\n"
+            if opts is not None and opts.include_usage:
+                final = head.chunk([])
+                final["usage"] = self.usage()
+                final["deepserve"] = self.gens[0]._emulated()  # for `deepserve bench http` (overhead)
+                yield b"data: " + enc(final) + b"\n\n"
+            yield b"data: [DONE]\n\n"
+        finally:
+            for g in self.gens:
+                if g.done is None:  # the client went away mid-stream: cancel to the TE
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(g.rt.cancel(g.rid, "the client disconnected"))
+
+    async def collect(self, request: Request) -> dict[str, Any]:
+        tasks = [asyncio.ensure_future(g.drain()) for g in self.gens]
+        while not all(t.done() for t in tasks):
+            await asyncio.wait(tasks, timeout=DISCONNECT_POLL_S, return_when=asyncio.ALL_COMPLETED)
+            if not all(t.done() for t in tasks) and await request.is_disconnected():
+                for t, g in zip(tasks, self.gens, strict=True):
+                    if not t.done():
+                        t.cancel()
+                        await g.rt.cancel(g.rid, "the client disconnected")
+                raise Disconnected
+        for t in tasks:
+            t.result()
+        failure = next((f for f in (g.failure() for g in self.gens) if f is not None), None)
+        if failure is not None:  # nothing was sent yet: an error, not a 200 with part of a text
+            raise GenerationFailed(failure)
+        h = self.head
+        body = h.chunk([g.choice() for g in self.gens])
+        body["object"] = "chat.completion" if h.kind == "chat" else "text_completion"
+        body["usage"] = self.usage()
+        return body
