@@ -73,6 +73,7 @@ class Generation:
         self.last_token_s: float | None = None  # the latest token's emulated time (TPOT ends there)
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None  # vLLM's: the stop string or token id that ended it
+        self.task_id: str | None = None  # the task whose tokens are followed (`_follows`)
         self.done: RequestDone | None = None
         self.created = self.head.created
         self.prompt_tokens = 0  # known at submission (continuous usage stats)
@@ -132,11 +133,12 @@ class Generation:
                 return
             if not isinstance(item, TaskTokens) or self.finish_reason is not None:
                 continue
+            if not self._follows(item, sent):
+                continue
             if item.first_index == 0 and self.tokens:
                 # A retry from scratch: the JE retries a non-streamed request whose task failed
                 # after output (nothing was sent: `collect` answers at the end). The failed
-                # attempt's text is dropped, not joined to the retry's. A streamed request is
-                # never retried once output went out, so `sent` is 0 here.
+                # attempt's text is dropped, not joined to the retry's.
                 self.text, self.tokens, sent = "", 0, 0
                 self.min_chars = 0 if self.min_tokens == 0 else -1
             if item.times_s:
@@ -150,6 +152,22 @@ class Generation:
             if upto > sent:
                 yield self.text[sent:upto]
                 sent = upto
+
+    def _follows(self, item: TaskTokens, sent: int) -> bool:
+        """Whether a chunk belongs to the output: the TEs stream to the frontend directly (no
+        JE in between to drop an abandoned attempt's tokens), so a chunk of another task than
+        the one followed is taken only as a restart from token 0 while nothing was sent (a
+        retry; a non-streamed client is sent nothing before the end), or as the decode task continuing where the prefill stopped (P/D). Anything
+        else is an attempt the JE gave up on (it timed out, yet still runs): dropped."""
+        if item.task_id == self.task_id or self.task_id is None:
+            self.task_id = item.task_id
+            return True
+        restart = item.first_index == 0 and (sent == 0 or not self.req.stream)
+        resumes = item.first_index == self.tokens and item.task_id.rpartition("/")[2].startswith("decode.")
+        if restart or resumes:
+            self.task_id = item.task_id
+            return True
+        return False
 
     async def _match_stops(self, start: int) -> None:
         hits = [(h, x) for h, x in ((self.text.find(x, start), x) for x in self.stops) if h >= 0]

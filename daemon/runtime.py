@@ -4,9 +4,12 @@ Actors: the emulated hardware, the control plane (cluster manager `cluster`, hea
 `cluster/heartbeat`, in-process pod launcher `pods` — which starts the initial TEs and every
 replacement), a JE and the gateway at `daemon.ingress`. The frontend never touches an actor: it
 injects `Arrive` into the gateway and `CancelJob` into the JEs (external inputs, logged with
-`src="ext/http"`), and reads what actors send outside — `TaskTokens` relayed by the JE to
-`ext/stream` and the one `RequestDone` per request (to `ext/metrics`; the gateway's 429 refusal,
-recorded as `GatewayRefused`, is a failed `RequestDone` too: `is_refused`) — demultiplexed here by request id into one bounded queue per open request. Admin
+`src="ext/http"`), and reads what actors send outside — each forward pass's `TokenBatch`, sent by
+the DP master straight to `ext/stream` (xDeepServe §4.2's output short-circuit: no relay through
+the JE, one message and one log record a pass) and the one `RequestDone` per request (to
+`ext/metrics`; the gateway's 429 refusal, recorded as `GatewayRefused`, is a failed
+`RequestDone` too: `is_refused`) — demultiplexed here by request id
+into one bounded queue per open request. Admin
 actions (faults, scaling) are external inputs too (`src="ext/admin"`). `status()` reads actor
 state without changing it.
 """
@@ -23,7 +26,7 @@ import structlog
 
 from deepserve.actors.cluster.messages import StopMonitor
 from deepserve.actors.flowserve.master.status import dp_load
-from deepserve.actors.flowserve.messages import Prompt, Sampling, TaskTokens
+from deepserve.actors.flowserve.messages import Prompt, Sampling, TokenBatch
 from deepserve.actors.gateway.actor import Gateway
 from deepserve.actors.gateway.messages import is_refused
 from deepserve.actors.je.actor import JobExecutor
@@ -48,7 +51,7 @@ from .config import DaemonConfig
 log = structlog.get_logger("deepserve.daemon")
 LOG_FILE = "daemon.db"
 STREAM_QUEUE = 65_536  # tokens + the terminal message a slow client may have pending
-STREAM_ADDR = "ext/stream"  # where the JE relays output tokens (the frontend)
+STREAM_ADDR = "ext/stream"  # where the DP masters stream output tokens (the frontend)
 JES = ("je/0",)
 
 
@@ -202,12 +205,14 @@ class Runtime:
 
     def _on_external(self, _t: float, env: Any) -> None:
         msg = env.msg
-        if isinstance(msg, TaskTokens):
-            if self.on_tokens is not None:
-                self.on_tokens(msg)
-            q = self.streams.get(msg.request_id)
-            if q is not None and not q.full():
-                q.put_nowait(msg)
+        if type(msg) is TokenBatch:  # a pass's chunks, straight from a DP master
+            streams, on_tokens = self.streams, self.on_tokens
+            for chunk in msg.chunks:
+                if on_tokens is not None:
+                    on_tokens(chunk)
+                q = streams.get(chunk.request_id)
+                if q is not None and not q.full():
+                    q.put_nowait(chunk)
         elif isinstance(msg, RequestDone):
             q = self.streams.pop(msg.request_id, None)
             if is_refused(msg.status, msg.reason):  # over daemon.max_inflight: HTTP 429

@@ -84,6 +84,11 @@ class SubmitTask(Message, frozen=True, kw_only=True):
     # timings), no TaskAccepted and no TaskTokens — a trace replay that only measures. The token
     # timeline stays in the master's log (BatchPlanned entries + BatchEnded pass end times).
     stream: bool = True
+    # Output short-circuit to a live frontend (xDeepServe §4.2): the master sends the tokens of
+    # each pass, for all its tasks with the same `stream_to`, as one `TokenBatch` there; the
+    # requester gets only the first chunk of the task (it learns that output went out) and the
+    # terminal message. "": every chunk to `reply_to` (simulations, the workload stand-in).
+    stream_to: str = ""
 
 
 class CancelTask(Message, frozen=True, kw_only=True):
@@ -114,6 +119,13 @@ class TaskTokens(Message, frozen=True, kw_only=True):
     first_index: int
     token_ids: tuple[int, ...]
     times_s: tuple[float, ...]
+
+
+class TokenBatch(Message, frozen=True, kw_only=True):
+    """One forward pass's output chunks for the tasks streaming to one address (`stream_to`):
+    one message and one log record per pass, whatever the batch size."""
+
+    chunks: tuple[TaskTokens, ...]
 
 
 # The reason of a decode task whose KV never arrived starts with this: the JE then keeps the job's

@@ -9,7 +9,10 @@ nothing before the job ends, so its task is retried from scratch whatever it pro
 failure: the JE offers the task to the next prefill (fewest open streams first) until the TTFT
 deadline. Group membership comes from the cluster manager (`TeGroupMembership`, pushed).
 Batch jobs wait in a queue and are dispatched only while online traffic leaves room.
-Tokens are not forwarded: the timings arrive with `TaskFinished` (the simulator's need).
+Tokens are not forwarded: the timings arrive with `TaskFinished` (the simulator's need). With
+`stream_to` (a live frontend) the TEs stream straight there (xDeepServe §4.2's output
+short-circuit, `SubmitTask.stream_to`) and send the JE only each task's first chunk: it learns
+that output went out (no retry after that), not every chunk.
 """
 
 from __future__ import annotations
@@ -258,7 +261,7 @@ class JobExecutor(Actor[JeState]):
         ctx.send(decision.chosen, SubmitTask(
             task_id=tid, request_id=rid, kind=phase, model=j.model, prompt=j.prompt,  # type: ignore[arg-type]
             sampling=j.sampling, reply_to=ctx.self, arrival_s=j.arrival_s,
-            kv_source=j.kv if phase == "decode" else None,
+            kv_source=j.kv if phase == "decode" else None, stream_to=self.cfg.stream_to,
         ), corr=rid)  # fmt: skip
         ctx.after(self.cfg.forwarding.accept_timeout_s, AcceptTimeout(task_id=tid), key=f"acc/{tid}")
 
@@ -386,8 +389,6 @@ class JobExecutor(Actor[JeState]):
             return  # an earlier attempt's or a finished job's tokens: never shown to the client
         first = m.times_s[0] if m.first_index == 0 and m.times_s else None
         ctx.record(TaskStreamed(task_id=m.task_id, upto=m.first_index + len(m.times_s), first_token_s=first))
-        if self.cfg.stream_to:  # a live frontend: the JE is the output path's relay
-            ctx.send(self.cfg.stream_to, m, corr=rid)
 
     def _rejected(self, ctx: Context, m: TaskRejected) -> None:
         cur = self._current(ctx, m.task_id, "TaskRejected")

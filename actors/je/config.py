@@ -26,7 +26,7 @@ class JeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     max_tree_blocks: int = MAX_BLOCKS_DEFAULT
     predictor: dict[str, Any] | None = None  # a DecodeLengthTree as data (`deepserve profile predictor`)
     kv_block_tokens: int = 128  # the cluster's block size: prompt-tree matches in tokens
-    stream_to: str = ""  # a live frontend's address: output tokens are relayed there ("": none)
+    stream_to: str = ""  # a live frontend's address: the TEs stream output tokens there ("": none)
     kv_events: bool = True  # subscribe to the TEs' KV cache events (False: ROUTED guesses only)
     # A prefill TE whose KV failed to reach its decode TE gets no new P/D task for this long
     # while another TE can take it (outlier ejection: a down link is invisible to heartbeats,

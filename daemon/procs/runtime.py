@@ -31,7 +31,7 @@ from deepserve.core.asyncdriver import AsyncDriver
 from deepserve.core.messages import Message
 from deepserve.persistence import open_sink
 
-from ..runtime import JES, Runtime
+from ..runtime import JES, STREAM_ADDR, Runtime
 from .launcher import ProcessPods
 from .messages import PeerRoutes, SignalProcess, SpawnProcess
 from .routes import apply_peer_routes, main_prefixes
@@ -73,7 +73,8 @@ class ProcRuntime(Runtime):
         base = {"run_id": d.run_id, "seed": d.seed, "epoch": d.epoch, "main_endpoint": self.transport.endpoint,
                 "main_prefixes": main_prefixes([*d.cells, PODS_ADDR, MONITOR_ADDR, "cluster"]),
                 "npu_kind": topo.npu_kind, "variance": c.npu_variance, "parent_pid": os.getpid(),
-                "log_format": self.cfg.daemon.log_format, "close_timeout_s": CLOSE_TIMEOUT_S}  # fmt: skip
+                "log_format": self.cfg.daemon.log_format, "close_timeout_s": CLOSE_TIMEOUT_S,
+                "stream_to": STREAM_ADDR}  # fmt: skip
         self.supervisor = Supervisor(run_dir=self.run_dir, sock_dir=self.sock_dir, directory=self.transport.directory,
                                      inject=self._to_launcher, base=base)  # fmt: skip
         self.spawn_control(d)

@@ -50,6 +50,9 @@ class HostSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     status_path: str = ""
     log_format: str = "console"
     close_timeout_s: float = 2.0
+    # The frontend's address (`ext/stream`): the DP masters' token batches go from here to the
+    # main process directly, over this process's transport (the output short-circuit)
+    stream_to: str = ""
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -123,14 +126,19 @@ async def serve_pod(spec: HostSpec) -> None:
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     te = spec.slot.te
-    transport = ZmqTransport(bind=spec.endpoint, routes={p: spec.main_endpoint for p in spec.main_prefixes},
-                             limits=Limits(close_timeout_s=spec.close_timeout_s))  # fmt: skip
+    routes = {p: spec.main_endpoint for p in spec.main_prefixes}
+    if spec.stream_to:
+        routes[spec.stream_to] = spec.main_endpoint
+    transport = ZmqTransport(bind=spec.endpoint, routes=routes, limits=Limits(close_timeout_s=spec.close_timeout_s))
     own = (te, f"{te}/")
     applied = [-1]
 
     def on_external(_t: float, env: Any) -> None:
         msg = env.msg
-        if isinstance(msg, PeerRoutes) and msg.version > applied[0]:
+        if env.dst == spec.stream_to:  # to the frontend, in the main process: no hop through the JE
+            if not transport.send(env):
+                log.warning("token batch refused by the transport", dst=env.dst)
+        elif isinstance(msg, PeerRoutes) and msg.version > applied[0]:
             applied[0] = msg.version
             problem = apply_peer_routes(transport.directory, msg, transport.endpoint or "", own)
             if problem:

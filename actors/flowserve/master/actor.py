@@ -62,6 +62,8 @@ from deepserve.actors.flowserve.messages import (
     SubmitTask,
     TaskAccepted,
     TaskRejected,
+    TaskTokens,
+    TokenBatch,
 )
 from deepserve.actors.flowserve.sampling import output_length_of
 from deepserve.actors.flowserve.tokens import blocks_needed
@@ -338,19 +340,16 @@ class DpMaster(Actor[MasterState]):
                 before.append((e.task_id, r.emitted))
         ctx.record(BatchEnded(step=fl.step, ends_s=ends_s, prefill_s=prefill_s, lead_s=lead_s))
         B, seqs = cfg.block_tokens, st.rtc.seqs
-        emit_from: dict[str, int] | None = None
+        chunks = self._chunks(ctx, fl, before, ends_s)
         for tid, first in before:
             r = reqs.get(tid)
             if r is None:
                 continue
             task = r.task
-            got = r.emitted - first
-            if got and task.stream:
-                if emit_from is None:  # once a batch, and only when a token is streamed
-                    emit_from = fl.first_emits()
-                f = emit_from.get(tid, 0)
-                times = ends_s[f : f + got] if len(ends_s) > 1 else ends_s * got
-                ctx.send(task.reply_to, token_message(r, first, times, cfg), corr=task.request_id)
+            chunk = chunks.get(tid)
+            # the short-circuit (`stream_to`, sent above): the requester hears of the first only
+            if chunk is not None and (not task.stream_to or first == (1 if task.kind == "decode" else 0)):
+                ctx.send(task.reply_to, chunk, corr=task.request_id)
             prompt = task.prompt
             c, p = r.num_computed, prompt.num_tokens
             full = (c if c < p else p) // B  # prompt blocks computed (min, without the call)
@@ -370,6 +369,34 @@ class DpMaster(Actor[MasterState]):
                     self.end(ctx, r, "completed", r.stop)
         self._background_copies(ctx)
         self.advance(ctx)
+
+    def _chunks(self, ctx: Context, fl: InFlight, before: list[tuple[str, int]],
+                ends_s: tuple[float, ...]) -> dict[str, TaskTokens]:  # fmt: skip
+        """The pass's output chunk of each streaming task that produced tokens. Those of tasks
+        with `stream_to` (the output short-circuit) leave at once as one `TokenBatch` per
+        address — one message and one log record a pass, ahead of any task's end."""
+        reqs, cfg = self.state.reqs, self.cfg
+        out: dict[str, TaskTokens] = {}
+        direct: dict[str, list[TaskTokens]] | None = None
+        emit_from: dict[str, int] | None = None
+        for tid, first in before:
+            r = reqs.get(tid)
+            if r is None:
+                continue
+            got = r.emitted - first
+            if not got or not r.task.stream:
+                continue
+            if emit_from is None:  # once a batch, and only when a token is streamed
+                emit_from = fl.first_emits()
+            f = emit_from.get(tid, 0)
+            times = ends_s[f : f + got] if len(ends_s) > 1 else ends_s * got
+            chunk = out[tid] = token_message(r, first, times, cfg)
+            if r.task.stream_to:
+                direct = direct if direct is not None else {}
+                direct.setdefault(r.task.stream_to, []).append(chunk)
+        for dst, cs in (direct or {}).items():
+            ctx.send(dst, TokenBatch(chunks=tuple(cs)))
+        return out
 
     def _background_copies(self, ctx: Context) -> None:
         """Once a pass: swap cold blocks out under pressure; prefetch queued prompts' DRAM runs."""

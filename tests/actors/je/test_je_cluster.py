@@ -1,5 +1,5 @@
 """The JE's side of the control plane: cancellation from the frontend (to the TE, ended as
-cancelled even when the TE is gone), the token relay to a live frontend, and draining members
+cancelled even when the TE is gone), tokens streamed past the JE to a live frontend, and draining members
 (no new tasks, open ones kept) against removed ones (open tasks failed over)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from deepserve.actors.flowserve.messages import (
     TaskAccepted,
     TaskFinished,
     TaskTokens,
+    TokenBatch,
 )
 from deepserve.actors.je.actor import JobExecutor
 from deepserve.actors.je.messages import CancelJob, JobRequest, TeGroupMembership
@@ -30,8 +31,9 @@ class Tick(Message, frozen=True):
 
 
 class StreamingTe(Actor[dict]):
-    """Streams one token every `tpot_s` until `target_output_tokens`; `CancelTask` ends the task
-    as cancelled at the next token (as a DP master does); `dead` answers nothing at all."""
+    """Streams one token every `tpot_s` until `target_output_tokens` — to `stream_to` when the
+    task names one (and its first chunk to `reply_to` too), as a DP master does; `CancelTask`
+    ends the task as cancelled at the next token; `dead` answers nothing at all."""
 
     def __init__(self, tpot_s: float = 0.1, dead: bool = False) -> None:
         self.tpot, self.dead = tpot_s, dead
@@ -57,8 +59,12 @@ class StreamingTe(Actor[dict]):
                                                   finish_s=ctx.now(), te=ctx.self))  # fmt: skip
                 return
             self.tasks[msg.task_id][1] = n + 1
-            ctx.send(t.reply_to, TaskTokens(task_id=t.task_id, request_id=t.request_id, first_index=n,
-                                            token_ids=(n,), times_s=(ctx.now(),)))  # fmt: skip
+            chunk = TaskTokens(task_id=t.task_id, request_id=t.request_id, first_index=n, token_ids=(n,),
+                               times_s=(ctx.now(),))  # fmt: skip
+            if t.stream_to:
+                ctx.send(t.stream_to, TokenBatch(chunks=(chunk,)))
+            if not t.stream_to or n == 0:
+                ctx.send(t.reply_to, chunk)
             ctx.after(self.tpot, Tick(msg.task_id))
 
 
@@ -91,9 +97,11 @@ def test_cancel_reaches_the_te_and_ends_the_request_once_as_cancelled() -> None:
     done = dones(out)
     assert [m.request_id for _, m in out if isinstance(m, RequestDone)] == ["r0"]
     assert (done["r0"].status, done["r0"].reason) == ("cancelled", "the client disconnected")
-    tokens = [m for dst, m in out if isinstance(m, TaskTokens)]
-    assert tokens and all(dst == "ext/stream" for dst, m in out if isinstance(m, TaskTokens))
+    tokens = [c for dst, m in out if isinstance(m, TokenBatch) and dst == "ext/stream" for c in m.chunks]
+    assert not [m for _, m in out if isinstance(m, TaskTokens)]  # the JE relays nothing
     assert len(tokens) == done["r0"].output_tokens == 5  # 0.1 s a token, cancelled at 0.55 s
+    to_je = [s for s in d.sink.steps if s.input.actor == "je/0" and s.input.type == "TaskTokens"]
+    assert len(to_je) == 1  # the JE hears of the first chunk only: one TaskStreamed, not one a chunk
     assert d.actor("je/0").state.jobs == {}
     assert verify(MemoryLog(d.sink)).identical  # type: ignore[arg-type]
 
