@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,13 @@ def daemon_slots(cfg: DaemonConfig, placement: Placement, pd_tes: set[str]) -> t
     return slots, groups
 
 
+def keep_no_outside(d: AsyncDriver) -> None:
+    """The frontend takes what actors send outside through `on_external`: the driver's own
+    copy (`external_out`, 100,000 envelopes for tests and tools) would hold every token chunk
+    and terminal message of the last few thousand requests — most of the daemon's RSS growth."""
+    d.external_out = deque(maxlen=0)
+
+
 def te_index(te: str) -> int:
     """`te/12` -> 12: TEs listed in their numeric order."""
     return int(te.rpartition("/")[2])
@@ -118,6 +126,7 @@ class Runtime:
                         mailbox_capacity=65_536)  # fmt: skip
         await d.__aenter__()
         self.driver = d
+        keep_no_outside(d)
         d.on_external = self._on_external
         c = self.cfg.cluster
         spawn_topology(d, build(c.topology, self.placement.servers), variance=c.npu_variance)

@@ -31,7 +31,7 @@ from deepserve.core.asyncdriver import AsyncDriver
 from deepserve.core.messages import Message
 from deepserve.persistence import open_sink
 
-from ..runtime import JES, STREAM_ADDR, Runtime
+from ..runtime import JES, STREAM_ADDR, Runtime, keep_no_outside
 from .launcher import ProcessPods
 from .messages import PeerRoutes, SignalProcess, SpawnProcess
 from .routes import apply_peer_routes, main_prefixes
@@ -62,6 +62,7 @@ class ProcRuntime(Runtime):
                         mailbox_capacity=65_536, transport=self.transport)  # fmt: skip
         await d.__aenter__()
         self.driver = d
+        keep_no_outside(d)
         d.on_external = self._on_external_procs
         c = self.cfg.cluster
         topo = build(c.topology, self.placement.servers)

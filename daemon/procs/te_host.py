@@ -21,6 +21,7 @@ import json
 import os
 import signal
 import sys
+from collections import deque
 from typing import Any
 
 import msgspec
@@ -148,6 +149,7 @@ async def serve_pod(spec: HostSpec) -> None:
     config = {"pod_id": spec.pod_id, "te": te, "generation": spec.generation, "endpoint": spec.endpoint}
     d = AsyncDriver(seed=spec.seed, sink=sink, transport=transport, epoch=spec.epoch, run_id=spec.run_id,
                     config=config, mailbox_capacity=65_536)  # fmt: skip
+    d.external_out = deque(maxlen=0)  # what goes outside is handled here, not kept (RSS)
     d.on_external = on_external
     try:
         async with d:
