@@ -36,6 +36,8 @@ class TextPart(msgspec.Struct, tag="text", tag_field="type", forbid_unknown_fiel
     400 naming `messages[i].content[j].type`, since the emulated model reads no media."""
 
     text: str
+    # OpenAI's explicit cache breakpoint (no-op: the prefix cache matches whole KV blocks)
+    prompt_cache_breakpoint: dict[str, Any] | None = None
 
 
 class ChatMessage(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -97,6 +99,7 @@ NO_OP = {
     "safety_identifier": "OpenAI's replacement of `user`; nothing to monitor",
     "prompt_cache_key": "OpenAI's cache-routing hint; the JE routes by `scheduling.policy` (prefix-aware ones match prompts)",
     "prompt_cache_retention": "the prefix cache keeps blocks by LRU, not by request",
+    "prompt_cache_options": "the prefix cache matches whole KV blocks and keeps them by LRU (a text part's `prompt_cache_breakpoint` is a no-op too)",
     "metadata": "stored completions' tags; nothing is stored",
     "store": "nothing is stored",
     "service_tier": "one tier",
@@ -247,6 +250,7 @@ class ChatRequest(_Common, kw_only=True):
     messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: MaxTok | None = None
     prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
     reasoning_effort: str | None = None
     include_reasoning: bool | None = None
     verbosity: str | None = None

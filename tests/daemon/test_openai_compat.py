@@ -15,7 +15,8 @@ import pytest
 from daemonproc import start_daemon, stop_daemon
 
 from deepserve.actors.flowserve.messages import Sampling
-from deepserve.actors.flowserve.sampling import output_length_of
+from deepserve.actors.flowserve.sampling import output_length_of, prompt_key_of, sampled_tokens
+from deepserve.adapters.tokenizer import output_text
 from deepserve.daemon.api import HONOURED, NO_OP, REFUSED, ChatRequest, CompletionRequest
 from deepserve.daemon.config import load_config
 
@@ -29,7 +30,7 @@ def client(daemon: dict[str, Any]) -> openai.OpenAI:
 
 
 def chat(daemon: dict[str, Any], **kw: Any) -> Any:
-    return client(daemon).chat.completions.create(model=MODEL, messages=MESSAGES, **{"max_tokens": 16, **kw})
+    return client(daemon).chat.completions.create(model=MODEL, **{"messages": MESSAGES, "max_tokens": 16, **kw})
 
 
 def text(r: Any) -> str:
@@ -83,8 +84,42 @@ def test_stop_strings_and_stop_token_ids(daemon: dict[str, Any]) -> None:
                 extra_body={"ignore_eos": True, "include_stop_str_in_output": True})  # fmt: skip
     at = full.index(word)
     assert text(cut) == full[:at] and text(kept) == full[: at + len(word)]
-    ids = httpx.post(daemon["url"] + "/tokenize", json={"prompt": "abcd"}, timeout=10).json()["tokens"]
-    assert len(ids) == 1
+    assert cut.choices[0].finish_reason == "stop" and cut.choices[0].model_extra["stop_reason"] == word
+    # stop_token_ids: the greedy output's ids are the emulated model's, from the prompt's tokens
+    ids = httpx.post(daemon["url"] + "/tokenize", json={"messages": MESSAGES}, timeout=10).json()["tokens"]
+    out = sampled_tokens(Sampling(max_tokens=12, temperature=0.0, prompt_key=prompt_key_of(ids)), 0, 12, 32_000)
+    assert output_text(out) == full
+    stopped = chat(daemon, temperature=0, max_tokens=12, extra_body={"ignore_eos": True, "stop_token_ids": [out[5]]})
+    assert text(stopped) == output_text(out[:5]) and stopped.choices[0].model_extra["stop_reason"] == out[5]
+    assert stopped.usage.completion_tokens == 6  # the stop token was generated (as vLLM counts it)
+
+
+def test_truncate_prompt_tokens_cache_salt_and_chat_echo(daemon: dict[str, Any]) -> None:
+    c = client(daemon)
+    r = c.completions.create(model=MODEL, prompt="word " * 100, max_tokens=1, extra_body={"truncate_prompt_tokens": 7})
+    assert r.usage.prompt_tokens == 7
+    # cache_salt: the same prompt under one salt hits the prefix cache on a TE it ran on before
+    # (round robin over the TEs: six requests revisit one); under fresh salts it never does
+    prompt = "A long shared preamble about rivers and mountains. " * 8
+
+    def cached(salt: str) -> int:
+        u = c.completions.create(model=MODEL, prompt=prompt, max_tokens=1, extra_body={"cache_salt": salt}).usage
+        return int(u.prompt_tokens_details.cached_tokens)
+
+    assert max(cached("team-a") for _ in range(6)) > 0
+    assert [cached(f"fresh-{i}") for i in range(6)] == [0] * 6
+    # vLLM's chat echo: an assistant turn last is continued, its content first in the reply
+    turn = [*MESSAGES, {"role": "assistant", "content": "Well, the river"}]
+    echoed = c.chat.completions.create(model=MODEL, messages=turn, max_tokens=3, extra_body={"echo": True})
+    assert str(echoed.choices[0].message.content).startswith("Well, the river")
+
+
+def test_continuous_usage_stats_put_usage_in_every_chunk(daemon: dict[str, Any]) -> None:
+    chunks = list(client(daemon).chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=4, stream=True, extra_body={"ignore_eos": True},
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))  # fmt: skip
+    counts = [ch.usage.completion_tokens for ch in chunks if ch.choices and ch.choices[0].delta.content]
+    assert counts and counts == sorted(counts) and chunks[-1].usage.completion_tokens == 4
 
 
 # ---- n > 1 -----------------------------------------------------------------------------------
@@ -134,9 +169,12 @@ def test_every_declared_field_is_classified_and_in_the_readme_table() -> None:
 def test_documented_no_ops_are_accepted(daemon: dict[str, Any]) -> None:
     r = chat(daemon, max_tokens=3, seed=2, prompt_cache_key="k", safety_identifier="u-1", user="u", store=False,
              metadata={"a": "b"}, service_tier="auto", reasoning_effort="low", stream=False,
+             prompt_cache_options={"mode": "implicit", "ttl": "30m"},
              extra_body={"priority": 5, "skip_special_tokens": False, "spaces_between_special_tokens": True,
                          "request_id": "mine", "ignore_eos": True, "chat_template_kwargs": {"x": 1}})  # fmt: skip
     assert r.usage.completion_tokens == 3
+    part = {"type": "text", "text": "hi", "prompt_cache_breakpoint": {"type": "ephemeral"}}
+    assert chat(daemon, max_tokens=1, messages=[{"role": "user", "content": [part]}]).usage.completion_tokens == 1
     stream = client(daemon).chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=2, stream=True,
         stream_options={"include_usage": True, "include_obfuscation": False}, **IGNORE_EOS)  # fmt: skip
