@@ -83,6 +83,7 @@ class ChunkChoice(msgspec.Struct):
     index: int
     logprobs: None
     finish_reason: Literal["stop", "length", "abort"] | None
+    stop_reason: str | int | None = None  # with the finish reason
     delta: ChunkDelta | None = None  # chat
     text: str | None = None  # completions
 

@@ -221,8 +221,12 @@ def test_warn_mode_ignores_unknown_fields_with_one_warning_per_name(tmp_path: Pa
     finally:
         out = stop_daemon(proc)
     assert out.count("ignored an unknown request field") == 2, out  # max_token, messages[].nmae
-    # ids are unique across starts: this daemon's first chat and the shared one's differ
-    assert other_start.startswith("chatcmpl-") and other_start != chat(daemon, max_tokens=1).id
+    # ids are unique across starts: `chatcmpl-<a random token of the start>-<the log's request id>`,
+    # so two starts' n-th requests (both `chat-<n>` in their logs) differ
+    here = chat(daemon, max_tokens=1).id
+    pattern = r"chatcmpl-([0-9a-f]{12})-chat-\d+"
+    assert re.fullmatch(pattern, other_start) and re.fullmatch(pattern, here)
+    assert other_start.split("-")[1] != here.split("-")[1]
 
 
 # ---- response shapes -------------------------------------------------------------------------
@@ -289,3 +293,45 @@ def test_the_openapi_document_declares_every_response(daemon: dict[str, Any]) ->
         assert responses["400"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
     for route in ("/version", "/ping", "/tokenize", "/detokenize"):
         assert route in paths
+
+
+def test_min_tokens_defers_stop_strings_and_stop_token_ids() -> None:
+    """vLLM's rule: no stop string or stop token ends the output before min_tokens tokens."""
+    import asyncio
+
+    import msgspec
+
+    from deepserve.actors.flowserve.messages import TaskTokens
+    from deepserve.actors.workload.messages import RequestDone
+    from deepserve.adapters.tokenizer import token_text
+    from deepserve.daemon.generation import Generation
+
+    class Rt:
+        async def cancel(self, *_a: Any, **_k: Any) -> None:
+            return None
+
+    ids = tuple(range(100, 110))
+    words = [token_text(t) for t in ids]
+    stop = words[1]  # the second token's word (it may recur later)
+
+    def run(body: dict[str, Any]) -> str:
+        req = msgspec.convert({"model": MODEL, "prompt": "x", **body}, type=CompletionRequest)
+
+        async def go() -> str:
+            q: asyncio.Queue[Any] = asyncio.Queue()
+            q.put_nowait(RequestDone(request_id="c", status="completed", reason="length", arrival_s=0.0,  # type: ignore[arg-type]
+                                     first_token_s=0.1, finish_s=0.2, prompt_tokens=1, cached_prompt_tokens=0,
+                                     output_tokens=10, te="te/0"))  # fmt: skip
+            first = TaskTokens(task_id="c/1", request_id="c", first_index=0, token_ids=ids, times_s=(0.1,) * 10)
+            gen = Generation(Rt(), "c", "cmpl", MODEL, req.stops(), req, q, first)  # type: ignore[arg-type]
+            await gen.drain()
+            return gen.text
+
+        return asyncio.run(go())
+
+    full = "".join(words)
+    assert run({"stop": [stop]}) == full[: full.index(stop)]
+    later = full.find(stop, len("".join(words[:4])))  # a match may only start after token 4
+    assert run({"stop": [stop], "min_tokens": 4}) == (full if later < 0 else full[:later])
+    assert run({"stop_token_ids": [ids[1], ids[6]]}) == "".join(words[:1])
+    assert run({"stop_token_ids": [ids[1], ids[6]], "min_tokens": 4}) == "".join(words[:6])
