@@ -3,6 +3,8 @@
 `postgres_server`: a throwaway PostgreSQL (initdb + pg_ctl) on 127.0.0.1 at a free port
 for the whole session, trust auth, fsync off. Skipped only when the binaries are not
 on PATH. `postgres_url`: a fresh, empty database on it for one test (asyncpg URL).
+
+The suite prints a progress line whenever it has been silent for 25 s (progress_report.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,15 @@ for _sub in ("core", "replay", "cli", "adapters"):
     _path = os.path.join(_TESTS, _sub)
     if _path not in sys.path:
         sys.path.append(_path)
+
+if _TESTS not in sys.path:
+    sys.path.append(_TESTS)
+import progress_report  # noqa: E402  (beside this file: importable once the line above ran)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    progress_report.register(config)
+
 
 PG_BINARIES = ("initdb", "pg_ctl", "postgres")
 
