@@ -5,6 +5,9 @@ is part of (the exit status as the shell sees it, PYTHONHASHSEED, atexit, fresh 
 `in_process(...)` calls the CLI's `main()` in this process with stdout and stderr captured:
 the same answer without a Python start and deepserve's imports (~0.5 s each, several seconds
 on a loaded machine), for what only checks the arguments, the messages and the exit status.
+Keep the subprocess for user modules loaded by `--path`/`--import` (they stay imported here, a
+later test would see the first one's), split runs (`--workers` forks the process it runs in),
+and anything about PYTHONHASHSEED, atexit or a fresh interpreter.
 """
 
 from __future__ import annotations
