@@ -67,7 +67,7 @@ def test_a_split_run_missing_a_worker_log_is_refused(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     (tmp_path / "run" / "w1.db").unlink()
     for cmd in (("replay", "verify", "run"), ("replay", "digest", "run")):
-        assert_one_line_error(deepserve(*cmd, cwd=tmp_path), "the run wrote w1.db, which the directory lacks")
+        assert_one_line_error(in_process(*cmd, cwd=tmp_path), "the run wrote w1.db, which the directory lacks")
 
 
 def test_a_run_directory_with_a_log_holding_no_run_is_refused_naming_it(tmp_path: Path) -> None:
@@ -83,4 +83,4 @@ def test_a_run_directory_with_a_log_holding_no_run_is_refused_naming_it(tmp_path
     with sqlite3.connect(tmp_path / "run" / "w9.db") as db:
         db.execute("DELETE FROM runs")
     for cmd in (("replay", "verify", "run"), ("replay", "digest", "run")):
-        assert_one_line_error(deepserve(*cmd, cwd=tmp_path), "w9.db: holds no run")
+        assert_one_line_error(in_process(*cmd, cwd=tmp_path), "w9.db: holds no run")
