@@ -12,7 +12,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from cliproc import assert_one_line_error, deepserve
+from cliproc import assert_one_line_error, in_process
 
 from deepserve.persistence import open_log, open_sink
 
@@ -30,7 +30,7 @@ COMMANDS = (
 def paged_log(tmp_path_factory) -> Path:
     """The example simulation's log, as `deepserve sim` writes it: in pages."""
     where = tmp_path_factory.mktemp("demo")
-    res = deepserve("sim", "example", "--log", "paged.db", cwd=where)
+    res = in_process("sim", "example", "--log", "paged.db", cwd=where)
     assert res.returncode == 0, res.stderr
     return _checkpointed(where / "paged.db")
 
@@ -107,7 +107,7 @@ def test_every_replay_command_refuses_a_damaged_index(demo_log: Path, tmp_path: 
     assert _integrity(bad) != "ok"  # the damage is real, and SQLite can tell
     before = bad.read_bytes()
     for command, *rest in COMMANDS:
-        res = deepserve("replay", command, str(bad), *rest, cwd=tmp_path)
+        res = in_process("replay", command, str(bad), *rest, cwd=tmp_path)
         line = assert_one_line_error(res, str(bad), "damaged SQLite file", "integrity_check")
         assert "page" in line or "index" in line or "malformed" in line, line
         assert res.stdout == "", (command, res.stdout[:200])
@@ -125,7 +125,7 @@ def test_every_replay_command_refuses_a_damaged_page(paged_log: Path, tmp_path: 
     bad.write_bytes(data[:at] + b"\x5a" * 16 + data[at + 16 :])
     assert _integrity(bad) == "ok"
     for command, *rest in COMMANDS:
-        res = deepserve("replay", command, str(bad), *rest, cwd=tmp_path)
+        res = in_process("replay", command, str(bad), *rest, cwd=tmp_path)
         # migrate too: it said "already schema 4", exit 0, of a damaged file (a user tour)
         line = assert_one_line_error(res, str(bad), f"damaged log: page {page_id} of run")
         assert line.endswith("fails its checksum (its steps cannot be trusted)"), line
@@ -135,7 +135,7 @@ def test_every_replay_command_refuses_a_damaged_page(paged_log: Path, tmp_path: 
 @pytest.mark.parametrize("layout", ["rows", "pages"])
 def test_a_whole_log_passes_the_check(demo_log: Path, paged_log: Path, tmp_path: Path, layout) -> None:
     log = demo_log if layout == "rows" else paged_log
-    res = deepserve("replay", "verify", str(log), cwd=tmp_path)
+    res = in_process("replay", "verify", str(log), cwd=tmp_path)
     assert res.returncode == 0 and res.stdout.startswith("identical"), res.stderr
 
 
@@ -144,7 +144,7 @@ def test_a_damaged_file_in_a_run_directory_is_named(demo_log: Path, tmp_path: Pa
     run_dir.mkdir()
     shutil.copy(demo_log, run_dir / "a.db")
     _damage(demo_log, run_dir / "b.db", "ix_inputs_actor")
-    res = deepserve("replay", "log", str(run_dir), cwd=tmp_path)
+    res = in_process("replay", "log", str(run_dir), cwd=tmp_path)
     assert_one_line_error(res, str(run_dir / "b.db"), "damaged SQLite file")
 
 
@@ -156,7 +156,7 @@ def test_every_replay_command_refuses_a_log_missing_a_step(demo_log: Path, tmp_p
     if layout == "rows":
         shutil.copy(demo_log, bad)
     else:  # 4 pages: the second one goes
-        assert deepserve("sim", "example", "--requests", "800", "--log", str(bad), cwd=tmp_path).returncode == 0
+        assert in_process("sim", "example", "--requests", "800", "--log", str(bad), cwd=tmp_path).returncode == 0
         _checkpointed(bad)
     with sqlite3.connect(bad) as db:
         if layout == "rows":
@@ -168,7 +168,7 @@ def test_every_replay_command_refuses_a_log_missing_a_step(demo_log: Path, tmp_p
             db.execute("DELETE FROM pages WHERE id = (SELECT id FROM pages ORDER BY id LIMIT 1 OFFSET 1)")
     assert _integrity(bad) == "ok"
     for command, *rest in COMMANDS:
-        res = deepserve("replay", command, str(bad), *rest, cwd=tmp_path)
+        res = in_process("replay", command, str(bad), *rest, cwd=tmp_path)
         line = assert_one_line_error(res, str(bad), "damaged log: it holds ")
         assert "are missing or repeated (a deleted row or page" in line, line
         assert res.stdout == "", (command, res.stdout[:200])
