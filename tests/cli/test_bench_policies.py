@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from cliproc import assert_one_line_error, deepserve
+from cliproc import assert_one_line_error, in_process
 
 FIELDS = ["policy", "trace", "cluster", "rps", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
           "jct_ms_p50", "jct_ms_p99", "slo_attainment", "prefix_hit_rate"]
@@ -15,7 +15,7 @@ FIELDS = ["policy", "trace", "cluster", "rps", "ttft_ms_p50", "ttft_ms_p99", "tp
 
 def test_profile_heatmap_then_bench_policies_json_rows(tmp_path: Path) -> None:
     heat = tmp_path / "heat.json"
-    res = deepserve("profile", "heatmap", "--prefill", "512,4096", "--ratio", "0.0625,1", "--rps", "1",
+    res = in_process("profile", "heatmap", "--prefill", "512,4096", "--ratio", "0.0625,1", "--rps", "1",
                     "--requests", "6", "--out", str(heat), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     data = json.loads(heat.read_text())
@@ -23,17 +23,17 @@ def test_profile_heatmap_then_bench_policies_json_rows(tmp_path: Path) -> None:
     assert all(c["value"] == pytest.approx(c["jct_ms_colocated"] / c["jct_ms_pd"] - 1) for c in data["cells"])
     assert heat.with_suffix(".png").stat().st_size > 1000
     png = tmp_path / "p.png"
-    res = deepserve("bench", "policies", "--cluster", "fig7", "--rps", "1,2", "--requests", "12",
+    res = in_process("bench", "policies", "--cluster", "fig7", "--rps", "1,2", "--requests", "12",
                     "--policies", "round_robin,pd_aware", "--trace", "configs/traces/azure_conv_500.csv",
                     "--heatmap", str(heat), "--predictor", str(tmp_path / "missing.json"), "--json",
                     "--png", str(png), cwd=Path.cwd())
     assert_one_line_error(res, "--predictor: no file")
     pred = tmp_path / "pred.json"
-    res = deepserve("profile", "predictor", "--trace", "configs/traces/azure_conv_500.csv", "--max-depth", "3",
+    res = in_process("profile", "predictor", "--trace", "configs/traces/azure_conv_500.csv", "--max-depth", "3",
                     "--out", str(pred), "--json", cwd=Path.cwd())
     assert res.returncode == 0, res.stderr
     assert 0 <= json.loads(res.stdout)["accuracy_held_out"] <= 1
-    res = deepserve("bench", "policies", "--cluster", "fig7", "--rps", "1,2", "--requests", "12",
+    res = in_process("bench", "policies", "--cluster", "fig7", "--rps", "1,2", "--requests", "12",
                     "--policies", "round_robin,pd_aware", "--trace", "configs/traces/azure_conv_500.csv",
                     "--heatmap", str(heat), "--predictor", str(pred), "--json", "--png", str(png), cwd=Path.cwd())
     assert res.returncode == 0, res.stderr
@@ -54,10 +54,10 @@ def test_profile_heatmap_then_bench_policies_json_rows(tmp_path: Path) -> None:
     (["--forwarding", "eager"], ["--forwarding", "unknown mode 'eager'"]),
 ])
 def test_bench_policies_refuses_bad_arguments(tmp_path: Path, args: list[str], needles: list[str]) -> None:
-    assert_one_line_error(deepserve("bench", "policies", *args, cwd=tmp_path), *needles)
+    assert_one_line_error(in_process("bench", "policies", *args, cwd=tmp_path), *needles)
 
 
 def test_bench_policies_cluster_file_fields_are_validated(tmp_path: Path) -> None:
     bad = tmp_path / "c.toml"
     bad.write_text("colocated = 2\npairs = -1\n")
-    assert_one_line_error(deepserve("bench", "policies", "--cluster", str(bad), cwd=tmp_path), "pairs")
+    assert_one_line_error(in_process("bench", "policies", "--cluster", str(bad), cwd=tmp_path), "pairs")
