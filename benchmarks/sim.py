@@ -36,6 +36,13 @@ def find_full_trace() -> str | None:
     return None
 
 
+def bench_trace() -> str:
+    """The trace the bench runs: the full Mooncake trace if found, else the built-in slice."""
+    from deepserve.adapters.scenario.loader import trace_path
+
+    return find_full_trace() or trace_path("builtin:mooncake_conv_1k")
+
+
 def _one_run(scenario: object, trace: str, requests: int | None, log: str | None,
              build: Callable | None = None) -> tuple[dict, float, float]:  # fmt: skip
     from deepserve.adapters.scenario.run import run_scenario
@@ -70,12 +77,12 @@ def _split_run(scenario: object, trace: str, requests: int | None, log_dir: str)
 
 def sim_bench(requests: int | None, progress: Callable[[str], None], scenario_name: str = "mooncake-16te",
               overrides: tuple[str, ...] = ()) -> tuple[str, list[Row]]:  # fmt: skip
-    from deepserve.adapters.scenario.loader import load_scenario, trace_path
+    from deepserve.adapters.scenario.loader import load_scenario
     from deepserve.adapters.scenario.parallel import cpu_count, plan_partitions
 
     scenario = load_scenario(scenario_name, overrides)
     plan_partitions(scenario, cpu_count())  # a scenario that cannot be split: refused before any run
-    trace = find_full_trace() or trace_path("builtin:mooncake_conv_1k")
+    trace = bench_trace()
     with tempfile.TemporaryDirectory(prefix="deepserve-bench-sim-") as tmp:
         progress("the run with the log on, split by server over this machine's cores")
         split, wall_split, workers = _split_run(scenario, trace, requests, tmp)

@@ -32,6 +32,7 @@ def _run_sim(args: argparse.Namespace) -> int:
     from deepserve.adapters.scenario.parallel import ParallelError
 
     try:
+        _check_requests(args.requests)
         title, rows = sim_bench(args.requests, progress, overrides=tuple(args.overrides))
     except (ScenarioError, TraceError) as exc:
         raise CliError(str(exc)) from None
@@ -40,3 +41,15 @@ def _run_sim(args: argparse.Namespace) -> int:
                        f"{str(exc).removeprefix('--workers: ').split('; run it with')[0]}") from None  # fmt: skip
     print(as_json_lines(rows) if args.json else render(title, rows))
     return 0
+
+
+def _check_requests(requests: int | None) -> None:
+    """More requests than the bench's trace holds are refused (the run took fewer, silently)."""
+    from deepserve.adapters.traces import open_trace
+    from deepserve.benchmarks.sim import bench_trace
+    from deepserve.cli.util import CliError
+
+    trace = open_trace(bench_trace())
+    if requests is not None and requests > (rows := trace.rows()):
+        raise CliError(f"--requests {requests}: the trace {trace.path} has {rows} requests "
+                       "(leave --requests out for all of them)")  # fmt: skip

@@ -144,22 +144,13 @@ def report(name: str, seed: int, trace: str, result: Any, wall_s: float, log: st
 def _requests(flag: int | None, field: int, trace: Any) -> int:
     """How many requests the run takes from the trace; more than it holds is refused (a run that
     quietly took fewer would report numbers for a load nobody asked for)."""
-    rows = _count_rows(trace.path, trace.format)
+    rows = trace.rows()
     wanted = flag or field
     if wanted > rows:
         what = f"--requests {flag}" if flag else f"workload.requests = {field}"
         whole = "leave --requests out" if flag else "0"
         raise CliError(f"{what}: the trace {trace.path} has {rows} requests ({whole} for all of them)")
     return wanted or rows
-
-
-def _count_rows(path: str, fmt: str) -> int:
-    """Rows of a trace (a quick count of non-empty lines; a bad row is the reader's to report)."""
-    n = 0
-    with open(path, "rb") as f:
-        for line in f:
-            n += bool(line.strip())
-    return n - (fmt == "azure")
 
 
 def _progress(total: int, quiet: bool) -> Any:

@@ -154,3 +154,13 @@ def test_collector_keeps_failed_latencies_apart() -> None:
     assert (s.completed, s.failed, s.cancelled) == (1, 2, 1)
     assert s.e2e_ms_p99 == pytest.approx(1000.0)
     assert s.failed_e2e_ms_p50 == pytest.approx(200_000.0) and s.failed_e2e_ms_max == pytest.approx(300_000.0)
+
+
+def test_bench_sim_refuses_more_requests_than_its_trace_holds(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = [MOONCAKE_ROW.format(t=i, n=600, ids=[i, i + 10]) for i in range(3)]
+    (tmp_path / "mooncake_conversation.jsonl").write_text("".join(rows))
+    monkeypatch.setenv("DEEPSERVE_TRACES", str(tmp_path))  # the bench's "full trace": 3 rows
+    rc, _, err = _cli(capsys, "bench", "sim", "--requests", "4", "--json")
+    _one_line_error(rc, err, "--requests 4: the trace ", "mooncake_conversation.jsonl has 3 requests")
