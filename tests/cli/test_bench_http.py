@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -155,7 +156,7 @@ def _ends_cleanly(proc: subprocess.Popen[str], servers: list[int], status: int) 
 
 
 def test_two_ctrl_c_in_the_daemon_phase_stop_the_daemon(tmp_path: Path) -> None:
-    proc = _bench(tmp_path)
+    proc = _bench(tmp_path, requests=3)  # ~6 s of streaming to catch, however loaded the machine
     daemon = _daemon_serving(proc, streaming=True)
     _send(proc, signal.SIGINT)
     # the impatient user's second Ctrl-C, while the first is handled: the bench used to exit at
@@ -169,7 +170,7 @@ def test_two_ctrl_c_in_the_daemon_phase_stop_the_daemon(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_in_the_bare_phase_stops_uvicorn(tmp_path: Path, sig: signal.Signals, status: int) -> None:
-    proc = _bench(tmp_path)
+    proc = _bench(tmp_path, requests=2)  # the bare phase: ~4 s from listening to done
     daemon = _server(proc, " up --port 0")
     bare = _bare_serving(proc)
     _send(proc, sig)
@@ -177,11 +178,11 @@ def test_a_signal_in_the_bare_phase_stops_uvicorn(tmp_path: Path, sig: signal.Si
 
 
 def test_requests_that_fail_fail_the_bench(tmp_path: Path) -> None:
-    proc = _bench(tmp_path, "--json", requests=2)
+    proc = _bench(tmp_path, "--json", requests=3)
     daemon = _daemon_serving(proc, streaming=True)
-    os.kill(daemon, signal.SIGKILL)  # the running request is cut, the next is not sent
+    os.kill(daemon, signal.SIGKILL)  # the running request is cut, the rest are not sent
     err = _ends_cleanly(proc, [daemon], 1)
     (line,) = err.splitlines()  # --json: no progress lines
-    assert line.startswith("deepserve: bench http failed: 1 of 1 requests to the daemon failed, "
-                           "1 not sent: 1 x "), line  # fmt: skip
-    assert "RemoteProtocolError: " in line or "ReadError: " in line, line  # the cut stream
+    # "1 of 1 requests ..., 2 not sent" unless the first request ended before the kill
+    assert re.match(r"deepserve: bench http failed: 1 of ([12]) requests to the daemon failed, "
+                    r"[12] not sent: 1 x (RemoteProtocolError|ReadError): ", line), line  # fmt: skip
