@@ -150,13 +150,13 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes]) -> None:
     end = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < end:
         if proc.poll() is not None:
-            raise RuntimeError("the server exited at start")
+            raise BenchFailed("the bare uvicorn endpoint exited at start")
         try:
             httpx.get(url, timeout=1)
             return
         except httpx.TransportError:
             time.sleep(0.05)
-    raise RuntimeError(f"{url} did not answer within {START_TIMEOUT_S} s")
+    raise BenchFailed(f"{url} did not answer within {START_TIMEOUT_S} s")
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -176,8 +176,10 @@ def http_bench(requests: int, concurrency: int, tokens: int, progress: Callable[
         try:
             end = time.monotonic() + START_TIMEOUT_S
             while not (run_dir / "daemon.json").exists():
-                if proc.poll() is not None or time.monotonic() > end:
-                    raise RuntimeError("the daemon did not start")
+                if proc.poll() is not None:
+                    raise BenchFailed(f"the daemon exited at start (status {proc.returncode})")
+                if time.monotonic() > end:
+                    raise BenchFailed(f"the daemon did not start within {START_TIMEOUT_S} s")
                 time.sleep(0.05)
             info = json.loads((run_dir / "daemon.json").read_text())
             try:
