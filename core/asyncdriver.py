@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from heapq import heapify, heappop, heappush
 from typing import Any, Final
 
@@ -94,6 +95,9 @@ class AsyncDriver(InlineDelivery):
         self.inline_local = True
         self.inline_deliveries = 0
         self.timer_wakes = 0  # times the timer task woke (a deadline, or a timer due earlier)
+        # Called as `timer_late(key, seconds)` for each timer fired, how long after its deadline
+        # the event loop got to it (a measurement of the platform, outside the actors' state)
+        self.timer_late: Callable[[str, float], None] | None = None
         self._stepping = False  # routing a step's outputs (only then may `_enqueue` queue inline)
         self._inline_q: deque[tuple[Cell, Envelope]] = deque()
 
@@ -485,11 +489,15 @@ class AsyncDriver(InlineDelivery):
                     await self._timer_wake.wait()
                 self.timer_wakes += 1
                 continue
+            late = self.timer_late
             while heap and heap[0][0] <= now:  # every timer due, in deadline order, in one wake
-                _, seq, env, key = heappop(heap)
+                deadline, seq, env, key = heappop(heap)
                 if timers.get((env.dst, key)) == seq:
                     del timers[(env.dst, key)]
-                    self._send(env, self.clock())
+                    t = self.clock()
+                    if late is not None:
+                        late(key, t - deadline)
+                    self._send(env, t)
             # A cancelled timer (an answered ask's timeout) leaves its entry: drop those now
             # at the top, so the next wake is for a live one, not one wake per old deadline.
             # Only here: dropping them on a new timer's wake-up would empty the heap between

@@ -176,6 +176,7 @@ class Frontend:
                   kind: str) -> Response:  # fmt: skip
         """Serve one request; `text` is the prompt as text, or as token ids (completions)."""
         rt, cfg = self.rt, self.cfg
+        arrival = time.perf_counter()  # the wall-clock metrics' start (vLLM's arrival time)
         rid = rt.new_request_id(kind)
         prompt, ids = self.prompt_of(req, text)
         if prompt.num_tokens < 1:
@@ -190,9 +191,12 @@ class Frontend:
                             f"pass takes at most cluster.scheduler.max_batch_tokens={limit}",
                             "invalid_request_error", "messages" if kind == "chat" else "prompt")  # fmt: skip
         sampling = self.sampling_of(req, rid, ids)
+        # before the submit: the request's first token may reach the metrics before it returns
+        self.metrics.arrived(rid, arrival, req.choices(), sampling.max_tokens)
         try:
             q = await rt.submit(rid, prompt, sampling, stream=bool(req.stream))
         except NoCapacity as exc:
+            self.metrics.forget(rid)
             raise HttpError(503, str(exc), "service_unavailable") from None
         try:
             qs = [(rid, q), *await self._more_choices(req, rid, prompt, sampling)]
@@ -238,7 +242,6 @@ class Frontend:
                      qs: list[tuple[str, Any]]) -> Response:  # fmt: skip
         """An accepted request from its first item (each choice's) to its response."""
         rt, rid = self.rt, qs[0][0]
-        t0 = time.perf_counter()
         firsts = await self._firsts(request, qs)
         if isinstance(firsts, Response):
             return firsts
@@ -248,7 +251,6 @@ class Frontend:
                 await rt.cancel(other, "another choice was refused (daemon.max_inflight)")
             raise HttpError(429, f"{refused[0].reason.removeprefix(REFUSED_429)} (daemon.max_inflight)",
                             "rate_limit_error", headers={"Retry-After": "1"})  # fmt: skip
-        self.metrics.client_ttft(time.perf_counter() - t0)
         for first in firsts:
             if isinstance(first, RequestDone) and first.status != "completed" and first.output_tokens == 0:
                 for other, _q in qs:

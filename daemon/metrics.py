@@ -1,10 +1,21 @@
-"""Prometheus metrics (prometheus_client), vLLM's names where one exists.
+"""Prometheus metrics (prometheus_client), vLLM's names where the meaning exists.
 
-Latencies are the emulated ones, from each request's recorded terminal state (arrival, first
-token, finish on the daemon's clock); gauges are read from the masters' state at scrape time."""
+Two clocks, never mixed under one name (README, "Metrics"):
+- wall: what the frontend saw, on `time.perf_counter` — the request's arrival at the frontend
+  (`arrived`), each token message as it reached it (`tokens`), its terminal state (`done`). vLLM's
+  latency names (`vllm:time_to_first_token_seconds`, `vllm:e2e_request_latency_seconds`,
+  `vllm:inter_token_latency_seconds`, `vllm:time_per_output_token_seconds`) are these, as vLLM's
+  are measured by its server.
+- emulated: what the performance model says, from the TE's token times and the request's recorded
+  terminal state (arrival, first token, finish on the daemon's clock): `deepserve_emulated_*`,
+  and vLLM's engine-phase names whose meaning is the emulated engine's (`vllm:request_decode_time_seconds`).
+The gap between the two is platform overhead; `deepserve_npu_timer_lateness_seconds` is the part
+of it that is the event loop firing an emulated forward pass's end late.
+Gauges are read from the masters' state at scrape time."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prometheus_client import (
@@ -18,29 +29,99 @@ from prometheus_client import (
 
 from deepserve.actors.flowserve.messages import TaskTokens
 from deepserve.actors.workload.messages import RequestDone
+from deepserve.adapters.hardware.devices.npu import GRAPH_KEY
 
-BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.2, 0.5, 1.0)
+# vLLM's buckets (vllm/v1/metrics/loggers.py), so dashboards built for vLLM read these as theirs
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)  # fmt: skip
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                   240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+EMULATED_ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.2, 0.5, 1.0)  # finer: model-made gaps
+N_BUCKETS = (1, 2, 5, 10, 20)
+ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+# An emulated forward pass's end fired late by the event loop: from sub-ms (quiet) to 100s of ms
+LATENESS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+FINISHED_REASONS = ("stop", "length", "abort", "error")  # vLLM's FinishReason strings
+
+
+def token_buckets(limit: int) -> tuple[int, ...]:
+    """vLLM's `build_1_2_5_buckets`: 1, 2, 5, 10, 20, 50, ... up to `limit`."""
+    out, mantissa, exp = [], (1, 2, 5), 0
+    while True:
+        for m in mantissa:
+            v = m * 10**exp
+            if v > limit:
+                return tuple(out)
+            out.append(v)
+        exp += 1
+
+
+class _Wall:
+    """One open request as the frontend saw it (perf_counter seconds)."""
+
+    __slots__ = ("arrival", "first", "last", "n", "max_tokens")
+
+    def __init__(self, arrival: float, n: int, max_tokens: int) -> None:
+        self.arrival, self.n, self.max_tokens = arrival, n, max_tokens
+        self.first: float | None = None
+        self.last: float | None = None
+
+
+def finished_reason(d: RequestDone) -> str:
+    """vLLM's `finished_reason` of a terminal state: a cancel (a client gone, a TTFT deadline) is
+    `abort`, as vLLM's; a failure `error`; a stop sequence or EOS `stop`."""
+    if d.status == "cancelled":
+        return "abort"
+    if d.status == "failed":
+        return "error"
+    return "length" if d.reason in ("length", "target") else "stop"
 
 
 class Metrics:
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, cache_info: dict[str, str] | None = None, max_model_len: int = 40_960) -> None:
         r = self.registry = CollectorRegistry()
         lbl = ["model_name"]
         self.model = model
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token", lbl, registry=r, buckets=BUCKETS)
-        # One observation per gap between consecutive output tokens, as vLLM's: a mean per
-        # request hid a stall between two tokens behind the request's other gaps.
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency", lbl,
-                             registry=r, buckets=ITL_BUCKETS)  # fmt: skip
-        self._last_token_s: dict[str, float] = {}  # request -> its last token's time (in flight)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency", lbl, registry=r,
-                             buckets=BUCKETS)  # fmt: skip
+
+        def hist(name: str, doc: str, buckets: tuple[float, ...], labels: list[str] = lbl) -> Histogram:
+            return Histogram(name, doc, labels, registry=r, buckets=buckets)
+
+        # ---- wall clock at the frontend ----
+        self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token (wall clock at the frontend: "
+                         "arrival to the first token received for the client)", TTFT_BUCKETS)  # fmt: skip
+        self.e2e = hist("vllm:e2e_request_latency_seconds", "End-to-end request latency (wall clock at the "
+                        "frontend: arrival to the terminal state)", REQUEST_BUCKETS)  # fmt: skip
+        self.itl = hist("vllm:inter_token_latency_seconds", "Inter-token latency (wall clock at the frontend: "
+                        "between consecutive token messages of a request)", ITL_BUCKETS)  # fmt: skip
+        self.tpot = hist("vllm:time_per_output_token_seconds", "Time per output token (wall clock at the "
+                         "frontend: first to last token, over the tokens after the first)", ITL_BUCKETS)  # fmt: skip
+        self._wall: dict[str, _Wall] = {}  # request -> its frontend times (open requests only)
+        # ---- emulated (the performance model's times) ----
+        self.emu_ttft = hist("deepserve_emulated_time_to_first_token_seconds",
+                             "Emulated time to first token (the TE's first token time - arrival)", TTFT_BUCKETS)  # fmt: skip
+        self.emu_e2e = hist("deepserve_emulated_e2e_request_latency_seconds",
+                            "Emulated end-to-end latency (finish - arrival, daemon clock)", REQUEST_BUCKETS)  # fmt: skip
+        # One observation per gap between consecutive output tokens: a mean per request hid a
+        # stall between two tokens behind the request's other gaps.
+        self.emu_itl = hist("deepserve_emulated_inter_token_latency_seconds",
+                            "Emulated inter-token latency (gaps between the TE's token times)", EMULATED_ITL_BUCKETS)  # fmt: skip
+        self.decode_time = hist("vllm:request_decode_time_seconds", "Time in the DECODE phase (emulated: the "
+                                "TE's first to last token time)", REQUEST_BUCKETS)  # fmt: skip
+        self._last_token_s: dict[str, float] = {}  # request -> its last token's emulated time (in flight)
+        # ---- counts ----
+        tb = token_buckets(max_model_len)
+        self.req_prompt = hist("vllm:request_prompt_tokens", "Prompt tokens per finished request", tb)
+        self.req_gen = hist("vllm:request_generation_tokens", "Generated tokens per finished request", tb)
+        self.params_n = hist("vllm:request_params_n", "The n request parameter", N_BUCKETS)
+        self.params_max = hist("vllm:request_params_max_tokens", "The max_tokens request parameter", tb)
         self.success = Counter("vllm:request_success", "Finished requests", [*lbl, "finished_reason"], registry=r)
+        for reason in FINISHED_REASONS:
+            self.success.labels(model, reason)
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens", lbl, registry=r)
         # Counted as tokens arrive, as vLLM's engine counts them: an attempt a retry discarded made
-        # its tokens too, and its gaps are in the ITL histogram (counted at the end from the
-        # final attempt alone, the histogram held more gaps than there were tokens, a tour).
+        # its tokens too, and its gaps are in the ITL histograms.
         self.gen_tokens = Counter("vllm:generation_tokens", "Generated tokens", lbl, registry=r)
         self.running = Gauge("vllm:num_requests_running", "Running requests", lbl, registry=r)
         self.waiting = Gauge("vllm:num_requests_waiting", "Waiting requests", lbl, registry=r)
@@ -50,45 +131,87 @@ class Metrics:
         self.pc_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens queried against the prefix cache",
                                   lbl, registry=r)  # fmt: skip
         self.pc_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache", lbl, registry=r)
-        self.terminal = Counter("deepserve_requests", "Requests by terminal status (rejected_429: shed by "
-                                "daemon.max_inflight, never admitted)", ["status"], registry=r)  # fmt: skip
+        if cache_info:
+            info = Gauge("vllm:cache_config_info", "Information of the KV cache configuration", list(cache_info),
+                         registry=r)  # fmt: skip
+            info.labels(**cache_info).set(1)
+        self.terminal = Counter("deepserve_requests", "Requests by terminal status (rejected_429: refused by the "
+                                "gateway over daemon.max_inflight, never admitted)", ["status"], registry=r)  # fmt: skip
         for status in ("completed", "failed", "cancelled", "rejected_429"):
             self.terminal.labels(status)  # every series from the start, at 0 until it happens
         self.faults = Counter("deepserve_faults", "Faults injected through the admin API", ["kind"], registry=r)
-        self.client_ttft_s = Histogram("deepserve_frontend_first_token_seconds",
-                                       "Frontend-observed wait for the first token", registry=r, buckets=BUCKETS)  # fmt: skip
+        self.lateness = Histogram("deepserve_npu_timer_lateness_seconds", "How late the event loop fired an "
+                                  "emulated forward pass's end (fire wall time - the model's end time)",
+                                  registry=r, buckets=LATENESS_BUCKETS)  # fmt: skip
 
-    def client_ttft(self, seconds: float) -> None:
-        self.client_ttft_s.observe(seconds)
+    # ---- the frontend's hooks ------------------------------------------------------------------
+    def arrived(self, request_id: str, at: float, n: int = 1, max_tokens: int = 0) -> None:
+        """A request reached the frontend at `at` (perf_counter), before it is submitted."""
+        self._wall[request_id] = _Wall(at, n, max_tokens)
+
+    def forget(self, request_id: str) -> None:
+        """A request that was never submitted (the daemon is stopping)."""
+        self._wall.pop(request_id, None)
 
     def tokens(self, msg: TaskTokens) -> None:
-        """Each gap between consecutive output tokens of a request (emulated token times)."""
-        itl = self.itl.labels(self.model)
-        self.gen_tokens.labels(self.model).inc(len(msg.times_s))
+        """A token message reached the frontend: the wall clock's first token or gap, and each gap
+        between consecutive emulated token times."""
+        now = time.perf_counter()
+        m = self.model
+        rid = msg.request_id
+        self.gen_tokens.labels(m).inc(len(msg.times_s))
+        w = self._wall.get(rid)
+        if w is not None:
+            if w.first is None:
+                w.first = now
+                self.ttft.labels(m).observe(now - w.arrival)
+            elif w.last is not None and msg.first_index:
+                self.itl.labels(m).observe(now - w.last)
+            w.last = now
+        itl = self.emu_itl.labels(m)
         # token 0 again: a retry from scratch (a non-streamed request), no gap to the failed attempt
-        prev = self._last_token_s.get(msg.request_id) if msg.first_index else None
+        prev = self._last_token_s.get(rid) if msg.first_index else None
         for t in msg.times_s:
             if prev is not None:
                 itl.observe(max(0.0, t - prev))
             prev = t
         if prev is not None:
-            self._last_token_s[msg.request_id] = prev
+            self._last_token_s[rid] = prev
 
-    def rejected(self) -> None:
-        """A request shed with 429 (over `daemon.max_inflight`): it never reached the cluster."""
+    def rejected(self, request_id: str = "") -> None:
+        """A request the gateway refused with 429 (over `daemon.max_inflight`): never admitted."""
+        self._wall.pop(request_id, None)
         self.terminal.labels("rejected_429").inc()
 
     def done(self, d: RequestDone) -> None:
-        self._last_token_s.pop(d.request_id, None)
-        m = self.model
+        now = time.perf_counter()
+        rid, m = d.request_id, self.model
+        last_s = self._last_token_s.pop(rid, None)
         self.terminal.labels(d.status).inc()
-        self.success.labels(m, d.reason if d.status == "completed" else d.status).inc()
+        self.success.labels(m, finished_reason(d)).inc()
         self.prompt_tokens.labels(m).inc(d.prompt_tokens)
         self.pc_queries.labels(m).inc(d.prompt_tokens)
         self.pc_hits.labels(m).inc(d.cached_prompt_tokens)
-        self.e2e.labels(m).observe(max(0.0, d.finish_s - d.arrival_s))
+        self.req_prompt.labels(m).observe(d.prompt_tokens)
+        self.req_gen.labels(m).observe(d.output_tokens)
+        self.emu_e2e.labels(m).observe(max(0.0, d.finish_s - d.arrival_s))
         if d.first_token_s is not None:
-            self.ttft.labels(m).observe(max(0.0, d.first_token_s - d.arrival_s))
+            self.emu_ttft.labels(m).observe(max(0.0, d.first_token_s - d.arrival_s))
+            if last_s is not None:  # first_token_s: the attempt the client got (a retry's own)
+                self.decode_time.labels(m).observe(max(0.0, last_s - d.first_token_s))
+        w = self._wall.pop(rid, None)
+        if w is None:
+            return
+        self.e2e.labels(m).observe(now - w.arrival)
+        self.params_n.labels(m).observe(w.n)
+        self.params_max.labels(m).observe(w.max_tokens)
+        if w.first is not None and w.last is not None and d.output_tokens > 1:
+            self.tpot.labels(m).observe((w.last - w.first) / (d.output_tokens - 1))
+
+    def timer_late(self, key: str, late_s: float) -> None:
+        """The driver fired a timer `late_s` after its deadline: an NPU's forward-pass end counts."""
+        if key == GRAPH_KEY:
+            self.lateness.observe(late_s if late_s > 0.0 else 0.0)
 
     def render(self, status: dict[str, Any]) -> tuple[bytes, str]:
         m = self.model
@@ -98,3 +221,15 @@ class Metrics:
         total = sum(dp["kv_blocks_total"] for dp in dps) or 1
         self.kv.labels(m).set(sum(dp["kv_blocks_used"] for dp in dps) / total)
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def cache_info(cfg: Any) -> dict[str, str]:
+    """`vllm:cache_config_info`'s labels: the KV cache as the daemon's config sizes it (per DP
+    group of a colocated TE: HBM blocks after the weights, DRAM-tier blocks)."""
+    from deepserve.adapters.scenario.builder import kv_sizing
+
+    c = cfg.cluster
+    size = kv_sizing(c)
+    return {"block_size": str(c.kv_block_tokens), "num_gpu_blocks": str(size.hbm_blocks),
+            "num_cpu_blocks": str(size.dram_blocks), "enable_prefix_caching": str(bool(c.prefix_caching)),
+            "cpu_offload_gb": f"{c.kv_dram_gb:g}"}  # fmt: skip

@@ -115,7 +115,8 @@ class Runtime:
         self._sink: Any = None
         self.on_done: Any = None  # metrics hook: (RequestDone) -> None
         self.on_tokens: Any = None  # metrics hook: (TaskTokens) -> None
-        self.on_rejected: Any = None  # metrics hook: () -> None, a request shed with 429
+        self.on_rejected: Any = None  # metrics hook: (request id) -> None, a request refused with 429
+        self.on_timer_late: Any = None  # metrics hook: (timer key, seconds late), the driver's timers
 
     # ---- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
@@ -128,6 +129,7 @@ class Runtime:
         self.driver = d
         keep_no_outside(d)
         d.on_external = self._on_external
+        d.timer_late = self.on_timer_late
         c = self.cfg.cluster
         spawn_topology(d, build(c.topology, self.placement.servers), variance=c.npu_variance)
         self.spawn_front(d)
@@ -228,7 +230,7 @@ class Runtime:
                 self.counts["rejected_429"] += 1
                 self.counts["accepted"] -= 1
                 if self.on_rejected is not None:
-                    self.on_rejected()
+                    self.on_rejected(msg.request_id)
             else:
                 self.counts[msg.status] = self.counts.get(msg.status, 0) + 1
                 log.info("request finished", request_id=msg.request_id, actor=msg.te, status=msg.status,

@@ -25,7 +25,7 @@ import uvicorn
 from .admin import create_admin_app
 from .config import DaemonConfig
 from .http import create_app
-from .metrics import Metrics
+from .metrics import Metrics, cache_info
 from .runtime import Runtime
 
 # Where `deepserve status` finds the running daemons: one pointer each (several may run from one
@@ -97,10 +97,11 @@ async def serve(cfg: DaemonConfig, run_dir: Path, grace_s: float = 10.0, ready: 
     log = structlog.get_logger("deepserve.daemon")
     api_sock, admin_sock = sockets if sockets is not None else bind_listeners(cfg)
     rt = runtime(cfg, run_dir)
-    metrics = Metrics(cfg.model_name())
+    metrics = Metrics(cfg.model_name(), cache_info(cfg), d.max_prompt_tokens + d.max_tokens_limit)
     rt.on_done = metrics.done
     rt.on_tokens = metrics.tokens
     rt.on_rejected = metrics.rejected
+    rt.on_timer_late = metrics.timer_late
     await rt.start()
     api = _Server(uvicorn.Config(create_app(rt, metrics), host=d.host, port=d.port, log_level="warning",
                                  lifespan="off", timeout_graceful_shutdown=2))  # fmt: skip

@@ -64,6 +64,7 @@ class ProcRuntime(Runtime):
         self.driver = d
         keep_no_outside(d)
         d.on_external = self._on_external_procs
+        d.timer_late = self.on_timer_late  # (the NPUs' timers fire in the TE processes)
         c = self.cfg.cluster
         topo = build(c.topology, self.placement.servers)
         # The hardware shared across TEs stays here; each TE's NPUs live in its process.

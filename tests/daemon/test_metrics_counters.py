@@ -37,7 +37,7 @@ def _itl(m: Metrics) -> dict[str, float]:
     out = {}
     for f in text_string_to_metric_families(text):
         for s in f.samples:
-            if s.name.startswith("vllm:inter_token_latency_seconds_"):
+            if s.name.startswith("deepserve_emulated_inter_token_latency_seconds_"):
                 key = s.name.rsplit("_", 1)[1]
                 out[f"le={s.labels['le']}" if key == "bucket" else key] = s.value
     return out
