@@ -16,6 +16,8 @@ Gauges are read from the masters' state at scrape time."""
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import (
@@ -26,6 +28,7 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import HistogramMetricFamily
 
 from deepserve.actors.flowserve.messages import TaskTokens
 from deepserve.actors.workload.messages import RequestDone
@@ -56,6 +59,65 @@ def token_buckets(limit: int) -> tuple[int, ...]:
                 return tuple(out)
             out.append(v)
         exp += 1
+
+
+class Lateness:
+    """NPU timer lateness as the driver measures it (`AsyncDriver.timer_late`): counts per bucket,
+    and their sum — a list index and two additions per forward pass, and plain numbers a TE
+    process ships to the main one in its status file (processes mode: the NPUs run there)."""
+
+    __slots__ = ("counts", "sum_s")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENESS_BUCKETS) + 1)  # the last: over the largest bucket
+        self.sum_s = 0.0
+
+    def observe(self, key: str, late_s: float) -> None:
+        """A timer fired `late_s` after its deadline: an NPU's forward-pass end counts (a float a
+        hair early is on time)."""
+        if key != GRAPH_KEY:
+            return
+        late = late_s if late_s > 0.0 else 0.0
+        self.counts[bisect_left(LATENESS_BUCKETS, late)] += 1
+        self.sum_s += late
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"counts": list(self.counts), "sum_s": self.sum_s}
+
+
+class _LatenessCollector:
+    """`deepserve_npu_timer_lateness_seconds`: this process's NPUs' lateness, plus each TE
+    process's as its status file last said (a process gone keeps its counts: never backwards)."""
+
+    def __init__(self, local: Lateness) -> None:
+        self.local = local
+        self.remote: dict[str, dict[str, Any]] = {}  # live pod -> its last snapshot
+        self.retired = Lateness()  # the pods gone since, added up
+
+    def update(self, pods: set[str], snapshots: dict[str, dict[str, Any]]) -> None:
+        """`pods`: the TE processes status shows now; `snapshots`: those whose file was read."""
+        for pod in [p for p in self.remote if p not in pods]:
+            self._add(self.retired, self.remote.pop(pod))
+        self.remote.update(snapshots)
+
+    @staticmethod
+    def _add(into: Lateness, snap: dict[str, Any]) -> None:
+        for i, n in enumerate(snap.get("counts", ())[: len(into.counts)]):
+            into.counts[i] += int(n)
+        into.sum_s += float(snap.get("sum_s", 0.0))
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        total = Lateness()
+        for part in (self.local.snapshot(), self.retired.snapshot(), *self.remote.values()):
+            self._add(total, part)
+        cumulative, buckets = 0, []
+        for le, n in zip((*(f"{b:g}" for b in LATENESS_BUCKETS), "+Inf"), total.counts, strict=True):
+            cumulative += n
+            buckets.append((le, cumulative))
+        yield HistogramMetricFamily(
+            "deepserve_npu_timer_lateness_seconds",
+            "How late the event loop fired an emulated forward pass's end (fire wall time - the "
+            "model's end time): platform overhead, not emulation", buckets=buckets, sum_value=total.sum_s)
 
 
 class _Wall:
@@ -140,9 +202,9 @@ class Metrics:
         for status in ("completed", "failed", "cancelled", "rejected_429"):
             self.terminal.labels(status)  # every series from the start, at 0 until it happens
         self.faults = Counter("deepserve_faults", "Faults injected through the admin API", ["kind"], registry=r)
-        self.lateness = Histogram("deepserve_npu_timer_lateness_seconds", "How late the event loop fired an "
-                                  "emulated forward pass's end (fire wall time - the model's end time)",
-                                  registry=r, buckets=LATENESS_BUCKETS)  # fmt: skip
+        self.lateness = Lateness()
+        self._late_collector = _LatenessCollector(self.lateness)
+        r.register(self._late_collector)  # type: ignore[arg-type]
 
     # ---- the frontend's hooks ------------------------------------------------------------------
     def arrived(self, request_id: str, at: float, n: int = 1, max_tokens: int = 0) -> None:
@@ -210,8 +272,7 @@ class Metrics:
 
     def timer_late(self, key: str, late_s: float) -> None:
         """The driver fired a timer `late_s` after its deadline: an NPU's forward-pass end counts."""
-        if key == GRAPH_KEY:
-            self.lateness.observe(late_s if late_s > 0.0 else 0.0)
+        self.lateness.observe(key, late_s)
 
     def render(self, status: dict[str, Any]) -> tuple[bytes, str]:
         m = self.model
@@ -220,6 +281,10 @@ class Metrics:
         self.waiting.labels(m).set(sum(dp["waiting"] for dp in dps))
         total = sum(dp["kv_blocks_total"] for dp in dps) or 1
         self.kv.labels(m).set(sum(dp["kv_blocks_used"] for dp in dps) / total)
+        # processes mode: each TE process's NPU lateness, from its status file (status()'s rows)
+        rows = [te for te in status["tes"] if te.get("pod")]
+        self._late_collector.update({te["pod"] for te in rows}, {te["pod"]: te["npu_timer_lateness"]
+                                                                 for te in rows if te.get("npu_timer_lateness")})  # fmt: skip
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 

@@ -137,14 +137,17 @@ class ProcRuntime(Runtime):
                 continue
             pod_id, p = pid_p
             row.update(pod=pod_id, pid=p.pid or None, process=p.phase, process_log=p.log)
-            row["dps"] = self._remote_loads(pod_id, row["dps"])
+            row["dps"] = self._remote_loads(pod_id, row)
         st["mode"] = "processes"
         st["logs"] = sorted(str(f) for f in self.run_dir.glob("*.db"))
         st["processes"] = [{"pod": pid, "te": p.launch.te, "generation": p.launch.generation, "pid": p.pid or None,
                             "phase": p.phase, "log": p.log} for pid, p in live]  # fmt: skip
         return st
 
-    def _remote_loads(self, pod_id: str, dps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _remote_loads(self, pod_id: str, row: dict[str, Any]) -> list[dict[str, Any]]:
+        """The DP loads the TE process last wrote; its NPU timer lateness into `row` (counts that
+        only grow: kept whatever their age, for /metrics)."""
+        dps: list[dict[str, Any]] = row["dps"]
         if self.sock_dir is None:
             return dps
         path = self.sock_dir / f"{log_name(pod_id)}.json"
@@ -152,6 +155,8 @@ class ProcRuntime(Runtime):
             body = json.loads(path.read_text())
         except (OSError, ValueError):
             return [{**dp, "alive": False} for dp in dps]
+        if isinstance(body.get("npu_timer_lateness"), dict):
+            row["npu_timer_lateness"] = body["npu_timer_lateness"]
         if self.now() - float(body.get("at_s", -1e9)) > STATUS_FRESH_S:
             return [{**dp, "alive": False} for dp in dps]
         return list(body.get("dps", dps))

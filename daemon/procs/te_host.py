@@ -9,7 +9,7 @@ DP masters, `RegisterTe`). SIGTERM stops it cleanly (final snapshots, the transp
 acknowledged, the log flushed); SIGINT is the main process's to handle. It exits when its
 parent does (Linux: PR_SET_PDEATHSIG; elsewhere a watchdog): a TE process never outlives the
 daemon. Every half second it writes its DP masters' loads to `status_path` (read-only: what
-`deepserve status` shows), never touching actor state.
+`deepserve status` shows) and its NPUs' timer lateness (for /metrics), never touching actor state.
 """
 
 from __future__ import annotations
@@ -89,25 +89,27 @@ def loads_of(driver: Any, slot: TeSlot) -> list[dict[str, Any]]:
     return out
 
 
-def _write_status(spec: HostSpec, driver: Any) -> None:
+def _write_status(spec: HostSpec, driver: Any, lateness: Any = None) -> None:
     if not spec.status_path:
         return
     body = {"pod_id": spec.pod_id, "te": spec.slot.te, "generation": spec.generation, "pid": os.getpid(),
             "at_s": driver.clock(), "dps": loads_of(driver, spec.slot)}  # fmt: skip
+    if lateness is not None:  # the NPUs' timer lateness (daemon/metrics.py: Lateness), for /metrics
+        body["npu_timer_lateness"] = lateness.snapshot()
     tmp = spec.status_path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(body, f)
     os.replace(tmp, spec.status_path)
 
 
-async def _watch(spec: HostSpec, driver: Any, stop: asyncio.Event) -> None:
+async def _watch(spec: HostSpec, driver: Any, stop: asyncio.Event, lateness: Any = None) -> None:
     """Status every `STATUS_EVERY_S`; stop when the parent is gone (the watchdog beside PDEATHSIG)."""
     while not stop.is_set():
         if os.getppid() != spec.parent_pid:
             stop.set()
             return
         with contextlib.suppress(OSError, TypeError, ValueError):
-            _write_status(spec, driver)
+            _write_status(spec, driver, lateness)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), min(STATUS_EVERY_S, PARENT_POLL_S))
 
@@ -151,6 +153,10 @@ async def serve_pod(spec: HostSpec) -> None:
                     config=config, mailbox_capacity=65_536)  # fmt: skip
     d.external_out = deque(maxlen=0)  # what goes outside is handled here, not kept (RSS)
     d.on_external = on_external
+    from ..metrics import Lateness
+
+    lateness = Lateness()
+    d.timer_late = lateness.observe
     try:
         async with d:
             for npu in spec.slot.npus:
@@ -159,7 +165,7 @@ async def serve_pod(spec: HostSpec) -> None:
             print(f"ready {transport.endpoint}", flush=True)
             os.dup2(2, 1)  # nothing else goes to the supervisor's pipe
             log.info("TE process up", pid=os.getpid(), endpoint=transport.endpoint, log=spec.log_path)
-            await _watch(spec, d, stop)
+            await _watch(spec, d, stop, lateness)
             log.info("TE process stopping", pid=os.getpid())
     finally:
         sink.close()

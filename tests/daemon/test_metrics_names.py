@@ -21,8 +21,8 @@ from deepserve.daemon.metrics import Metrics, cache_info, token_buckets
 M = "llama3-8b"
 
 
-def samples(m: Metrics) -> dict[str, float]:
-    text = m.render({"tes": []})[0].decode()
+def samples(m: Metrics, status: dict | None = None) -> dict[str, float]:
+    text = m.render(status or {"tes": []})[0].decode()
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -138,3 +138,30 @@ def test_the_driver_measures_each_fired_timers_lateness_and_the_metrics_keep_the
     s = samples(m)
     assert s["deepserve_npu_timer_lateness_seconds_count"] == 2.0
     assert abs(s["deepserve_npu_timer_lateness_seconds_sum"] - 0.003) < 1e-12
+
+
+def test_te_processes_lateness_adds_up_and_never_goes_backwards() -> None:
+    """Processes mode: each TE process's counts come in its status rows; a process gone (its
+    TE replaced) keeps what it counted, as a Prometheus histogram must."""
+    m = Metrics(M)
+    m.timer_late(GRAPH_KEY, 0.0002)  # the main process's own NPUs (none in processes mode)
+
+    def row(pod: str, counts: list[int], sum_s: float) -> dict:
+        return {"pod": pod, "dps": [], "npu_timer_lateness": {"counts": counts, "sum_s": sum_s}}
+
+    n = len(m.lateness.counts)
+    one = [0] * n
+    one[3] = 5  # five ends fired 0.5-1 ms late
+    two = [0] * n
+    two[-1] = 1  # one over the largest bucket
+
+    def count(*rows: dict) -> tuple[float, float, float]:
+        s = samples(m, {"tes": list(rows)})
+        return (s["deepserve_npu_timer_lateness_seconds_count"], round(s["deepserve_npu_timer_lateness_seconds_sum"], 9),
+                s["deepserve_npu_timer_lateness_seconds_bucket{le=0.001}"])
+
+    want = (7.0, 3.0042, 6.0)
+    assert count(row("te/0#g1", one, 0.004), row("te/1#g1", two, 3.0)) == want
+    assert count(row("te/0#g1", one, 0.004), {"pod": "te/1#g1", "dps": []}) == want  # its file unread once
+    assert count(row("te/0#g1", one, 0.004), row("te/1#g2", [0] * n, 0.0)) == want  # te/1 replaced: kept
+    assert count(row("te/0#g1", one, 0.004)) == want

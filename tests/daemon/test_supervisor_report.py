@@ -43,6 +43,12 @@ def row(st: dict[str, Any], te: str) -> dict[str, Any]:
     return next(t for t in st["tes"] if t["te"] == te)
 
 
+def lateness_count(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return float(next(line.split()[-1] for line in text.splitlines()
+                      if line.startswith("deepserve_npu_timer_lateness_seconds_count")))  # fmt: skip
+
+
 async def kill_under_load(url: str, admin: str, victim_pid: int) -> tuple[list[tuple[str, str]], float, dict]:
     """Streams in flight on both TEs; SIGKILL the victim; poll status until it shows the failure."""
     c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
@@ -75,6 +81,9 @@ def test_a_killed_te_process_is_failed_and_replaced_at_once(tmp_path: Path) -> N
             time.sleep(0.1)
         victim_pid = row(st, VICTIM)["pid"]
         results, noticed_s, seen = asyncio.run(kill_under_load(info["url"], admin, victim_pid))
+        # the TE processes' NPU timer lateness reaches /metrics (their status files), the dead one's too
+        late = lateness_count(info["url"])
+        assert late > 0
         # status: the dead generation is gone from view at once — a new generation replacing it
         assert seen["generation"] == 2 and seen["state"] in ("replacing", "ready"), seen
         assert seen["pid"] != victim_pid and "its pod exited" in seen["reason"], seen
