@@ -18,7 +18,7 @@ from typing import Any
 import httpx2 as httpx
 import openai
 import pytest
-from daemonproc import start_daemon, stop_daemon, stream_story
+from daemonproc import start_daemon, stop_daemon
 
 from deepserve.actors.cluster.state import TeDeclaredFailed
 from deepserve.core.codec import decode
@@ -49,11 +49,40 @@ def lateness_count(url: str) -> float:
                       if line.startswith("deepserve_npu_timer_lateness_seconds_count")))  # fmt: skip
 
 
+async def stream_one(c: openai.AsyncOpenAI, i: int, started: asyncio.Semaphore) -> tuple[str, str]:
+    """One streamed request, chat or (odd `i`) `/v1/completions` (whose error text said "chat
+    task"): ("finished", finish_reason), ("error", "status: message") before any token, or
+    ("aborted", message) when the stream was cut after output."""
+    try:
+        if i % 2:
+            stream: Any = await c.completions.create(model=MODEL, prompt=f"a completion {i} " * 6, max_tokens=200,
+                                                     stream=True, extra_body={"ignore_eos": True})  # fmt: skip
+        else:
+            stream = await c.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": f"tell me a story {i} " * 6}], max_tokens=200,
+                stream=True, extra_body={"ignore_eos": True})  # fmt: skip
+        finish, first = "", True
+        async for chunk in stream:
+            if first:
+                started.release()
+                first = False
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+        return ("finished", finish)
+    except openai.APIStatusError as exc:
+        return ("error", f"{exc.status_code}: {exc.message}")
+    except openai.APIError as exc:
+        return ("aborted", exc.message)
+
+
 async def kill_under_load(url: str, admin: str, victim_pid: int) -> tuple[list[tuple[str, str]], float, dict]:
-    """Streams in flight on both TEs; SIGKILL the victim; poll status until it shows the failure."""
+    """Every stream has its first token (on both TEs); SIGKILL the victim; poll status until it
+    shows the failure."""
     c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
-    tasks = [asyncio.create_task(stream_story(c, MODEL, i, 200)) for i in range(REQUESTS)]
-    await asyncio.sleep(0.5)  # the streams have started
+    started = asyncio.Semaphore(0)
+    tasks = [asyncio.create_task(stream_one(c, i, started)) for i in range(REQUESTS)]
+    for _ in range(REQUESTS):
+        await asyncio.wait_for(started.acquire(), 30)
     killed_at = time.monotonic()
     os.kill(victim_pid, signal.SIGKILL)
     seen: dict[str, Any] = {}
@@ -92,6 +121,10 @@ def test_a_killed_te_process_is_failed_and_replaced_at_once(tmp_path: Path) -> N
         assert len(results) == REQUESTS and all(r[0] in ("finished", "aborted", "error") for r in results)
         for kind, why in results:  # cut by the kill: the stream says why, naming the process's end
             assert kind == "finished" or "SIGKILL" in why or VICTIM in why, (kind, why)
+            assert "chat task" not in why, why  # a completion's said so; no API's task is "chat"
+        cut = [why for kind, why in results[1::2] if kind == "aborted"]  # completions cut mid-stream
+        assert cut, results  # the kill hit streams in flight
+        assert all("its generation (prefill and decode) task failed after output streamed" in w for w in cut), cut
     finally:
         out = stop_daemon(proc)
     assert proc.returncode == 0, out
