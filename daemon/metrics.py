@@ -144,13 +144,28 @@ def finished_reason(d: RequestDone) -> str:
 class Metrics:
     def __init__(self, model: str, cache_info: dict[str, str] | None = None, max_model_len: int = 40_960) -> None:
         r = self.registry = CollectorRegistry()
-        lbl = ["model_name"]
         self.model = model
+        self._wall_clock()
+        self._emulated()
+        self._counts(max_model_len)
+        if cache_info:
+            info = Gauge("vllm:cache_config_info", "Information of the KV cache configuration", list(cache_info),
+                         registry=r)  # fmt: skip
+            info.labels(**cache_info).set(1)
+        self.terminal = Counter("deepserve_requests", "Requests by terminal status (rejected_429: refused by the "
+                                "gateway over daemon.max_inflight, never admitted)", ["status"], registry=r)  # fmt: skip
+        for status in ("completed", "failed", "cancelled", "rejected_429"):
+            self.terminal.labels(status)  # every series from the start, at 0 until it happens
+        self.faults = Counter("deepserve_faults", "Faults injected through the admin API", ["kind"], registry=r)
+        self.lateness = Lateness()
+        self._late_collector = _LatenessCollector(self.lateness)
+        r.register(self._late_collector)  # type: ignore[arg-type]
 
-        def hist(name: str, doc: str, buckets: tuple[float, ...], labels: list[str] = lbl) -> Histogram:
-            return Histogram(name, doc, labels, registry=r, buckets=buckets)
+    def _hist(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        return Histogram(name, doc, ["model_name"], registry=self.registry, buckets=buckets)
 
-        # ---- wall clock at the frontend ----
+    def _wall_clock(self) -> None:
+        hist = self._hist
         self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token (wall clock at the frontend: "
                          "arrival to the first token received for the client)", TTFT_BUCKETS)  # fmt: skip
         self.e2e = hist("vllm:e2e_request_latency_seconds", "End-to-end request latency (wall clock at the "
@@ -160,7 +175,10 @@ class Metrics:
         self.tpot = hist("vllm:time_per_output_token_seconds", "Time per output token (wall clock at the "
                          "frontend: first to last token, over the tokens after the first)", ITL_BUCKETS)  # fmt: skip
         self._wall: dict[str, _Wall] = {}  # request -> its frontend times (open requests only)
-        # ---- emulated (the performance model's times) ----
+
+    def _emulated(self) -> None:
+        """The performance model's times (the TE's token times, the recorded terminal state)."""
+        hist = self._hist
         self.emu_ttft = hist("deepserve_emulated_time_to_first_token_seconds",
                              "Emulated time to first token (the TE's first token time - arrival)", TTFT_BUCKETS)  # fmt: skip
         self.emu_e2e = hist("deepserve_emulated_e2e_request_latency_seconds",
@@ -172,7 +190,9 @@ class Metrics:
         self.decode_time = hist("vllm:request_decode_time_seconds", "Time in the DECODE phase (emulated: the "
                                 "TE's first to last token time)", REQUEST_BUCKETS)  # fmt: skip
         self._last_token_s: dict[str, float] = {}  # request -> its last token's emulated time (in flight)
-        # ---- counts ----
+
+    def _counts(self, max_model_len: int) -> None:
+        hist, r, lbl, model = self._hist, self.registry, ["model_name"], self.model
         tb = token_buckets(max_model_len)
         self.req_prompt = hist("vllm:request_prompt_tokens", "Prompt tokens per finished request", tb)
         self.req_gen = hist("vllm:request_generation_tokens", "Generated tokens per finished request", tb)
@@ -193,18 +213,6 @@ class Metrics:
         self.pc_queries = Counter("vllm:prefix_cache_queries", "Prompt tokens queried against the prefix cache",
                                   lbl, registry=r)  # fmt: skip
         self.pc_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache", lbl, registry=r)
-        if cache_info:
-            info = Gauge("vllm:cache_config_info", "Information of the KV cache configuration", list(cache_info),
-                         registry=r)  # fmt: skip
-            info.labels(**cache_info).set(1)
-        self.terminal = Counter("deepserve_requests", "Requests by terminal status (rejected_429: refused by the "
-                                "gateway over daemon.max_inflight, never admitted)", ["status"], registry=r)  # fmt: skip
-        for status in ("completed", "failed", "cancelled", "rejected_429"):
-            self.terminal.labels(status)  # every series from the start, at 0 until it happens
-        self.faults = Counter("deepserve_faults", "Faults injected through the admin API", ["kind"], registry=r)
-        self.lateness = Lateness()
-        self._late_collector = _LatenessCollector(self.lateness)
-        r.register(self._late_collector)  # type: ignore[arg-type]
 
     # ---- the frontend's hooks ------------------------------------------------------------------
     def arrived(self, request_id: str, at: float, n: int = 1, max_tokens: int = 0) -> None:
