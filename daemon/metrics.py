@@ -205,6 +205,8 @@ class Metrics:
         # Counted as tokens arrive, as vLLM's engine counts them: an attempt a retry discarded made
         # its tokens too, and its gaps are in the ITL histograms.
         self.gen_tokens = Counter("vllm:generation_tokens", "Generated tokens", lbl, registry=r)
+        self.preemptions = Counter("vllm:num_preemptions", "Preemptions (KV blocks ran out), counted when a "
+                                   "request finishes: those of the task that finished it", lbl, registry=r)  # fmt: skip
         self.running = Gauge("vllm:num_requests_running", "Running requests", lbl, registry=r)
         self.waiting = Gauge("vllm:num_requests_waiting", "Waiting requests", lbl, registry=r)
         self.kv = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage (0-1)", lbl, registry=r)
@@ -260,6 +262,7 @@ class Metrics:
         self.terminal.labels(d.status).inc()
         self.success.labels(m, finished_reason(d)).inc()
         self.prompt_tokens.labels(m).inc(d.prompt_tokens)
+        self.preemptions.labels(m).inc(d.preemptions)
         self.pc_queries.labels(m).inc(d.prompt_tokens)
         self.pc_hits.labels(m).inc(d.cached_prompt_tokens)
         self.req_prompt.labels(m).observe(d.prompt_tokens)

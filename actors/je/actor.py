@@ -503,6 +503,7 @@ class JobExecutor(Actor[JeState]):
             cached_prompt_tokens=cached, output_tokens=m.output_tokens if m is not None else j.output_tokens,
             # a job its TE failed has left that TE (`excluded`): name it all the same
             te=(m.te or j.te) if m is not None else (j.te or (j.excluded[-1] if j.excluded else "")),
+            preemptions=m.preemptions if m is not None else 0,
         )  # fmt: skip
         batch = j.batch_id
         b = self.state.batches.get(batch) if batch else None

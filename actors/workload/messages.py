@@ -44,6 +44,7 @@ class RequestDone(Message, frozen=True, kw_only=True):
     cached_prompt_tokens: int
     output_tokens: int
     te: str  # the TE that produced the output (the decode TE in PD mode)
+    preemptions: int = 0  # of the task that finished it (KV blocks ran out: recomputed or swapped)
 
 
 # ---- events --------------------------------------------------------------------------------

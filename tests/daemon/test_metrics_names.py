@@ -31,9 +31,10 @@ def samples(m: Metrics, status: dict | None = None) -> dict[str, float]:
     return out
 
 
-def done(rid: str, status: str, reason: str, out: int = 3) -> RequestDone:
+def done(rid: str, status: str, reason: str, out: int = 3, preemptions: int = 0) -> RequestDone:
     return RequestDone(request_id=rid, status=status, reason=reason, arrival_s=1.0, first_token_s=1.2,  # type: ignore[arg-type]
-                       finish_s=1.5, prompt_tokens=40, cached_prompt_tokens=16, output_tokens=out, te="te/0")  # fmt: skip
+                       finish_s=1.5, prompt_tokens=40, cached_prompt_tokens=16, output_tokens=out, te="te/0",
+                       preemptions=preemptions)  # fmt: skip
 
 
 def test_finished_reasons_are_vllms_and_a_cancel_is_abort() -> None:
@@ -53,8 +54,9 @@ def test_per_request_histograms_and_the_decode_phase() -> None:
     m.arrived("a", 0.0, n=2, max_tokens=64)
     m.tokens(TaskTokens(task_id="a/chat.1", request_id="a", first_index=0, token_ids=(), times_s=(1.2,)))
     m.tokens(TaskTokens(task_id="a/chat.1", request_id="a", first_index=1, token_ids=(), times_s=(1.25, 1.3)))
-    m.done(done("a", "completed", "length"))
+    m.done(done("a", "completed", "length", preemptions=2))
     s = samples(m)
+    assert s["vllm:num_preemptions_total"] == 2.0
     assert (s["vllm:request_prompt_tokens_count"], s["vllm:request_prompt_tokens_sum"]) == (1.0, 40.0)
     assert (s["vllm:request_generation_tokens_count"], s["vllm:request_generation_tokens_sum"]) == (1.0, 3.0)
     assert (s["vllm:request_params_n_sum"], s["vllm:request_params_max_tokens_sum"]) == (2.0, 64.0)
@@ -85,15 +87,15 @@ def test_cache_config_info_is_the_daemons_kv_cache() -> None:
     assert s[key] == 1.0 and f"block_size={cfg.cluster.kv_block_tokens}" in key
 
 
-class Tick(Message, frozen=True):
+class TimerProbe(Message, frozen=True):
     n: int
 
 
-class Ticked(Event, frozen=True):
+class TimerProbed(Event, frozen=True):
     n: int
 
 
-class Ticker(Actor[int]):
+class TimerProber(Actor[int]):
     def initial_state(self) -> int:
         return 0
 
@@ -101,12 +103,12 @@ class Ticker(Actor[int]):
         return s + 1
 
     def handle(self, ctx: Context, msg: Message) -> None:
-        if not isinstance(msg, Tick):
+        if not isinstance(msg, TimerProbe):
             return
-        ctx.record(Ticked(msg.n))
+        ctx.record(TimerProbed(msg.n))
         if msg.n < 3:
-            ctx.after(0.01, Tick(msg.n + 1), key=GRAPH_KEY)
-        ctx.after(5.0, Tick(99), key="cancelled")
+            ctx.after(0.01, TimerProbe(msg.n + 1), key=GRAPH_KEY)
+        ctx.after(5.0, TimerProbe(99), key="cancelled")
         ctx.cancel("cancelled")
 
 
@@ -118,9 +120,9 @@ def test_the_driver_measures_each_fired_timers_lateness_and_the_metrics_keep_the
         async with AsyncDriver(seed=1, sink=sink) as d:
             if hook:
                 d.timer_late = lambda key, s: late.append((key, s))
-            d.spawn("npu", Ticker)
-            await d.inject("npu", Tick(0))
-            while sum(step.input.type == "Tick" for step in sink.steps) < 4:
+            d.spawn("npu", TimerProber)
+            await d.inject("npu", TimerProbe(0))
+            while sum(step.input.type == "TimerProbe" for step in sink.steps) < 4:
                 await asyncio.sleep(0.005)
         return sink
 

@@ -4,6 +4,8 @@ The real TEs are exercised by the scenario tests."""
 
 from __future__ import annotations
 
+import msgspec
+
 from deepserve.actors.flowserve.messages import (
     KV_TRANSFER_FAILED,
     KvHandle,
@@ -26,7 +28,7 @@ class ScriptedTe(Actor[dict]):
     "slots" (a prefill without a local queue: holds at most `n` tasks, refuses beyond),
     "stream" (streams its first token at once, then works normally), "kv_lost" (a decode whose
     KV never arrives fails saying so; other tasks work), "lost" (its device is lost: refuses every
-    task for good, as a master with a crashed NPU does)."""
+    task for good, as a master with a crashed NPU does), "preempted" (works, preempted `n` times)."""
 
     def __init__(self, behaviour: str = "ok", n: int = 0, tpot_s: float = 0.01) -> None:
         self.behaviour, self.n, self.tpot = behaviour, n, tpot_s
@@ -69,7 +71,10 @@ class ScriptedTe(Actor[dict]):
                 kv = KvHandle(transfer_id=t.task_id, src=ctx.self, npus=(), model=t.model,
                               num_tokens=t.prompt.num_tokens, block_ids=(), fingerprints=(),
                               block_bytes=0, first_token_id=1)  # fmt: skip
-            ctx.send(t.reply_to, _finished(t, "completed", "prefilled" if kv else "target", now, ctx.self, kv))
+            done = _finished(t, "completed", "prefilled" if kv else "target", now, ctx.self, kv)
+            if self.behaviour == "preempted":
+                done = msgspec.structs.replace(done, preemptions=self.n)
+            ctx.send(t.reply_to, done)
 
 
 def _finished(t: SubmitTask, status: str, reason: str, now: float, te: str,

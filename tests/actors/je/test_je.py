@@ -106,6 +106,14 @@ def test_failure_after_streaming_fails_the_request_with_the_reason() -> None:
     assert r.reason.startswith("its generation (prefill and decode) task failed after output streamed: "), r.reason
 
 
+def test_the_terminal_state_carries_the_finishing_tasks_preemptions() -> None:
+    """For the daemon's `vllm:num_preemptions` (the TE reports them in `TaskFinished`)."""
+    tes = {"te/0": {"behaviour": "preempted", "n": 2}}
+    _, out = run(tes, {"colocated": list(tes)}, [job(0)])
+    r = done_of(out)["r0"]
+    assert (r.status, r.preemptions) == ("completed", 2)
+
+
 def test_failure_after_output_of_a_non_streamed_job_retries_it_from_scratch() -> None:
     """A client that does not stream has seen nothing when the task fails, however many tokens
     it produced: the job is retried on another TE (a tour: `kill-te` failed such requests with
