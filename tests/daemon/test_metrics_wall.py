@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "llama3-8b"
 SETTINGS = ("cluster.tes=1", "pd.prefill_tes=0", "pd.decode_tes=0")
-TOL_S = 0.25  # the client's clock starts before the frontend's and stops after it (a loaded machine)
-STALL_S = 0.6
+TOL_S = 0.5  # the client's clock starts before the frontend's and stops after it (a loaded machine)
+STALL_S = 0.8
 
 
 def scrape(url: str) -> dict[str, dict[str, float]]:
@@ -66,12 +66,13 @@ def streamed(c: openai.OpenAI, words: int) -> tuple[float, float]:
 
 
 def stall_during_prefill(url: str, admin: str, pid: int) -> tuple[float, float]:
-    """A one-pass prefill (~0.3 s emulated); once the request is in flight, the daemon stops."""
+    """A one-pass prefill (~8,000 tokens: ~0.4 s emulated, under the batch's 8,192); once the
+    request is in flight, the daemon stops for longer than that, so the pass's end fires late."""
     import threading
 
     got: list[tuple[float, float]] = []
     c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
-    t = threading.Thread(target=lambda: got.append(streamed(c, 5000)))
+    t = threading.Thread(target=lambda: got.append(streamed(c, 6400)))
     t.start()
     end = time.monotonic() + 20
     while httpx.get(admin + "/admin/status", timeout=10).json()["inflight"] < 1:
@@ -117,4 +118,4 @@ def test_latency_metrics_are_the_frontends_wall_clock_and_the_emulated_ones_are_
     # too: the lateness histogram is what tells that part (platform, not model) apart
     assert emu["count"] == 1 and emu["sum"] > STALL_S / 2, emu
     assert late["count"] >= 1 and late["count"] - late["le=0.1"] >= 1, late  # a pass's end fired > 0.1 s late
-    assert late["sum"] > STALL_S / 2, late
+    assert late["sum"] > STALL_S / 4, late
