@@ -71,6 +71,9 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
     devices.add_argument("--flows", type=_flow_count, default=1000,
                          help="concurrent transfers (default 1000; the baseline runs a tenth)")
     devices.set_defaults(func=_run_devices)
+    from deepserve.benchmarks.routing_cli import register_routing
+
+    register_routing(which)
     from deepserve.benchmarks.http_cli import register_http
 
     register_http(which)

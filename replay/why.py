@@ -188,7 +188,8 @@ def _decision_lines(at: str, who: str, h: dict[str, Any], queued: str = "") -> I
     if ranked:
         yield f"{'':14}{_margin(ranked, keys)}"
     for e in d.get("excluded") or ():
-        yield f"{'':16}not ranked: {e['te']:<12} {e['subgroup']:<9} {e['reason']}"
+        for te in e["tes"]:
+            yield f"{'':16}not ranked: {te:<12} {e['subgroup']:<9} {e['reason']}"
 
 
 def _margin(ranked: list[dict[str, Any]], keys: list[str]) -> str:

@@ -275,7 +275,7 @@ class JobExecutor(Actor[JeState]):
             colo, cgone = routing.candidates(s, j, ("colocated",), now)
             if colo:
                 d = self.policy.select(self._route_req(rid, j), colo, s.turns)
-                why = f"no prefill TE can take it ({', '.join(e.te for e in gone) or 'none in the group'})"
+                why = f"no prefill TE can take it ({', '.join(t for e in gone for t in e.tes) or 'none in the group'})"
                 return "chat", msgspec.structs.replace(d, reason=f"{why}: colocated subgroup; {d.reason}",
                                                        excluded=d.excluded + gone + cgone)  # fmt: skip
             cands, gone = routing.candidates(s, j, ("prefill",), now)  # the set-aside ones: a last resort
@@ -287,8 +287,8 @@ class JobExecutor(Actor[JeState]):
             self._wait(ctx, rid, j, "every prefill refused", front=j.waited, missed=j.waited)
             return None
         order = sorted((c for c in cands if c.te not in j.refused), key=lambda c: (c.load, c.te))
-        busy = tuple(Excluded(te=c.te, subgroup="pd", reason="refused this sweep (busy)")
-                     for c in cands if c.te in j.refused)  # fmt: skip
+        refused = tuple(c.te for c in cands if c.te in j.refused)
+        busy = (Excluded(tes=refused, subgroup="pd", reason="refused this sweep (busy)"),) if refused else ()
         why = (f"refused by {', '.join(j.refused)} this sweep: next fewest open streams" if j.refused else
                f"a new sweep (the last one refused by {', '.join(j.last_refused) or 'none'}): fewest open streams")
         return "prefill", Decision(policy="on_demand", params={"ttft_deadline_s": fw.ttft_deadline_s},

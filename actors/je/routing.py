@@ -18,7 +18,7 @@ def group_match(s: JeState, model: str, hashes: tuple[int, ...]) -> dict[str, in
     if tree is None:
         return {}
     group = s.groups.get(model, {})
-    return tree.match(hashes, [te for role in PREFIX_ROLES for te in group.get(role, ())])
+    return tree.match(hashes, [*group.get("colocated", ()), *group.get("prefill", ())])
 
 
 def candidates(s: JeState, j: Job, roles: tuple[str, ...], now: float = -1.0,
@@ -31,26 +31,33 @@ def candidates(s: JeState, j: Job, roles: tuple[str, ...], now: float = -1.0,
     if match is None and any(r != "decode" for r in roles):
         match = group_match(s, j.model, j.prompt.block_hashes)
     opened = s.open
-    decode_load = min((opened.get(te, 0) for te in group.get("decode", ()) if te not in j.excluded), default=0)
+    load = opened.get
+    held = match.get if match else {}.get
+    excluded = j.excluded
+    decode_load = min((load(te, 0) for te in group.get("decode", ()) if te not in excluded), default=0)
     out: list[Candidate] = []
     aside: list[Candidate] = []
     gone: list[Excluded] = []
     for role in roles:
         sub: Subgroup = "colocated" if role == "colocated" else "pd"
-        prefill = role == "prefill"
-        for te in group.get(role, ()):
-            if te in j.excluded:
-                gone.append(Excluded(te=te, subgroup=sub, reason="failed this job or refused it for good"))
-                continue
-            c = Candidate(te=te, subgroup=sub, load=opened.get(te, 0),
-                          prefix_blocks=match.get(te, 0) if match and role != "decode" else 0,
-                          decode_load=decode_load if prefill else 0)  # fmt: skip
-            if prefill and now >= 0 and s.set_aside.get(te, -1.0) > now:
-                aside.append(c)
-            else:
-                out.append(c)
+        tes = group.get(role, ())
+        if excluded:
+            gone += [Excluded(tes=(te,), subgroup=sub, reason="failed this job or refused it for good")
+                     for te in tes if te in excluded]  # fmt: skip
+            tes = [te for te in tes if te not in excluded]
+        if role == "colocated":
+            out += [Candidate(te=te, subgroup=sub, load=load(te, 0), prefix_blocks=held(te, 0)) for te in tes]
+        elif role == "decode":
+            out += [Candidate(te=te, subgroup=sub, load=load(te, 0)) for te in tes]
+        else:
+            cands = [Candidate(te=te, subgroup=sub, load=load(te, 0), prefix_blocks=held(te, 0),
+                               decode_load=decode_load) for te in tes]  # fmt: skip
+            if now >= 0 and s.set_aside:
+                aside += [c for c in cands if s.set_aside.get(c.te, -1.0) > now]
+                cands = [c for c in cands if s.set_aside.get(c.te, -1.0) <= now]
+            out += cands
     if not out and aside and fallback:
         return tuple(aside), tuple(gone)  # every other TE is gone: probe the set-aside ones
-    gone += [Excluded(te=c.te, subgroup=c.subgroup, reason=f"set aside until t={s.set_aside[c.te]:.3f}: "
+    gone += [Excluded(tes=(c.te,), subgroup=c.subgroup, reason=f"set aside until t={s.set_aside[c.te]:.3f}: "
                       f"{s.set_aside_why.get(c.te, '')}") for c in aside]  # fmt: skip
     return tuple(out), tuple(gone)

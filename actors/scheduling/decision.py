@@ -18,7 +18,7 @@ Subgroup = Literal["colocated", "pd"]
 DECODE_BUCKET_TOKENS = 128  # DeepServe §5.3.3: decode lengths classified into 128-token buckets
 
 
-class Candidate(msgspec.Struct, frozen=True, kw_only=True):
+class Candidate(msgspec.Struct, frozen=True, kw_only=True, gc=False):  # no cycles: str and int fields
     te: str
     subgroup: Subgroup = "colocated"
     load: int = 0  # open tasks from this JE on the TE
@@ -44,19 +44,17 @@ class HeatmapCell(msgspec.Struct, frozen=True, kw_only=True):
     value: float
 
 
-class Ranked(msgspec.Struct, frozen=True, kw_only=True):
-    te: str
-    subgroup: Subgroup
-    load: int
-    prefix_blocks: int
-    decode_load: int = 0
+# A ranked candidate is the candidate itself: the decision records exactly what the policy saw
+# (and copying 64 of them per decision was a third of its cost).
+Ranked = Candidate
 
 
-class Excluded(msgspec.Struct, frozen=True, kw_only=True):
-    """A TE of the group the decision did not rank, and why (failed this job, set aside,
-    refused this sweep, the other subgroup, over the load bound): `replay why` lists them."""
+class Excluded(msgspec.Struct, frozen=True, kw_only=True, gc=False):  # no cycles: str fields
+    """TEs of the group the decision did not rank, and why (failed this job, set aside,
+    refused this sweep, the other subgroup, over the load bound): `replay why` lists them.
+    One record per reason (the 32 TEs of the other subgroup share one)."""
 
-    te: str
+    tes: tuple[str, ...]
     subgroup: Subgroup
     reason: str
 
@@ -79,8 +77,7 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def ranked(cands: list[Candidate] | tuple[Candidate, ...]) -> tuple[Ranked, ...]:
-    return tuple(Ranked(te=c.te, subgroup=c.subgroup, load=c.load, prefix_blocks=c.prefix_blocks,
-                        decode_load=c.decode_load) for c in cands)
+    return tuple(cands)
 
 
 def pair_load(c: Candidate) -> int:

@@ -124,7 +124,34 @@ class PromptTree(msgspec.Struct, kw_only=True):
             raise TypeError(f"not a KV cache event: {kind}")
 
     def match(self, hashes: tuple[int, ...] | list[int], tes: list[str]) -> dict[str, int]:
-        """Leading blocks of `hashes` each TE of `tes` holds (one walk down the prompt)."""
+        """Leading blocks of `hashes` each TE of `tes` holds (one walk down the prompt).
+
+        The fast path of `match_reference` (tests/actors/scheduling/test_tree_walk.py: they
+        agree): the TEs still matching are a set, and a block every one of them holds (a shared
+        system prompt: the usual case) costs one C-level subset test instead of a Python loop."""
+        out = dict.fromkeys(tes, 0)
+        alive = set(tes)
+        nodes = self.nodes
+        depth = 0
+        for h in hashes:
+            holders = nodes.get(str(h))
+            if holders is None:
+                break
+            held = holders.keys()
+            if not alive <= held:
+                left = alive & held
+                for te in alive - left:
+                    out[te] = depth
+                alive = left
+                if not alive:
+                    break
+            depth += 1
+        for te in alive:
+            out[te] = depth
+        return out
+
+    def match_reference(self, hashes: tuple[int, ...] | list[int], tes: list[str]) -> dict[str, int]:
+        """`match`, as readable as it can be: per block, which of the still-matching TEs hold it."""
         out = dict.fromkeys(tes, 0)
         alive = list(tes)
         for i, h in enumerate(hashes):
@@ -163,7 +190,7 @@ def within_bound(cands: tuple[Candidate, ...], bound: int) -> tuple[list[Candida
     """(the candidates within `bound` open tasks of the least loaded, the others with why)."""
     floor = min(c.load for c in cands)
     keep = [c for c in cands if c.load <= floor + bound]
-    over = [Excluded(te=c.te, subgroup=c.subgroup,
+    over = [Excluded(tes=(c.te,), subgroup=c.subgroup,
                      reason=f"over the load bound: {c.load} open > least {floor} + load_bound {bound}")
             for c in cands if c.load > floor + bound]  # fmt: skip
     return keep, over

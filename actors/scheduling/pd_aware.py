@@ -25,7 +25,6 @@ from .decision import (
     RouteRequest,
     Subgroup,
     need_candidates,
-    pair_load,
     ranked,
 )
 from .least_load import by_load
@@ -78,9 +77,12 @@ def predicted_decode_tokens(req: RouteRequest, p: PdAwareParams) -> int:
 def choose_subgroup(req: RouteRequest, cands: tuple[Candidate, ...], heatmap: PdHeatmap | None,
                     p: PdAwareParams) -> tuple[Subgroup, HeatmapCell | None, float, str]:
     """(subgroup, the cell that decided or None, the decode ratio used, why)."""
-    present = {c.subgroup for c in cands}
+    # each subgroup's least-loaded TE's open tasks (a PD pair's: both sides); generators, not a
+    # loop: this runs on every request's decision (`deepserve bench routing`)
+    least = {"colocated": min((c.load for c in cands if c.subgroup == "colocated"), default=None),
+             "pd": min((c.load + c.decode_load for c in cands if c.subgroup == "pd"), default=None)}
     ratio = predicted_decode_tokens(req, p) / max(req.prompt_tokens, 1)
-    if len(present) == 1:
+    if least["colocated"] is None or least["pd"] is None:
         only: Subgroup = cands[0].subgroup
         return only, None, ratio, f"only {only} TEs in the group"
     if heatmap is None:
@@ -91,8 +93,7 @@ def choose_subgroup(req: RouteRequest, cands: tuple[Candidate, ...], heatmap: Pd
     why = (f"heatmap cell (prefill>={cell.prefill_tokens_lo}, ratio>={cell.ratio_lo:g}) = "
            f"{cell.value:+.3f}: {sub}")
     other: Subgroup = "colocated" if sub == "pd" else "pd"
-    least = {g: min(pair_load(c) for c in cands if c.subgroup == g) for g in (sub, other)}
-    if least[sub] > least[other] + p.subgroup_load_bound:
+    if least[sub] > least[other] + p.subgroup_load_bound:  # type: ignore[operator]
         why += (f", but its least loaded has {least[sub]} open > {other}'s {least[other]} + "
                 f"subgroup_load_bound {p.subgroup_load_bound}: {other}")
         sub = other
@@ -100,8 +101,9 @@ def choose_subgroup(req: RouteRequest, cands: tuple[Candidate, ...], heatmap: Pd
 
 
 def other_subgroup(cands: tuple[Candidate, ...], sub: Subgroup) -> tuple[Excluded, ...]:
-    return tuple(Excluded(te=c.te, subgroup=c.subgroup, reason=f"not in the chosen subgroup ({sub})")
-                 for c in cands if c.subgroup != sub)
+    tes = tuple(c.te for c in cands if c.subgroup != sub)
+    other: Subgroup = "colocated" if sub == "pd" else "pd"
+    return (Excluded(tes=tes, subgroup=other, reason=f"not in the chosen subgroup ({sub})"),) if tes else ()
 
 
 def select_pd_aware(req: RouteRequest, cands: tuple[Candidate, ...], heatmap: PdHeatmap | None,

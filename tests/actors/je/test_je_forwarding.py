@@ -25,7 +25,7 @@ def test_a_lost_device_is_set_aside_not_offered_again_as_if_busy() -> None:
     aside = [(t, e.te, e.until_s) for t, e in steps_of(d, "je/0", "PrefillSetAside")]
     assert aside == [(0.01, "p/0", 5.01)]  # kv_fail_cooldown_s: a probe per 5 s at most
     later = [e.decision for e in decisions(d) if e.request_id == "r1" and e.phase == "prefill"][0]
-    assert [(x.te, x.reason[:10]) for x in later.excluded] == [("p/0", "set aside ")]
+    assert [(x.tes, x.reason[:10]) for x in later.excluded] == [(("p/0",), "set aside ")]
 
 
 def test_with_no_prefill_left_a_waiting_task_goes_colocated_before_its_deadline() -> None:

@@ -41,7 +41,7 @@ def test_locality_does_not_herd_past_its_load_bound() -> None:
     hot = cands(("a", 9, 8), ("b", 4, 3), ("c", 0, 0))
     d = Policy("locality").select(REQ, hot, 0)  # default load_bound 4: a (9 > 0 + 4) is out
     assert d.chosen == "b" and d.params == {"load_bound": 4.0}
-    assert [e.te for e in d.excluded] == ["a"] and "load_bound 4" in d.excluded[0].reason
+    assert [e.tes for e in d.excluded] == [("a",)] and "load_bound 4" in d.excluded[0].reason
     assert Policy("locality", {"load_bound": 9}).select(REQ, hot, 0).chosen == "a"
     with pytest.raises(ValueError, match="load_bound"):
         Policy("locality", {"load_bound": -1})
@@ -56,7 +56,7 @@ def test_pd_aware_and_combined_bound_the_load_on_the_heatmaps_subgroup() -> None
         d = Policy(name, heatmap=HEAT).select(long_short, busy_pair, 0)
         assert (d.subgroup, d.chosen) == ("colocated", "co/0"), name
         assert "subgroup_load_bound 4" in d.reason
-        assert [(e.te, e.reason) for e in d.excluded] == [("p/0", "not in the chosen subgroup (colocated)")]
+        assert [(e.tes, e.reason) for e in d.excluded] == [(("p/0",), "not in the chosen subgroup (colocated)")]
         relaxed = Policy(name, {"subgroup_load_bound": 8}, heatmap=HEAT).select(long_short, busy_pair, 0)
         assert relaxed.chosen == "p/0"
 

@@ -1,0 +1,31 @@
+"""One walk of the prompt tree per routing decision (issue 29 §4): the predictor's longest
+match and the candidates' prefixes come from the same walk (before: one walk for the
+predictor, over decode TEs too, and one per role for the candidates)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from test_je import done_of, job, run
+
+from deepserve.actors.scheduling.locality import PromptTree
+
+PRED = {"feature": [0, -2, -2], "threshold": [10.5, -2.0, -2.0], "left": [1, -1, -1],
+        "right": [2, -1, -1], "bucket": [0, 1, 3]}
+
+
+def test_a_decision_walks_the_prompt_tree_once(monkeypatch: Any) -> None:
+    walks: list[tuple[str, ...]] = []
+    real = PromptTree.match
+
+    def counted(self: PromptTree, hashes: Any, tes: list[str]) -> dict[str, int]:
+        walks.append(tuple(tes))
+        return real(self, hashes, tes)
+
+    monkeypatch.setattr(PromptTree, "match", counted)
+    tes: dict[str, dict[str, Any]] = {"c/0": {}, "c/1": {}, "p/0": {}, "d/0": {}}
+    roles = {"colocated": ["c/0", "c/1"], "prefill": ["p/0"], "decode": ["d/0"]}
+    cfg = {"policy": "load_aware", "predictor": PRED, "kv_events": False}
+    _, out = run(tes, roles, [job(i, prompt=384, blocks=(1, 2, 3)) for i in range(3)], cfg, gap_s=1.0)
+    assert all(r.status == "completed" for r in done_of(out).values())
+    assert walks == [("c/0", "c/1", "p/0")] * 3  # one a request, never over the decode TE
