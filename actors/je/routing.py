@@ -32,7 +32,7 @@ def candidates(s: JeState, j: Job, roles: tuple[str, ...], now: float = -1.0,
         match = group_match(s, j.model, j.prompt.block_hashes)
     opened = s.open
     load = opened.get
-    held = match.get if match else {}.get
+    held = (match or {}).get
     excluded = j.excluded
     decode_load = min((load(te, 0) for te in group.get("decode", ()) if te not in excluded), default=0)
     out: list[Candidate] = []

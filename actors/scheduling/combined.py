@@ -7,18 +7,17 @@ import msgspec
 
 from .decision import Candidate, Decision, RouteRequest, need_candidates
 from .load_aware import LoadAwareParams, select_load_aware
-from .pd_aware import PdAwareParams, PdHeatmap, choose_subgroup, other_subgroup
+from .pd_aware import PdAwareParams, PdHeatmap, choose_subgroup
 
 
 def select_combined(req: RouteRequest, cands: tuple[Candidate, ...], heatmap: PdHeatmap | None,
                     pd: PdAwareParams, load: LoadAwareParams) -> Decision:
     need_candidates(cands, "combined")
-    sub, cell, ratio, why = choose_subgroup(req, cands, heatmap, pd)
-    inner = select_load_aware(req, tuple(c for c in cands if c.subgroup == sub), load, "combined")
+    ch = choose_subgroup(req, cands, heatmap, pd)
+    inner = select_load_aware(req, ch.inside, load, "combined")
     params = dict(inner.params, default_decode_tokens=float(pd.default_decode_tokens),
                   subgroup_load_bound=float(pd.subgroup_load_bound))
     return msgspec.structs.replace(
-        inner, params=params, reason=f"{why}; {inner.reason}", heatmap_cell=cell,
-        predicted_bucket=req.predicted_bucket, decode_ratio=ratio,
-        excluded=other_subgroup(cands, sub) + inner.excluded,
+        inner, params=params, reason=f"{ch.why}; {inner.reason}", heatmap_cell=ch.cell,
+        predicted_bucket=req.predicted_bucket, decode_ratio=ch.ratio, excluded=ch.left_out + inner.excluded,
     )  # fmt: skip

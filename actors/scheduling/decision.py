@@ -80,10 +80,6 @@ def ranked(cands: list[Candidate] | tuple[Candidate, ...]) -> tuple[Ranked, ...]
     return tuple(cands)
 
 
-def pair_load(c: Candidate) -> int:
-    """Open tasks a choice of `c` adds to: a colocated TE's own, a PD pair's both sides."""
-    return c.load + c.decode_load
-
 
 def need_candidates(cands: tuple[Candidate, ...] | list[Candidate], policy: str) -> None:
     if not cands:

@@ -32,7 +32,7 @@ def select_load_aware(req: RouteRequest, cands: tuple[Candidate, ...], p: LoadAw
     need_candidates(cands, policy)
     spread = imbalance(cands)
     if spread > p.threshold:
-        order, key = by_load(cands), ("load",)
+        order, key = by_load(cands), ("load",)  # type: tuple[list[Candidate], tuple[str, ...]]
         why = f"imbalance {spread} > threshold {p.threshold}: least loaded ({order[0].load} open)"
     else:
         order, key = by_prefix(cands), PREFIX_ORDER

@@ -13,6 +13,7 @@ Without a heatmap the policy cannot choose and says so (a config error, not a si
 from __future__ import annotations
 
 import bisect
+from typing import NamedTuple
 
 import msgspec
 
@@ -74,46 +75,52 @@ def predicted_decode_tokens(req: RouteRequest, p: PdAwareParams) -> int:
     return req.predicted_bucket * DECODE_BUCKET_TOKENS + DECODE_BUCKET_TOKENS // 2
 
 
+class SubgroupChoice(NamedTuple):
+    sub: Subgroup
+    cell: HeatmapCell | None  # the heatmap cell that decided (None: one subgroup only)
+    ratio: float  # the decode/prefill ratio used
+    why: str
+    inside: tuple[Candidate, ...]  # the candidates of `sub`, in the order given
+    left_out: tuple[Excluded, ...]  # the other subgroup's TEs, with the reason
+
+
 def choose_subgroup(req: RouteRequest, cands: tuple[Candidate, ...], heatmap: PdHeatmap | None,
-                    p: PdAwareParams) -> tuple[Subgroup, HeatmapCell | None, float, str]:
-    """(subgroup, the cell that decided or None, the decode ratio used, why)."""
-    # each subgroup's least-loaded TE's open tasks (a PD pair's: both sides); generators, not a
-    # loop: this runs on every request's decision (`deepserve bench routing`)
-    least = {"colocated": min((c.load for c in cands if c.subgroup == "colocated"), default=None),
-             "pd": min((c.load + c.decode_load for c in cands if c.subgroup == "pd"), default=None)}
+                    p: PdAwareParams) -> SubgroupChoice:
+    """The subgroup the heatmap's cell says, unless it is `subgroup_load_bound` busier."""
+    # one partition, then each side's least-loaded TE's open tasks (a PD pair's: both sides):
+    # comprehensions, not a loop, since this runs in every request's decision (bench routing)
+    colo = [c for c in cands if c.subgroup == "colocated"]
+    pd = [c for c in cands if c.subgroup != "colocated"]
     ratio = predicted_decode_tokens(req, p) / max(req.prompt_tokens, 1)
-    if least["colocated"] is None or least["pd"] is None:
+    if not colo or not pd:
         only: Subgroup = cands[0].subgroup
-        return only, None, ratio, f"only {only} TEs in the group"
+        return SubgroupChoice(only, None, ratio, f"only {only} TEs in the group", cands, ())
     if heatmap is None:
         raise ValueError("pd_aware: the TE group has colocated and PD TEs but no heatmap was "
                          "given (scheduling.heatmap: run `deepserve profile heatmap`)")
+    least = {"colocated": min([c.load for c in colo]), "pd": min([c.load + c.decode_load for c in pd])}
     cell = heatmap.cell(req.prompt_tokens, ratio)
     sub: Subgroup = "pd" if cell.value > 0 else "colocated"
     why = (f"heatmap cell (prefill>={cell.prefill_tokens_lo}, ratio>={cell.ratio_lo:g}) = "
            f"{cell.value:+.3f}: {sub}")
     other: Subgroup = "colocated" if sub == "pd" else "pd"
-    if least[sub] > least[other] + p.subgroup_load_bound:  # type: ignore[operator]
+    if least[sub] > least[other] + p.subgroup_load_bound:
         why += (f", but its least loaded has {least[sub]} open > {other}'s {least[other]} + "
                 f"subgroup_load_bound {p.subgroup_load_bound}: {other}")
-        sub = other
-    return sub, cell, ratio, why
-
-
-def other_subgroup(cands: tuple[Candidate, ...], sub: Subgroup) -> tuple[Excluded, ...]:
-    tes = tuple(c.te for c in cands if c.subgroup != sub)
-    other: Subgroup = "colocated" if sub == "pd" else "pd"
-    return (Excluded(tes=tes, subgroup=other, reason=f"not in the chosen subgroup ({sub})"),) if tes else ()
+        sub, other = other, sub
+    inside, outside = (pd, colo) if sub == "pd" else (colo, pd)
+    left = Excluded(tes=tuple([c.te for c in outside]), subgroup=other, reason=f"not in the chosen subgroup ({sub})")
+    return SubgroupChoice(sub, cell, ratio, why, tuple(inside), (left,))
 
 
 def select_pd_aware(req: RouteRequest, cands: tuple[Candidate, ...], heatmap: PdHeatmap | None,
                     p: PdAwareParams) -> Decision:
     need_candidates(cands, "pd_aware")
-    sub, cell, ratio, why = choose_subgroup(req, cands, heatmap, p)
-    order = by_load(tuple(c for c in cands if c.subgroup == sub))
+    ch = choose_subgroup(req, cands, heatmap, p)
+    order = by_load(ch.inside)
     return Decision(policy="pd_aware", params={"default_decode_tokens": float(p.default_decode_tokens),
                                                "subgroup_load_bound": float(p.subgroup_load_bound)},
-                    chosen=order[0].te, subgroup=sub, ranked=ranked(order),
-                    reason=why + f"; least loaded in it ({order[0].load} open)", heatmap_cell=cell,
-                    predicted_bucket=req.predicted_bucket, decode_ratio=ratio, order_by=("load",),
-                    excluded=other_subgroup(cands, sub))
+                    chosen=order[0].te, subgroup=ch.sub, ranked=ranked(order),
+                    reason=ch.why + f"; least loaded in it ({order[0].load} open)", heatmap_cell=ch.cell,
+                    predicted_bucket=req.predicted_bucket, decode_ratio=ch.ratio, order_by=("load",),
+                    excluded=ch.left_out)
