@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from deepserve.actors.scheduling import DEFAULT_POLICY
 from deepserve.adapters.scenario.control import ControlPlane
 from deepserve.adapters.scenario.loader import (
     ScenarioError,
@@ -62,7 +63,7 @@ class DaemonScheduling(msgspec.Struct, frozen=True, forbid_unknown_fields=True, 
     """The JE's routing (DeepServe §5): a sim scenario's `[scheduling]` without what the daemon
     fixes itself (one JE; `daemon.max_inflight` bounds what the gateway admits)."""
 
-    policy: Literal["round_robin", "least_load", "locality", "load_aware", "pd_aware", "combined"] = "round_robin"
+    policy: Literal["round_robin", "least_load", "locality", "load_aware", "pd_aware", "combined"] = DEFAULT_POLICY  # type: ignore[assignment]
     params: dict[str, int | float] = {}
     heatmap: str = ""  # pd_aware / combined on the mixed group (`deepserve profile heatmap`)
     predictor: str = ""  # a decode-length predictor file ("" = none)

@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from deepserve.actors.scheduling import Policy
+from deepserve.actors.scheduling import DEFAULT_POLICY, Policy
 from deepserve.actors.scheduling.forwarding import ForwardingParams
 from deepserve.actors.scheduling.locality import MAX_BLOCKS_DEFAULT
 
@@ -15,7 +15,7 @@ MAX_BATCH_ITEMS = 100_000
 
 
 class JeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    policy: str = "round_robin"
+    policy: str = DEFAULT_POLICY
     params: dict[str, int | float] = {}
     heatmap: dict[str, Any] | None = None  # a PdHeatmap as data (`deepserve profile heatmap`)
     forwarding: ForwardingParams = msgspec.field(default_factory=ForwardingParams)
@@ -28,9 +28,10 @@ class JeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     kv_block_tokens: int = 128  # the cluster's block size: prompt-tree matches in tokens
     stream_to: str = ""  # a live frontend's address: the TEs stream output tokens there ("": none)
     kv_events: bool = True  # subscribe to the TEs' KV cache events (False: ROUTED guesses only)
-    # A prefill TE whose KV failed to reach its decode TE gets no new P/D task for this long
-    # while another TE can take it (outlier ejection: a down link is invisible to heartbeats,
-    # so every request sent that way would find it down once). 0: never set aside.
+    # A prefill TE whose KV failed to reach its decode TE, or that refused a task because it is
+    # down (device lost: `forwarding.te_down`), gets no new P/D task for this long while another
+    # TE can take it (outlier ejection: a down link is invisible to heartbeats, so every request
+    # sent that way would find it down once). 0: never set aside.
     kv_fail_cooldown_s: float = 5.0
 
     def __post_init__(self) -> None:

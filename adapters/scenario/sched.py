@@ -4,7 +4,7 @@ loop feeds it the same `Arrive`s), `jes` JEs running the named policy, and a clu
 TE shells register with, which pushes TE group membership to the JEs.
 
     [scheduling]
-    policy = "combined"            # round_robin, least_load, locality, load_aware, pd_aware, combined
+    policy = "combined"            # round_robin, least_load, locality, load_aware (default), pd_aware, combined
     params = { threshold = 4 }     # the policy's parameters (validated)
     heatmap = "runs/heatmap.json"  # pd_aware / combined on a mixed group (`deepserve profile heatmap`)
     jes = 2
@@ -20,6 +20,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from deepserve.actors.scheduling import DEFAULT_POLICY
+
 CM_ADDR = "cm"
 
 
@@ -32,7 +34,7 @@ class Forwarding(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
 
 
 class Scheduling(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    policy: Literal["round_robin", "least_load", "locality", "load_aware", "pd_aware", "combined"] = "round_robin"
+    policy: Literal["round_robin", "least_load", "locality", "load_aware", "pd_aware", "combined"] = DEFAULT_POLICY  # type: ignore[assignment]
     params: dict[str, int | float] = {}
     heatmap: str = ""  # path of a heatmap JSON file ("" = none)
     predictor: str = ""  # path of a decode-length predictor JSON file ("" = none)

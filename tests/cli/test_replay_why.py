@@ -92,7 +92,7 @@ def test_why_shows_waits_and_the_policys_queued_choice(tmp_path: Path) -> None:
     d = SimDriver(5, sink=sink)
     for addr, kw in {"c/0": {}, "p/0": {"behaviour": "reject"}, "d/0": {}}.items():
         d.spawn(addr, ScriptedTe, **kw)
-    d.spawn("je/0", JobExecutor, config={"forwarding": {"ttft_deadline_s": 0.5}})
+    d.spawn("je/0", JobExecutor, config={"policy": "round_robin", "forwarding": {"ttft_deadline_s": 0.5}})
     for role, members in {"colocated": ("c/0",), "prefill": ("p/0",), "decode": ("d/0",)}.items():
         d.inject("je/0", TeGroupMembership(model="m", role=role, tes=members), at=0.0)  # type: ignore[arg-type]
     for i in range(4):

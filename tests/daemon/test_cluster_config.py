@@ -32,7 +32,7 @@ def test_the_resolved_config_shows_the_control_plane(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("setting", "says"), [
     ("scheduling.policy=nope", "scheduling.policy: Invalid enum value 'nope'"),
-    ("scheduling.params.x=1", "scheduling.params.x: not a parameter of round_robin"),
+    ("scheduling.params.x=1", "scheduling.params.x: not a parameter of load_aware (it has: threshold)"),
     ("scheduling.jes=2", "scheduling.jes: unknown key"),
     ("scheduling.heatmap=/no/such/file", "scheduling.heatmap: cannot read /no/such/file"),
 ])  # fmt: skip
@@ -46,7 +46,7 @@ def test_the_scheduling_section_reaches_the_je_config() -> None:
     cfg = load_config(None, ("scheduling.policy=load_aware", "scheduling.params.threshold=2"))
     sch = cfg.scheduling.as_scenario_section()
     assert (sch.policy, sch.params, sch.jes) == ("load_aware", {"threshold": 2}, 1)
-    assert load_config().scheduling.policy == "round_robin"  # the default is unchanged
+    assert load_config().scheduling.policy == "load_aware"  # the default (docs/scheduling.md: measured best)
 
 
 def test_a_config_file_names_only_what_it_changes(tmp_path: Path) -> None:

@@ -73,7 +73,7 @@ def decisions(d: SimDriver) -> list[Any]:
 
 def test_colocated_round_robin_one_task_each() -> None:
     tes = {f"te/{k}": {} for k in range(3)}
-    d, out = run(tes, {"colocated": list(tes)}, [job(i) for i in range(6)])
+    d, out = run(tes, {"colocated": list(tes)}, [job(i) for i in range(6)], {"policy": "round_robin"})
     done = done_of(out)
     assert len(done) == 6 and all(x.status == "completed" for x in done.values())
     assert [x.te for x in sorted(done.values(), key=lambda x: x.request_id)] == ["te/0", "te/1", "te/2"] * 2
@@ -167,7 +167,7 @@ def test_a_decode_whose_kv_never_arrived_is_retried_off_its_prefill_te_too() -> 
     tes = {"c/0": {}, "p/0": {}, "d/0": {"behaviour": "kv_lost"}}
     first, quiet = job(0), msgspec.structs.replace(job(1), stream=False)
     roles = {"colocated": ["c/0"], "prefill": ["p/0"], "decode": ["d/0"]}
-    d, out = run(tes, roles, [first, quiet])
+    d, out = run(tes, roles, [first, quiet], {"policy": "round_robin"})  # r1 gets the P/D pair
     r = done_of(out)["r1"]
     assert (r.status, r.te) == ("completed", "c/0"), r
     assert [(e.task_id, e.decision.chosen) for e in decisions(d) if e.request_id == "r1"] == [
@@ -188,7 +188,7 @@ def test_a_prefill_whose_kv_failed_gets_no_new_task_for_the_cooldown() -> None:
     roles = {"colocated": ["c/0"], "prefill": ["p/0"], "decode": ["d/0"]}
     quiet = [msgspec.structs.replace(job(i), stream=False) for i in range(5)]
     late = msgspec.structs.replace(job(9), stream=False)
-    d, out = run(tes, roles, quiet, {"kv_fail_cooldown_s": 2.0}, gap_s=0.5, extra=[(8.0, "je/0", late)])
+    d, out = run(tes, roles, quiet, {"kv_fail_cooldown_s": 2.0, "policy": "round_robin"}, gap_s=0.5, extra=[(8.0, "je/0", late)])
     done = done_of(out)
     assert all(r.status == "completed" for r in done.values()), done
     (aside,) = events(d, "PrefillSetAside")

@@ -58,7 +58,8 @@ def test_a_decision_queued_behind_waiting_tasks_is_recorded_and_round_robin_move
     prefill and every later request queued behind it too (the herd behind a dead prefill)."""
     tes = {"c/0": {}, "p/0": {"behaviour": "reject"}, "d/0": {}}
     roles = {"colocated": ["c/0"], "prefill": ["p/0"], "decode": ["d/0"]}
-    d, out = run(tes, roles, [job(i) for i in range(6)], {"forwarding": {"ttft_deadline_s": 1.0}}, gap_s=0.01)
+    d, out = run(tes, roles, [job(i) for i in range(6)], {"policy": "round_robin", "forwarding": {"ttft_deadline_s": 1.0}},
+                 gap_s=0.01)
     done = done_of(out)
     assert {rid for rid, r in done.items() if r.status == "completed"} == {"r0", "r2", "r4"}
     queued = [(e.request_id, e.decision.chosen, e.decision.policy) for _, e in steps_of(d, "je/0", "RouteQueued")]
