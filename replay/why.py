@@ -1,8 +1,10 @@
 """`deepserve replay why LOG REQUEST_ID`: why did request X go where it went?
 
 Reads only the log: the gateway's `GatewayRouted`/`GatewayRefused` (admission, the JE drawn),
-the JE's `RouteDecided` (each task's policy, parameters, candidates ranked with their loads and
-prefix matches, heatmap cell, predicted bucket), task ends and refusals, a cancel the client asked
+the JE's `RouteDecided` (each task's policy, parameters, every eligible TE ranked with its score
+components, ties and the margin to the runner-up, every TE left out with the reason, heatmap
+cell, predicted bucket), the policy's choice when the task was queued instead (`RouteQueued`)
+and its waits (`PrefillWaiting`), task ends and refusals (busy or for good), a cancel the client asked
 for (`JobCancelRequested`: a TTFT deadline, a disconnect, a stop sequence), the faults injected
 while it ran and the last few before it (`deepserve fault`, a scenario's `[[faults]]`: "FAULT"
 lines), and the terminal record;

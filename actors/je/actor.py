@@ -331,7 +331,8 @@ class JobExecutor(Actor[JeState]):
         if te in j.excluded or te not in s.groups.get(j.model, {}).get("prefill", ()) \
                 or s.set_aside.get(te, -1.0) > ctx.now():
             return
-        held = routing.group_match(s, j.model, j.prompt.block_hashes).get(te, 0)
+        tree = s.trees.get(j.model)  # the prefix it holds: the one TE's walk
+        held = tree.match(j.prompt.block_hashes, [te])[te] if tree is not None else 0
         cand = Candidate(te=te, subgroup="pd", load=s.open.get(te, 0), prefix_blocks=held)
         decision = Decision(policy="batch_forwarding", params={}, chosen=te, subgroup="pd",
                             ranked=ranked([cand]), reason=f"{te} is taking work: the oldest of "
