@@ -9,6 +9,8 @@ from __future__ import annotations
 from test_je import MODEL, decisions, done_of, job, run, steps_of
 
 from deepserve.actors.je.messages import TeGroupMembership
+from deepserve.persistence.api import MemoryLog
+from deepserve.replay import verify
 
 PD = {"prefill": ["p/0", "p/1"], "decode": ["d/0"]}
 
@@ -26,6 +28,7 @@ def test_a_lost_device_is_set_aside_not_offered_again_as_if_busy() -> None:
     assert aside == [(0.01, "p/0", 5.01)]  # kv_fail_cooldown_s: a probe per 5 s at most
     later = [e.decision for e in decisions(d) if e.request_id == "r1" and e.phase == "prefill"][0]
     assert [(x.tes, x.reason[:10]) for x in later.excluded] == [(("p/0",), "set aside ")]
+    assert verify(MemoryLog(d.sink)).identical  # the new events fold back to the same state
 
 
 def test_with_no_prefill_left_a_waiting_task_goes_colocated_before_its_deadline() -> None:
@@ -64,6 +67,7 @@ def test_a_decision_queued_behind_waiting_tasks_is_recorded_and_round_robin_move
     assert {rid for rid, r in done.items() if r.status == "completed"} == {"r0", "r2", "r4"}
     queued = [(e.request_id, e.decision.chosen, e.decision.policy) for _, e in steps_of(d, "je/0", "RouteQueued")]
     assert queued == [("r3", "p/0", "round_robin"), ("r5", "p/0", "round_robin")]
+    assert verify(MemoryLog(d.sink)).identical
 
 
 def test_batch_forwarding_shows_the_prefix_the_fed_prefill_holds() -> None:
