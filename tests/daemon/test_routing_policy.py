@@ -1,7 +1,7 @@
 """The JE's routing policy is the daemon's `[scheduling]` section: with `load_aware` an idle
 daemon sends a repeated prompt, as text or as token ids, back to the TE that holds its prefix,
-and the client sees the cached tokens in `usage` (with the default `round_robin` the same
-prompt rotates over every TE)."""
+and the client sees the cached tokens in `usage` (with `round_robin` the same prompt rotates
+over every TE; `load_aware` is the default now, set here all the same)."""
 
 from __future__ import annotations
 
