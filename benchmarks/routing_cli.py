@@ -48,6 +48,7 @@ def register_routing(which: argparse._SubParsersAction) -> None:
 
 def _run_routing(args: argparse.Namespace) -> int:
     from deepserve.adapters.scenario.sched import load_heatmap, load_predictor
+    from deepserve.adapters.traces import TraceError
 
     from .routing import routing_bench
     from .table import as_json_lines, render
@@ -70,7 +71,7 @@ def _run_routing(args: argparse.Namespace) -> int:
         _ensure_predictor(args.predictor, args.json)
         config = {"policy": args.policy, "heatmap": load_heatmap(args.heatmap) if pd else None,
                   "predictor": load_predictor(args.predictor)}
-    except ValueError as exc:
+    except (ValueError, TraceError) as exc:  # a training trace that cannot be read, a bad file
         raise CliError(str(exc)) from None
 
     def progress(label: str) -> None:
