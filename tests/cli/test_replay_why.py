@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from cliproc import assert_one_line_error, deepserve
+from cliproc import assert_one_line_error, in_process
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "actors" / "je"))
 from je_fakes import ScriptedTe  # noqa: E402
@@ -53,7 +53,7 @@ def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_why_prints_the_path_and_the_numbers_that_decided(log: Path, tmp_path: Path) -> None:
-    res = deepserve("replay", "why", str(log), "r0", cwd=tmp_path)
+    res = in_process("replay", "why", str(log), "r0", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert out.startswith("request r0: completed")
@@ -65,14 +65,14 @@ def test_why_prints_the_path_and_the_numbers_that_decided(log: Path, tmp_path: P
 
 
 def test_why_shows_the_pd_hops_and_the_refusal(log: Path, tmp_path: Path) -> None:
-    out = deepserve("replay", "why", str(log), "r1", cwd=tmp_path).stdout
+    out = in_process("replay", "why", str(log), "r1", cwd=tmp_path).stdout
     assert "= +0.500" in out and "p/0 refused r1/prefill.1: queue full: no free slot; busy" in out
     assert "policy on_demand" in out and "decode task r1/decode.1 -> d/0" in out
 
 
 def test_why_tells_the_whole_decision(log: Path, tmp_path: Path) -> None:
     """Issue 29 §4: the colocated TEs of a PD decision were missing, a tie looked like a win."""
-    out = deepserve("replay", "why", str(log), "r1", cwd=tmp_path).stdout
+    out = in_process("replay", "why", str(log), "r1", cwd=tmp_path).stdout
     first = out.split("r1/prefill.1 -> p/0")[1].split("refused")[0]
     assert "not ranked: c/0          colocated not in the chosen subgroup (pd)" in first
     assert "not ranked: c/1          colocated not in the chosen subgroup (pd)" in first
@@ -108,7 +108,7 @@ def test_why_shows_waits_and_the_policys_queued_choice(tmp_path: Path) -> None:
 
 
 def test_why_json_has_every_hop_with_the_decision_inputs(log: Path, tmp_path: Path) -> None:
-    res = deepserve("replay", "why", str(log), "r1", "--json", cwd=tmp_path)
+    res = in_process("replay", "why", str(log), "r1", "--json", cwd=tmp_path)
     data = json.loads(res.stdout)
     kinds = [h["event"] for h in data["hops"]]
     assert kinds[0] == "GatewayRouted" and kinds[-1] == "JobFinished"
@@ -118,14 +118,14 @@ def test_why_json_has_every_hop_with_the_decision_inputs(log: Path, tmp_path: Pa
 
 
 def test_why_unknown_request_is_exit_2_saying_how_to_find_ids(log: Path, tmp_path: Path) -> None:
-    res = deepserve("replay", "why", str(log), "nope", cwd=tmp_path)
+    res = in_process("replay", "why", str(log), "nope", cwd=tmp_path)
     assert_one_line_error(res, "no request 'nope'", "(requests: r0, r1, r2)")
 
 
 def test_why_shows_when_the_client_gave_up(log: Path, tmp_path: Path) -> None:
     """A tour: a request cancelled at its TTFT deadline showed only its end, seconds later
     (when its TE answered the cancel), not the moment the client was told 504."""
-    out = deepserve("replay", "why", str(log), "r2", cwd=tmp_path).stdout
+    out = in_process("replay", "why", str(log), "r2", cwd=tmp_path).stdout
     cancel = [line for line in out.splitlines() if "cancel requested" in line]
     assert cancel == ["t=2.020000  je/0: cancel requested: no first token within 0.01 s (TTFT deadline); "
                       "cancelling its task"], out
@@ -135,8 +135,8 @@ def test_why_on_a_simulation_log_shows_the_workload_hops(tmp_path: Path) -> None
     """`deepserve sim` drives TEs through the workload stand-in: its dispatches, the P/D
     prefill's end and the terminal record are the hops (no gateway or JE)."""
     log = tmp_path / "pd.db"
-    assert deepserve("sim", "pd-1p1d", "--requests", "3", "--log", str(log), cwd=tmp_path).returncode == 0
-    res = deepserve("replay", "why", str(log), "r1", cwd=tmp_path)
+    assert in_process("sim", "pd-1p1d", "--requests", "3", "--log", str(log), cwd=tmp_path).returncode == 0
+    res = in_process("replay", "why", str(log), "r1", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert lines[0].startswith("request r1: completed (length) — TTFT ")
@@ -144,5 +144,5 @@ def test_why_on_a_simulation_log_shows_the_workload_hops(tmp_path: Path) -> None
     assert "prefill done (0 prompt tokens cached)" in lines[2]
     assert "decode task attempt 1 -> te/1/dp/0" in lines[3]
     assert lines[4].endswith("completed on te/1: length") and len(lines) == 5
-    missing = deepserve("replay", "why", str(log), "r9", cwd=tmp_path)
+    missing = in_process("replay", "why", str(log), "r9", cwd=tmp_path)
     assert_one_line_error(missing, "no request 'r9' in run", "(requests: r0, r1, r2)")
