@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 # not pay ~0.4 s for it.
 
 EXIT_DIVERGED = 1
+# Identical as far as the log goes, but the log has no closing record (its process died, or
+# still writes): not "identical", which a script would take for the whole run.
+EXIT_UNCLOSED = 3
 
 
 def register(subparsers: Any) -> None:
@@ -41,7 +44,9 @@ def register(subparsers: Any) -> None:
 
     p = _command(sub, "verify", _verify, "re-execute every actor from its logged inputs")
     p.epilog = ("a run directory with one log per process (deepserve up --processes) is verified log by log; "
-                "exit status: 0 identical, 1 diverged, 2 the log cannot be read or replayed")
+                "exit status: 0 identical, 1 diverged, 2 the log cannot be read or replayed (damaged, or cut "
+                "after its end was written), 3 identical as far as the log goes, but it has no closing "
+                "record (its process died, or still runs)")
 
     p = _command(sub, "state", _state, "an actor's state at a clock time, folded from its events")
     p.add_argument("--actor", required=True, metavar="A", help="actor address, e.g. worker/1")
@@ -80,10 +85,11 @@ def _command(sub: Any, name: str, func: Any, help_text: str, *, reads: bool = Tr
     return p
 
 
-def _read(args: argparse.Namespace) -> LogReader:
+def _read(args: argparse.Namespace, *, note: bool = True) -> LogReader:
     """Open for reading without changing the file: an incident log is evidence. An older
-    schema gets a one-line error that names `deepserve replay migrate`; a damaged file
-    is refused before anything is answered from it."""
+    schema gets a one-line error that names `deepserve replay migrate`; a damaged file, or one
+    cut after its closing record was written, is refused before anything is answered from it;
+    a log its writer never closed gets one line of note on stderr (`note`: now)."""
     from deepserve.persistence import open_log
 
     load_user_code(args)
@@ -92,12 +98,30 @@ def _read(args: argparse.Namespace) -> LogReader:
         _check_complete(args.log)
     reader = open_log(args.log, upgrade=False)
     try:
-        reader.check_integrity()
+        reader.check_integrity()  # a log cut after its closing record was written stops here
         _check_run_choice(args, reader)
+        args.end_state = reader.run_end(args.run)
     except BaseException:
         reader.close()
         raise
+    if note:
+        _print_end_note(args)
     return reader
+
+
+def _print_end_note(args: argparse.Namespace) -> None:
+    if args.end_state.closed is False:
+        print(f"deepserve: {unclosed_note(args.log, args.end_state.missing)}", file=sys.stderr)
+    elif args.end_state.closed is None:
+        print(f"deepserve: note: {args.log}: the run was written before closing records (log schema < 7): "
+              "whether its log ends where the run did cannot be told", file=sys.stderr)
+
+
+def unclosed_note(log: str, missing: tuple[str, ...]) -> str:
+    """The one line every replay command prints about a log its writer never closed."""
+    who = f" ({', '.join(missing)})" if missing and missing != ("main",) else ""
+    return (f"note: {log}: the run has no closing record{who}: its writer never closed the log (the "
+            "process died, or still runs), so what follows is what the log holds up to its last step")
 
 
 def _check_complete(directory: str) -> None:
@@ -169,7 +193,13 @@ def _verify(args: argparse.Namespace) -> int:
         print(result.summary())
         if result.divergence is not None:
             _print_divergence(result.divergence)
-    return 0 if result.identical else EXIT_DIVERGED
+    return _verify_status(result.identical, result.closed)
+
+
+def _verify_status(identical: bool, closed: bool | None) -> int:
+    if not identical:
+        return EXIT_DIVERGED
+    return EXIT_UNCLOSED if closed is False else 0
 
 
 def _verify_logs(args: argparse.Namespace) -> int:
@@ -177,15 +207,19 @@ def _verify_logs(args: argparse.Namespace) -> int:
 
     load_user_code(args)
     verdict = verify_logs(args.log, args.run)
+    unclosed = tuple(f"{v.log}" for v in verdict.logs if v.result.closed is False)
+    if unclosed:
+        print(f"deepserve: {unclosed_note(args.log, unclosed)}", file=sys.stderr)
+    status = _verify_status(verdict.identical, False if unclosed else True)
     if args.json:
         print_json(verdict)
-        return 0 if verdict.identical else EXIT_DIVERGED
+        return status
     print(verdict.summary())
     for v in verdict.logs:
         print(f"  {v.log}: {v.result.summary()}")
         if v.result.divergence is not None:
             _print_divergence(v.result.divergence)
-    return 0 if verdict.identical else EXIT_DIVERGED
+    return status
 
 
 def _print_divergence(d: Divergence) -> None:
@@ -253,9 +287,21 @@ def _log(args: argparse.Namespace) -> int:
 
 
 def _why(args: argparse.Namespace) -> int:
+    from deepserve.replay.common import ReplayError
     from deepserve.replay.why import run_why
 
-    return run_why(_read(args), args.request_id, args.run, args.json)
+    reader = _read(args, note=False)  # an error below is the one line, and says it itself
+    try:
+        status = run_why(reader, args.request_id, args.run, args.json)
+    except ReplayError as exc:
+        if args.end_state.closed is False and str(exc).startswith("no request"):
+            # not "never arrived": the log stops where its process died, and it may have come after
+            raise ReplayError(f"request {args.request_id!r} is not in the log, which ends before it could "
+                              "tell: the run has no closing record (its process died, or still runs), so "
+                              "the request may have arrived after its last step") from None  # fmt: skip
+        raise
+    _print_end_note(args)
+    return status
 
 
 def _digest(args: argparse.Namespace) -> int:

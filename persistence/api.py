@@ -52,6 +52,16 @@ class StepFilter(NamedTuple):
         )
 
 
+class EndState(NamedTuple):
+    """How a run's log ends (`run_ends.py`). `closed`: True, every process that wrote it closed
+    it cleanly; False, one or more did not (`missing` names them: died, or still writing);
+    None, its end was not recorded (written before schema v7, or a backend that keeps no
+    closing records)."""
+
+    closed: bool | None
+    missing: tuple[str, ...] = ()
+
+
 class LogReader(abc.ABC):
     """A log opened for reading. `run_id=None` means the last run begun."""
 
@@ -82,6 +92,12 @@ class LogReader(abc.ABC):
 
     @abc.abstractmethod
     def snapshots(self, run_id: str | None = None, actor: str | None = None) -> Iterator[SnapshotRec]: ...
+
+    def run_end(self, run_id: str | None = None) -> EndState:
+        """Whether the run (default: the last) was closed cleanly by every process that wrote
+        it (`run_ends.py`); a backend that keeps no closing records answers `EndState(None)`.
+        That its closing records agree with its steps is part of `check_integrity`."""
+        return EndState(None)
 
     def check_integrity(self) -> None:
         """Raise a one-line `LogError` if the log's storage is damaged (see
@@ -141,7 +157,7 @@ class PressureSink(LogSink, Protocol):
 
 
 __all__ = [
-    "DurableSink", "Durability", "LogError", "LogReader", "PressureSink", "SinkStatistics",
+    "DurableSink", "Durability", "EndState", "LogError", "LogReader", "PressureSink", "SinkStatistics",
     "StepFilter",
 ]
 

@@ -41,6 +41,10 @@ class BatchStore(Protocol):
         """Commit `items` in one transaction; return how many were steps."""
         ...
 
+    def end_runs(self) -> None:
+        """Store the closing record of every run written (`schema.run_ends`)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -227,6 +231,9 @@ class GroupCommitSink(Pressure):
             while (batch := self._take()) is not None:
                 steps = store.write(batch)
                 self._committed_batch(len(batch), steps)
+            end_runs = getattr(store, "end_runs", None)  # (optional: a test's store may keep none)
+            if self._error is None and end_runs is not None:  # closed, all committed: the runs' ends
+                end_runs()
         except BaseException as exc:  # noqa: BLE001 — surfaced to the driver on its next call
             self._fail(exc)
         finally:

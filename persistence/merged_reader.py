@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from deepserve.core.records import RunRec, SnapshotRec, Step
 
-from .api import LogReader, StepFilter
+from .api import EndState, LogReader, StepFilter
 from .errors import LogError
 from .sql_reader import SqlLog
 
@@ -90,6 +90,16 @@ class MergedLog(LogReader):
         names = ", ".join(log.label for log in holders)
         raise LogError(f"{self.label}: {actor} is a different actor in each of {len(holders)} logs of "
                        f"a simulation split over workers ({names}): read one of them")  # fmt: skip
+
+    def run_end(self, run_id: str | None = None) -> EndState:
+        """Closed if every file holding the run closed it; the processes that did not are named
+        by file (`daemon.db: main`)."""
+        run, logs = self._logs_with(run_id)
+        states = [(log.label, log.run_end(run)) for log in logs]
+        if not states or any(st.closed is None for _, st in states):
+            return EndState(None)
+        missing = tuple(f"{label}: {p}" for label, st in states for p in st.missing)
+        return EndState(not missing, missing)
 
     def check_integrity(self) -> None:
         for log in self.logs:

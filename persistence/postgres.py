@@ -26,7 +26,7 @@ from deepserve.core.records import RunRec, Step
 
 from .errors import LogError, RunExists, one_line
 from .group_commit import count_steps, runs_and_steps
-from .rows import STEP_TABLES, rows_of, run_row, step_rows
+from .rows import STEP_TABLES, RunningDigest, rows_of, run_row, step_rows
 from .schema import INSERT_COLUMNS, metadata
 from .versions import ensure_schema
 
@@ -83,6 +83,8 @@ class PgBatchStore:
     def __init__(self, url: str, label: str, durability: str) -> None:
         self.label = label
         self.run_id: str | None = None
+        self.process = ""
+        self.ends: dict[tuple[str, str], RunningDigest] = {}  # as `SqliteBatchStore`'s
         self.engine = create_async_engine(url, poolclass=NullPool)
         self._io = _Portal(label)
         try:
@@ -102,13 +104,19 @@ class PgBatchStore:
         self.seq = await self.pg.fetchval("SELECT pg_get_serial_sequence('inputs', 'id')")
 
     def write(self, items: Sequence[Step | RunRec]) -> int:
-        steps, self.run_id = self._io.call(self._write, items)
+        steps, (self.run_id, self.process) = self._io.call(self._write, items)
         return steps
 
-    async def _write(self, items: Sequence[Step | RunRec]) -> tuple[int, str | None]:
+    def end_runs(self) -> None:
+        rows = [tuple(d.end_row(run_id, process)) for (run_id, process), d in self.ends.items()]
+        if rows:
+            self._io.call(self._copy, "run_ends", rows)
+
+    async def _write(self, items: Sequence[Step | RunRec]) -> tuple[int, tuple[str | None, str]]:
         n = count_steps(items)
         pg = self.pg
-        run_id = self.run_id
+        run_id, process = self.run_id, self.process
+        ncols = len(INSERT_COLUMNS["inputs"])
         async with pg.transaction():
             ids: list[int] = []
             if n:
@@ -121,7 +129,8 @@ class PgBatchStore:
                 if isinstance(part, RunRec):
                     await self._check_new_run(part)
                     await self._copy("runs", [tuple(run_row(astuple(part)))])
-                    run_id = part.run_id
+                    run_id, process = part.run_id, part.process
+                    self.ends[(run_id, process)] = RunningDigest()
                     continue
                 if run_id is None:
                     raise ValueError("a step was appended before begin_run()")
@@ -131,8 +140,9 @@ class PgBatchStore:
                 for name, flat in zip(STEP_TABLES, rows, strict=True):
                     if flat:
                         await self._copy(name, rows_of(flat, len(INSERT_COLUMNS[name])))
+                self.ends[(run_id, process)].add(rows.inputs[ncols - 1 :: ncols], len(part))
                 pos += len(part)
-        return n, run_id
+        return n, (run_id, process)
 
     async def _check_new_run(self, run: RunRec) -> None:
         # Processes of a cluster share the database: the lock serializes two begins of

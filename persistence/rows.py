@@ -37,6 +37,9 @@ writer turns them back into booleans for COPY, its readers into 0/1 again,
 
 from __future__ import annotations
 
+import hashlib
+import struct
+import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
@@ -106,6 +109,42 @@ def run_row(values: Iterable[Any]) -> list[Any]:
     """A `runs` row: the run record's values and their checksum."""
     v = list(values)
     v[6] = _real(v[6])
+    v.append(_crc32(_encode(v)))
+    return v
+
+
+LEGACY_END = -1  # a closing record's `steps` for a run written before schema v7
+
+
+class RunningDigest:
+    """A run's closing-record sums as its writer keeps them: steps and units (input rows in the
+    row layout, pages in the paged layout) stored, and blake2b-128 of every unit's CRC-32 in
+    log order, 4 bytes little-endian each. The CRCs are summed already (rows above, pages'
+    bodies), so keeping it costs one hash update per batch; a reader sums the same stored CRCs
+    back (`run_ends.py`)."""
+
+    __slots__ = ("_hash", "steps", "units")
+
+    def __init__(self) -> None:
+        self._hash = hashlib.blake2b(digest_size=16)
+        self.steps = 0
+        self.units = 0
+
+    def add(self, crcs: Sequence[int], steps: int) -> None:
+        self._hash.update(struct.pack(f"<{len(crcs)}I", *crcs))
+        self.units += len(crcs)
+        self.steps += steps
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+    def end_row(self, run_id: str, process: str) -> list[Any]:
+        """The `run_ends` row (`schema.INSERT_COLUMNS` order), its checksum last."""
+        return end_row(run_id, process, self.steps, self.units, self.hexdigest(), time.time())
+
+
+def end_row(run_id: str, process: str, steps: int, units: int, digest: str, ended_at: float) -> list[Any]:
+    v: list[Any] = [run_id, process, steps, units, digest, _real(ended_at)]
     v.append(_crc32(_encode(v)))
     return v
 

@@ -31,8 +31,9 @@ from deepserve.core.records import EventRec, InputRec, OutputRec, RunRec, Snapsh
 # v5: `crc32` on every row of the row layout and on `runs` (rows.py: what a row holds is
 # checked on every read, as pages' bodies are). v6: a page's body may be a zstd frame of its
 # msgpack (pages.py; the writer process compresses every page it stores): nothing else changed,
-# but a deepserve before v6 would take such a page for a damaged one.
-SCHEMA_VERSION = 6
+# but a deepserve before v6 would take such a page for a damaged one. v7: `run_ends`, the
+# closing record a writer stores when it closes its log cleanly (run_ends.py).
+SCHEMA_VERSION = 7
 
 # SQLite only makes INTEGER PRIMARY KEY an alias of the rowid (no extra b-tree);
 # PostgreSQL needs 64 bits for long-lived cluster databases.
@@ -185,7 +186,28 @@ pages = Table(
 )
 Index("ix_pages_run", pages.c.run_id, pages.c.id)
 
-TABLES = ("schema_version", "runs", "inputs", "events", "outputs", "snapshots", "pages")
+# v7. A run's end, as its writer (one per process) recorded it when it closed the log cleanly:
+# how many steps it stored, in how many units (input rows, or pages), and the running digest of
+# those units' CRC-32s (`rows.RunningDigest`). A log whose last steps are gone is told from a
+# whole one by it, and a run with no closing record was not closed (its process died, or still
+# writes). `steps` is -1 (`rows.LEGACY_END`) for a run the v6 -> v7 migration found: written
+# before closing records existed, its end cannot be checked.
+run_ends = Table(
+    "run_ends",
+    metadata,
+    _id(),
+    _text("run_id"),
+    _text("process"),
+    _int("steps"),
+    _int("units"),
+    _text("digest"),
+    Column("ended_at", Double, nullable=False),  # wall clock, excluded from digests
+    _int("crc32"),
+)
+Index("ix_run_ends_run", run_ends.c.run_id, run_ends.c.process)
+
+TABLES = ("schema_version", "runs", "inputs", "events", "outputs", "snapshots", "pages", "run_ends")
+RUN_END_FIELDS = ("run_id", "process", "steps", "units", "digest", "ended_at")
 
 # Field lists: the record part of each row, in struct order.
 RUN_FIELDS: tuple[str, ...] = RunRec.__struct_fields__
@@ -202,6 +224,7 @@ INSERT_COLUMNS: dict[str, tuple[str, ...]] = {
     "outputs": ("step_id", "run_id", *OUTPUT_FIELDS, "crc32"),
     "snapshots": ("step_id", "run_id", *SNAPSHOT_FIELDS, "crc32"),
     "pages": ("run_id", "first_step", "steps", "t_first", "t_last", "body", "crc32"),
+    "run_ends": (*RUN_END_FIELDS, "crc32"),
 }
 
 

@@ -24,10 +24,11 @@ from sqlalchemy.sql.visitors import InternalTraversal
 
 from deepserve.core.records import RunRec, SnapshotRec, Step
 
-from .api import LogReader, StepFilter
+from .api import EndState, LogReader, StepFilter
 from .errors import LogError
 from .pages import Page, PageHead, check_page_head, page_actors, page_snapshots, page_steps
 from .rows import DamagedRow, check_rows, group_steps, id_range_is_dense, ints_for_bools, row_crc
+from .run_ends import check_ends, end_state
 from .schema import (
     EVENT_FIELDS,
     INPUT_FIELDS,
@@ -172,6 +173,18 @@ class SqlLog(LogReader):
             return sorted(page_actors(self.label, run, self.page_bodies(run)))
         stmt = select(inputs.c.actor).where(inputs.c.run_id == run, inputs.c.seq >= 0).distinct()
         return sorted(r[0] for r in self.db.all(stmt))  # Python order: collation-independent
+
+    def run_end(self, run_id: str | None = None) -> EndState:
+        run = self.resolve_run(run_id)
+        return EndState(None) if run is None else end_state(self.db, run)
+
+    def check_ends(self) -> None:
+        """Every run's closing records against the steps the log holds (`run_ends.py`)."""
+        for run_id in dict.fromkeys(r.run_id for r in self.runs()):
+            check_ends(self.db, run_id, self.is_paged(run_id))
+
+    def check_integrity(self) -> None:
+        self.check_ends()  # PostgreSQL keeps its own pages whole; what they hold is checked here
 
     # ---- the paged layout (`pages.py`): a run written by the writer process -----------
     def is_paged(self, run: str) -> bool:

@@ -29,10 +29,11 @@ from sqlalchemy import (
 from sqlalchemy.schema import CreateColumn
 
 from .errors import LogError
-from .rows import child_crc, input_crc, ints_for_bools, row_crc
+from .rows import LEGACY_END, child_crc, end_row, input_crc, ints_for_bools, row_crc
 from .schema import (
     EVENT_FIELDS,
     INPUT_FIELDS,
+    INSERT_COLUMNS,
     OUTPUT_FIELDS,
     RUN_FIELDS,
     SCHEMA_VERSION,
@@ -97,6 +98,20 @@ def _v5_to_v6(conn: Connection) -> None:
     log ("newer than this deepserve supports") instead of calling its pages damaged."""
 
 
+def _v6_to_v7(conn: Connection) -> None:
+    """v7 adds `run_ends`, the closing record a writer stores when it closes its log cleanly.
+    A run already in the log was written before closing records existed: it gets one saying
+    so (`steps` = LEGACY_END), so that it reads as "its end was not recorded", not as a run
+    whose process died."""
+    run_ends = metadata.tables["run_ends"]
+    run_ends.create(conn)  # with its index
+    found = conn.execute(select(runs.c.run_id, runs.c.process).order_by(runs.c.id)).all()
+    rows = [dict(zip(INSERT_COLUMNS["run_ends"], end_row(r[0], r[1], LEGACY_END, 0, "", time.time()), strict=True))
+            for r in found]  # fmt: skip
+    if rows:
+        conn.execute(insert(run_ends), rows)
+
+
 def _sum_rows(conn: Connection, table: Table, cols: tuple[str, ...], crc: Callable[[tuple], int]) -> None:
     """Set every row's crc32 to `crc((id, *cols))`, booleans as 0/1, a chunk of rows at a time."""
     stmt = update(table).where(table.c.id == bindparam("row_id")).values(crc32=bindparam("crc"))
@@ -139,7 +154,7 @@ class _ChildCounts:
 
 # version v -> the step that upgrades a v database to v+1
 MIGRATIONS: dict[int, Callable[[Connection], None]] = {
-    1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6,
+    1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4, 4: _v4_to_v5, 5: _v5_to_v6, 6: _v6_to_v7,
 }  # fmt: skip
 
 

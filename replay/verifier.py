@@ -59,9 +59,17 @@ class VerifyResult(msgspec.Struct):
     # process's log, or a copy that lost its -wal file, ends with a delivery instead: what
     # is there verifies, but it is not the whole run, and the line says so.
     ended: bool = True
+    # Whether every process that wrote the run closed its log (its closing record, schema v7,
+    # agreeing with the steps: else the reader refused the log): False, the log stops where a
+    # process died; None, not recorded (a log from before v7, an in-memory log).
+    closed: bool | None = None
 
     def summary(self) -> str:
         """One line, naming the run checked (a log may hold several)."""
+        if self.identical and self.closed is False:
+            return (f"identical as far as the log goes: {self.actors} actors, {self.inputs} inputs "
+                    f"(run {self.run_id!r}); the log has no closing record (its process died, or "
+                    "still runs): the rest of the run is unknown")  # fmt: skip
         if self.identical:
             line = f"identical: {self.actors} actors, {self.inputs} inputs (run {self.run_id!r})"
             if not self.ended:
@@ -81,6 +89,7 @@ class VerifyResult(msgspec.Struct):
 def verify(reader: LogReader, run_id: str | None = None) -> VerifyResult:
     """Re-execute every delivery of one run (default: the last) and compare."""
     run = pick_run(reader, run_id)
+    closed = reader.run_end(run.run_id).closed
     other_code = run.code_version if run.code_version != CODE_VERSION else ""
     seed = run.seed
     cells: dict[str, Cell] = {}
@@ -97,7 +106,8 @@ def verify(reader: LogReader, run_id: str | None = None) -> VerifyResult:
             if rec.kind == SNAPSHOT and step.snapshot is not None:
                 divergence = _final_state_difference(cells, step)
                 if divergence is not None:
-                    return VerifyResult(run.run_id, False, len(cells), inputs, divergence, other_code)
+                    return VerifyResult(run.run_id, False, len(cells), inputs, divergence, other_code,
+                                        closed=closed)  # fmt: skip
             continue
         cell = cells.get(rec.actor)
         if cell is None or seq != cell.seq + 1 or not cell.alive or rec.type == "Started":
@@ -123,8 +133,9 @@ def verify(reader: LogReader, run_id: str | None = None) -> VerifyResult:
         ):  # not byte-identical: find where, unless only tracebacks differ
             divergence = _first_difference(cell, step, snapped)
             if divergence is not None:
-                return VerifyResult(run.run_id, False, len(cells), inputs, divergence, other_code)
-    return VerifyResult(run.run_id, True, len(cells), inputs, ended=last_kind == SNAPSHOT)
+                return VerifyResult(run.run_id, False, len(cells), inputs, divergence, other_code,
+                                    closed=closed)  # fmt: skip
+    return VerifyResult(run.run_id, True, len(cells), inputs, ended=last_kind == SNAPSHOT, closed=closed)
 
 
 def _final_state_difference(cells: dict[str, Cell], step: Step) -> Divergence | None:

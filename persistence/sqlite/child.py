@@ -13,7 +13,8 @@ byte says what it is.
 - writer (`write DATA_FD ACK_FD`): parent to child CONFIG (msgpack map), RUN (a
   msgpack `RunRec`), PAGE (a `PAGE_HEAD`, then a msgpack `list[Step]`, stored
   zstd-compressed: one `pages` row, not decoded), each committed in one transaction, and
-  SYNC (empty: "acknowledge what you have"); child to parent ACK (frames, steps and
+  SYNC (empty: "acknowledge what you have"), FINISH (empty, the last frame of a sink closed
+  cleanly: store each run's closing record; a parent that dies sends none); child to parent ACK (frames, steps and
   transactions committed so far, three little-endian u64) or ERROR (one line, UTF-8),
   after which it exits. The writer acknowledges a RUN or a SYNC at once, PAGEs every
   `ack_every` frames (CONFIG), and everything at end of file: an acknowledgement per
@@ -42,13 +43,13 @@ import msgspec
 import zstandard
 
 from ..errors import LogError, RunExists, one_line
-from ..rows import DamagedRow, run_row
+from ..rows import DamagedRow, RunningDigest, run_row
 from .sql import RUN_EXISTS, MultiInsert, read_steps, transaction
 
 HEADER = struct.Struct("<Q")
 ACK_BODY = struct.Struct("<QQQ")
 PAGE_HEAD = struct.Struct("<Qdd")  # a PAGE's step count, least and greatest input time
-CONFIG, RUN, STEPS, ACK, ERROR, END, PAGE, SYNC = b"CRSAEZPY"
+CONFIG, RUN, STEPS, ACK, ERROR, END, PAGE, SYNC, FINISH = b"CRSAEZPYF"
 # A page is stored as a zstd frame at this level (pages.py reads it back): zstd's fast levels
 # make Mooncake pages ~4.5x smaller at ~700 MB/s (level 1: 4.9x at 430 MB/s; zlib's fastest:
 # 3.4x at 90 MB/s; measured on a sim run's pages). Fewer bytes to store cost the writer less
@@ -169,7 +170,10 @@ class PageWriter:
         self.run_id_index: int = cfg["run_id_index"]
         self.process_index: int = cfg["process_index"]
         self.label: str = cfg["label"]
+        self.end_sql: str = cfg["end_sql"]
         self.run_id: str | None = None
+        self.ends: dict[tuple[str, str], RunningDigest] = {}  # the closing records' sums
+        self.digest = RunningDigest()  # the current run's (replaced by each RUN)
         self.decode = msgspec.msgpack.Decoder().decode
         self.compress = zstandard.ZstdCompressor(level=PAGE_ZSTD_LEVEL).compress
 
@@ -182,6 +186,11 @@ class PageWriter:
             run = self.decode(memoryview(payload)[1:])
             transaction(self.conn, lambda c: self._run(c, run))
             self.run_id = run[self.run_id_index]
+            self.digest = self.ends[(self.run_id, run[self.process_index])] = RunningDigest()
+            return 0
+        if kind == FINISH:
+            rows = [d.end_row(run_id, process) for (run_id, process), d in self.ends.items()]
+            transaction(self.conn, lambda c: c.executemany(self.end_sql, rows))
             return 0
         if kind != PAGE:
             raise ValueError(f"unknown frame kind {kind!r}")
@@ -204,9 +213,9 @@ class PageWriter:
         # Step ids are assigned under the write lock, as in `SqliteBatchStore`.
         first = (c.execute(self.max_id).fetchone()[0] or 0) + 1
         stored = self.compress(body)
-        c.execute(
-            self.page_sql, (self.run_id, first, steps, t_first, t_last, stored, zlib.crc32(stored))
-        )
+        crc = zlib.crc32(stored)
+        c.execute(self.page_sql, (self.run_id, first, steps, t_first, t_last, stored, crc))
+        self.digest.add((crc,), steps)  # a failed transaction fails the writer: no closing record
 
     def close(self) -> None:
         self.conn.close()
@@ -258,7 +267,7 @@ def serve_writer(src: BinaryIO, acks: Acks) -> int:
         while (payload := read_frame(src)) is not None:
             steps += writer.write(payload)
             frames += 1
-            if payload[0] != SYNC:
+            if payload[0] != SYNC and payload[0] != FINISH:  # (a FINISH: not counted, as before)
                 transactions += 1
             if payload[0] != PAGE or frames - acked >= ack_every:
                 acks.ack(frames, steps, transactions)

@@ -19,7 +19,7 @@ from typing import Any
 from ..errors import LogError, one_line
 from .checks import BUSY_MS, existing_log
 
-SCHEMA_VERSION = 6  # `schema.SCHEMA_VERSION` (the test checks they agree)
+SCHEMA_VERSION = 7  # `schema.SCHEMA_VERSION` (the test checks they agree)
 
 # What `metadata.create_all` runs on SQLite, table by table, in the order it runs them.
 CREATE_SCHEMA: tuple[str, ...] = (
@@ -46,6 +46,10 @@ CREATE_SCHEMA: tuple[str, ...] = (
     "steps INTEGER NOT NULL, t_first DOUBLE NOT NULL, t_last DOUBLE NOT NULL, "
     "body BLOB NOT NULL, crc32 BIGINT NOT NULL, PRIMARY KEY (id))",
     "CREATE INDEX ix_pages_run ON pages (run_id, id)",
+    "CREATE TABLE run_ends (id INTEGER NOT NULL, run_id TEXT NOT NULL, process TEXT NOT NULL, "
+    "steps BIGINT NOT NULL, units BIGINT NOT NULL, digest TEXT NOT NULL, "
+    "ended_at DOUBLE NOT NULL, crc32 BIGINT NOT NULL, PRIMARY KEY (id))",
+    "CREATE INDEX ix_run_ends_run ON run_ends (run_id, process)",
     "CREATE TABLE runs (id INTEGER NOT NULL, run_id TEXT NOT NULL, mode TEXT NOT NULL, "
     "seed BIGINT NOT NULL, config TEXT NOT NULL, code_version TEXT NOT NULL, host TEXT NOT NULL, "
     "started_at DOUBLE NOT NULL, process TEXT DEFAULT 'main' NOT NULL, "
@@ -66,6 +70,10 @@ INSERT_RUN = (
 )
 INSERT_PAGE = (
     "INSERT INTO pages (run_id, first_step, steps, t_first, t_last, body, crc32) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+INSERT_RUN_END = (
+    "INSERT INTO run_ends (run_id, process, steps, units, digest, ended_at, crc32) "
     "VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
 RUN_COLUMNS = 9
@@ -112,6 +120,7 @@ def process_writer_config(path: str, synchronous: str | None) -> dict[str, Any]:
         "runs_sql": INSERT_RUN,
         "runs_cols": RUN_COLUMNS,
         "page_sql": INSERT_PAGE,
+        "end_sql": INSERT_RUN_END,
         "max_id_sql": max_id_sql(),
         "run_id_index": RUN_ID_INDEX,
         "process_index": PROCESS_INDEX,

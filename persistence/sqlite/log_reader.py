@@ -158,6 +158,7 @@ class SqliteLog(SqlLog):
     def check_integrity(self) -> None:
         self.db.check_integrity()  # the file's structures and indexes, then what pages hold
         self.check_pages()
+        self.check_ends()  # then that the runs hold what their writers closed them with
 
     def close(self) -> None:
         for reader in list(self._readers):

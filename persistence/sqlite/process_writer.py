@@ -41,7 +41,7 @@ from ..errors import LogError, one_line
 from ..pages import array_header, page_head
 from ..pressure import Pressure
 from . import child
-from .child import ACK, ACK_BODY, CONFIG, ERROR, PAGE, PAGE_HEAD, RUN, SYNC
+from .child import ACK, ACK_BODY, CONFIG, ERROR, FINISH, PAGE, PAGE_HEAD, RUN, SYNC
 from .fresh import process_writer_config
 
 DEFAULT_BATCH = 1024
@@ -218,6 +218,8 @@ class ProcessSink(Pressure):
                 self._cond.notify_all()  # blocked appenders give up: nothing after close
                 if first and self._buf and self._error is None:
                     self._send_steps(closing=True)
+                if first and self._error is None:  # a clean close: the runs' closing records
+                    self._write(child.frame(FINISH, b""))
         except LogError:
             pass  # recorded in self._error, raised below
         if first:

@@ -579,6 +579,7 @@ def test_pages_are_zstd_frames_and_msgpack_pages_still_read(tmp_path: Path) -> N
         assert [body[:4] for _, body in stored] == [ZSTD_MAGIC, ZSTD_MAGIC]
         plain = zstandard.ZstdDecompressor().decompress(stored[0][1])
         c.execute("UPDATE pages SET body = ?, crc32 = ? WHERE id = ?", (plain, zlib.crc32(plain), stored[0][0]))
+        c.execute("DELETE FROM run_ends")  # its closing record summed the page as it was stored
     log = open_log(p)
     log.check_integrity()
     assert [s.input.seq for s in log.steps()] == list(range(8))

@@ -38,10 +38,16 @@ async def _wait_for(condition, timeout_s: float = 5.0) -> None:
             await anyio.sleep(0.005)
 
 
-def _verify_cli(log: str, cwd: Path) -> str:
+def _verify_cli(log: str, cwd: Path, *, killed: bool = False) -> str:
     res = deepserve("replay", "verify", log, cwd=cwd)
+    if killed:  # identical as far as it goes, which is not the whole run: exit 3, and one note
+        assert res.returncode == 3, res.stdout + res.stderr
+        assert res.stdout.startswith("identical as far as the log goes: "), res.stdout
+        assert res.stderr.count("\n") == 1 and "the run has no closing record" in res.stderr, res.stderr
+        return res.stdout
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.startswith("identical"), res.stdout
+    assert res.stderr == ""
     return res.stdout
 
 
@@ -179,10 +185,12 @@ def _check_killed_log(log: str, received: set[tuple[str, int]]) -> None:
     assert result.identical, result.divergence
     assert result.inputs >= want_inputs(received)
     # what is there verifies, and the line says it is not the whole run (a user tour: a log
-    # without its -wal verified "identical" with 42 fewer inputs and nothing said)
-    assert not result.ended and result.summary().endswith(
-        "; the log stops before the run's end (no final snapshots: a killed process, "
-        "or a copy without its -wal file?)")
+    # without its -wal verified "identical" with 42 fewer inputs and nothing said): the writer
+    # never closed it, so it has no closing record (schema v7)
+    assert not result.ended and result.closed is False and result.summary().startswith(
+        "identical as far as the log goes: ")
+    assert result.summary().endswith(
+        "; the log has no closing record (its process died, or still runs): the rest of the run is unknown")
 
 
 def want_inputs(received: set[tuple[str, int]]) -> int:
@@ -195,11 +203,11 @@ def test_log_left_by_kill_9_verifies_sqlite(tmp_path: Path) -> None:
     log = str(tmp_path / "killed.db")
     received = _kill_mid_stream(log, tmp_path)
     _check_killed_log(log, received)
-    _verify_cli(log, tmp_path)
+    _verify_cli(log, tmp_path, killed=True)
 
 
 @pytest.mark.timeout(120)
 def test_log_left_by_kill_9_verifies_postgres(tmp_path: Path, postgres_url: str) -> None:
     received = _kill_mid_stream(postgres_url, tmp_path)
     _check_killed_log(postgres_url, received)
-    _verify_cli(postgres_url, tmp_path)
+    _verify_cli(postgres_url, tmp_path, killed=True)

@@ -1,0 +1,122 @@
+"""A log whose last steps are gone is not a clean run (issue 29, §2). Every writer stores a
+closing record when it closes its log (schema v7: steps, units and a running digest), so every
+replay command tells a run that ended cleanly (answers, exit 0), a run whose process died (no
+closing record: one line on stderr; `verify` exits 3, "identical as far as the log goes"), and a
+log cut after its end was written (refused: exit 2, one line)."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import anyio
+import pytest
+from cliproc import assert_one_line_error, deepserve
+from kernel_actors import Add, Counter
+
+from deepserve.core.asyncdriver import AsyncDriver
+from deepserve.persistence import open_log, open_sink
+
+READS = (("verify",), ("state", "--actor", "c/0"), ("log",), ("digest",))
+SIM_READS = (("verify",), ("state", "--actor", "workload"), ("log",), ("digest",), ("why", "r1"))
+CUT = "was closed with {n:,} steps, but it holds {held}: the log was cut after its end was written"
+NOTE = "the run has no closing record: its writer never closed the log (the process died, or still runs)"
+
+
+async def _daemon_style_run(log: str, adds: int) -> None:
+    """An `AsyncDriver` on the wall clock writing rows through the thread writer, as the daemon
+    does, then closed as the daemon closes it at shutdown."""
+    sink = open_sink(log, "async")
+    async with AsyncDriver(seed=3, sink=sink) as d:
+        d.spawn("c/0", Counter)
+        d.spawn("c/1", Counter)
+        for i in range(adds):
+            await d.inject(f"c/{i % 2}", Add(i))
+        await d.idle()
+    sink.close()
+
+
+@pytest.fixture(scope="module")
+def daemon_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("daemon") / "daemon.db"
+    anyio.run(_daemon_style_run, str(path), 200)
+    return path
+
+
+@pytest.fixture(scope="module")
+def sim_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A simulation's log in three pages (`sim` stores ~1,000 steps a page)."""
+    where = tmp_path_factory.mktemp("sim")
+    res = deepserve("sim", "pd-1p1d", "--requests", "100", "--log", "pd.db", cwd=where)
+    assert res.returncode == 0, res.stderr
+    return where / "pd.db"
+
+
+def _copy(src: Path, dst: Path, *statements: str) -> Path:
+    shutil.copy(src, dst)
+    with sqlite3.connect(dst) as db:
+        for sql in statements:
+            db.execute(sql)
+    return dst
+
+
+def _run(log: Path, command: tuple[str, ...]):
+    return deepserve("replay", command[0], str(log), *command[1:], cwd=log.parent)
+
+
+def _steps(log: Path) -> int:
+    with open_log(str(log)) as reader:
+        return sum(1 for _ in reader.steps())
+
+
+def test_a_clean_daemon_log_answers_without_a_word(daemon_log: Path) -> None:
+    for command in READS:
+        res = _run(daemon_log, command)
+        assert res.returncode == 0 and res.stderr == "", (command, res.stderr)
+    assert _run(daemon_log, ("verify",)).stdout.startswith("identical: 2 actors, ")
+
+
+def test_a_daemon_log_without_its_last_50_input_rows_is_refused(daemon_log: Path, tmp_path: Path) -> None:
+    n = _steps(daemon_log)
+    cut = _copy(daemon_log, tmp_path / "cut.db",
+                "DELETE FROM inputs WHERE id IN (SELECT id FROM inputs ORDER BY id DESC LIMIT 50)")  # fmt: skip
+    for command in READS:
+        assert_one_line_error(_run(cut, command), CUT.format(n=n, held=f"{n - 50:,}"))
+
+
+def test_a_sim_log_without_its_last_page_is_refused(sim_log: Path, tmp_path: Path) -> None:
+    n = _steps(sim_log)
+    with sqlite3.connect(sim_log) as db:
+        ((last,),) = db.execute("SELECT steps FROM pages ORDER BY id DESC LIMIT 1")
+    cut = _copy(sim_log, tmp_path / "cut.db", "DELETE FROM pages WHERE id = (SELECT max(id) FROM pages)")
+    for command in SIM_READS:
+        assert_one_line_error(_run(cut, command), CUT.format(n=n, held=f"{n - last:,}"))
+
+
+def test_a_sim_log_with_every_page_deleted_is_refused(sim_log: Path, tmp_path: Path) -> None:
+    """It was `identical: 0 actors, 0 inputs` with exit 0."""
+    n = _steps(sim_log)
+    cut = _copy(sim_log, tmp_path / "empty.db", "DELETE FROM pages")
+    for command in SIM_READS:
+        assert_one_line_error(_run(cut, command), CUT.format(n=n, held="none of them"))
+
+
+def test_a_log_whose_process_died_says_so_and_verifies_as_far_as_it_goes(sim_log: Path, tmp_path: Path) -> None:
+    """What a process that died leaves: its last steps never written, and no closing record."""
+    died = _copy(sim_log, tmp_path / "died.db", "DELETE FROM run_ends",
+                 "DELETE FROM pages WHERE id = (SELECT max(id) FROM pages)")  # fmt: skip
+    res = _run(died, ("verify",))
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert res.stdout.startswith("identical as far as the log goes: ") and "no closing record" in res.stdout
+    for command in SIM_READS[1:-1]:
+        res = _run(died, command)
+        assert res.returncode == 0, (command, res.stderr)
+        assert res.stderr.count("\n") == 1 and NOTE in res.stderr, (command, res.stderr)
+    early = _run(died, ("why", "r1"))  # in the log: answered, with the note
+    assert early.returncode == 0 and early.stdout.startswith("request r1: ") and NOTE in early.stderr
+    # a request cut off the log: not "no request" (as if it never arrived), but the log ends before it
+    late = _run(died, ("why", "r99"))
+    assert_one_line_error(late, "request 'r99' is not in the log, which ends before it could tell",
+                          "no closing record", "may have arrived after its last step")
+    assert _run(sim_log, ("why", "r99")).returncode == 0
