@@ -22,6 +22,7 @@ from deepserve.replay.common import compact
 
 if TYPE_CHECKING:
     from deepserve.persistence import LogReader
+    from deepserve.persistence.api import EndState
     from deepserve.replay.verifier import Divergence
 
 # The log machinery (SQLAlchemy, the readers, re-execution) is imported by the commands that
@@ -100,7 +101,7 @@ def _read(args: argparse.Namespace, *, note: bool = True) -> LogReader:
     try:
         reader.check_integrity()  # a log cut after its closing record was written stops here
         _check_run_choice(args, reader)
-        args.end_state = reader.run_end(args.run)
+        args.end_state = _end_state(args, reader)
     except BaseException:
         reader.close()
         raise
@@ -117,9 +118,23 @@ def _print_end_note(args: argparse.Namespace) -> None:
               "whether its log ends where the run did cannot be told", file=sys.stderr)
 
 
+def _end_state(args: argparse.Namespace, reader: LogReader) -> EndState:
+    """The run's end; in a run directory, a process log the daemon recorded as exited (a TE
+    process killed, `daemon.db`'s ProcessExited) is the run's own story, not a log cut short."""
+    from deepserve.persistence.api import EndState
+    from deepserve.replay.verify_logs import exited_logs
+
+    state = reader.run_end(args.run)
+    if state.closed is not False or not os.path.isdir(args.log):
+        return state
+    exited = exited_logs(args.log)
+    missing = tuple(m for m in state.missing if os.path.basename(m) not in exited)
+    return EndState(not missing, missing)
+
+
 def unclosed_note(log: str, missing: tuple[str, ...]) -> str:
     """The one line every replay command prints about a log its writer never closed."""
-    who = f" ({', '.join(missing)})" if missing and missing != ("main",) else ""
+    who = f" ({', '.join(os.path.basename(m) for m in missing)})" if missing and missing != ("main",) else ""
     return (f"note: {log}: the run has no closing record{who}: its writer never closed the log (the "
             "process died, or still runs), so what follows is what the log holds up to its last step")
 

@@ -92,13 +92,12 @@ class MergedLog(LogReader):
                        f"a simulation split over workers ({names}): read one of them")  # fmt: skip
 
     def run_end(self, run_id: str | None = None) -> EndState:
-        """Closed if every file holding the run closed it; the processes that did not are named
-        by file (`daemon.db: main`)."""
+        """Closed if every file holding the run closed it; `missing` names the files not closed."""
         run, logs = self._logs_with(run_id)
         states = [(log.label, log.run_end(run)) for log in logs]
         if not states or any(st.closed is None for _, st in states):
             return EndState(None)
-        missing = tuple(f"{label}: {p}" for label, st in states for p in st.missing)
+        missing = tuple(label for label, st in states if st.missing)  # the files not closed
         return EndState(not missing, missing)
 
     def check_integrity(self) -> None:

@@ -97,6 +97,28 @@ def missing_logs(directory: str, files: list[str]) -> list[str]:
     return sorted(expected - names)
 
 
+def exited_logs(directory: str) -> set[str]:
+    """The logs of processes whose exit the daemon recorded (the `pods` actor's `ProcessExited`
+    inputs in `daemon.db`: a TE process killed, or replaced). Such a log has no closing record when
+    its process was killed, and that is the run's own story, not a log cut short: the daemon's log
+    says where and how it ended."""
+    from deepserve.daemon.procs.supervisor import log_name
+
+    path = os.path.join(directory, "daemon.db")
+    if not os.path.isfile(path):
+        return set()
+    names: set[str] = set()
+    reader = open_log(path, upgrade=False)
+    try:
+        for step in reader.steps(actor=PODS):
+            if step.input.type == "ProcessExited":
+                pod = msgspec.msgpack.decode(step.input.payload).get("pod_id", "")
+                names.add(log_name(pod) + ".db")
+    finally:
+        reader.close()
+    return names
+
+
 def verify_logs(directory: str, run_id: str | None = None) -> DirVerdict:
     """Verify every `*.db` file of `directory` on its own (its last run, or `run_id` in the
     files that hold it). A diverged log does not stop the others from being checked; a log
@@ -115,6 +137,10 @@ def verify_logs(directory: str, run_id: str | None = None) -> DirVerdict:
             verdicts.append(LogVerdict(os.path.basename(path), verify(reader, run_id)))
         finally:
             reader.close()
+    exited = exited_logs(directory)
+    for v in verdicts:
+        if v.result.closed is False and v.log in exited:
+            v.result.closed = None  # its process's end is in daemon.db: not a log cut short
     if not verdicts:
         raise ReplayError(f"{directory}: no log holds run {run_id!r}")
     first_bad = next((v.result.divergence for v in verdicts if v.result.divergence is not None), None)
