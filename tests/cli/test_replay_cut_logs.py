@@ -120,3 +120,13 @@ def test_a_log_whose_process_died_says_so_and_verifies_as_far_as_it_goes(sim_log
     assert_one_line_error(late, "request 'r99' is not in the log, which ends before it could tell",
                           "no closing record", "may have arrived after its last step")
     assert _run(sim_log, ("why", "r99")).returncode == 0
+
+
+def test_a_closing_record_edited_to_match_a_cut_is_refused(sim_log: Path, tmp_path: Path) -> None:
+    """Its row is checksummed like every other: lowering its count to hide a deleted page shows."""
+    with sqlite3.connect(sim_log) as db:
+        ((last,),) = db.execute("SELECT steps FROM pages ORDER BY id DESC LIMIT 1")
+    cut = _copy(sim_log, tmp_path / "edited.db", "DELETE FROM pages WHERE id = (SELECT max(id) FROM pages)",
+                f"UPDATE run_ends SET steps = steps - {last}, units = units - 1")  # fmt: skip
+    assert_one_line_error(_run(cut, ("verify",)), "damaged log: the closing record of run 'sim-0' does not "
+                          "match its checksum")  # fmt: skip

@@ -41,6 +41,7 @@ def test_the_statements_are_the_schemas_as_sqlalchemy_compiles_them() -> None:
     assert fresh.SCHEMA_VERSION == SCHEMA_VERSION
     assert _norm(fresh.INSERT_RUN) == _norm(insert_sql()["runs"])
     assert _norm(fresh.INSERT_PAGE) == _norm(insert_sql()["pages"])
+    assert _norm(fresh.INSERT_RUN_END) == _norm(insert_sql()["run_ends"])
     assert fresh.RUN_COLUMNS == len(INSERT_COLUMNS["runs"])
     assert (fresh.RUN_ID_INDEX, fresh.PROCESS_INDEX) == (RUN_FIELDS.index("run_id"), RUN_FIELDS.index("process"))
 
