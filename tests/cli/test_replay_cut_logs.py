@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
 import pytest
-from cliproc import assert_one_line_error, deepserve
+from cliproc import deepserve
 from kernel_actors import Add, Counter
 
+from deepserve.cli.main import main
 from deepserve.core.asyncdriver import AsyncDriver
 from deepserve.persistence import open_log, open_sink
 
@@ -61,8 +63,34 @@ def _copy(src: Path, dst: Path, *statements: str) -> Path:
     return dst
 
 
-def _run(log: Path, command: tuple[str, ...]):
-    return deepserve("replay", command[0], str(log), *command[1:], cwd=log.parent)
+class Res:
+    """What a replay command did, run in this process (the process boundary is not what is tested)."""
+
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+Run = Callable[[Path, tuple[str, ...]], Res]
+
+
+@pytest.fixture
+def run(capsys: pytest.CaptureFixture[str]) -> Run:
+    def _run(log: Path, command: tuple[str, ...]) -> Res:
+        capsys.readouterr()
+        code = main(["replay", command[0], str(log), *command[1:]])
+        out = capsys.readouterr()
+        return Res(code, out.out, out.err)
+
+    return _run
+
+
+def assert_one_line_error(res: Res, *needles: str) -> str:
+    assert res.returncode == 2, (res.returncode, res.stdout[:500], res.stderr[-2000:])
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
 
 
 def _steps(log: Path) -> int:
@@ -70,63 +98,63 @@ def _steps(log: Path) -> int:
         return sum(1 for _ in reader.steps())
 
 
-def test_a_clean_daemon_log_answers_without_a_word(daemon_log: Path) -> None:
+def test_a_clean_daemon_log_answers_without_a_word(run: Run, daemon_log: Path) -> None:
     for command in READS:
-        res = _run(daemon_log, command)
+        res = run(daemon_log, command)
         assert res.returncode == 0 and res.stderr == "", (command, res.stderr)
-    assert _run(daemon_log, ("verify",)).stdout.startswith("identical: 2 actors, ")
+    assert run(daemon_log, ("verify",)).stdout.startswith("identical: 2 actors, ")
 
 
-def test_a_daemon_log_without_its_last_50_input_rows_is_refused(daemon_log: Path, tmp_path: Path) -> None:
+def test_a_daemon_log_without_its_last_50_input_rows_is_refused(run: Run, daemon_log: Path, tmp_path: Path) -> None:
     n = _steps(daemon_log)
     cut = _copy(daemon_log, tmp_path / "cut.db",
                 "DELETE FROM inputs WHERE id IN (SELECT id FROM inputs ORDER BY id DESC LIMIT 50)")  # fmt: skip
     for command in READS:
-        assert_one_line_error(_run(cut, command), CUT.format(n=n, held=f"{n - 50:,}"))
+        assert_one_line_error(run(cut, command), CUT.format(n=n, held=f"{n - 50:,}"))
 
 
-def test_a_sim_log_without_its_last_page_is_refused(sim_log: Path, tmp_path: Path) -> None:
+def test_a_sim_log_without_its_last_page_is_refused(run: Run, sim_log: Path, tmp_path: Path) -> None:
     n = _steps(sim_log)
     with sqlite3.connect(sim_log) as db:
         ((last,),) = db.execute("SELECT steps FROM pages ORDER BY id DESC LIMIT 1")
     cut = _copy(sim_log, tmp_path / "cut.db", "DELETE FROM pages WHERE id = (SELECT max(id) FROM pages)")
     for command in SIM_READS:
-        assert_one_line_error(_run(cut, command), CUT.format(n=n, held=f"{n - last:,}"))
+        assert_one_line_error(run(cut, command), CUT.format(n=n, held=f"{n - last:,}"))
 
 
-def test_a_sim_log_with_every_page_deleted_is_refused(sim_log: Path, tmp_path: Path) -> None:
+def test_a_sim_log_with_every_page_deleted_is_refused(run: Run, sim_log: Path, tmp_path: Path) -> None:
     """It was `identical: 0 actors, 0 inputs` with exit 0."""
     n = _steps(sim_log)
     cut = _copy(sim_log, tmp_path / "empty.db", "DELETE FROM pages")
     for command in SIM_READS:
-        assert_one_line_error(_run(cut, command), CUT.format(n=n, held="none of them"))
+        assert_one_line_error(run(cut, command), CUT.format(n=n, held="none of them"))
 
 
-def test_a_log_whose_process_died_says_so_and_verifies_as_far_as_it_goes(sim_log: Path, tmp_path: Path) -> None:
+def test_a_log_whose_process_died_says_so_and_verifies_as_far_as_it_goes(run: Run, sim_log: Path, tmp_path: Path) -> None:
     """What a process that died leaves: its last steps never written, and no closing record."""
     died = _copy(sim_log, tmp_path / "died.db", "DELETE FROM run_ends",
                  "DELETE FROM pages WHERE id = (SELECT max(id) FROM pages)")  # fmt: skip
-    res = _run(died, ("verify",))
+    res = run(died, ("verify",))
     assert res.returncode == 3, res.stdout + res.stderr
     assert res.stdout.startswith("identical as far as the log goes: ") and "no closing record" in res.stdout
     for command in SIM_READS[1:-1]:
-        res = _run(died, command)
+        res = run(died, command)
         assert res.returncode == 0, (command, res.stderr)
         assert res.stderr.count("\n") == 1 and NOTE in res.stderr, (command, res.stderr)
-    early = _run(died, ("why", "r1"))  # in the log: answered, with the note
+    early = run(died, ("why", "r1"))  # in the log: answered, with the note
     assert early.returncode == 0 and early.stdout.startswith("request r1: ") and NOTE in early.stderr
     # a request cut off the log: not "no request" (as if it never arrived), but the log ends before it
-    late = _run(died, ("why", "r99"))
+    late = run(died, ("why", "r99"))
     assert_one_line_error(late, "request 'r99' is not in the log, which ends before it could tell",
                           "no closing record", "may have arrived after its last step")
-    assert _run(sim_log, ("why", "r99")).returncode == 0
+    assert run(sim_log, ("why", "r99")).returncode == 0
 
 
-def test_a_closing_record_edited_to_match_a_cut_is_refused(sim_log: Path, tmp_path: Path) -> None:
+def test_a_closing_record_edited_to_match_a_cut_is_refused(run: Run, sim_log: Path, tmp_path: Path) -> None:
     """Its row is checksummed like every other: lowering its count to hide a deleted page shows."""
     with sqlite3.connect(sim_log) as db:
         ((last,),) = db.execute("SELECT steps FROM pages ORDER BY id DESC LIMIT 1")
     cut = _copy(sim_log, tmp_path / "edited.db", "DELETE FROM pages WHERE id = (SELECT max(id) FROM pages)",
                 f"UPDATE run_ends SET steps = steps - {last}, units = units - 1")  # fmt: skip
-    assert_one_line_error(_run(cut, ("verify",)), "damaged log: the closing record of run 'sim-0' does not "
+    assert_one_line_error(run(cut, ("verify",)), "damaged log: the closing record of run 'sim-0' does not "
                           "match its checksum")  # fmt: skip
