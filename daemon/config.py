@@ -36,7 +36,7 @@ class Daemon(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     ingress: str = "gateway"  # the gateway's address: the one actor the frontend sends requests to
     served_model_name: str = ""  # "": the cluster's model name
     tokenizer: str = "approx"  # or a path to a Hugging Face tokenizer.json
-    seed: int = 0
+    seed: Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)] = 0  # as `sim --seed`: the log's 64-bit column
     admin_host: str = "127.0.0.1"
     admin_port: Port = 0  # 0: a free port (printed at start, and written to the run dir)
     admin_token: str = ""  # "": no bearer token required
@@ -139,7 +139,9 @@ def load_config(path: str | None = None, overrides: tuple[str | tuple[str, str],
     try:
         return _validated(doc)
     except _Invalid as bad:
-        raise ScenarioError(source_of(bad.key, labels, default_source), bad.key, bad.problem) from None
+        # the last file or override that set the key, else one the problem is also about
+        origin = next((o for o in (source_of(k, labels, "") for k in (bad.key, *bad.also)) if o), default_source)
+        raise ScenarioError(origin, bad.key, bad.problem) from None
 
 
 def _layer(base: dict[str, Any], top: dict[str, Any], prefix: str = "") -> list[str]:
@@ -155,8 +157,10 @@ def _layer(base: dict[str, Any], top: dict[str, Any], prefix: str = "") -> list[
 
 
 class _Invalid(Exception):
-    def __init__(self, key: str, problem: str) -> None:
-        self.key, self.problem = key, problem
+    """`also`: other keys the problem is about (the origin named may be where either was set)."""
+
+    def __init__(self, key: str, problem: str, also: tuple[str, ...] = ()) -> None:
+        self.key, self.problem, self.also = key, problem, also
 
 
 def _validated(doc: dict[str, Any]) -> DaemonConfig:
@@ -171,6 +175,7 @@ def _validated(doc: dict[str, Any]) -> DaemonConfig:
     if bool(cfg.pd.prefill_tes) != bool(cfg.pd.decode_tes):
         zero = "pd.prefill_tes" if not cfg.pd.prefill_tes else "pd.decode_tes"  # the one to name
         raise _Invalid(zero, "a P/D pool needs both prefill_tes and decode_tes >= 1 (or both 0: no pool)")
+    _check_ports(cfg.daemon)
     if cfg.daemon.tokenizer != "approx":
         from deepserve.adapters.tokenizer import make_tokenizer
 
@@ -193,6 +198,15 @@ def _validated(doc: dict[str, Any]) -> DaemonConfig:
     for key, problem in check_scheduling(section):
         raise _Invalid(key, problem)
     return cfg
+
+
+def _check_ports(d: Daemon) -> None:
+    if d.admin_port and d.admin_port == d.port:  # both sockets would bind (SO_REUSEADDR), one listens
+        raise _Invalid("daemon.admin_port", f"equals daemon.port ({d.port}): the API and the admin API need "
+                                            "two ports (0: the API port + 1, or a free one)", ("daemon.port",))  # fmt: skip
+    if d.port == 65535 and not d.admin_port:
+        raise _Invalid("daemon.admin_port", "the admin API listens on daemon.port + 1 by default, and daemon.port "
+                                            "is 65535: set daemon.admin_port", ("daemon.port",))  # fmt: skip
 
 
 def resolved_toml(cfg: DaemonConfig) -> str:

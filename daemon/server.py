@@ -51,14 +51,21 @@ class ListenError(Exception):
         self.key = key
 
 
+BACKLOG = 2048  # uvicorn's default
+
+
 def bind(host: str, port: int, admin: bool = False) -> socket.socket:
-    """A socket bound at host:port as uvicorn binds one (it listens when the server starts), or
-    `ListenError`. Bound before anything is written: a port in use or a bad host leaves no log."""
+    """A socket bound at host:port as uvicorn binds one, and listening (uvicorn listens on it
+    again, harmlessly), or `ListenError`. Before anything is written: a port in use or a bad host
+    leaves no log."""
     prefix = "admin_" if admin else ""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+        # Listening now, not when uvicorn starts: two sockets with SO_REUSEADDR may both bind one
+        # port until one listens, and the second listen then failed after the log was written.
+        sock.listen(BACKLOG)
     except OSError as exc:
         sock.close()
         why = (exc.strerror or str(exc)).lower()

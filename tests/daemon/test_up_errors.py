@@ -1,5 +1,6 @@
-"""`deepserve up` refuses an address it cannot listen on, or a run directory it cannot make, before
-it writes anything: exit 2, one line naming the flag, no log left behind (a user tour: a port in
+"""`deepserve up` refuses an address it cannot listen on, a run directory it cannot make, or settings
+that cannot work together, before it writes anything: exit 2, one line naming the flag, no log
+left behind (a user tour: a port in
 use exited 3 with uvicorn's `ERROR: [Errno 98]` and a half-written daemon.db, so the same
 `--run-dir` was then refused as "already holds a daemon log"; a run dir under a regular file
 was `internal error: NotADirectoryError`)."""
@@ -67,3 +68,43 @@ def test_a_run_dir_that_cannot_be_made_names_run_dir(tmp_path: Path) -> None:
     # a path the checks pass but the kernel refuses (even root cannot make a directory in /proc)
     r = up("--port", "0", "--run-dir", "/proc/deepserve-nope/run", cwd=tmp_path)
     one_error_line(r, "--run-dir /proc/deepserve-nope/run: cannot be made")
+
+
+def test_the_admin_port_equal_to_the_port_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """Both sockets bound (SO_REUSEADDR), the second listen failed inside the server's task group
+    (`internal error: ExceptionGroup`), after the log was written: the next start with the same
+    run dir was refused as "already holds a daemon log"."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free now (both sockets would have bound it)
+    run_dir = tmp_path / "run"
+    for _ in range(2):
+        r = up("--port", str(port), "--set", f"daemon.admin_port={port}", "--run-dir", str(run_dir), cwd=tmp_path)
+        one_error_line(r, "daemon.admin_port")
+        assert "daemon.port" in r.stderr and not run_dir.exists()
+    r = up("--port", "65535", "--run-dir", str(run_dir), cwd=tmp_path)  # its admin port, + 1, does not exist
+    one_error_line(r, "--port 65535")
+    assert "daemon.admin_port" in r.stderr and not run_dir.exists()
+
+
+def test_a_seed_beyond_64_bits_is_refused_up_front(tmp_path: Path) -> None:
+    """It failed inside the log writer (OverflowError), after the run dir and its log were made."""
+    run_dir = tmp_path / "run"
+    for seed in (2**63, -(2**63) - 1, 2**80):
+        r = up("--port", "0", "--set", f"daemon.seed={seed}", "--run-dir", str(run_dir), cwd=tmp_path)
+        one_error_line(r, "daemon.seed")
+        assert not run_dir.exists()
+
+
+def test_a_port_some_socket_shares_is_refused_at_bind() -> None:
+    """`bind` listens at once: a socket bound to the port by SO_REUSEADDR but not listening no
+    longer lets a second bind through (the second listen failed later, after the log was written)."""
+    from deepserve.daemon.server import ListenError, bind
+
+    first = bind("127.0.0.1", 0)
+    try:
+        with pytest.raises(ListenError, match="address already in use") as err:
+            bind("127.0.0.1", first.getsockname()[1], admin=True)
+        assert err.value.key == "admin_port"
+    finally:
+        first.close()
