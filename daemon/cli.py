@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import urllib.error
@@ -183,7 +184,9 @@ def _running(pid: int) -> bool:
     return True
 
 
-def _admin(args: argparse.Namespace, path: str, body: dict[str, Any] | None = None) -> Any:
+def _admin(args: argparse.Namespace, path: str, body: dict[str, Any] | None = None,
+           keys: tuple[str, ...] = ()) -> tuple[str, dict[str, Any]]:  # fmt: skip
+    """(the URL asked, its answer): a JSON object with every one of `keys`, or one line."""
     url = args.admin_url
     if not url:
         url = _pointed_url()
@@ -191,27 +194,67 @@ def _admin(args: argparse.Namespace, path: str, body: dict[str, Any] | None = No
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise CliError(f"--admin-url: expected http://HOST:PORT, got {url!r}")
-    req = urllib.request.Request(url.rstrip("/") + path, data=None if body is None else json.dumps(body).encode(),
+    where = url.rstrip("/") + path
+    req = urllib.request.Request(where, data=None if body is None else json.dumps(body).encode(),
                                  method="GET" if body is None else "POST")  # fmt: skip
     req.add_header("Content-Type", "application/json")
     if args.token:
         req.add_header("Authorization", f"Bearer {args.token}")
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
-            return json.loads(resp.read())
+            out = _json_of(where, resp.status, resp.read(MAX_ANSWER_BYTES))
     except urllib.error.HTTPError as exc:
-        detail = json.loads(exc.read() or b"{}").get("error", {}).get("message", exc.reason)
+        detail = _error_message(exc.read(MAX_ANSWER_BYTES)) if exc.fp is not None else None
+        if detail is None:  # not the admin API's error shape: another server answered
+            raise CliError(f"{where} answered HTTP {exc.code} ({exc.reason}), not in the admin API's error "
+                           "format: is --admin-url deepserve's admin API?") from None  # fmt: skip
         raise CliError(f"admin API {exc.code}: {detail}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise CliError(f"cannot reach the daemon's admin API at {url}: {getattr(exc, 'reason', exc)}") from None
+    except http.client.HTTPException as exc:  # not HTTP at all (an SSH port), or a bad URL port
+        raise CliError(f"{where}: no HTTP answer ({type(exc).__name__}: {exc}): is --admin-url deepserve's "
+                       "admin API?") from None  # fmt: skip
+    missing = [k for k in keys if k not in out]
+    if missing:
+        raise CliError(f"{where} answered JSON without {', '.join(missing)}: is --admin-url deepserve's admin API?")
+    return where, out
+
+
+MAX_ANSWER_BYTES = 16 << 20  # a status of thousands of TEs fits; a stranger's endless answer does not
+
+
+def _json_of(where: str, status: int, raw: bytes) -> dict[str, Any]:
+    """The admin API's answer: a JSON object, or one line saying another server answered."""
+    try:
+        out = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        out = None
+    if not isinstance(out, dict):
+        raise CliError(f"{where} answered HTTP {status} with {'no JSON object' if raw else 'an empty body'}: "
+                       "is --admin-url deepserve's admin API?")  # fmt: skip
+    return out
+
+
+def _error_message(raw: bytes) -> str | None:
+    """The message of an OpenAI-format error body, or None when the body is not one."""
+    try:
+        msg = json.loads(raw)["error"]["message"]
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError):
+        return None
+    return str(msg)
 
 
 def _status(args: argparse.Namespace) -> int:
-    st = _admin(args, "/admin/status")
+    where, st = _admin(args, "/admin/status", keys=("model", "tes", "requests", "uptime_s"))
     if args.json:
         print_json(st)
         return 0
-    print(format_status(st))
+    try:
+        text = format_status(st)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CliError(f"{where} answered a status this client cannot read ({type(exc).__name__}: {exc}): "
+                       "is --admin-url deepserve's admin API, of this version?") from None  # fmt: skip
+    print(text)
     return 0
 
 
@@ -253,7 +296,7 @@ def format_status(st: dict[str, Any]) -> str:
 def _scale(args: argparse.Namespace) -> int:
     if args.size < 0:
         raise CliError(f"size: must be >= 0, got {args.size}")
-    out = _admin(args, "/admin/scale", {"group": args.group, "size": args.size})
+    _, out = _admin(args, "/admin/scale", {"group": args.group, "size": args.size}, keys=("group", "size", "was"))
     print(f"group {out['group']}: target {out['size']} (was {out['was']})")
     return 0
 
@@ -269,7 +312,12 @@ def _fault(args: argparse.Namespace) -> int:
         body["bw_factor"] = args.bw_factor
     if args.region is not None:
         body["region"] = args.region
-    out = _admin(args, "/admin/fault", body)
-    for row in out["injected"]:
-        print(f"injected {row['message']} -> {row['to']}")
+    where, out = _admin(args, "/admin/fault", body, keys=("injected",))
+    try:
+        lines = [f"injected {row['message']} -> {row['to']}" for row in out["injected"]]
+    except (KeyError, TypeError) as exc:
+        raise CliError(f"{where} answered an unreadable 'injected' ({type(exc).__name__}: {exc}): "
+                       "is --admin-url deepserve's admin API?") from None  # fmt: skip
+    for line in lines:
+        print(line)
     return 0
