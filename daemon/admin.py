@@ -1,4 +1,4 @@
-"""The admin API (127.0.0.1 by default; optional bearer token): status, faults and scaling.
+"""The admin API (127.0.0.1 by default; a bearer token, required beyond loopback): status, faults and scaling.
 Every fault and every scale request is an external input into the log (`src="ext/admin"`), so
 replay re-injects it. `kill-te` kills the TE's pod for real (`KillPod`: its actors stop and answer
 nothing, like a dead process); the heartbeat monitor notices and the cluster manager replaces it."""
@@ -21,6 +21,7 @@ from deepserve.actors.ports.pod import KillPod
 from deepserve.adapters.scenario.control import MANAGER_ADDR, PODS_ADDR
 
 from .api import error_body, route_error_body
+from .auth import bearer_ok
 from .logquery import MAX_ROWS, LogQueries
 from .metrics import Metrics
 from .runtime import Runtime, te_index
@@ -157,8 +158,9 @@ def create_admin_app(rt: Runtime, metrics: Metrics, token: str) -> FastAPI:
 
     @app.middleware("http")
     async def _auth(request: Request, call_next: Any) -> Any:
-        if token and request.headers.get("authorization") != f"Bearer {token}":
-            return JSONResponse(error_body("missing or wrong bearer token", "authentication_error"), 401)
+        if token and not bearer_ok(request.headers.get("authorization", ""), token):
+            return JSONResponse(error_body("missing or wrong bearer token", "authentication_error"), 401,
+                                headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
         return await call_next(request)
 
     @app.get("/admin/status")

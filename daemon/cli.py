@@ -59,12 +59,19 @@ def register_daemon(sub: Any) -> None:
 
 def _admin_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--admin-url", help="the admin API (default: the daemon runs/daemons/ names)")
-    p.add_argument("--token", default="", help="bearer token, when the daemon requires one")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="a file holding the bearer token, when the daemon requires one (or set $DEEPSERVE_ADMIN_TOKEN)")
+    p.add_argument("--token", default=None, help=argparse.SUPPRESS)  # refused: see _client_token
 
 
 def _load(args: argparse.Namespace) -> Any:
     from .config import load_config
 
+    for entry in args.overrides:
+        item = entry if isinstance(entry, str) else entry[0]
+        if item.partition("=")[0].strip() == "daemon.admin_token":
+            raise CliError("--set daemon.admin_token: a token on the command line is visible to every user "
+                           "(ps); set $DEEPSERVE_ADMIN_TOKEN or daemon.admin_token_file instead")  # fmt: skip
     try:
         return load_config(args.config, tuple(args.overrides))
     except ScenarioError as exc:
@@ -75,6 +82,7 @@ def _up(args: argparse.Namespace) -> int:
 
     from deepserve.core.asyncdriver import run
 
+    from .auth import ENV_VAR, TokenError, check_exposure, daemon_token
     from .runtime import Runtime
     from .server import ListenError, bind_listeners, configure_logging, default_run_dir, serve
 
@@ -85,6 +93,12 @@ def _up(args: argparse.Namespace) -> int:
             over.append((f"daemon.{key}={json.dumps(value)}", flag))
     args.overrides = over
     cfg = _load(args)
+    try:
+        token = daemon_token(cfg)
+        check_exposure(cfg, token)
+    except TokenError as exc:
+        raise CliError(str(exc)) from None
+    os.environ.pop(ENV_VAR, None)  # read: the TE processes (and anything else started) do not inherit it
     run_dir = Path(args.run_dir or cfg.daemon.run_dir or default_run_dir())
     if (run_dir / "daemon.db").exists():
         raise CliError(f"--run-dir {run_dir} already holds a daemon log; choose a new directory")
@@ -96,18 +110,18 @@ def _up(args: argparse.Namespace) -> int:
     except ListenError as exc:
         raise CliError(f"{_listen_flag(args, cfg, exc.key)}: {exc}") from None
     try:  # made here, after the checks: a path the checks pass may still refuse (root under /proc)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # the user's alone
     except OSError as exc:
         for s in sockets:
             s.close()
         raise CliError(f"{flag} {run_dir}: cannot be made: {exc.strerror or exc}") from None
-    configure_logging(cfg.daemon.log_format)
+    configure_logging(cfg.daemon.log_format, (token,))
     if args.processes:
         from .procs.runtime import ProcRuntime
 
-        run(serve, cfg, run_dir, 10.0, None, ProcRuntime, sockets)
+        run(serve, cfg, run_dir, 10.0, None, ProcRuntime, sockets, token)
     else:
-        run(serve, cfg, run_dir, 10.0, None, Runtime, sockets)
+        run(serve, cfg, run_dir, 10.0, None, Runtime, sockets, token)
     return 0
 
 
@@ -184,6 +198,19 @@ def _running(pid: int) -> bool:
     return True
 
 
+def _client_token(args: argparse.Namespace) -> str:
+    """The bearer token to send: `--token-file`'s, else `$DEEPSERVE_ADMIN_TOKEN` ("" for none)."""
+    from .auth import ENV_VAR, TokenError, env_token, read_token_file
+
+    if args.token is not None:
+        raise CliError(f"--token: a token on the command line is visible to every user (ps); set ${ENV_VAR} "
+                       "or pass --token-file")  # fmt: skip
+    try:
+        return read_token_file(args.token_file, "--token-file") if args.token_file else env_token(os.environ)
+    except TokenError as exc:
+        raise CliError(str(exc)) from None
+
+
 def _admin(args: argparse.Namespace, path: str, body: dict[str, Any] | None = None,
            keys: tuple[str, ...] = ()) -> tuple[str, dict[str, Any]]:  # fmt: skip
     """(the URL asked, its answer): a JSON object with every one of `keys`, or one line."""
@@ -194,12 +221,13 @@ def _admin(args: argparse.Namespace, path: str, body: dict[str, Any] | None = No
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise CliError(f"--admin-url: expected http://HOST:PORT, got {url!r}")
+    token = _client_token(args)
     where = url.rstrip("/") + path
     req = urllib.request.Request(where, data=None if body is None else json.dumps(body).encode(),
                                  method="GET" if body is None else "POST")  # fmt: skip
     req.add_header("Content-Type", "application/json")
-    if args.token:
-        req.add_header("Authorization", f"Bearer {args.token}")
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             out = _json_of(where, resp.status, resp.read(MAX_ANSWER_BYTES))
@@ -208,7 +236,8 @@ def _admin(args: argparse.Namespace, path: str, body: dict[str, Any] | None = No
         if detail is None:  # not the admin API's error shape: another server answered
             raise CliError(f"{where} answered HTTP {exc.code} ({exc.reason}), not in the admin API's error "
                            "format: is --admin-url deepserve's admin API?") from None  # fmt: skip
-        raise CliError(f"admin API {exc.code}: {detail}") from None
+        hint = " (set $DEEPSERVE_ADMIN_TOKEN or pass --token-file)" if exc.code == 401 else ""
+        raise CliError(f"admin API {exc.code}: {detail}{hint}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise CliError(f"cannot reach the daemon's admin API at {url}: {getattr(exc, 'reason', exc)}") from None
     except http.client.HTTPException as exc:  # not HTTP at all (an SSH port), or a bad URL port

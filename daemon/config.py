@@ -39,7 +39,11 @@ class Daemon(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     seed: Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)] = 0  # as `sim --seed`: the log's 64-bit column
     admin_host: str = "127.0.0.1"
     admin_port: Port = 0  # 0: a free port (printed at start, and written to the run dir)
-    admin_token: str = ""  # "": no bearer token required
+    # The admin API's bearer token ("": none; required when admin_host is not loopback). Never on
+    # the command line (`ps` shows it to every user): in a config file, in the file
+    # `admin_token_file` names, or in $DEEPSERVE_ADMIN_TOKEN (daemon/auth.py).
+    admin_token: str = ""
+    admin_token_file: str = ""
     max_inflight: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 4096  # then 429
     max_prompt_tokens: Annotated[int, msgspec.Meta(ge=1, le=1 << 22)] = 32_768
     max_tokens_limit: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 8192
@@ -176,6 +180,7 @@ def _validated(doc: dict[str, Any]) -> DaemonConfig:
         zero = "pd.prefill_tes" if not cfg.pd.prefill_tes else "pd.decode_tes"  # the one to name
         raise _Invalid(zero, "a P/D pool needs both prefill_tes and decode_tes >= 1 (or both 0: no pool)")
     _check_ports(cfg.daemon)
+    _check_token(cfg.daemon)
     if cfg.daemon.tokenizer != "approx":
         from deepserve.adapters.tokenizer import make_tokenizer
 
@@ -209,9 +214,22 @@ def _check_ports(d: Daemon) -> None:
                                             "is 65535: set daemon.admin_port", ("daemon.port",))  # fmt: skip
 
 
+def _check_token(d: Daemon) -> None:
+    from .auth import token_problem
+
+    if d.admin_token and d.admin_token_file:
+        raise _Invalid("daemon.admin_token_file", "set daemon.admin_token or daemon.admin_token_file, not both",
+                       ("daemon.admin_token",))  # fmt: skip
+    problem = token_problem(d.admin_token) if d.admin_token else None
+    if problem:
+        raise _Invalid("daemon.admin_token", problem)
+
+
 def resolved_toml(cfg: DaemonConfig) -> str:
-    """The config with every default filled in, as TOML."""
-    return _toml(msgspec.to_builtins(cfg), [])
+    """The config with every default filled in, as TOML; secrets redacted (daemon/auth.py)."""
+    from .auth import redacted
+
+    return _toml(msgspec.to_builtins(redacted(cfg)), [])
 
 
 def _toml(table: dict[str, Any], path: list[str]) -> str:

@@ -23,6 +23,7 @@ import structlog
 import uvicorn
 
 from .admin import create_admin_app
+from .auth import check_exposure, daemon_token, redact_processor, redacted
 from .config import DaemonConfig
 from .http import create_app
 from .metrics import Metrics, cache_info
@@ -91,19 +92,43 @@ def admin_port(cfg: DaemonConfig) -> int:
     return d.admin_port or (d.port + 1 if d.port else 0)
 
 
-def configure_logging(fmt: str) -> None:
+def configure_logging(fmt: str, secrets: tuple[str, ...] = ()) -> None:
+    """structlog to stderr; any of `secrets` in a logged value is redacted."""
     renderer: Any = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
-    structlog.configure(processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"),
-                                    renderer], logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # fmt: skip
+    structlog.configure(processors=[redact_processor(secrets), structlog.processors.add_log_level,
+                                    structlog.processors.TimeStamper(fmt="iso"), renderer],
+                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # fmt: skip
+
+
+@contextlib.contextmanager
+def owner_only() -> Generator[None, None, None]:
+    """Files and directories made meanwhile are the user's alone (0600 / 0700): the logs, their
+    -wal/-shm files, daemon.json, and — the umask is inherited — the TE processes' logs."""
+    old = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(old)
 
 
 async def serve(cfg: DaemonConfig, run_dir: Path, grace_s: float = 10.0, ready: Any = None,
-                runtime: type[Runtime] = Runtime, sockets: tuple[socket.socket, socket.socket] | None = None) -> None:
-    """`sockets`: the API's and the admin API's, bound (`bind_listeners`; bound here if None)."""
+                runtime: type[Runtime] = Runtime, sockets: tuple[socket.socket, socket.socket] | None = None,
+                token: str | None = None) -> None:
+    """`sockets`: the API's and the admin API's, bound (`bind_listeners`; bound here if None).
+    `token`: the admin API's (`auth.daemon_token`; read from the config and environment if None)."""
+    with owner_only():
+        await _serve(cfg, run_dir, grace_s, ready, runtime, sockets, token)
+
+
+async def _serve(cfg: DaemonConfig, run_dir: Path, grace_s: float, ready: Any, runtime: type[Runtime],
+                 sockets: tuple[socket.socket, socket.socket] | None, token: str | None) -> None:  # fmt: skip
     d = cfg.daemon
     log = structlog.get_logger("deepserve.daemon")
+    token = daemon_token(cfg) if token is None else token
+    check_exposure(cfg, token)
     api_sock, admin_sock = sockets if sockets is not None else bind_listeners(cfg)
-    rt = runtime(cfg, run_dir)
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    rt = runtime(redacted(cfg, token), run_dir)  # what the runtime logs (its run record) has no secret
     metrics = Metrics(cfg.model_name(), cache_info(cfg), d.max_prompt_tokens + d.max_tokens_limit)
     rt.on_done = metrics.done
     rt.on_tokens = metrics.tokens
@@ -112,7 +137,7 @@ async def serve(cfg: DaemonConfig, run_dir: Path, grace_s: float = 10.0, ready: 
     await rt.start()
     api = _Server(uvicorn.Config(create_app(rt, metrics), host=d.host, port=d.port, log_level="warning",
                                  lifespan="off", timeout_graceful_shutdown=2))  # fmt: skip
-    admin = _Server(uvicorn.Config(create_admin_app(rt, metrics, d.admin_token), host=d.admin_host, port=admin_port(cfg),
+    admin = _Server(uvicorn.Config(create_admin_app(rt, metrics, token), host=d.admin_host, port=admin_port(cfg),
                                    log_level="warning", lifespan="off"))  # fmt: skip
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,9 +1,10 @@
-"""The admin API with a bearer token (`daemon.admin_token`): 401 without it, works with it;
+"""The admin API with a bearer token (`$DEEPSERVE_ADMIN_TOKEN`): 401 without it, works with it;
 `deepserve scale GROUP N` launches a TE through the cold path and drains TEs on the way down;
 bad arguments exit 2 with one line naming the field; every admin action is an external input."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
+import pytest
 from daemonproc import start_daemon, stop_daemon
 
 from deepserve.persistence import open_log
@@ -18,14 +20,16 @@ from deepserve.replay import verify
 
 TOKEN = "s3cret"
 GROUP = "llama3-8b/colocated"
-SETTINGS = (f"daemon.admin_token={TOKEN!r}".replace("'", '"'), "cluster.tes=2", "control.spare_tes=1",
+SETTINGS = ("cluster.tes=2", "control.spare_tes=1",
             "control.pod_start_s=0.2", "control.te_preload_s=0.3", "control.heartbeat_interval_s=0.5",
             "pd.prefill_tes=0", "pd.decode_tes=0")  # fmt: skip
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "deepserve", *args], capture_output=True, text=True, timeout=60)
+def cli(*args: str, token: str = TOKEN) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DEEPSERVE_ADMIN_TOKEN": token}  # the clients read it there too
+    return subprocess.run([sys.executable, "-m", "deepserve", *args], capture_output=True, text=True, timeout=60,
+                          env=env)  # fmt: skip
 
 
 def wait_for(admin: str, pred: Any, timeout_s: float = 60.0) -> dict[str, Any]:
@@ -41,7 +45,8 @@ def states(st: dict[str, Any]) -> dict[str, tuple[int, str]]:
     return {t["te"]: (t["generation"], t["state"]) for t in st["tes"]}
 
 
-def test_token_scale_up_and_down(tmp_path: Path) -> None:
+def test_token_scale_up_and_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEEPSERVE_ADMIN_TOKEN", TOKEN)  # the daemon's token (start_daemon passes os.environ)
     proc, info = start_daemon(tmp_path / "run", *[a for s in SETTINGS for a in ("--set", s)])
     admin = info["admin_url"]
     try:
@@ -51,7 +56,7 @@ def test_token_scale_up_and_down(tmp_path: Path) -> None:
         assert httpx.post(admin + "/admin/scale", json={"group": GROUP, "size": 3}, timeout=10).status_code == 401
         ok = httpx.get(admin + "/admin/status", headers=AUTH, timeout=10)
         assert ok.status_code == 200 and states(ok.json()) == {"te/0": (1, "ready"), "te/1": (1, "ready")}
-        denied = cli("status", "--admin-url", admin)
+        denied = cli("status", "--admin-url", admin, token="")
         assert denied.returncode == 2 and denied.stderr.count("\n") == 1 and "401" in denied.stderr
         # a field that does not apply to the fault's kind is named, not ignored (a user tour)
         for body, field in (({"kind": "link-down", "target": "s0/npu0/roce", "bw_factor": 5}, "bw_factor"),
@@ -61,7 +66,7 @@ def test_token_scale_up_and_down(tmp_path: Path) -> None:
             r = httpx.post(admin + "/admin/fault", json=body, headers=AUTH, timeout=10)
             assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
 
-        up = cli("scale", GROUP, "3", "--admin-url", admin, "--token", TOKEN)
+        up = cli("scale", GROUP, "3", "--admin-url", admin)
         assert up.returncode == 0 and f"group {GROUP}: target 3 (was 2)" in up.stdout, up.stderr
         st = wait_for(admin, lambda s: states(s).get("te/2") == (1, "ready"))
         te2 = next(t for t in st["tes"] if t["te"] == "te/2")
@@ -75,15 +80,15 @@ def test_token_scale_up_and_down(tmp_path: Path) -> None:
                             (("scale", GROUP, "-1"), "size"), (("fault", "kill-te", "te/9"), "target"),
                             (("fault", "link-down", "s0/npu0/rocee"), "target: no link"),
                             (("fault", "hbm-fault", "hw/s0/npu0", "--region", "r0"), "region")):  # fmt: skip
-            bad = cli(*args, "--admin-url", admin, "--token", TOKEN)
+            bad = cli(*args, "--admin-url", admin)
             assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and field in bad.stderr, (args, bad.stderr)
 
-        down = cli("scale", GROUP, "1", "--admin-url", admin, "--token", TOKEN)
+        down = cli("scale", GROUP, "1", "--admin-url", admin)
         assert down.returncode == 0 and "target 1 (was 3)" in down.stdout
         st = wait_for(admin, lambda s: [t["state"] for t in s["tes"]] == ["ready", "stopped", "stopped"])
         assert states(st) == {"te/0": (1, "ready"), "te/1": (1, "stopped"), "te/2": (1, "stopped")}
         assert all("drained" in t["reason"] for t in st["tes"][1:])
-        gone = cli("fault", "kill-te", "te/1", "--admin-url", admin, "--token", TOKEN)  # no pod to kill
+        gone = cli("fault", "kill-te", "te/1", "--admin-url", admin)  # no pod to kill
         assert gone.returncode == 2 and "target: te/1 is stopped (scaled down); TEs: te/0" in gone.stderr
         r = httpx.post(info["url"] + "/v1/completions", json={"model": "llama3-8b", "prompt": "hi", "max_tokens": 3,
                                                               "ignore_eos": True}, timeout=30)  # fmt: skip
@@ -112,8 +117,6 @@ def test_a_pd_pair_is_not_scaled_into_half_a_pair() -> None:
     """Scaling a decode group to 0 while its prefill group runs left prefills that failed after
     their first token (a user tour: 1 request in 4 failed). Refused, naming `size`."""
     from types import SimpleNamespace
-
-    import pytest
 
     from deepserve.daemon.admin import Scale, _check_pd_partner
 
