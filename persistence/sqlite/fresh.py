@@ -11,6 +11,7 @@ or another run's log) still goes through `files.prepare_sqlite`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import time
@@ -133,6 +134,7 @@ def create_log(path: str, *, page_bytes: int = 0) -> bool:
     one another process created between the check and the write lock."""
     if existing_log(path, create=True):
         return False
+    _private(path)
     try:
         conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_MS / 1000)
     except sqlite3.Error as exc:
@@ -143,6 +145,14 @@ def create_log(path: str, *, page_bytes: int = 0) -> bool:
         raise LogError(f"{path}: SQLite error: {one_line(exc)}") from None
     finally:
         conn.close()
+
+
+def _private(path: str) -> None:
+    """A new log is its user's alone (0600, whatever the umask; SQLite gives the -wal and -shm
+    files the log's mode): a daemon's log holds every request's prompt. An empty file the user
+    made keeps its mode."""
+    with contextlib.suppress(OSError):  # SQLite says what is wrong when it opens the path
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def _create(conn: sqlite3.Connection, page_bytes: int) -> bool:
