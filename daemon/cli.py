@@ -68,14 +68,28 @@ def _load(args: argparse.Namespace) -> Any:
     from .config import load_config
 
     for entry in args.overrides:
-        item = entry if isinstance(entry, str) else entry[0]
-        if item.partition("=")[0].strip() == "daemon.admin_token":
+        if _sets_token(entry if isinstance(entry, str) else entry[0]):
             raise CliError("--set daemon.admin_token: a token on the command line is visible to every user "
                            "(ps); set $DEEPSERVE_ADMIN_TOKEN or daemon.admin_token_file instead")  # fmt: skip
     try:
         return load_config(args.config, tuple(args.overrides))
     except ScenarioError as exc:
         raise CliError(str(exc)) from None
+
+
+def _sets_token(item: str) -> bool:
+    """Whether a `--set` puts a token on the command line (`daemon.admin_token=…`, or an inline
+    table holding one: `daemon={admin_token=…}`)."""
+    from deepserve.adapters.scenario.loader import parse_override
+
+    try:
+        key, value = parse_override(item)
+    except ScenarioError:
+        return False  # load_config names the malformed override
+    for part in reversed(key.split(".")):  # the override as the document it sets
+        value = {part: value}
+    daemon = value.get("daemon")
+    return isinstance(daemon, dict) and "admin_token" in daemon
 
 
 def _up(args: argparse.Namespace) -> int:

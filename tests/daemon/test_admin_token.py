@@ -66,9 +66,10 @@ def test_an_admin_api_beyond_loopback_without_a_token_is_refused(tmp_path: Path,
         one_line(code, err, "daemon.admin_host", "daemon.admin_token", host)
         assert not run_dir.exists()
     # a token on the command line is refused too (`ps` shows it to every user): the flag and the --set
-    code, _, err = run_cli(capsys, "up", "--port", "0", "--run-dir", str(run_dir), "--set", f"daemon.admin_token={TOKEN}")
-    one_line(code, err, "--set daemon.admin_token", "DEEPSERVE_ADMIN_TOKEN", "daemon.admin_token_file")
-    assert TOKEN not in err and not run_dir.exists()
+    for item in (f"daemon.admin_token={TOKEN}", f'daemon={{admin_token="{TOKEN}"}}'):  # an inline table too
+        code, _, err = run_cli(capsys, "up", "--port", "0", "--run-dir", str(run_dir), "--set", item)
+        one_line(code, err, "--set daemon.admin_token", "DEEPSERVE_ADMIN_TOKEN", "daemon.admin_token_file")
+        assert TOKEN not in err and not run_dir.exists()
     code, _, err = run_cli(capsys, "status", "--admin-url", "http://127.0.0.1:9", "--token", TOKEN)
     one_line(code, err, "--token", "DEEPSERVE_ADMIN_TOKEN", "--token-file")
     # a token file that cannot be used, or two sources that disagree: named, before anything is written
