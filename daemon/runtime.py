@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from deepserve.actors.cluster.heartbeat import HeartbeatWake
 from deepserve.actors.cluster.messages import StopMonitor
 from deepserve.actors.flowserve.master.status import dp_load
 from deepserve.actors.flowserve.messages import Prompt, Sampling, TokenBatch
@@ -111,6 +112,7 @@ class Runtime:
         self.started_wall = time.time()
         self.counts = {"accepted": 0, "completed": 0, "failed": 0, "cancelled": 0, "rejected_429": 0}
         self._seq = 0
+        self._woken_seq = -1  # the monitor's tick seq of the last HeartbeatWake sent
         self.driver: AsyncDriver | None = None
         self._sink: Any = None
         self.on_done: Any = None  # metrics hook: (RequestDone) -> None
@@ -203,7 +205,18 @@ class Runtime:
         msg = Arrive(request_id=request_id, model=self.cfg.cluster.model, prompt=prompt, sampling=sampling,
                      stream=stream)  # fmt: skip
         await self.driver.inject(self.cfg.daemon.ingress, msg, corr=request_id, src="ext/http")
+        await self._wake_heartbeats()
         return q
+
+    async def _wake_heartbeats(self) -> None:
+        """Traffic while the heartbeat monitor is backed off (idle): tell it, once a tick, so
+        the next heartbeat is one base interval away (actors/cluster/heartbeat.py)."""
+        cell = self.driver.cells.get(MONITOR_ADDR) if self.driver is not None else None
+        st = cell.actor.state if cell is not None and cell.actor is not None else None
+        if st is None or st.interval_s <= self.cfg.control.heartbeat_interval_s or st.seq == self._woken_seq:
+            return
+        self._woken_seq = st.seq
+        await self.driver.inject(MONITOR_ADDR, HeartbeatWake(), src="ext/http")  # type: ignore[union-attr]
 
     async def cancel(self, request_id: str, reason: str, completed: bool = False) -> None:
         """To every JE (the gateway drew one; the others ignore it): the JE cancels the task on

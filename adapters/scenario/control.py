@@ -31,6 +31,8 @@ class ControlPlane(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     heartbeat_interval_s: float = 1.0  # control plane → TE shell (xDeepServe §6.1)
     heartbeat_misses: int = 3  # in a row, then the TE is declared failed
     heartbeat_timeout_s: float = 0.0  # TE shell → DP masters ask timeout; 0: half the interval
+    # idle backoff: quiet rounds double the interval up to this (0: off; actors/cluster/heartbeat.py)
+    heartbeat_idle_max_interval_s: float = 0.0
     pod_start_s: float = 1.0  # Scaler-Pre of the in-process launcher (assumption)
     te_preload_s: float = 2.0  # TE-Pre-Load (assumption)
     drain_timeout_s: float = 60.0
@@ -44,6 +46,10 @@ class ControlPlane(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError(f"heartbeat_misses: must be in [1, 1000], got {self.heartbeat_misses}")
         if not 0 <= self.heartbeat_timeout_s < self.heartbeat_interval_s:
             raise ValueError("heartbeat_timeout_s: must be >= 0 and below heartbeat_interval_s")
+        idle = self.heartbeat_idle_max_interval_s
+        if idle and not self.heartbeat_interval_s <= idle <= 86_400:
+            raise ValueError(f"heartbeat_idle_max_interval_s: must be 0 (off) or in [heartbeat_interval_s, 86400], "
+                             f"got {idle}")  # fmt: skip
         for key in ("pod_start_s", "te_preload_s"):
             if not 0 <= getattr(self, key) <= 3600:
                 raise ValueError(f"{key}: must be in [0, 3600], got {getattr(self, key)}")
@@ -80,7 +86,7 @@ def spawn_control_plane(driver: Any, slots: tuple[TeSlot, ...], groups: dict[str
     if control.heartbeats:
         driver.spawn(MONITOR_ADDR, HeartbeatMonitor, config={
             "manager": MANAGER_ADDR, "interval_s": control.heartbeat_interval_s,
-            "misses": control.heartbeat_misses})  # fmt: skip
+            "misses": control.heartbeat_misses, "idle_max_interval_s": control.heartbeat_idle_max_interval_s})  # fmt: skip
     driver.spawn(MANAGER_ADDR, ClusterManager, config={
         "jes": jes, "pods": pods_addr, "monitor": MONITOR_ADDR if control.heartbeats else "",
         "slots": [msgspec.to_builtins(s) for s in slots], "groups": groups,
