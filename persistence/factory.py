@@ -36,6 +36,8 @@ def open_sink(
     max_batch: int | None = None,
     high_water: int | None = None,
     writer: Writer = "thread",
+    linger_s: float = 0.0,
+    cache_kib: int | None = None,
 ) -> GroupCommitSink | ProcessSink:
     """The process's log writer (a `LogSink`), creating or migrating the log.
 
@@ -45,6 +47,9 @@ def open_sink(
     `max_pending` / `max_batch`: queue bound (backpressure) and steps per transaction.
     `high_water`: pending steps at which the sink is under pressure (default
     max_pending // 2; see `pressure.py`).
+    `linger_s` (the thread writer): how long the writer, woken from idle, waits for more
+    steps before it commits (a daemon's steps trickle in; see group_commit.py). `cache_kib`:
+    the thread writer's SQLite page cache (default 64 MiB; sqlite/fresh.py).
     `writer="process"`: an `async` SQLite log is written by a child process (see
     `sqlite.process_writer`: for runs that end with close(), such as sim runs); a PostgreSQL target
     or a non-POSIX system keeps the thread writer.
@@ -71,6 +76,7 @@ def open_sink(
             lambda: PgBatchStore(tgt.url, tgt.label, durability),
             label=tgt.label,
             durability=durability,
+            linger_s=linger_s,
             **limits,
         )
     path = tgt.path
@@ -93,9 +99,10 @@ def open_sink(
     from .sqlite.batch_store import SqliteBatchStore
 
     return GroupCommitSink(
-        lambda: SqliteBatchStore(path, durability, synchronous),
+        lambda: SqliteBatchStore(path, durability, synchronous, cache_kib),
         label=path,
         durability=durability,
+        linger_s=linger_s,
         **limits,
     )
 

@@ -40,10 +40,11 @@ def insert_sql() -> dict[str, str]:
 class SqliteBatchStore:
     """Writes one batch per transaction. Lives in (and only touches) the writer thread."""
 
-    def __init__(self, path: str, durability: str, synchronous: str | None = None) -> None:
+    def __init__(self, path: str, durability: str, synchronous: str | None = None,
+                 cache_kib: int | None = None) -> None:  # fmt: skip
         self.label = path
         self.conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_MS / 1000)
-        for pragma in writer_pragmas(durability, synchronous):
+        for pragma in writer_pragmas(durability, synchronous, cache_kib):
             self.conn.execute(f"PRAGMA {pragma}")
         max_vars = self.conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         self.inserts = {

@@ -87,13 +87,15 @@ PROCESS_INDEX = 7
 SYNCHRONOUS = {"async": "OFF", "outbox": "NORMAL"}
 
 
-def writer_pragmas(durability: str, synchronous: str | None = None) -> list[str]:
-    """The writer connection's settings (thread and process writers alike)."""
+def writer_pragmas(durability: str, synchronous: str | None = None, cache_kib: int | None = None) -> list[str]:
+    """The writer connection's settings (thread and process writers alike). `cache_kib`: its page
+    cache (default 64 MiB: index pages stay hot across batches; a daemon, which appends for days,
+    asks for less — the cache filled to 64 MiB was most of a daemon's RSS growth, issue 30)."""
     sync = (synchronous or SYNCHRONOUS[durability]).upper()
     return [
         f"synchronous={sync}",
         f"busy_timeout={BUSY_MS}",
-        "cache_size=-65536",  # 64 MiB: index pages stay hot across batches
+        f"cache_size=-{int(cache_kib or 65536)}",
     ]
 
 
