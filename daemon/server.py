@@ -97,7 +97,8 @@ def configure_logging(fmt: str, secrets: tuple[str, ...] = ()) -> None:
     renderer: Any = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(processors=[redact_processor(secrets), structlog.processors.add_log_level,
                                     structlog.processors.TimeStamper(fmt="iso"), renderer],
-                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))  # fmt: skip
+                        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+                        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO))  # fmt: skip
 
 
 @contextlib.contextmanager
