@@ -23,6 +23,9 @@ def register_http(which: argparse._SubParsersAction) -> None:
                    help="requests in flight at once (default 16)")
     p.add_argument("--tokens", type=positive_int, default=16, metavar="T",
                    help="output tokens per request (at most the daemon's daemon.max_tokens_limit)")
+    from deepserve.benchmarks.http_cost import add_cost_args
+
+    add_cost_args(p)  # the cost rows (issue 30 §1): benchmarks/http_cost.py
     p.set_defaults(func=_run)
 
 
@@ -38,9 +41,12 @@ def _run(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"measuring {label} ...", file=sys.stderr, flush=True)
 
+    from deepserve.benchmarks.http_cost import cost_rows
+
     try:
         with _terminate_as_exit():
             title, rows = http_bench(args.requests, args.concurrency, args.tokens, progress)
+            rows += cost_rows(args, progress)
     except BenchFailed as exc:
         print(f"deepserve: bench http failed: {exc}", file=sys.stderr)
         return EXIT_BENCH_FAILED

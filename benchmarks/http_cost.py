@@ -1,0 +1,262 @@
+"""`deepserve bench http`'s cost rows (issue 30 §1): what the platform itself costs a request —
+server CPU, log bytes, memory — beside a bare uvicorn SSE server streaming the same tokens at the
+same emulated pace, measured in the same run.
+
+Both servers run as subprocesses on loopback side by side; the load alternates between them
+(A/B interleaved: round r runs the daemon first when r is even, the bare server first when odd), so
+a neighbour's load on a shared machine falls on both. Each load window's CPU is the server
+process's own (user + system, all its threads: the daemon's log writer is one), read from
+/proc/<pid>/stat around the window; the median of the rounds is reported, and the spread
+(max - min) in a `_spread` row beside it. Log bytes are the daemon log's live pages (SQLite
+`page_count - freelist_count`, WAL included: a read transaction sees it) around each window, less
+the idle rate over the window's length; the idle rate is measured after the load, once the
+heartbeats have backed off (`control.heartbeat_idle_max_interval_s`). RSS growth is the
+daemon's resident set after the warm-up against after the last round. Linux only (/proc)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+
+from deepserve.benchmarks.table import Row
+
+START_TIMEOUT_S = 60
+CONCURRENCIES = (16, 64)
+IDLE_SETTLE_S = 65.0  # heartbeat backoff 1 -> 60 s: ticks at 1, 3, 7, 15, 31, 63 s, then every 60 s
+TICKS_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` (all its threads), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS_S  # utime, stime (fields 14, 15)
+
+
+def rss_kb(pid: int) -> float:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * PAGE / 1024
+
+
+def log_bytes(db: Path) -> int:
+    """The log's live bytes (pages in use, WAL included)."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        pc, free, size = (con.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "freelist_count", "page_size"))
+    finally:
+        con.close()
+    return int((pc - free) * size)
+
+
+async def load(url: str, model: str, requests: int, concurrency: int, tokens: int) -> tuple[int, list[float], list[float]]:
+    """`requests` streamed completions, `concurrency` at a time: (errors, emulated TTFTs, TPOTs)."""
+    body = {"model": model, "prompt": "benchmark prompt " * 8, "max_tokens": tokens, "stream": True,
+            "ignore_eos": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    todo = list(range(requests))
+    errors, ttft, tpot = 0, [], []
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+
+        async def worker() -> None:
+            nonlocal errors
+            while todo:
+                todo.pop()
+                emulated: dict[str, Any] = {}
+                async with client.stream("POST", url, json=body) as r:
+                    if r.status_code != 200:
+                        errors += 1
+                        await r.aread()
+                        continue
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: {"):
+                            emulated = json.loads(line[6:]).get("deepserve", emulated)
+                if emulated.get("ttft_s") is None:
+                    errors += 1
+                    continue
+                ttft.append(emulated["ttft_s"])
+                if emulated.get("tpot_s") is not None:
+                    tpot.append(emulated["tpot_s"])
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return errors, ttft, tpot
+
+
+def _start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _wait(check: Callable[[], bool], proc: subprocess.Popen[bytes], what: str) -> None:
+    end = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited at start")
+        try:
+            if check():
+                return
+        except (OSError, ValueError, httpx.TransportError):
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not start within {START_TIMEOUT_S} s")
+
+
+class Servers:
+    """The daemon and the bare server, up side by side."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.run_dir = tmp / "run"
+        self.daemon = _start(["-m", "deepserve", "up", "--port", "0", "--run-dir", str(self.run_dir), "--log-format", "json"])
+        info_path = self.run_dir / "daemon.json"
+        _wait(info_path.exists, self.daemon, "the daemon")
+        info = json.loads(info_path.read_text())
+        self.daemon_url = info["url"] + "/v1/completions"
+        self.db = Path(info["log"])
+        self.model = httpx.get(info["url"] + "/v1/models").json()["data"][0]["id"]
+        self.bare: subprocess.Popen[bytes] | None = None
+        self.bare_url = ""
+
+    def start_bare(self, ttft_s: float, tpot_s: float, port: int) -> None:
+        env = {**os.environ, "BARE_TTFT_S": str(ttft_s), "BARE_TPOT_S": str(tpot_s)}
+        self.bare = _start(["-m", "uvicorn", "deepserve.benchmarks.http_bare:app", "--port", str(port),
+                            "--log-level", "warning", "--no-access-log"], env)  # fmt: skip
+        self.bare_url = f"http://127.0.0.1:{port}/"
+        _wait(lambda: httpx.get(self.bare_url, timeout=1) is not None, self.bare, "the bare server")
+
+    def close(self) -> None:
+        for p in (self.daemon, self.bare):
+            if p is not None and p.poll() is None:
+                p.terminate()
+                p.wait(60)
+
+
+def _window(srv: Servers, which: str, requests: int, c: int, tokens: int) -> tuple[float, int, int]:
+    """One load window on one server: (CPU seconds, log bytes added, errors)."""
+    proc = srv.daemon if which == "daemon" else srv.bare
+    assert proc is not None
+    url = srv.daemon_url if which == "daemon" else srv.bare_url
+    b0, c0 = log_bytes(srv.db), cpu_s(proc.pid)
+    errors, _, _ = asyncio.run(load(url, srv.model, requests, c, tokens))
+    cpu = cpu_s(proc.pid) - c0
+    return cpu, log_bytes(srv.db) - b0 if which == "daemon" else 0, errors
+
+
+def cost_bench(requests: int, tokens: int, rounds: int, idle_s: float, progress: Callable[[str], None],
+               port: int) -> list[Row]:  # fmt: skip
+    """The cost rows; `port` is a free loopback port for the bare server."""
+    with tempfile.TemporaryDirectory(prefix="deepserve-bench-cost-") as tmp:
+        srv = Servers(Path(tmp))
+        try:
+            return _measure(srv, requests, tokens, rounds, idle_s, progress, port)
+        finally:
+            srv.close()
+
+
+def _measure(srv: Servers, requests: int, tokens: int, rounds: int, idle_s: float,
+             progress: Callable[[str], None], port: int) -> list[Row]:  # fmt: skip
+    progress("cost: warming the daemon up (its emulated TTFT and TPOT pace the bare server)")
+    errors, ttft, tpot = asyncio.run(load(srv.daemon_url, srv.model, 2 * max(CONCURRENCIES), max(CONCURRENCIES), tokens))
+    srv.start_bare(statistics.median(ttft) if ttft else 0.02, statistics.median(tpot) if tpot else 0.02, port)
+    asyncio.run(load(srv.bare_url, "bare", max(CONCURRENCIES), max(CONCURRENCIES), tokens))
+    assert srv.bare is not None
+    rss0, bare_rss0 = rss_kb(srv.daemon.pid), rss_kb(srv.bare.pid)
+    cpu: dict[tuple[str, int], list[float]] = {}
+    log: dict[int, list[float]] = {}
+    total = 0
+    for r in range(rounds):
+        for c in CONCURRENCIES:
+            order = ("daemon", "bare") if r % 2 == 0 else ("bare", "daemon")
+            for which in order:
+                progress(f"cost: round {r + 1}/{rounds}, {which}, {requests} requests x {tokens} tokens, concurrency {c}")
+                s, b, e = _window(srv, which, requests, c, tokens)
+                errors += e
+                cpu.setdefault((which, c), []).append(1e3 * s / requests)
+                if which == "daemon":
+                    log.setdefault(c, []).append(b)
+                    total += requests
+    rss1, bare_rss1 = rss_kb(srv.daemon.pid), rss_kb(srv.bare.pid)
+    idle_rate = _idle_rate(srv, idle_s, progress)
+    rows = []
+    for c in CONCURRENCIES:
+        d, b = cpu[("daemon", c)], cpu[("bare", c)]
+        rows.append(Row(f"server_cpu_ms_per_request_c{c}", statistics.median(d), "ms", "bare uvicorn SSE",
+                        statistics.median(b)))  # fmt: skip
+        rows.append(Row(f"server_cpu_ms_per_request_c{c}_spread", max(d) - min(d), "ms", "bare uvicorn SSE",
+                        max(b) - min(b)))  # fmt: skip
+    for c in CONCURRENCIES:  # everything logged in the window (its heartbeats too), a request
+        per = [b / requests for b in log[c]]
+        rows.append(Row(f"log_bytes_per_request_c{c}", statistics.median(per), "bytes", "target", 4096.0))
+    rows.append(Row("log_bytes_per_idle_hour", idle_rate * 3600, "bytes", "target", 1e6))
+    rows.append(Row("rss_growth_kb_per_1k_requests", (rss1 - rss0) / total * 1000, "KB", "bare uvicorn SSE",
+                    (bare_rss1 - bare_rss0) / total * 1000))  # fmt: skip
+    rows.append(Row("cost_errors", float(errors), "requests", None, None))
+    return rows
+
+
+def _idle_rate(srv: Servers, idle_s: float, progress: Callable[[str], None]) -> float:
+    """Log bytes a second with no request, once the heartbeats have backed off (NaN: skipped)."""
+    if idle_s <= IDLE_SETTLE_S:
+        return float("nan")
+    progress(f"cost: the daemon idle for {idle_s:g} s (log bytes over the last {idle_s - IDLE_SETTLE_S:g} s)")
+    time.sleep(IDLE_SETTLE_S)
+    b0, t0 = log_bytes(srv.db), time.monotonic()
+    time.sleep(idle_s - IDLE_SETTLE_S)
+    return (log_bytes(srv.db) - b0) / (time.monotonic() - t0)
+
+
+def add_cost_args(p: Any) -> None:
+    """`bench http`'s flags for the cost rows."""
+    from deepserve.cli.util import positive_int
+
+    p.add_argument("--cost-rounds", type=_rounds, default=3, metavar="R",
+                   help="interleaved daemon/bare rounds for the cost rows, at concurrency 16 and 64 (0: no cost rows)")
+    p.add_argument("--cost-requests", type=positive_int, default=320, metavar="N", help="requests a cost window")
+    p.add_argument("--idle-s", type=_seconds, default=185.0, metavar="S",
+                   help=f"idle time for log_bytes_per_idle_hour, the first {IDLE_SETTLE_S:g} s not counted (<= that: skipped)")
+
+
+def _rounds(text: str) -> int:
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= 100:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 100, got {text!r}")
+    return n
+
+
+def _seconds(text: str) -> float:
+    import argparse
+
+    try:
+        s = float(text)
+    except ValueError:
+        s = -1.0
+    if not 0 <= s <= 86_400:
+        raise argparse.ArgumentTypeError(f"must be seconds from 0 to 86400, got {text!r}")
+    return s
+
+
+def cost_rows(args: Any, progress: Callable[[str], None]) -> list[Row]:
+    """The cost rows `args` ask for (none with --cost-rounds 0)."""
+    if args.cost_rounds <= 0:
+        return []
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    return cost_bench(args.cost_requests, args.tokens, args.cost_rounds, args.idle_s, progress, port)
