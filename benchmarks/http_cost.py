@@ -11,7 +11,8 @@ process's own (user + system, all its threads: the daemon's log writer is one), 
 `page_count - freelist_count`, WAL included: a read transaction sees it) around each window, less
 the idle rate over the window's length; the idle rate is measured after the load, once the
 heartbeats have backed off (`control.heartbeat_idle_max_interval_s`). RSS growth is the
-daemon's resident set after the warm-up against after the last round. Linux only (/proc)."""
+daemon's resident set after the warm-up (`WARM_UP_REQUESTS`) against after the last round.
+Linux only (/proc)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ from deepserve.benchmarks.table import Row
 
 START_TIMEOUT_S = 60
 CONCURRENCIES = (16, 64)
+# Before the windows: the daemon's bounded caches (the log writer's 8 MiB page cache, the actors'
+# events since their last snapshots, prefix caches) fill, so RSS growth after it is growth
+WARM_UP_REQUESTS = 1024
 IDLE_SETTLE_S = 65.0  # heartbeat backoff 1 -> 60 s: ticks at 1, 3, 7, 15, 31, 63 s, then every 60 s
 TICKS_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -166,7 +170,7 @@ def cost_bench(requests: int, tokens: int, rounds: int, idle_s: float, progress:
 def _measure(srv: Servers, requests: int, tokens: int, rounds: int, idle_s: float,
              progress: Callable[[str], None], port: int) -> list[Row]:  # fmt: skip
     progress("cost: warming the daemon up (its emulated TTFT and TPOT pace the bare server)")
-    errors, ttft, tpot = asyncio.run(load(srv.daemon_url, srv.model, 2 * max(CONCURRENCIES), max(CONCURRENCIES), tokens))
+    errors, ttft, tpot = asyncio.run(load(srv.daemon_url, srv.model, WARM_UP_REQUESTS, max(CONCURRENCIES), tokens))
     srv.start_bare(statistics.median(ttft) if ttft else 0.02, statistics.median(tpot) if tpot else 0.02, port)
     asyncio.run(load(srv.bare_url, "bare", max(CONCURRENCIES), max(CONCURRENCIES), tokens))
     assert srv.bare is not None
