@@ -3,8 +3,9 @@ to a TE shell, and what comes back. Kept stable; extended only additively (issue
 
 Flow (colocated): requester --SubmitTask(kind="chat")--> TE shell --> a DP-group master, which
 answers `TaskAccepted` (or `TaskRejected`) to the requester, streams `TaskTokens` straight to
-`reply_to` (output short-circuiting, xDeepServe §4.2: not through the shell or the JE) and ends
-with exactly one `TaskFinished` to `reply_to`.
+`reply_to` (output short-circuiting, xDeepServe §4.2: not through the shell or the JE) — or, with
+`stream_to`, each pass's chunks as one `TokenBatch` to that address (a live frontend) and only each
+task's first chunk to `reply_to` — and ends with exactly one `TaskFinished` to `reply_to`.
 
 Flow (PD-disaggregated, xDeepServe §5.1): SubmitTask(kind="prefill") to the P TE; its master
 prefills, streams the first token, registers a transfer (metadata only) and finishes the task

@@ -5,8 +5,9 @@ Loop: a batch is planned when the previous one ends (or on arrival when idle) an
 NPU at once, to start after the launch gap (`start_delay_s`, timed by the device) — with
 asynchronous execution the host's scheduling work overlaps the running forward, so only
 `sched_gap_s` separates two passes. When the batch ends, its
-tokens go straight to each task's `reply_to` (output short-circuiting), finished tasks end, and the
-next batch is planned. With `aggregate`, a pure-decode batch runs k passes as one NPU request; an
+tokens go straight to each task's `reply_to` (output short-circuiting) — or, for the tasks with a
+`stream_to` (a live frontend), as one `TokenBatch` a pass there, the requester told of the first
+chunk only — finished tasks end, and the next batch is planned. With `aggregate`, a pure-decode batch runs k passes as one NPU request; an
 arrival (or anything else that may change the batch) truncates the run after its current pass, so
 the per-token times equal the stepwise path's.
 """
