@@ -27,7 +27,7 @@ from deepserve.core.actor import Actor
 
 WARM_UP, PHASE, PHASES = 600, 600, 3
 CONCURRENCY, TOKENS = 64, 4
-MAX_BLOCKS_PER_REQUEST = 12  # measured: 2-6 flat (cadence noise); 24-36 with the leak back
+MAX_BLOCKS_PER_REQUEST = 12  # measured: 1-6 a phase flat (one phase 15 once); 24-36 with the leak back
 
 
 def _actor_classes(cls: type = Actor) -> Iterator[type]:
@@ -75,8 +75,9 @@ def test_memory_stops_growing_after_warm_up(tmp_path: Path, short_snapshot_caden
     done = r["done"]
     assert len(done) == WARM_UP + PHASE * PHASES
     assert all(got == TOKENS and d.status == "completed" for got, d in done)
-    mean = sum(r["growth"]) / PHASES
-    assert mean < MAX_BLOCKS_PER_REQUEST, r["growth"]
+    # the median phase: a snapshot cycle's sawtooth may land in one phase (measured up to 15 once);
+    # a leak is in every phase
+    assert sorted(r["growth"])[PHASES // 2] < MAX_BLOCKS_PER_REQUEST, r["growth"]
     # every per-request record is gone once its request ended
     assert r["masters"] >= 1
     assert (r["streams"], r["last_token"], r["jobs"], r["clients"], r["reqs"], r["external_out"]) == (0,) * 6
