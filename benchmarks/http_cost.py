@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import sqlite3
 import statistics
@@ -201,7 +202,8 @@ def _measure(srv: Servers, requests: int, tokens: int, rounds: int, idle_s: floa
     for c in CONCURRENCIES:  # everything logged in the window (its heartbeats too), a request
         per = [b / requests for b in log[c]]
         rows.append(Row(f"log_bytes_per_request_c{c}", statistics.median(per), "bytes", "target", 4096.0))
-    rows.append(Row("log_bytes_per_idle_hour", idle_rate * 3600, "bytes", "target", 1e6))
+    if not math.isnan(idle_rate):  # measured (--idle-s long enough)
+        rows.append(Row("log_bytes_per_idle_hour", idle_rate * 3600, "bytes", "target", 1e6))
     rows.append(Row("rss_growth_kb_per_1k_requests", (rss1 - rss0) / total * 1000, "KB", "bare uvicorn SSE",
                     (bare_rss1 - bare_rss0) / total * 1000))  # fmt: skip
     rows.append(Row("cost_errors", float(errors), "requests", None, None))
