@@ -15,12 +15,12 @@ from deepserve.persistence import open_sink
 
 
 def test_cpu_and_rss_of_a_process_are_read_from_proc() -> None:
-    before = cpu_s(os.getpid())  # type: ignore[attr-defined]
+    before = cpu_s(os.getpid())
     end = time.process_time() + 0.05
     while time.process_time() < end:
         pass
-    assert cpu_s(os.getpid()) - before >= 0.03  # type: ignore[attr-defined]
-    assert rss_kb(os.getpid()) > 1000  # type: ignore[attr-defined]
+    assert cpu_s(os.getpid()) - before >= 0.03
+    assert rss_kb(os.getpid()) > 1000
 
 
 def test_log_bytes_grow_with_what_is_committed(tmp_path: Path) -> None:
