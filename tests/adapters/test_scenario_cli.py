@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from deepserve.adapters.scenario import cli
+from deepserve.adapters.traces.reader import Trace
 
 
 class _Tty(io.StringIO):
@@ -30,7 +31,7 @@ def test_progress_bar_only_on_a_terminal(monkeypatch: Any) -> None:
 def test_row_count_for_the_bar_total(tmp_path: Any) -> None:
     p = tmp_path / "a.csv"
     p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\nx,1,1\ny,1,1\n\n")
-    assert cli._count_rows(str(p), "azure") == 2
+    assert Trace(p).rows() == 2  # the header and the blank line are not rows
     m = tmp_path / "m.jsonl"
     m.write_text("{}\n{}\n{}\n")
-    assert cli._count_rows(str(m), "mooncake") == 3
+    assert Trace(m).rows() == 3
