@@ -200,7 +200,7 @@ def _measure(srv: Servers, requests: int, tokens: int, rounds: int, idle_s: floa
         rows.append(Row(f"server_cpu_ms_per_request_c{c}_spread", max(d) - min(d), "ms", "bare uvicorn SSE",
                         max(b) - min(b)))  # fmt: skip
     for c in CONCURRENCIES:  # everything logged in the window (its heartbeats too), a request
-        per = [b / requests for b in log[c]]
+        per = [n / requests for n in log[c]]
         rows.append(Row(f"log_bytes_per_request_c{c}", statistics.median(per), "bytes", "target", 4096.0))
     if not math.isnan(idle_rate):  # measured (--idle-s long enough)
         rows.append(Row("log_bytes_per_idle_hour", idle_rate * 3600, "bytes", "target", 1e6))

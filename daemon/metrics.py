@@ -51,7 +51,8 @@ FINISHED_REASONS = ("stop", "length", "abort", "error")  # vLLM's FinishReason s
 
 def token_buckets(limit: int) -> tuple[int, ...]:
     """vLLM's `build_1_2_5_buckets`: 1, 2, 5, 10, 20, 50, ... up to `limit`."""
-    out, mantissa, exp = [], (1, 2, 5), 0
+    out: list[int] = []
+    mantissa, exp = (1, 2, 5), 0
     while True:
         for m in mantissa:
             v = m * 10**exp
