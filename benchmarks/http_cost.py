@@ -184,11 +184,11 @@ def _measure(srv: Servers, requests: int, tokens: int, rounds: int, idle_s: floa
             order = ("daemon", "bare") if r % 2 == 0 else ("bare", "daemon")
             for which in order:
                 progress(f"cost: round {r + 1}/{rounds}, {which}, {requests} requests x {tokens} tokens, concurrency {c}")
-                s, b, e = _window(srv, which, requests, c, tokens)
+                s, nbytes, e = _window(srv, which, requests, c, tokens)
                 errors += e
                 cpu.setdefault((which, c), []).append(1e3 * s / requests)
                 if which == "daemon":
-                    log.setdefault(c, []).append(b)
+                    log.setdefault(c, []).append(nbytes)
                     total += requests
     rss1, bare_rss1 = rss_kb(srv.daemon.pid), rss_kb(srv.bare.pid)
     idle_rate = _idle_rate(srv, idle_s, progress)
