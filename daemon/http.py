@@ -143,8 +143,8 @@ class Frontend:
             raise HttpError(400, f"the body is not valid UTF-8 ({exc.reason} at byte {exc.start})",
                             "invalid_request_error", code="invalid_json") from None  # fmt: skip
 
-    def sampling_of(self, req: Any, rid: str, prompt_ids: list[int]) -> Sampling:
-        """The request's sampling: seeded by `seed`, else by its id (each request its own draw)."""
+    def max_tokens_of(self, req: Any) -> int:
+        """The request's `max_tokens` (or `max_completion_tokens`), checked with `min_tokens`."""
         max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens or min(256, self.cfg.max_tokens_limit)
         if max_tokens > self.cfg.max_tokens_limit:
             raise HttpError(400, f"max_tokens {max_tokens} exceeds {self.cfg.max_tokens_limit}",
@@ -152,6 +152,10 @@ class Frontend:
         if req.min_tokens > max_tokens:
             raise HttpError(400, f"min_tokens {req.min_tokens} exceeds max_tokens {max_tokens}",
                             "invalid_request_error", "min_tokens")  # fmt: skip
+        return int(max_tokens)
+
+    def sampling_of(self, req: Any, rid: str, prompt_ids: list[int], max_tokens: int) -> Sampling:
+        """The request's sampling: seeded by `seed`, else by its id (each request its own draw)."""
         seed = req.seed if req.seed is not None else combine(model_key(rid), self.cfg.seed & ((1 << 64) - 1))
         return Sampling(max_tokens=max_tokens, seed=seed & ((1 << 64) - 1), ignore_eos=req.ignore_eos,
                         temperature=1.0 if req.temperature is None else req.temperature,
@@ -177,7 +181,6 @@ class Frontend:
         """Serve one request; `text` is the prompt as text, or as token ids (completions)."""
         rt, cfg = self.rt, self.cfg
         arrival = time.perf_counter()  # the wall-clock metrics' start (vLLM's arrival time)
-        rid = rt.new_request_id(kind)
         prompt, ids = self.prompt_of(req, text)
         if prompt.num_tokens < 1:
             raise HttpError(400, "the prompt is empty: it has no tokens", "invalid_request_error", "prompt")
@@ -190,12 +193,19 @@ class Frontend:
             raise HttpError(400, f"the prompt has {prompt.num_tokens} tokens; without chunked prefill one "
                             f"pass takes at most cluster.scheduler.max_batch_tokens={limit}",
                             "invalid_request_error", "messages" if kind == "chat" else "prompt")  # fmt: skip
-        sampling = self.sampling_of(req, rid, ids)
+        max_tokens = self.max_tokens_of(req)
+        # Refused before acceptance, like a 400: no id, no X-Request-Id, nothing in the log (the
+        # actor system is stopping, so it could not record the refusal). From here to the submit
+        # nothing awaits, so a request given an id is submitted: the id names a logged request.
+        if not rt.accepting or rt.driver is None:
+            raise HttpError(503, "the daemon is shutting down", "service_unavailable")
+        rid = rt.new_request_id(kind)
+        sampling = self.sampling_of(req, rid, ids, max_tokens)
         # before the submit: the request's first token may reach the metrics before it returns
         self.metrics.arrived(rid, arrival, req.choices(), sampling.max_tokens)
         try:
             q = await rt.submit(rid, prompt, sampling, stream=bool(req.stream))
-        except NoCapacity as exc:
+        except NoCapacity as exc:  # not reached (checked above, nothing awaited since): a guard
             self.metrics.forget(rid)
             raise HttpError(503, str(exc), "service_unavailable") from None
         try:
