@@ -150,6 +150,9 @@ class TaskFinished(Message, frozen=True, kw_only=True):
     dp: int = -1
     preemptions: int = 0
     kv: KvHandle | None = None  # kind="prefill": the registered transfer for the decode side
+    # vLLM's QUEUED and first SCHEDULED times on the master (None: never scheduled)
+    queued_s: float | None = None
+    scheduled_s: float | None = None
 
 
 # ---- TE shell: registration, load, context caching -------------------------------------------

@@ -186,7 +186,7 @@ class DpMaster(Actor[MasterState]):
             st.prefill_tokens_per_s,
         ) and rtc.can_allocate(st.rtc, len(m.dram_blocks), m.hbm_blocks)  # fmt: skip
         status = LOADING if load else WAITING
-        ctx.record(TaskQueued(task=msg, out_len=out_len, stop=stop, status=status))
+        ctx.record(TaskQueued(task=msg, out_len=out_len, stop=stop, status=status, at_s=ctx.now()))
         if load:
             copy = rtc.populate(st.rtc, msg.task_id, hashes, m)
             assert copy is not None
@@ -260,6 +260,8 @@ class DpMaster(Actor[MasterState]):
         batch = plan.batch
         if batch is None:
             return
+        if batch.admitted:  # the admitted tasks' first scheduling time (vLLM's SCHEDULED)
+            batch = msgspec.structs.replace(batch, at_s=ctx.now())
         ctx.record(batch)  # launched (`_launch` below) when it has entries
         if not batch.entries:  # only preemptions: a task larger than the pool alone
             self._fail_unfit(ctx, batch.preempted)

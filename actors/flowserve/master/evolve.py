@@ -44,7 +44,7 @@ def _drop(queue: list[str], task_id: str) -> None:
 
 def _queued(st: MasterState, e: TaskQueued) -> None:
     st.reqs[e.task.task_id] = Req(
-        task=e.task, out_len=e.out_len, stop=e.stop, status=e.status, emitted=e.emitted
+        task=e.task, out_len=e.out_len, stop=e.stop, status=e.status, emitted=e.emitted, queued_s=e.at_s
     )
     if e.status == WAITING:
         st.waiting.append(e.task.task_id)
@@ -83,6 +83,8 @@ def _planned(st: MasterState, e: BatchPlanned) -> None:
         st.running.append(tid)
         r.status = RUNNING
         r.num_computed = max(r.num_computed, computed)
+        if r.scheduled_s is None:  # the first scheduling, as vLLM's (a preempted task's stays)
+            r.scheduled_s = e.at_s
         if not r.admitted and r.task.kind == "decode":
             r.admitted = True  # its prompt KV came from the prefill side: no cache statistics
         elif not r.admitted:

@@ -33,5 +33,5 @@ def finished_message(
         task_id=r.task.task_id, request_id=r.task.request_id, status=status,  # type: ignore[arg-type]
         reason=reason, prompt_tokens=r.task.prompt.num_tokens, cached_prompt_tokens=r.cached_tokens,
         output_tokens=r.emitted, first_token_s=r.first_token_s, finish_s=now, te=cfg.te, dp=cfg.dp,
-        preemptions=r.preemptions, kv=kv,
+        preemptions=r.preemptions, kv=kv, queued_s=r.queued_s, scheduled_s=r.scheduled_s,
     )  # fmt: skip

@@ -97,7 +97,7 @@ def release(m: DpMaster, ctx: Context, transfer_id: str) -> None:
 
 def submit_decode(m: DpMaster, ctx: Context, msg: SubmitTask, out_len: int, stop: str) -> None:
     st = m.state
-    ctx.record(TaskQueued(task=msg, out_len=out_len, stop=stop, status=ARRIVED, emitted=1))
+    ctx.record(TaskQueued(task=msg, out_len=out_len, stop=stop, status=ARRIVED, emitted=1, at_s=ctx.now()))
     if out_len <= 1:  # the prefill's token was the whole answer
         m.end(ctx, st.reqs[msg.task_id], "completed", stop)
         return

@@ -104,6 +104,9 @@ class Req(msgspec.Struct, kw_only=True):
     admitted: bool = False
     first_token_s: float | None = None
     preemptions: int = 0
+    # vLLM's QUEUED and first SCHEDULED times (its queue and prefill phases); None in old logs
+    queued_s: float | None = None
+    scheduled_s: float | None = None  # the first batch that admitted it (a preemption keeps it)
     cancelled: str | None = None  # reason, when a cancel arrived while in a forward
     cancelled_at: float | None = None  # passes ending after this produce nothing for it
     copy_id: str | None = None  # the populate/receive it waits for
@@ -166,6 +169,7 @@ class TaskQueued(Event, frozen=True, kw_only=True):
     stop: str
     status: str = WAITING
     emitted: int = 0  # PD decode side: the prefill already produced the first token
+    at_s: float | None = None  # when it was queued (None: recorded before the field existed)
 
 
 class TaskStatus(Event, frozen=True, kw_only=True):
@@ -178,8 +182,9 @@ class TaskStatus(Event, frozen=True, kw_only=True):
     front: bool = False  # re-queue at the front (preemption)
 
 
-class BatchPlanned(Event, frozen=True, kw_only=True):
-    """The next batch: entries, passes, admissions (with their cache hits) and preemptions."""
+class BatchPlanned(Event, frozen=True, kw_only=True, omit_defaults=True):
+    """The next batch: entries, passes, admissions (with their cache hits) and preemptions.
+    One a step: its fields at their defaults are left out of the log (`omit_defaults`)."""
 
     step: int
     entries: tuple[Entry, ...]
@@ -191,6 +196,7 @@ class BatchPlanned(Event, frozen=True, kw_only=True):
     admitted: tuple[tuple[str, int], ...] = ()  # (task id, cached prompt tokens)
     preempted: tuple[str, ...] = ()
     launched: bool = False  # handed to the NPU at once (which times the launch gap)
+    at_s: float | None = None  # when it was planned: set when it admits a task (vLLM's SCHEDULED)
 
 
 class BatchLaunched(Event, frozen=True, kw_only=True):
