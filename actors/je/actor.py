@@ -445,7 +445,8 @@ class JobExecutor(Actor[JeState]):
             te = j.te
             ctx.record(JeTaskEnded(request_id=rid, task_id=m.task_id, te=te, status="completed", reason=m.reason))
             ctx.record(JePrefilled(request_id=rid, first_token_s=m.first_token_s, kv=m.kv, te=te,
-                                   cached_prompt_tokens=m.cached_prompt_tokens, prompt_tokens=m.prompt_tokens))
+                                   cached_prompt_tokens=m.cached_prompt_tokens, prompt_tokens=m.prompt_tokens,
+                                   queued_s=m.queued_s, scheduled_s=m.scheduled_s))  # fmt: skip
             self._dispatch(ctx, rid, j, "decode", j.decodes + 1)  # a restarted job's next decode
             if self.cfg.forwarding.mode == "on_demand":
                 self._feed(ctx, te)  # a prefill slot freed: the prefill's state changed
@@ -496,6 +497,7 @@ class JobExecutor(Actor[JeState]):
             ctx.cancel(f"acc/{j.task_id}")
         if j.cancelled:
             ctx.cancel(f"cancel/{rid}")
+        timed = j if j.phase == "decode" else m  # PD: the prefill's times (JePrefilled), as its first token
         done = RequestDone(
             request_id=rid, status=status, reason=reason, arrival_s=j.arrival_s,  # type: ignore[arg-type]
             first_token_s=first if m is not None else j.first_token_s, finish_s=ctx.now() if m is None else m.finish_s,
@@ -505,6 +507,8 @@ class JobExecutor(Actor[JeState]):
             # a job its TE failed has left that TE (`excluded`): name it all the same
             te=(m.te or j.te) if m is not None else (j.te or (j.excluded[-1] if j.excluded else "")),
             preemptions=m.preemptions if m is not None else 0,
+            queued_s=timed.queued_s if timed is not None else None,
+            scheduled_s=timed.scheduled_s if timed is not None else None,
         )  # fmt: skip
         batch = j.batch_id
         b = self.state.batches.get(batch) if batch else None

@@ -223,6 +223,8 @@ class JePrefilled(Event, frozen=True, kw_only=True):
     prompt_tokens: int
     kv: KvHandle
     te: str = ""  # the prefill TE holding the KV: a failed decode excludes it too
+    queued_s: float | None = None  # the prefill task's (RequestDone's, once the decode ends)
+    scheduled_s: float | None = None
 
 
 class PrefillSetAside(Event, frozen=True, kw_only=True):
@@ -285,6 +287,8 @@ class Job(msgspec.Struct, kw_only=True):
     output_tokens: int = 0  # produced by the current attempt so far (TaskStreamed)
     kv: KvHandle | None = None
     prefill_te: str = ""  # the TE that prefilled `kv` (JePrefilled)
+    queued_s: float | None = None  # the prefill task's queued and first scheduled times (JePrefilled)
+    scheduled_s: float | None = None
     cancelled: str = ""  # why the requester cancelled it ("": not cancelled)
     cancel_completes: bool = False  # ... and it ends completed, not cancelled (a stop sequence)
 

@@ -88,6 +88,7 @@ def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
         j = s.jobs[e.request_id]  # type: ignore[attr-defined]
         j.first_token_s, j.kv, j.prefill_te = e.first_token_s, e.kv, e.te  # type: ignore[attr-defined]
         j.cached_prompt_tokens, j.prompt_tokens = e.cached_prompt_tokens, e.prompt_tokens  # type: ignore[attr-defined]
+        j.queued_s, j.scheduled_s = e.queued_s, e.scheduled_s  # type: ignore[attr-defined]
         _close(s, j.te)
         j.te = ""
     elif t is JobAccepted:

@@ -31,8 +31,9 @@ class EndOfRun(Message, frozen=True, kw_only=True):
     reason: str = "the run ended before the request finished"
 
 
-class RequestDone(Message, frozen=True, kw_only=True):
-    """One request's terminal state, as the metrics collector sees it."""
+class RequestDone(Message, frozen=True, kw_only=True, omit_defaults=True):
+    """One request's terminal state, as the metrics collector sees it. Recorded once a request:
+    its fields at their defaults are left out of the log (`omit_defaults`)."""
 
     request_id: str
     status: RequestStatus
@@ -45,6 +46,10 @@ class RequestDone(Message, frozen=True, kw_only=True):
     output_tokens: int
     te: str  # the TE that produced the output (the decode TE in PD mode)
     preemptions: int = 0  # of the task that finished it (KV blocks ran out: recomputed or swapped)
+    # The request's first task (PD: the prefill) on its DP master: queued, first scheduled
+    # (vLLM's QUEUED and SCHEDULED; None: never scheduled, or not told — the simulator's)
+    queued_s: float | None = None
+    scheduled_s: float | None = None
 
 
 # ---- events --------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ class ScriptedTe(Actor[dict]):
     def __init__(self, behaviour: str = "ok", n: int = 0, tpot_s: float = 0.01) -> None:
         self.behaviour, self.n, self.tpot = behaviour, n, tpot_s
         self.tasks: dict[str, SubmitTask] = {}
+        self.received: dict[str, float] = {}  # task id -> when it came: queued and scheduled at once
         self.seen = 0
 
     def handle(self, ctx: Context, msg: Message) -> None:
@@ -51,6 +52,7 @@ class ScriptedTe(Actor[dict]):
                 return
             ctx.send(msg.reply_to, TaskAccepted(task_id=msg.task_id, te=ctx.self, dp=0, master=ctx.self))
             self.tasks[msg.task_id] = msg
+            self.received[msg.task_id] = ctx.now()
             if b in ("fail_late", "stream"):
                 ctx.send(msg.reply_to, TaskTokens(task_id=msg.task_id, request_id=msg.request_id,
                                                   first_index=0, token_ids=(1,), times_s=(ctx.now(),)))
@@ -59,28 +61,29 @@ class ScriptedTe(Actor[dict]):
         elif isinstance(msg, ScriptedEmit):
             t = self.tasks.pop(msg.task_id)
             now = ctx.now()
+            at = self.received[t.task_id]
             if self.behaviour in ("fail_early", "fail_late"):
-                ctx.send(t.reply_to, _finished(t, "failed", "NPU crashed", now, ctx.self, None))
+                ctx.send(t.reply_to, _finished(t, "failed", "NPU crashed", now, ctx.self, None, at))
                 return
             if self.behaviour == "kv_lost" and t.kind == "decode":
                 why = f"{KV_TRANSFER_FAILED}: link s1/npu0/roce is down"
-                ctx.send(t.reply_to, _finished(t, "failed", why, now, ctx.self, None))
+                ctx.send(t.reply_to, _finished(t, "failed", why, now, ctx.self, None, at))
                 return
             kv = None
             if t.kind == "prefill":
                 kv = KvHandle(transfer_id=t.task_id, src=ctx.self, npus=(), model=t.model,
                               num_tokens=t.prompt.num_tokens, block_ids=(), fingerprints=(),
                               block_bytes=0, first_token_id=1)  # fmt: skip
-            done = _finished(t, "completed", "prefilled" if kv else "target", now, ctx.self, kv)
+            done = _finished(t, "completed", "prefilled" if kv else "target", now, ctx.self, kv, at)
             if self.behaviour == "preempted":
                 done = msgspec.structs.replace(done, preemptions=self.n)
             ctx.send(t.reply_to, done)
 
 
 def _finished(t: SubmitTask, status: str, reason: str, now: float, te: str,
-              kv: KvHandle | None) -> TaskFinished:
+              kv: KvHandle | None, at: float) -> TaskFinished:
     out = 1 if t.kind == "prefill" else (t.sampling.target_output_tokens or 1)
     return TaskFinished(task_id=t.task_id, request_id=t.request_id, status=status, reason=reason,  # type: ignore[arg-type]
                         prompt_tokens=t.prompt.num_tokens, cached_prompt_tokens=0,
                         output_tokens=out if status == "completed" else 0, first_token_s=now,
-                        finish_s=now, te=te, kv=kv)
+                        finish_s=now, te=te, kv=kv, queued_s=at, scheduled_s=at)
