@@ -202,7 +202,7 @@ class Frontend:
         rid = rt.new_request_id(kind)
         sampling = self.sampling_of(req, rid, ids, max_tokens)
         # before the submit: the request's first token may reach the metrics before it returns
-        self.metrics.arrived(rid, arrival, req.choices(), sampling.max_tokens)
+        self.metrics.arrived(rid, arrival, req.choices(), sampling.max_tokens, prompt.num_tokens)
         try:
             q = await rt.submit(rid, prompt, sampling, stream=bool(req.stream))
         except NoCapacity as exc:  # not reached (checked above, nothing awaited since): a guard

@@ -8,7 +8,10 @@ Two clocks, never mixed under one name (README, "Metrics"):
   are measured by its server.
 - emulated: what the performance model says, from the TE's token times and the request's recorded
   terminal state (arrival, first token, finish on the daemon's clock): `deepserve_emulated_*`,
-  and vLLM's engine-phase names whose meaning is the emulated engine's (`vllm:request_decode_time_seconds`).
+  and vLLM's engine-phase names whose meaning is the emulated engine's: queue (the DP master's
+  QUEUED to its first SCHEDULED, both in the terminal state), prefill (SCHEDULED to the first
+  token), decode (first to last token), inference (SCHEDULED to the last token), and the tokens of
+  each forward pass (`vllm:iteration_tokens_total`, from the pass's `TokenBatch`).
 The gap between the two is platform overhead; `deepserve_npu_timer_lateness_seconds` is the part
 of it that is the event loop firing an emulated forward pass's end late.
 Gauges are read from the masters' state at scrape time."""
@@ -30,7 +33,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import HistogramMetricFamily
 
-from deepserve.actors.flowserve.messages import TaskTokens
+from deepserve.actors.flowserve.messages import TaskTokens, TokenBatch
 from deepserve.actors.workload.messages import RequestDone
 from deepserve.adapters.hardware.devices.npu import GRAPH_KEY
 
@@ -124,10 +127,10 @@ class _LatenessCollector:
 class _Wall:
     """One open request as the frontend saw it (perf_counter seconds)."""
 
-    __slots__ = ("arrival", "first", "last", "n", "max_tokens")
+    __slots__ = ("arrival", "first", "last", "n", "max_tokens", "prompt_tokens")
 
-    def __init__(self, arrival: float, n: int, max_tokens: int) -> None:
-        self.arrival, self.n, self.max_tokens = arrival, n, max_tokens
+    def __init__(self, arrival: float, n: int, max_tokens: int, prompt_tokens: int = 0) -> None:
+        self.arrival, self.n, self.max_tokens, self.prompt_tokens = arrival, n, max_tokens, prompt_tokens
         self.first: float | None = None
         self.last: float | None = None
 
@@ -190,6 +193,17 @@ class Metrics:
                             "Emulated inter-token latency (gaps between the TE's token times)", EMULATED_ITL_BUCKETS)  # fmt: skip
         self.decode_time = hist("vllm:request_decode_time_seconds", "Time in the DECODE phase (emulated: the "
                                 "TE's first to last token time)", REQUEST_BUCKETS)  # fmt: skip
+        # vLLM's engine phases from the DP master's QUEUED and first SCHEDULED times (RequestDone;
+        # PD: the prefill task's), its first token time and the last token's
+        self.queue_time = hist("vllm:request_queue_time_seconds", "Time in the WAITING phase (emulated: queued "
+                               "on the DP master to its first scheduling)", REQUEST_BUCKETS)  # fmt: skip
+        self.prefill_time = hist("vllm:request_prefill_time_seconds", "Time in the PREFILL phase (emulated: "
+                                 "first scheduling to the first token)", REQUEST_BUCKETS)  # fmt: skip
+        self.inference_time = hist("vllm:request_inference_time_seconds", "Time in the RUNNING phase "
+                                   "(emulated: first scheduling to the last token)", REQUEST_BUCKETS)  # fmt: skip
+        self.iteration = hist("vllm:iteration_tokens_total", "Tokens per engine step (a DP master's forward "
+                              "pass: the tokens it emitted, plus the prompt of each request it gave its first "
+                              "token)", ITERATION_BUCKETS)  # fmt: skip
         self._last_token_s: dict[str, float] = {}  # request -> its last token's emulated time (in flight)
 
     def _counts(self, max_model_len: int) -> None:
@@ -218,9 +232,9 @@ class Metrics:
         self.pc_hits = Counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache", lbl, registry=r)
 
     # ---- the frontend's hooks ------------------------------------------------------------------
-    def arrived(self, request_id: str, at: float, n: int = 1, max_tokens: int = 0) -> None:
+    def arrived(self, request_id: str, at: float, n: int = 1, max_tokens: int = 0, prompt_tokens: int = 0) -> None:
         """A request reached the frontend at `at` (perf_counter), before it is submitted."""
-        self._wall[request_id] = _Wall(at, n, max_tokens)
+        self._wall[request_id] = _Wall(at, n, max_tokens, prompt_tokens)
 
     def forget(self, request_id: str) -> None:
         """A request that was never submitted (the daemon is stopping)."""
@@ -251,6 +265,28 @@ class Metrics:
         if prev is not None:
             self._last_token_s[rid] = prev
 
+    def batch(self, msg: TokenBatch) -> None:
+        """A forward pass's output reached the frontend (a DP master's `TokenBatch`): vLLM's
+        `iteration_tokens_total`, the tokens the pass emitted plus the prompt of each request whose
+        first token it was (vLLM counts a prompt in the step that ends its prefill). A pass that
+        emitted nothing (a prefill chunk that does not end its prompt) sends none and is not
+        counted. An aggregated run's batch holds several passes: told apart by their end times."""
+        per: dict[float, int] = {}
+        wall = self._wall
+        for c in msg.chunks:
+            times = c.times_s
+            for t in times:
+                per[t] = per.get(t, 0) + 1
+            if c.first_index == 0 and times:  # its prefill ended in this pass
+                rid = c.request_id
+                # choices 1..n-1 (`{rid}-n{i}`) share the first choice's prompt
+                w = wall.get(rid) or wall.get(rid.rpartition("-n")[0])
+                if w is not None:
+                    per[times[0]] += w.prompt_tokens
+        h = self.iteration.labels(self.model)
+        for n in per.values():
+            h.observe(n)
+
     def rejected(self, request_id: str = "") -> None:
         """A request the gateway refused with 429 (over `daemon.max_inflight`): never admitted."""
         self._wall.pop(request_id, None)
@@ -273,6 +309,7 @@ class Metrics:
             self.emu_ttft.labels(m).observe(max(0.0, d.first_token_s - d.arrival_s))
             if last_s is not None:  # first_token_s: the attempt the client got (a retry's own)
                 self.decode_time.labels(m).observe(max(0.0, last_s - d.first_token_s))
+        self._phases(d, last_s)
         w = self._wall.pop(rid, None)
         if w is None:
             return
@@ -281,6 +318,19 @@ class Metrics:
         self.params_max.labels(m).observe(w.max_tokens)
         if w.first is not None and w.last is not None and d.output_tokens > 1:
             self.tpot.labels(m).observe((w.last - w.first) / (d.output_tokens - 1))
+
+    def _phases(self, d: RequestDone, last_s: float | None) -> None:
+        """vLLM's queue, prefill and inference times, each once the request has both its ends: one
+        cancelled while queued has none, one cancelled before its first token a queue time only."""
+        m, sched = self.model, d.scheduled_s
+        if sched is None:
+            return
+        if d.queued_s is not None:
+            self.queue_time.labels(m).observe(max(0.0, sched - d.queued_s))
+        if d.first_token_s is not None:
+            self.prefill_time.labels(m).observe(max(0.0, d.first_token_s - sched))
+        if last_s is not None:
+            self.inference_time.labels(m).observe(max(0.0, last_s - sched))
 
     def timer_late(self, key: str, late_s: float) -> None:
         """The driver fired a timer `late_s` after its deadline: an NPU's forward-pass end counts."""

@@ -124,6 +124,7 @@ class Runtime:
         self._sink: Any = None
         self.on_done: Any = None  # metrics hook: (RequestDone) -> None
         self.on_tokens: Any = None  # metrics hook: (TaskTokens) -> None
+        self.on_batch: Any = None  # metrics hook: (TokenBatch) -> None, a forward pass's output
         self.on_rejected: Any = None  # metrics hook: (request id) -> None, a request refused with 429
         self.on_timer_late: Any = None  # metrics hook: (timer key, seconds late), the driver's timers
 
@@ -238,6 +239,8 @@ class Runtime:
         msg = env.msg
         if type(msg) is TokenBatch:  # a pass's chunks, straight from a DP master
             streams, on_tokens = self.streams, self.on_tokens
+            if self.on_batch is not None:
+                self.on_batch(msg)
             for chunk in msg.chunks:
                 if on_tokens is not None:
                     on_tokens(chunk)
