@@ -207,10 +207,10 @@ class JobExecutor(Actor[JeState]):
         s = self.state
         decodes = not j.excluded or routing.candidates(s, j, ("decode",))[0]
         roles = ("colocated", "prefill") if decodes else ("colocated",)
-        cands, gone = routing.candidates(s, j, roles, now, match)
-        if not cands:
+        pool, gone = routing.pool(s, j, roles, now, match)
+        if not pool:
             return None
-        d = self.policy.select(self._route_req(rid, j), cands, s.turns)
+        d = self.policy.select_pool(self._route_req(rid, j), pool, s.turns)
         return msgspec.structs.replace(d, excluded=d.excluded + gone) if gone else d
 
     def _dispatch(self, ctx: Context, rid: str, j: Job, phase: str, attempt: int, last: str = "",

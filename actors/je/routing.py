@@ -5,6 +5,7 @@ lists both). Pure functions of the JE's state."""
 from __future__ import annotations
 
 from deepserve.actors.scheduling.decision import Candidate, Excluded, Subgroup
+from deepserve.actors.scheduling.pool import Pool
 
 from .messages import JeState, Job
 
@@ -27,17 +28,28 @@ def candidates(s: JeState, j: Job, roles: tuple[str, ...], now: float = -1.0,
     """(the TEs of `roles` that may take the job's next task, the others of those roles with
     why). With `now`, a prefill TE set aside (`PrefillSetAside`) is left out — unless no other
     TE is left and `fallback`, then the set-aside ones are the candidates."""
+    if roles == ("decode",):
+        tes, load = s.groups.get(j.model, {}).get("decode", ()), s.open.get
+        gone = [Excluded(tes=(te,), subgroup="pd", reason="failed this job or refused it for good")
+                for te in tes if te in j.excluded]  # fmt: skip
+        return tuple([Candidate(te=te, subgroup="pd", load=load(te, 0)) for te in tes if te not in j.excluded]), tuple(gone)
+    if "decode" in roles:
+        raise ValueError(f"roles {roles}: decode TEs are candidates on their own")
+    p, gone = pool(s, j, roles, now, match, fallback)
+    return p.all(), gone
+
+
+def pool(s: JeState, j: Job, roles: tuple[str, ...] = ("colocated", "prefill"), now: float = -1.0,
+         match: dict[str, int] | None = None, fallback: bool = True) -> tuple[Pool, tuple[Excluded, ...]]:
+    """`candidates` of the colocated and prefill `roles` as a `Pool`: TE names, read into
+    `Candidate` records only where the policy ranks them (scheduling/pool.py)."""
     group = s.groups.get(j.model, {})
-    if match is None and any(r != "decode" for r in roles):
+    if match is None:
         match = group_match(s, j.model, j.prompt.block_hashes)
-    opened = s.open
-    load = opened.get
-    held = (match or {}).get
     excluded = j.excluded
-    decode_load = min((load(te, 0) for te in group.get("decode", ()) if te not in excluded), default=0)
-    out: list[Candidate] = []
-    aside: list[Candidate] = []
+    picked: dict[str, list[str]] = {"colocated": [], "prefill": []}
     gone: list[Excluded] = []
+    aside: list[str] = []
     for role in roles:
         sub: Subgroup = "colocated" if role == "colocated" else "pd"
         tes = group.get(role, ())
@@ -45,19 +57,17 @@ def candidates(s: JeState, j: Job, roles: tuple[str, ...], now: float = -1.0,
             gone += [Excluded(tes=(te,), subgroup=sub, reason="failed this job or refused it for good")
                      for te in tes if te in excluded]  # fmt: skip
             tes = [te for te in tes if te not in excluded]
-        if role == "colocated":
-            out += [Candidate(te=te, subgroup=sub, load=load(te, 0), prefix_blocks=held(te, 0)) for te in tes]
-        elif role == "decode":
-            out += [Candidate(te=te, subgroup=sub, load=load(te, 0)) for te in tes]
-        else:
-            cands = [Candidate(te=te, subgroup=sub, load=load(te, 0), prefix_blocks=held(te, 0),
-                               decode_load=decode_load) for te in tes]  # fmt: skip
-            if now >= 0 and s.set_aside:
-                aside += [c for c in cands if s.set_aside.get(c.te, -1.0) > now]
-                cands = [c for c in cands if s.set_aside.get(c.te, -1.0) <= now]
-            out += cands
-    if not out and aside and fallback:
-        return tuple(aside), tuple(gone)  # every other TE is gone: probe the set-aside ones
-    gone += [Excluded(tes=(c.te,), subgroup=c.subgroup, reason=f"set aside until t={s.set_aside[c.te]:.3f}: "
-                      f"{s.set_aside_why.get(c.te, '')}") for c in aside]  # fmt: skip
-    return tuple(out), tuple(gone)
+        if role == "prefill" and now >= 0 and s.set_aside:
+            aside += [te for te in tes if s.set_aside.get(te, -1.0) > now]
+            tes = [te for te in tes if s.set_aside.get(te, -1.0) <= now]
+        picked[role] = list(tes)
+    colo, pre = picked["colocated"], picked["prefill"]
+    decode_load = 0
+    if "prefill" in roles:
+        load = s.open.get
+        decode_load = min((load(te, 0) for te in group.get("decode", ()) if te not in excluded), default=0)
+    if not colo and not pre and aside and fallback:
+        return Pool([], aside, s.open, match, decode_load), tuple(gone)  # every other TE is gone: probe these
+    gone += [Excluded(tes=(te,), subgroup="pd", reason=f"set aside until t={s.set_aside[te]:.3f}: "
+                      f"{s.set_aside_why.get(te, '')}") for te in aside]  # fmt: skip
+    return Pool(colo, pre, s.open, match, decode_load), tuple(gone)

@@ -12,12 +12,19 @@ from typing import Any
 
 import msgspec
 
-from .combined import select_combined
+from .combined import combined_within, select_combined
 from .decision import Candidate, Decision, HeatmapCell, Ranked, RouteRequest
 from .least_load import select_least_load
 from .load_aware import LoadAwareParams, select_load_aware
 from .locality import LocalityParams, PromptTree, select_locality
-from .pd_aware import PdAwareParams, PdHeatmap, select_pd_aware
+from .pd_aware import (
+    PdAwareParams,
+    PdHeatmap,
+    choose_subgroup_pool,
+    pd_aware_within,
+    select_pd_aware,
+)
+from .pool import Pool
 from .round_robin import select_round_robin
 
 POLICIES = ("round_robin", "least_load", "locality", "load_aware", "pd_aware", "combined")
@@ -68,8 +75,19 @@ class Policy:
             return select_pd_aware(req, cands, self.heatmap, self.pd)
         return select_combined(req, cands, self.heatmap, self.pd, self.load)
 
+    def select_pool(self, req: RouteRequest, pool: Pool, turn: int) -> Decision:
+        """`select` over a `Pool` (not empty): the same decision. pd_aware and combined choose
+        the subgroup from each side's least load first, so only the chosen side's TEs become
+        `Candidate` records (pool.py)."""
+        n = self.name
+        if n == "pd_aware":
+            return pd_aware_within(req, choose_subgroup_pool(req, pool, self.heatmap, self.pd), self.pd)
+        if n == "combined":
+            return combined_within(req, choose_subgroup_pool(req, pool, self.heatmap, self.pd), self.pd, self.load)
+        return self.select(req, pool.all(), turn)
+
 
 __all__ = [
     "DEFAULT_POLICY", "POLICIES", "Candidate", "Decision", "HeatmapCell", "LoadAwareParams", "LocalityParams", "PdAwareParams",
-    "PdHeatmap", "Policy", "PromptTree", "Ranked", "RouteRequest",
+    "PdHeatmap", "Policy", "Pool", "PromptTree", "Ranked", "RouteRequest",
 ]

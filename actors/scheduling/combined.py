@@ -7,13 +7,17 @@ import msgspec
 
 from .decision import Candidate, Decision, RouteRequest, need_candidates
 from .load_aware import LoadAwareParams, select_load_aware
-from .pd_aware import PdAwareParams, PdHeatmap, choose_subgroup
+from .pd_aware import PdAwareParams, PdHeatmap, SubgroupChoice, choose_subgroup
 
 
 def select_combined(req: RouteRequest, cands: tuple[Candidate, ...], heatmap: PdHeatmap | None,
                     pd: PdAwareParams, load: LoadAwareParams) -> Decision:
     need_candidates(cands, "combined")
-    ch = choose_subgroup(req, cands, heatmap, pd)
+    return combined_within(req, choose_subgroup(req, cands, heatmap, pd), pd, load)
+
+
+def combined_within(req: RouteRequest, ch: SubgroupChoice, pd: PdAwareParams, load: LoadAwareParams) -> Decision:
+    """Algorithm 1 once pd_aware chose the subgroup: load_aware over locality inside it."""
     inner = select_load_aware(req, ch.inside, load, "combined")
     params = dict(inner.params, default_decode_tokens=float(pd.default_decode_tokens),
                   subgroup_load_bound=float(pd.subgroup_load_bound))

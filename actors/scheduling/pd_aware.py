@@ -13,6 +13,7 @@ Without a heatmap the policy cannot choose and says so (a config error, not a si
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import msgspec
@@ -29,6 +30,7 @@ from .decision import (
     ranked,
 )
 from .least_load import by_load
+from .pool import Pool
 
 
 class PdHeatmap(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -87,18 +89,47 @@ class SubgroupChoice(NamedTuple):
 def choose_subgroup(req: RouteRequest, cands: tuple[Candidate, ...], heatmap: PdHeatmap | None,
                     p: PdAwareParams) -> SubgroupChoice:
     """The subgroup the heatmap's cell says, unless it is `subgroup_load_bound` busier."""
-    # one partition, then each side's least-loaded TE's open tasks (a PD pair's: both sides):
-    # comprehensions, not a loop, since this runs in every request's decision (bench routing)
+    # one partition, then each side's least-loaded TE's open tasks (a PD pair's: both sides)
     colo = [c for c in cands if c.subgroup == "colocated"]
     pd = [c for c in cands if c.subgroup != "colocated"]
-    ratio = predicted_decode_tokens(req, p) / max(req.prompt_tokens, 1)
     if not colo or not pd:
-        only: Subgroup = cands[0].subgroup
-        return SubgroupChoice(only, None, ratio, f"only {only} TEs in the group", cands, ())
+        return _only(req, cands[0].subgroup, cands, p)
+    least = {"colocated": min([c.load for c in colo]), "pd": min([c.load + c.decode_load for c in pd])}
+    sub, cell, ratio, why = _verdict(req, least, heatmap, p)
+    inside, outside = (pd, colo) if sub == "pd" else (colo, pd)
+    return SubgroupChoice(sub, cell, ratio, why, tuple(inside), (_left_out(sub, [c.te for c in outside]),))
+
+
+def choose_subgroup_pool(req: RouteRequest, pool: Pool, heatmap: PdHeatmap | None,
+                         p: PdAwareParams) -> SubgroupChoice:
+    """`choose_subgroup` over a `Pool`: the same choice, with `Candidate` records built for the
+    chosen subgroup's TEs only."""
+    if not pool.colocated or not pool.prefill:
+        only: Subgroup = "colocated" if pool.colocated else "pd"
+        return _only(req, only, pool.candidates(only), p)
+    least = {"colocated": pool.least("colocated"), "pd": pool.least("pd")}
+    sub, cell, ratio, why = _verdict(req, least, heatmap, p)
+    other: Subgroup = "colocated" if sub == "pd" else "pd"
+    return SubgroupChoice(sub, cell, ratio, why, pool.candidates(sub), (_left_out(sub, pool.names(other)),))
+
+
+def _only(req: RouteRequest, only: Subgroup, inside: tuple[Candidate, ...], p: PdAwareParams) -> SubgroupChoice:
+    ratio = predicted_decode_tokens(req, p) / max(req.prompt_tokens, 1)
+    return SubgroupChoice(only, None, ratio, f"only {only} TEs in the group", inside, ())
+
+
+def _left_out(sub: Subgroup, outside: Sequence[str]) -> Excluded:
+    other: Subgroup = "colocated" if sub == "pd" else "pd"
+    return Excluded(tes=tuple(outside), subgroup=other, reason=f"not in the chosen subgroup ({sub})")
+
+
+def _verdict(req: RouteRequest, least: dict[str, int], heatmap: PdHeatmap | None,
+             p: PdAwareParams) -> tuple[Subgroup, HeatmapCell, float, str]:
+    """(subgroup, the cell that decided, ratio, why) from each subgroup's least open tasks."""
     if heatmap is None:
         raise ValueError("pd_aware: the TE group has colocated and PD TEs but no heatmap was "
                          "given (scheduling.heatmap: run `deepserve profile heatmap`)")
-    least = {"colocated": min([c.load for c in colo]), "pd": min([c.load + c.decode_load for c in pd])}
+    ratio = predicted_decode_tokens(req, p) / max(req.prompt_tokens, 1)
     cell = heatmap.cell(req.prompt_tokens, ratio)
     sub: Subgroup = "pd" if cell.value > 0 else "colocated"
     why = (f"heatmap cell (prefill>={cell.prefill_tokens_lo}, ratio>={cell.ratio_lo:g}) = "
@@ -107,16 +138,18 @@ def choose_subgroup(req: RouteRequest, cands: tuple[Candidate, ...], heatmap: Pd
     if least[sub] > least[other] + p.subgroup_load_bound:
         why += (f", but its least loaded has {least[sub]} open > {other}'s {least[other]} + "
                 f"subgroup_load_bound {p.subgroup_load_bound}: {other}")
-        sub, other = other, sub
-    inside, outside = (pd, colo) if sub == "pd" else (colo, pd)
-    left = Excluded(tes=tuple([c.te for c in outside]), subgroup=other, reason=f"not in the chosen subgroup ({sub})")
-    return SubgroupChoice(sub, cell, ratio, why, tuple(inside), (left,))
+        sub = other
+    return sub, cell, ratio, why
 
 
 def select_pd_aware(req: RouteRequest, cands: tuple[Candidate, ...], heatmap: PdHeatmap | None,
                     p: PdAwareParams) -> Decision:
     need_candidates(cands, "pd_aware")
-    ch = choose_subgroup(req, cands, heatmap, p)
+    return pd_aware_within(req, choose_subgroup(req, cands, heatmap, p), p)
+
+
+def pd_aware_within(req: RouteRequest, ch: SubgroupChoice, p: PdAwareParams) -> Decision:
+    """pd_aware's decision once the subgroup is chosen: its least-loaded TE."""
     order = by_load(ch.inside)
     return Decision(policy="pd_aware", params={"default_decode_tokens": float(p.default_decode_tokens),
                                                "subgroup_load_bound": float(p.subgroup_load_bound)},
