@@ -4,6 +4,9 @@ lists both). Pure functions of the JE's state."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from itertools import repeat
+
 from deepserve.actors.scheduling.decision import Candidate, Excluded, Subgroup
 from deepserve.actors.scheduling.pool import Pool
 
@@ -30,13 +33,13 @@ def candidates(s: JeState, j: Job, roles: tuple[str, ...], now: float = -1.0,
     TE is left and `fallback`, then the set-aside ones are the candidates."""
     if roles == ("decode",):
         tes, load = s.groups.get(j.model, {}).get("decode", ()), s.open.get
-        gone = [Excluded(tes=(te,), subgroup="pd", reason="failed this job or refused it for good")
-                for te in tes if te in j.excluded]  # fmt: skip
-        return tuple([Candidate(te=te, subgroup="pd", load=load(te, 0)) for te in tes if te not in j.excluded]), tuple(gone)
+        failed = tuple([Excluded(tes=(te,), subgroup="pd", reason="failed this job or refused it for good")
+                        for te in tes if te in j.excluded])  # fmt: skip
+        return tuple([Candidate(te=te, subgroup="pd", load=load(te, 0)) for te in tes if te not in j.excluded]), failed
     if "decode" in roles:
         raise ValueError(f"roles {roles}: decode TEs are candidates on their own")
-    p, gone = pool(s, j, roles, now, match, fallback)
-    return p.all(), gone
+    p, left = pool(s, j, roles, now, match, fallback)
+    return p.all(), left
 
 
 def pool(s: JeState, j: Job, roles: tuple[str, ...] = ("colocated", "prefill"), now: float = -1.0,
@@ -47,27 +50,32 @@ def pool(s: JeState, j: Job, roles: tuple[str, ...] = ("colocated", "prefill"), 
     if match is None:
         match = group_match(s, j.model, j.prompt.block_hashes)
     excluded = j.excluded
-    picked: dict[str, list[str]] = {"colocated": [], "prefill": []}
+    colo: Sequence[str] = ()
+    pre: Sequence[str] = ()
     gone: list[Excluded] = []
     aside: list[str] = []
-    for role in roles:
+    for role in roles:  # the group's own lists unless a TE is left out: the pool only reads them
         sub: Subgroup = "colocated" if role == "colocated" else "pd"
-        tes = group.get(role, ())
+        tes: Sequence[str] = group.get(role, ())
         if excluded:
             gone += [Excluded(tes=(te,), subgroup=sub, reason="failed this job or refused it for good")
                      for te in tes if te in excluded]  # fmt: skip
             tes = [te for te in tes if te not in excluded]
-        if role == "prefill" and now >= 0 and s.set_aside:
+        if role == "colocated":
+            colo = tes
+            continue
+        if now >= 0 and s.set_aside:
             aside += [te for te in tes if s.set_aside.get(te, -1.0) > now]
             tes = [te for te in tes if s.set_aside.get(te, -1.0) <= now]
-        picked[role] = list(tes)
-    colo, pre = picked["colocated"], picked["prefill"]
+        pre = tes
     decode_load = 0
     if "prefill" in roles:
-        load = s.open.get
-        decode_load = min((load(te, 0) for te in group.get("decode", ()) if te not in excluded), default=0)
+        decodes = group.get("decode", ())
+        if excluded:
+            decodes = [te for te in decodes if te not in excluded]
+        decode_load = min(map(s.open.get, decodes, repeat(0)), default=0)
     if not colo and not pre and aside and fallback:
-        return Pool([], aside, s.open, match, decode_load), tuple(gone)  # every other TE is gone: probe these
+        return Pool((), aside, s.open, match, decode_load), tuple(gone)  # every other TE is gone: probe these
     gone += [Excluded(tes=(te,), subgroup="pd", reason=f"set aside until t={s.set_aside[te]:.3f}: "
                       f"{s.set_aside_why.get(te, '')}") for te in aside]  # fmt: skip
     return Pool(colo, pre, s.open, match, decode_load), tuple(gone)

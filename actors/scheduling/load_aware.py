@@ -27,9 +27,9 @@ def imbalance(cands: tuple[Candidate, ...]) -> int:
     return max(loads) - min(loads)
 
 
-def select_load_aware(req: RouteRequest, cands: tuple[Candidate, ...], p: LoadAwareParams,
-                      policy: str = "load_aware") -> Decision:
-    need_candidates(cands, policy)
+def load_aware_order(req: RouteRequest, cands: tuple[Candidate, ...], p: LoadAwareParams
+                     ) -> tuple[list[Candidate], tuple[str, ...], str, int]:  # fmt: skip
+    """(the candidates best first, the fields the order compares, why, the imbalance)."""
     spread = imbalance(cands)
     if spread > p.threshold:
         order, key = by_load(cands), ("load",)  # type: tuple[list[Candidate], tuple[str, ...]]
@@ -38,5 +38,12 @@ def select_load_aware(req: RouteRequest, cands: tuple[Candidate, ...], p: LoadAw
         order, key = by_prefix(cands), PREFIX_ORDER
         why = (f"imbalance {spread} <= threshold {p.threshold}: longest prefix "
                f"({order[0].prefix_blocks} of {req.prompt_blocks} blocks)")
+    return order, key, why, spread
+
+
+def select_load_aware(req: RouteRequest, cands: tuple[Candidate, ...], p: LoadAwareParams,
+                      policy: str = "load_aware") -> Decision:
+    need_candidates(cands, policy)
+    order, key, why, spread = load_aware_order(req, cands, p)
     return Decision(policy=policy, params={"threshold": float(p.threshold)}, chosen=order[0].te,
                     subgroup=order[0].subgroup, ranked=ranked(order), reason=why, imbalance=spread, order_by=key)

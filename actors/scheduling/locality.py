@@ -23,9 +23,12 @@ in decimal text because the kernel encodes state with sorted keys, which msgpack
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import msgspec
 
 from .decision import Candidate, Decision, Excluded, RouteRequest, need_candidates, ranked
+from .least_load import BY_LOAD
 
 HBM, DRAM, ROUTED = 1, 2, 4
 MEDIUM_BITS = {"HBM": HBM, "DRAM": DRAM, "GPU": HBM, "CPU": DRAM, None: HBM}
@@ -168,8 +171,12 @@ class PromptTree(msgspec.Struct, kw_only=True):
 
 
 def by_prefix(cands: tuple[Candidate, ...] | list[Candidate]) -> list[Candidate]:
-    """Longest prefix first; among equals the least loaded, then name (deterministic)."""
-    return sorted(cands, key=lambda c: (-c.prefix_blocks, c.load, c.te))
+    """Longest prefix first; among equals the least loaded, then name (deterministic). Two
+    stable sorts on C-level keys: the order of the key (-prefix_blocks, load, te)."""
+    return sorted(sorted(cands, key=BY_LOAD), key=PREFIX, reverse=True)  # reverse keeps ties' order
+
+
+PREFIX = attrgetter("prefix_blocks")
 
 
 PREFIX_ORDER = ("-prefix_blocks", "load")  # Decision.order_by of by_prefix

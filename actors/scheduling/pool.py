@@ -11,6 +11,7 @@ is the same either way (tests/actors/scheduling/test_pool.py).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import repeat
 
 from .decision import Candidate, Subgroup
 
@@ -38,10 +39,9 @@ class Pool:
 
     def least(self, sub: Subgroup) -> int:
         """The subgroup's least open tasks (a PD pair's: prefill + decode); the subgroup is not empty."""
-        load = self.load.get
-        if sub == "colocated":
-            return min([load(te, 0) for te in self.colocated])
-        return min([load(te, 0) for te in self.prefill]) + self.decode_load
+        if sub == "colocated":  # map: the lookups run in C, no Python frame per TE
+            return min(map(self.load.get, self.colocated, repeat(0)))
+        return min(map(self.load.get, self.prefill, repeat(0))) + self.decode_load
 
     def candidates(self, sub: Subgroup) -> tuple[Candidate, ...]:
         load, held = self.load.get, self.held.get
