@@ -35,7 +35,7 @@ from deepserve.actors.scheduling import Candidate, Decision, Policy, RouteReques
 from deepserve.actors.scheduling.decision import Excluded, ranked
 from deepserve.actors.scheduling.forwarding import is_busy, next_offer, te_down
 from deepserve.actors.scheduling.least_load import select_least_load
-from deepserve.actors.scheduling.predictor import DecodeLengthTree, features
+from deepserve.actors.scheduling.predictor import DecodeLengthTree, bucket_memo
 from deepserve.actors.workload.messages import EndOfRun, RequestDone
 from deepserve.core import Actor, Context, Event, Message
 
@@ -87,6 +87,7 @@ class JobExecutor(Actor[JeState]):
         self.policy = Policy(self.cfg.policy, self.cfg.params, self.cfg.heatmap)
         p = self.cfg.predictor
         self.predictor = msgspec.convert(p, DecodeLengthTree) if p is not None else None
+        self._bucket = bucket_memo(self.predictor, self.cfg.kv_block_tokens) if self.predictor else None
 
     def initial_state(self) -> JeState:
         return JeState()
@@ -157,10 +158,9 @@ class JobExecutor(Actor[JeState]):
     def _predict(self, m: JobRequest, match: dict[str, int]) -> int | None:
         """The decode-length bucket from what is known at arrival: the prompt length and the
         longest prefix any TE of the model holds (`match`: the global prompt tree's walk)."""
-        if self.predictor is None:
+        if self._bucket is None:
             return None
-        seen = max(match.values(), default=0)
-        return self.predictor.predict(features(m.prompt.num_tokens, seen * self.cfg.kv_block_tokens))
+        return self._bucket(m.prompt.num_tokens, max(match.values(), default=0))
 
     def _batch(self, ctx: Context, m: SubmitBatch) -> None:
         ids = {it.request_id for it in m.items}

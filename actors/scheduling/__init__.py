@@ -18,6 +18,7 @@ from .least_load import select_least_load
 from .load_aware import LoadAwareParams, select_load_aware
 from .locality import LocalityParams, PromptTree, select_locality
 from .pd_aware import (
+    HeatmapVerdict,
     PdAwareParams,
     PdHeatmap,
     choose_subgroup_pool,
@@ -60,6 +61,9 @@ class Policy:
         except msgspec.ValidationError as exc:
             raise ValueError(f"scheduling.params: {exc}") from None
         self.name = name
+        # the heatmap's verdict per (prompt tokens, predicted bucket): a pure function of the
+        # request and of this policy's heatmap and parameters, computed once (pd_aware.py)
+        self.verdicts: dict[tuple[int, int | None], HeatmapVerdict] = {}
 
     def select(self, req: RouteRequest, cands: tuple[Candidate, ...], turn: int) -> Decision:
         n = self.name
@@ -81,9 +85,9 @@ class Policy:
         `Candidate` records (pool.py)."""
         n = self.name
         if n == "pd_aware":
-            return pd_aware_within(req, choose_subgroup_pool(req, pool, self.heatmap, self.pd), self.pd)
+            return pd_aware_within(req, choose_subgroup_pool(req, pool, self.heatmap, self.pd, self.verdicts), self.pd)
         if n == "combined":
-            return combined_within(req, choose_subgroup_pool(req, pool, self.heatmap, self.pd), self.pd, self.load)
+            return combined_within(req, choose_subgroup_pool(req, pool, self.heatmap, self.pd, self.verdicts), self.pd, self.load)
         return self.select(req, pool.all(), turn)
 
 

@@ -100,15 +100,16 @@ def choose_subgroup(req: RouteRequest, cands: tuple[Candidate, ...], heatmap: Pd
     return SubgroupChoice(sub, cell, ratio, why, tuple(inside), (_left_out(sub, [c.te for c in outside]),))
 
 
-def choose_subgroup_pool(req: RouteRequest, pool: Pool, heatmap: PdHeatmap | None,
-                         p: PdAwareParams) -> SubgroupChoice:
+def choose_subgroup_pool(req: RouteRequest, pool: Pool, heatmap: PdHeatmap | None, p: PdAwareParams,
+                         memo: dict[tuple[int, int | None], HeatmapVerdict] | None = None) -> SubgroupChoice:
     """`choose_subgroup` over a `Pool`: the same choice, with `Candidate` records built for the
-    chosen subgroup's TEs only."""
+    chosen subgroup's TEs only. `memo` keeps the heatmap's verdicts (`heatmap_verdict`) of one
+    heatmap and `p` across decisions."""
     if not pool.colocated or not pool.prefill:
         only: Subgroup = "colocated" if pool.colocated else "pd"
         return _only(req, only, pool.candidates(only), p)
     least = {"colocated": pool.least("colocated"), "pd": pool.least("pd")}
-    sub, cell, ratio, why = _verdict(req, least, heatmap, p)
+    sub, cell, ratio, why = _verdict(req, least, heatmap, p, memo)
     other: Subgroup = "colocated" if sub == "pd" else "pd"
     return SubgroupChoice(sub, cell, ratio, why, pool.candidates(sub), (_left_out(sub, pool.names(other)),))
 
@@ -123,9 +124,34 @@ def _left_out(sub: Subgroup, outside: Sequence[str]) -> Excluded:
     return Excluded(tes=tuple(outside), subgroup=other, reason=f"not in the chosen subgroup ({sub})")
 
 
-def _verdict(req: RouteRequest, least: dict[str, int], heatmap: PdHeatmap | None,
-             p: PdAwareParams) -> tuple[Subgroup, HeatmapCell, float, str]:
+def _verdict(req: RouteRequest, least: dict[str, int], heatmap: PdHeatmap | None, p: PdAwareParams,
+             memo: dict[tuple[int, int | None], HeatmapVerdict] | None = None) -> tuple[Subgroup, HeatmapCell, float, str]:
     """(subgroup, the cell that decided, ratio, why) from each subgroup's least open tasks."""
+    key = (req.prompt_tokens, req.predicted_bucket)
+    hit = memo.get(key) if memo is not None else None
+    if hit is None:
+        hit = heatmap_verdict(req, heatmap, p)
+        if memo is not None:
+            if len(memo) >= VERDICTS_KEPT:
+                memo.clear()
+            memo[key] = hit
+    sub, cell, ratio, why = hit
+    other: Subgroup = "colocated" if sub == "pd" else "pd"
+    if least[sub] > least[other] + p.subgroup_load_bound:
+        why += (f", but its least loaded has {least[sub]} open > {other}'s {least[other]} + "
+                f"subgroup_load_bound {p.subgroup_load_bound}: {other}")
+        sub = other
+    return sub, cell, ratio, why
+
+
+HeatmapVerdict = tuple[Subgroup, HeatmapCell, float, str]
+# Verdicts a `Policy` keeps: one per (prompt tokens, predicted bucket) seen, at most this many
+VERDICTS_KEPT = 4096
+
+
+def heatmap_verdict(req: RouteRequest, heatmap: PdHeatmap | None, p: PdAwareParams) -> HeatmapVerdict:
+    """What the heatmap's cell says for the request, before loads: a function of its prompt
+    length and predicted bucket alone (so a `Policy` keeps it, `choose_subgroup_pool`'s memo)."""
     if heatmap is None:
         raise ValueError("pd_aware: the TE group has colocated and PD TEs but no heatmap was "
                          "given (scheduling.heatmap: run `deepserve profile heatmap`)")
@@ -134,11 +160,6 @@ def _verdict(req: RouteRequest, least: dict[str, int], heatmap: PdHeatmap | None
     sub: Subgroup = "pd" if cell.value > 0 else "colocated"
     why = (f"heatmap cell (prefill>={cell.prefill_tokens_lo}, ratio>={cell.ratio_lo:g}) = "
            f"{cell.value:+.3f}: {sub}")
-    other: Subgroup = "colocated" if sub == "pd" else "pd"
-    if least[sub] > least[other] + p.subgroup_load_bound:
-        why += (f", but its least loaded has {least[sub]} open > {other}'s {least[other]} + "
-                f"subgroup_load_bound {p.subgroup_load_bound}: {other}")
-        sub = other
     return sub, cell, ratio, why
 
 

@@ -10,7 +10,9 @@ conversation's history) — never the output.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 import msgspec
 
@@ -55,3 +57,14 @@ class DecodeLengthTree(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
                 return self.bucket[k]
             k = self.left[k] if x[self.feature[k]] <= self.threshold[k] else self.right[k]
         raise ValueError("predictor: the tree has a cycle")
+
+
+def bucket_memo(tree: DecodeLengthTree, block_tokens: int) -> Callable[[int, int], int]:
+    """`tree`'s bucket for (prompt tokens, prompt blocks the cluster holds), kept for the 4,096
+    pairs last asked: a pure function of the two, and a request's arrival asks it every time."""
+
+    @functools.lru_cache(maxsize=4096)
+    def bucket(prompt_tokens: int, seen_blocks: int) -> int:
+        return tree.predict(features(prompt_tokens, seen_blocks * block_tokens))
+
+    return bucket
