@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from .combined import combined_within, select_combined
+from .combined import combined_pool, select_combined
 from .decision import Candidate, Decision, HeatmapCell, Ranked, RouteRequest
 from .least_load import select_least_load
 from .load_aware import LoadAwareParams, select_load_aware
@@ -87,7 +87,7 @@ class Policy:
         if n == "pd_aware":
             return pd_aware_within(req, choose_subgroup_pool(req, pool, self.heatmap, self.pd, self.verdicts), self.pd)
         if n == "combined":
-            return combined_within(req, choose_subgroup_pool(req, pool, self.heatmap, self.pd, self.verdicts), self.pd, self.load)
+            return combined_pool(req, pool, self.heatmap, self.pd, self.load, self.verdicts)
         return self.select(req, pool.all(), turn)
 
 

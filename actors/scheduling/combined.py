@@ -3,9 +3,22 @@ over locality picks the TE: the longest prefix when load is balanced, else the l
 
 from __future__ import annotations
 
-from .decision import Candidate, Decision, RouteRequest, need_candidates, ranked
-from .load_aware import LoadAwareParams, load_aware_order
-from .pd_aware import PdAwareParams, PdHeatmap, SubgroupChoice, choose_subgroup
+from itertools import repeat
+from operator import neg
+
+from .decision import Candidate, Decision, RouteRequest, Subgroup, need_candidates, ranked
+from .load_aware import LoadAwareParams, load_aware_order, load_aware_why
+from .pd_aware import (
+    HeatmapVerdict,
+    PdAwareParams,
+    PdHeatmap,
+    SubgroupChoice,
+    choose_subgroup,
+    choose_subgroup_pool,
+    left_out,
+    verdict,
+)
+from .pool import Pool
 
 
 def select_combined(req: RouteRequest, cands: tuple[Candidate, ...], heatmap: PdHeatmap | None,
@@ -24,3 +37,36 @@ def combined_within(req: RouteRequest, ch: SubgroupChoice, pd: PdAwareParams, lo
                     ranked=ranked(order), reason=f"{ch.why}; {why}", imbalance=spread, heatmap_cell=ch.cell,
                     predicted_bucket=req.predicted_bucket, decode_ratio=ch.ratio, order_by=key,
                     excluded=ch.left_out)
+
+
+def combined_pool(req: RouteRequest, pool: Pool, heatmap: PdHeatmap | None, pd: PdAwareParams,
+                  load: LoadAwareParams, memo: dict[tuple[int, int | None], HeatmapVerdict] | None = None
+                  ) -> Decision:  # fmt: skip
+    """`select_combined` over a `Pool`, the same decision (tests/actors/scheduling/test_pool.py)
+    at the cost of one pass of C-level look-ups per subgroup: the chosen subgroup is ranked as
+    (load, name) or (-prefix, load, name) tuples, and only its TEs become `Candidate` records."""
+    if not pool.colocated or not pool.prefill:
+        return combined_within(req, choose_subgroup_pool(req, pool, heatmap, pd, memo), pd, load)
+    get, dl = pool.load.get, pool.decode_load
+    pre_loads = list(map(get, pool.prefill, repeat(0)))
+    least_colo = min(map(get, pool.colocated, repeat(0)))
+    sub, cell, ratio, why = verdict(req, least_colo, min(pre_loads) + dl, heatmap, pd, memo)
+    other: Subgroup = "colocated"
+    names, loads = pool.prefill, pre_loads
+    if sub == "colocated":
+        other, names, loads, dl = "pd", pool.colocated, list(map(get, pool.colocated, repeat(0))), 0
+    held = list(map(pool.held.get, names, repeat(0)))
+    spread = max(loads) - min(loads)
+    if spread > load.threshold:  # by_load's order, (load, te); te is unique, so held never decides
+        order = [Candidate(te=te, subgroup=sub, load=n, prefix_blocks=h, decode_load=dl)
+                 for n, te, h in sorted(zip(loads, names, held, strict=True))]  # fmt: skip
+    else:  # by_prefix's order, (-prefix_blocks, load, te)
+        order = [Candidate(te=te, subgroup=sub, load=n, prefix_blocks=-h, decode_load=dl)
+                 for h, n, te in sorted(zip(map(neg, held), loads, names, strict=True))]  # fmt: skip
+    key, inner = load_aware_why(req, spread, load, order[0])
+    params = {"threshold": float(load.threshold), "default_decode_tokens": float(pd.default_decode_tokens),
+              "subgroup_load_bound": float(pd.subgroup_load_bound)}
+    return Decision(policy="combined", params=params, chosen=order[0].te, subgroup=sub, ranked=tuple(order),
+                    reason=f"{why}; {inner}", imbalance=spread, heatmap_cell=cell,
+                    predicted_bucket=req.predicted_bucket, decode_ratio=ratio, order_by=key,
+                    excluded=(left_out(sub, pool.names(other)),))

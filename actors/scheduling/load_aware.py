@@ -31,14 +31,17 @@ def load_aware_order(req: RouteRequest, cands: tuple[Candidate, ...], p: LoadAwa
                      ) -> tuple[list[Candidate], tuple[str, ...], str, int]:  # fmt: skip
     """(the candidates best first, the fields the order compares, why, the imbalance)."""
     spread = imbalance(cands)
-    if spread > p.threshold:
-        order, key = by_load(cands), ("load",)  # type: tuple[list[Candidate], tuple[str, ...]]
-        why = f"imbalance {spread} > threshold {p.threshold}: least loaded ({order[0].load} open)"
-    else:
-        order, key = by_prefix(cands), PREFIX_ORDER
-        why = (f"imbalance {spread} <= threshold {p.threshold}: longest prefix "
-               f"({order[0].prefix_blocks} of {req.prompt_blocks} blocks)")
+    order = by_load(cands) if spread > p.threshold else by_prefix(cands)
+    key, why = load_aware_why(req, spread, p, order[0])
     return order, key, why, spread
+
+
+def load_aware_why(req: RouteRequest, spread: int, p: LoadAwareParams, best: Candidate) -> tuple[tuple[str, ...], str]:
+    """(the fields the order compared, why) once the candidates are ranked and `best` is first."""
+    if spread > p.threshold:
+        return ("load",), f"imbalance {spread} > threshold {p.threshold}: least loaded ({best.load} open)"
+    return PREFIX_ORDER, (f"imbalance {spread} <= threshold {p.threshold}: longest prefix "
+                          f"({best.prefix_blocks} of {req.prompt_blocks} blocks)")
 
 
 def select_load_aware(req: RouteRequest, cands: tuple[Candidate, ...], p: LoadAwareParams,

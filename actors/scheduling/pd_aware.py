@@ -94,10 +94,10 @@ def choose_subgroup(req: RouteRequest, cands: tuple[Candidate, ...], heatmap: Pd
     pd = [c for c in cands if c.subgroup != "colocated"]
     if not colo or not pd:
         return _only(req, cands[0].subgroup, cands, p)
-    least = {"colocated": min([c.load for c in colo]), "pd": min([c.load + c.decode_load for c in pd])}
-    sub, cell, ratio, why = _verdict(req, least, heatmap, p)
+    least_colo, least_pd = min([c.load for c in colo]), min([c.load + c.decode_load for c in pd])
+    sub, cell, ratio, why = verdict(req, least_colo, least_pd, heatmap, p)
     inside, outside = (pd, colo) if sub == "pd" else (colo, pd)
-    return SubgroupChoice(sub, cell, ratio, why, tuple(inside), (_left_out(sub, [c.te for c in outside]),))
+    return SubgroupChoice(sub, cell, ratio, why, tuple(inside), (left_out(sub, [c.te for c in outside]),))
 
 
 def choose_subgroup_pool(req: RouteRequest, pool: Pool, heatmap: PdHeatmap | None, p: PdAwareParams,
@@ -108,10 +108,9 @@ def choose_subgroup_pool(req: RouteRequest, pool: Pool, heatmap: PdHeatmap | Non
     if not pool.colocated or not pool.prefill:
         only: Subgroup = "colocated" if pool.colocated else "pd"
         return _only(req, only, pool.candidates(only), p)
-    least = {"colocated": pool.least("colocated"), "pd": pool.least("pd")}
-    sub, cell, ratio, why = _verdict(req, least, heatmap, p, memo)
+    sub, cell, ratio, why = verdict(req, pool.least("colocated"), pool.least("pd"), heatmap, p, memo)
     other: Subgroup = "colocated" if sub == "pd" else "pd"
-    return SubgroupChoice(sub, cell, ratio, why, pool.candidates(sub), (_left_out(sub, pool.names(other)),))
+    return SubgroupChoice(sub, cell, ratio, why, pool.candidates(sub), (left_out(sub, pool.names(other)),))
 
 
 def _only(req: RouteRequest, only: Subgroup, inside: tuple[Candidate, ...], p: PdAwareParams) -> SubgroupChoice:
@@ -119,24 +118,26 @@ def _only(req: RouteRequest, only: Subgroup, inside: tuple[Candidate, ...], p: P
     return SubgroupChoice(only, None, ratio, f"only {only} TEs in the group", inside, ())
 
 
-def _left_out(sub: Subgroup, outside: Sequence[str]) -> Excluded:
+def left_out(sub: Subgroup, outside: Sequence[str]) -> Excluded:
     other: Subgroup = "colocated" if sub == "pd" else "pd"
     return Excluded(tes=tuple(outside), subgroup=other, reason=f"not in the chosen subgroup ({sub})")
 
 
-def _verdict(req: RouteRequest, least: dict[str, int], heatmap: PdHeatmap | None, p: PdAwareParams,
-             memo: dict[tuple[int, int | None], HeatmapVerdict] | None = None) -> tuple[Subgroup, HeatmapCell, float, str]:
-    """(subgroup, the cell that decided, ratio, why) from each subgroup's least open tasks."""
+def verdict(req: RouteRequest, least_colo: int, least_pd: int, heatmap: PdHeatmap | None, p: PdAwareParams,
+            memo: dict[tuple[int, int | None], HeatmapVerdict] | None = None) -> HeatmapVerdict:
+    """(subgroup, the cell that decided, ratio, why) from each subgroup's least open tasks (a PD
+    pair's: prefill + decode); `memo` keeps `heatmap_verdict` across decisions."""
     key = (req.prompt_tokens, req.predicted_bucket)
     hit = memo.get(key) if memo is not None else None
     if hit is None:
-        hit = heatmap_verdict(req, heatmap, p)
+        hit = heatmapverdict(req, heatmap, p)
         if memo is not None:
             if len(memo) >= VERDICTS_KEPT:
                 memo.clear()
             memo[key] = hit
     sub, cell, ratio, why = hit
     other: Subgroup = "colocated" if sub == "pd" else "pd"
+    least = {"colocated": least_colo, "pd": least_pd}
     if least[sub] > least[other] + p.subgroup_load_bound:
         why += (f", but its least loaded has {least[sub]} open > {other}'s {least[other]} + "
                 f"subgroup_load_bound {p.subgroup_load_bound}: {other}")
@@ -149,7 +150,7 @@ HeatmapVerdict = tuple[Subgroup, HeatmapCell, float, str]
 VERDICTS_KEPT = 4096
 
 
-def heatmap_verdict(req: RouteRequest, heatmap: PdHeatmap | None, p: PdAwareParams) -> HeatmapVerdict:
+def heatmapverdict(req: RouteRequest, heatmap: PdHeatmap | None, p: PdAwareParams) -> HeatmapVerdict:
     """What the heatmap's cell says for the request, before loads: a function of its prompt
     length and predicted bucket alone (so a `Policy` keeps it, `choose_subgroup_pool`'s memo)."""
     if heatmap is None:
