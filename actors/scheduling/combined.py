@@ -3,6 +3,7 @@ over locality picks the TE: the longest prefix when load is balanced, else the l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import repeat
 from operator import neg
 
@@ -15,8 +16,9 @@ from .pd_aware import (
     SubgroupChoice,
     choose_subgroup,
     choose_subgroup_pool,
+    kept_verdict,
     left_out,
-    verdict,
+    overruled,
 )
 from .pool import Pool
 
@@ -47,14 +49,15 @@ def combined_pool(req: RouteRequest, pool: Pool, heatmap: PdHeatmap | None, pd: 
     (load, name) or (-prefix, load, name) tuples, and only its TEs become `Candidate` records."""
     if not pool.colocated or not pool.prefill:
         return combined_within(req, choose_subgroup_pool(req, pool, heatmap, pd, memo), pd, load)
-    get, dl = pool.load.get, pool.decode_load
-    pre_loads = list(map(get, pool.prefill, repeat(0)))
-    least_colo = min(map(get, pool.colocated, repeat(0)))
-    sub, cell, ratio, why = verdict(req, least_colo, min(pre_loads) + dl, heatmap, pd, memo)
-    other: Subgroup = "colocated"
-    names, loads = pool.prefill, pre_loads
-    if sub == "colocated":
-        other, names, loads, dl = "pd", pool.colocated, list(map(get, pool.colocated, repeat(0))), 0
+    sub, cell, ratio, why = kept_verdict(req, heatmap, pd, memo)
+    other: Subgroup = "colocated" if sub == "pd" else "pd"
+    names, loads, dl = _side(pool, sub)
+    bound = pd.subgroup_load_bound
+    if min(loads) + dl > bound:  # else the other side cannot be `bound` less loaded: not read
+        least, (onames, oloads, odl) = min(loads) + dl, _side(pool, other)
+        if least > min(oloads) + odl + bound:
+            why += overruled(sub, least, min(oloads) + odl, pd)
+            sub, other, names, loads, dl = other, sub, onames, oloads, odl
     held = list(map(pool.held.get, names, repeat(0)))
     spread = max(loads) - min(loads)
     if spread > load.threshold:  # by_load's order, (load, te); te is unique, so held never decides
@@ -70,3 +73,9 @@ def combined_pool(req: RouteRequest, pool: Pool, heatmap: PdHeatmap | None, pd: 
                     reason=f"{why}; {inner}", imbalance=spread, heatmap_cell=cell,
                     predicted_bucket=req.predicted_bucket, decode_ratio=ratio, order_by=key,
                     excluded=(left_out(sub, pool.names(other)),))
+
+
+def _side(pool: Pool, sub: Subgroup) -> tuple[Sequence[str], list[int], int]:
+    """(a subgroup's TEs, their open tasks, the decode load a PD pair adds)."""
+    names = pool.names(sub)
+    return names, list(map(pool.load.get, names, repeat(0))), pool.decode_load if sub == "pd" else 0

@@ -127,22 +127,34 @@ def verdict(req: RouteRequest, least_colo: int, least_pd: int, heatmap: PdHeatma
             memo: dict[tuple[int, int | None], HeatmapVerdict] | None = None) -> HeatmapVerdict:
     """(subgroup, the cell that decided, ratio, why) from each subgroup's least open tasks (a PD
     pair's: prefill + decode); `memo` keeps `heatmap_verdict` across decisions."""
+    sub, cell, ratio, why = kept_verdict(req, heatmap, p, memo)
+    other: Subgroup = "colocated" if sub == "pd" else "pd"
+    least = {"colocated": least_colo, "pd": least_pd}
+    if least[sub] > least[other] + p.subgroup_load_bound:
+        why += overruled(sub, least[sub], least[other], p)
+        sub = other
+    return sub, cell, ratio, why
+
+
+def overruled(sub: Subgroup, least_sub: int, least_other: int, p: PdAwareParams) -> str:
+    """The reason's tail when `sub`'s least loaded is `subgroup_load_bound` busier than the other's."""
+    other = "colocated" if sub == "pd" else "pd"
+    return (f", but its least loaded has {least_sub} open > {other}'s {least_other} + "
+            f"subgroup_load_bound {p.subgroup_load_bound}: {other}")
+
+
+def kept_verdict(req: RouteRequest, heatmap: PdHeatmap | None, p: PdAwareParams,
+                 memo: dict[tuple[int, int | None], HeatmapVerdict] | None) -> HeatmapVerdict:
+    """`heatmap_verdict`, from `memo` when it holds the request's (prompt tokens, bucket)."""
     key = (req.prompt_tokens, req.predicted_bucket)
     hit = memo.get(key) if memo is not None else None
     if hit is None:
-        hit = heatmapverdict(req, heatmap, p)
+        hit = heatmap_verdict(req, heatmap, p)
         if memo is not None:
             if len(memo) >= VERDICTS_KEPT:
                 memo.clear()
             memo[key] = hit
-    sub, cell, ratio, why = hit
-    other: Subgroup = "colocated" if sub == "pd" else "pd"
-    least = {"colocated": least_colo, "pd": least_pd}
-    if least[sub] > least[other] + p.subgroup_load_bound:
-        why += (f", but its least loaded has {least[sub]} open > {other}'s {least[other]} + "
-                f"subgroup_load_bound {p.subgroup_load_bound}: {other}")
-        sub = other
-    return sub, cell, ratio, why
+    return hit
 
 
 HeatmapVerdict = tuple[Subgroup, HeatmapCell, float, str]
@@ -150,7 +162,7 @@ HeatmapVerdict = tuple[Subgroup, HeatmapCell, float, str]
 VERDICTS_KEPT = 4096
 
 
-def heatmapverdict(req: RouteRequest, heatmap: PdHeatmap | None, p: PdAwareParams) -> HeatmapVerdict:
+def heatmap_verdict(req: RouteRequest, heatmap: PdHeatmap | None, p: PdAwareParams) -> HeatmapVerdict:
     """What the heatmap's cell says for the request, before loads: a function of its prompt
     length and predicted bucket alone (so a `Policy` keeps it, `choose_subgroup_pool`'s memo)."""
     if heatmap is None:
