@@ -50,6 +50,9 @@ def pool(s: JeState, j: Job, roles: tuple[str, ...] = ("colocated", "prefill"), 
     if match is None:
         match = group_match(s, j.model, j.prompt.block_hashes)
     excluded = j.excluded
+    if not excluded and (now < 0 or not s.set_aside) and roles == PREFIX_ROLES:  # the usual arrival
+        decode_load = min(map(s.open.get, group.get("decode", ()), repeat(0)), default=0)
+        return Pool(group.get("colocated", ()), group.get("prefill", ()), s.open, match, decode_load), ()
     colo: Sequence[str] = ()
     pre: Sequence[str] = ()
     gone: list[Excluded] = []
