@@ -29,3 +29,21 @@ def test_a_decision_walks_the_prompt_tree_once(monkeypatch: Any) -> None:
     _, out = run(tes, roles, [job(i, prompt=384, blocks=(1, 2, 3)) for i in range(3)], cfg, gap_s=1.0)
     assert all(r.status == "completed" for r in done_of(out).values())
     assert walks == [("c/0", "c/1", "p/0")] * 3  # one a request, never over the decode TE
+
+
+def test_an_arrivals_pool_is_the_general_loops() -> None:
+    """The arrival's shortcut (no TE failed the job, none set aside) gives the pool the general
+    loop gives: a set-aside entry that expired sends the same state down the loop."""
+    from deepserve.actors.flowserve.messages import Prompt, Sampling
+    from deepserve.actors.je import routing
+    from deepserve.actors.je.messages import JeState, Job
+
+    groups = {"m": {"colocated": ["c/0", "c/1"], "prefill": ["p/0", "p/1"], "decode": ["d/0", "d/1"]}}
+    opened = {"c/0": 2, "p/1": 1, "d/0": 3, "d/1": 2}
+    j = Job(model="m", prompt=Prompt(num_tokens=256, block_hashes=(1, 2)), sampling=Sampling(max_tokens=8),
+            reply_to="ext/c", arrival_s=0.0)
+    match = {"c/0": 1, "p/1": 2}
+    short = routing.pool(JeState(groups=groups, open=dict(opened)), j, now=1.0, match=match)
+    loop = routing.pool(JeState(groups=groups, open=dict(opened), set_aside={"p/0": 0.5}), j, now=1.0, match=match)
+    assert short[0].all() == loop[0].all() and short[1] == loop[1] == ()
+    assert short[0].decode_load == loop[0].decode_load == 2
