@@ -4,11 +4,11 @@ A JE state of `tes` TEs of one model (half colocated, a quarter prefill, a quart
 tasks drawn at random) and a global prompt tree holding `prompts` 2K-token prompts (chains that
 share a system prefix, each on a few TEs, as KV events would fold them). Each sample routes one
 of those prompts the way a request's arrival does (`JobExecutor._submit`): one walk of the tree
-(`routing.group_match`), the decode-length predictor on its longest match, then the candidates
+(`routing.group_walk`), the decode-length predictor on its longest match, then the candidates
 and the policy (`JobExecutor.decide`) — with the real policy (`combined` by default), the PD
 heatmap and the predictor the scheduler loads. The baseline, measured in the same run and
 interleaved with it sample by sample, is one walk of the same tree for the same prompt, the walk
-the JE makes (`PromptTree.match`): the decision should cost at most 1.5x that. The readable walk
+the JE makes (`PromptTree.walk`): the decision should cost at most 1.5x that. The readable walk
 (`PromptTree.match_reference`, the same answers: tests/actors/scheduling/test_tree_walk.py) has
 a row of its own against the same baseline, for information.
 """
@@ -81,8 +81,8 @@ def routing_bench(config: dict[str, Any], tes: int = 64, prompt_tokens: int = 20
 
     def decide(k: int) -> None:
         m, j = reqs[k], jobs[k]
-        match = routing.group_match(je.state, MODEL, m.prompt.block_hashes)
-        j.predicted_bucket = je._predict(m, match)
+        match, longest = routing.group_walk(je.state, MODEL, m.prompt.block_hashes)
+        j.predicted_bucket = je._predict(m, longest)
         if je.decide(m.request_id, j, 0.0, match) is None:
             raise RuntimeError("no decision")
 
@@ -90,7 +90,7 @@ def routing_bench(config: dict[str, Any], tes: int = 64, prompt_tokens: int = 20
         tree.match_reference(reqs[k].prompt.block_hashes, walkers)
 
     def fast(k: int) -> None:
-        tree.match(reqs[k].prompt.block_hashes, walkers)
+        tree.walk(reqs[k].prompt.block_hashes, walkers)
 
     if progress is not None:
         progress(f"{rounds} rounds of {samples} decisions and walks, interleaved ({tes} TEs, "

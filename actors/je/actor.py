@@ -148,19 +148,19 @@ class JobExecutor(Actor[JeState]):
             done = _done(m.request_id, "failed", f"JE holds {MAX_JOBS} jobs already", arrival, ctx.now())
             ctx.send(m.reply_to, done, corr=m.request_id)
             return
-        match = routing.group_match(self.state, m.model, m.prompt.block_hashes)  # the decision's one walk
-        bucket = m.predicted_bucket if m.predicted_bucket is not None else self._predict(m, match)
+        match, longest = routing.group_walk(self.state, m.model, m.prompt.block_hashes)  # the decision's one walk
+        bucket = m.predicted_bucket if m.predicted_bucket is not None else self._predict(m, longest)
         ctx.record(JobAccepted(request_id=m.request_id, model=m.model, prompt=m.prompt,
                                sampling=m.sampling, reply_to=m.reply_to, arrival_s=arrival,
                                predicted_bucket=bucket, stream=m.stream))  # fmt: skip
         self._dispatch(ctx, m.request_id, self.state.jobs[m.request_id], "chat", 1, match=match)
 
-    def _predict(self, m: JobRequest, match: dict[str, int]) -> int | None:
+    def _predict(self, m: JobRequest, longest: int) -> int | None:
         """The decode-length bucket from what is known at arrival: the prompt length and the
-        longest prefix any TE of the model holds (`match`: the global prompt tree's walk)."""
+        longest prefix any TE of the model holds (`longest`: from the global prompt tree's walk)."""
         if self._bucket is None:
             return None
-        return self._bucket(m.prompt.num_tokens, max(match.values(), default=0))
+        return self._bucket(m.prompt.num_tokens, longest)
 
     def _batch(self, ctx: Context, m: SubmitBatch) -> None:
         ids = {it.request_id for it in m.items}

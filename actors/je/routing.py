@@ -16,13 +16,18 @@ PREFIX_ROLES = ("colocated", "prefill")  # decode TEs never enter the prompt tre
 
 
 def group_match(s: JeState, model: str, hashes: tuple[int, ...]) -> dict[str, int]:
-    """Leading prompt blocks each colocated and prefill TE of `model` holds: the one walk a
-    decision makes (the predictor's longest match and the candidates' prefixes both read it)."""
+    """Leading prompt blocks each colocated and prefill TE of `model` holds."""
+    return group_walk(s, model, hashes)[0]
+
+
+def group_walk(s: JeState, model: str, hashes: tuple[int, ...]) -> tuple[dict[str, int], int]:
+    """(`group_match`, its longest value): the one walk a decision makes — the predictor reads
+    the longest match, the candidates their prefixes (`PromptTree.walk`)."""
     tree = s.trees.get(model)
     if tree is None:
-        return {}
+        return {}, 0
     group = s.groups.get(model, {})
-    return tree.match(hashes, [*group.get("colocated", ()), *group.get("prefill", ())])
+    return tree.walk(hashes, [*group.get("colocated", ()), *group.get("prefill", ())])
 
 
 def candidates(s: JeState, j: Job, roles: tuple[str, ...], now: float = -1.0,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import repeat
-from operator import neg
 
 from .decision import Candidate, Decision, RouteRequest, Subgroup, need_candidates, ranked
 from .load_aware import LoadAwareParams, load_aware_order, load_aware_why
@@ -60,19 +59,23 @@ def combined_pool(req: RouteRequest, pool: Pool, heatmap: PdHeatmap | None, pd: 
             sub, other, names, loads, dl = other, sub, onames, oloads, odl
     held = list(map(pool.held.get, names, repeat(0)))
     spread = max(loads) - min(loads)
-    if spread > load.threshold:  # by_load's order, (load, te); te is unique, so held never decides
-        order = [Candidate(te=te, subgroup=sub, load=n, prefix_blocks=h, decode_load=dl)
-                 for n, te, h in sorted(zip(loads, names, held, strict=True))]  # fmt: skip
-    else:  # by_prefix's order, (-prefix_blocks, load, te)
-        order = [Candidate(te=te, subgroup=sub, load=n, prefix_blocks=-h, decode_load=dl)
-                 for h, n, te in sorted(zip(map(neg, held), loads, names, strict=True))]  # fmt: skip
+    # by_load's order (load, te), or by_prefix's (-prefix_blocks, load, te): positions sorted on
+    # int keys (C-level compares), stable sorts from name order — not tuples compared field by field
+    at = sorted(range(len(names)), key=names.__getitem__)
+    at.sort(key=loads.__getitem__)
+    if spread <= load.threshold:
+        at.sort(key=held.__getitem__, reverse=True)  # reverse keeps the ties' (load, te) order
+    order = [Candidate(te=names[i], subgroup=sub, load=loads[i], prefix_blocks=held[i], decode_load=dl) for i in at]
     key, inner = load_aware_why(req, spread, load, order[0])
-    params = {"threshold": float(load.threshold), "default_decode_tokens": float(pd.default_decode_tokens),
-              "subgroup_load_bound": float(pd.subgroup_load_bound)}
-    return Decision(policy="combined", params=params, chosen=order[0].te, subgroup=sub, ranked=tuple(order),
-                    reason=f"{why}; {inner}", imbalance=spread, heatmap_cell=cell,
+    return Decision(policy="combined", params=_params(pd, load), chosen=order[0].te, subgroup=sub,
+                    ranked=tuple(order), reason=f"{why}; {inner}", imbalance=spread, heatmap_cell=cell,
                     predicted_bucket=req.predicted_bucket, decode_ratio=ratio, order_by=key,
                     excluded=(left_out(sub, pool.names(other)),))
+
+
+def _params(pd: PdAwareParams, load: LoadAwareParams) -> dict[str, float]:
+    return {"threshold": float(load.threshold), "default_decode_tokens": float(pd.default_decode_tokens),
+            "subgroup_load_bound": float(pd.subgroup_load_bound)}
 
 
 def _side(pool: Pool, sub: Subgroup) -> tuple[Sequence[str], list[int], int]:

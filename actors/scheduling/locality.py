@@ -127,11 +127,19 @@ class PromptTree(msgspec.Struct, kw_only=True):
             raise TypeError(f"not a KV cache event: {kind}")
 
     def match(self, hashes: tuple[int, ...] | list[int], tes: list[str]) -> dict[str, int]:
-        """Leading blocks of `hashes` each TE of `tes` holds (one walk down the prompt).
+        """Leading blocks of `hashes` each TE of `tes` holds (one walk down the prompt)."""
+        return self.walk(hashes, tes)[0]
+
+    def walk(self, hashes: tuple[int, ...] | list[int], tes: list[str]) -> tuple[dict[str, int], int]:
+        """(`match`, the longest of its values): the JE's one walk per decision, which hands the
+        predictor the longest match it already knows (the depth where the walk stopped) instead
+        of a max over every TE.
 
         The fast path of `match_reference` (tests/actors/scheduling/test_tree_walk.py: they
         agree): the TEs still matching are a set, and a block every one of them holds (a shared
         system prompt: the usual case) costs one C-level subset test instead of a Python loop."""
+        if not tes:
+            return {}, 0
         out = dict.fromkeys(tes, 0)
         alive = set(tes)
         nodes = self.nodes
@@ -151,7 +159,7 @@ class PromptTree(msgspec.Struct, kw_only=True):
             depth += 1
         for te in alive:
             out[te] = depth
-        return out
+        return out, depth  # the last TEs matching stopped at `depth`: the longest match
 
     def match_reference(self, hashes: tuple[int, ...] | list[int], tes: list[str]) -> dict[str, int]:
         """`match`, as readable as it can be: per block, which of the still-matching TEs hold it."""

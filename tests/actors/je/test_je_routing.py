@@ -16,13 +16,13 @@ PRED = {"feature": [0, -2, -2], "threshold": [10.5, -2.0, -2.0], "left": [1, -1,
 
 def test_a_decision_walks_the_prompt_tree_once(monkeypatch: Any) -> None:
     walks: list[tuple[str, ...]] = []
-    real = PromptTree.match
+    real = PromptTree.walk  # `match` walks through it too
 
-    def counted(self: PromptTree, hashes: Any, tes: list[str]) -> dict[str, int]:
+    def counted(self: PromptTree, hashes: Any, tes: list[str]) -> tuple[dict[str, int], int]:
         walks.append(tuple(tes))
         return real(self, hashes, tes)
 
-    monkeypatch.setattr(PromptTree, "match", counted)
+    monkeypatch.setattr(PromptTree, "walk", counted)
     tes: dict[str, dict[str, Any]] = {"c/0": {}, "c/1": {}, "p/0": {}, "d/0": {}}
     roles = {"colocated": ["c/0", "c/1"], "prefill": ["p/0"], "decode": ["d/0"]}
     cfg = {"policy": "load_aware", "predictor": PRED, "kv_events": False}

@@ -1,4 +1,4 @@
-"""The prompt tree's walk: the fast path (`PromptTree.match`, what every decision runs) agrees
+"""The prompt tree's walk: the fast path (`PromptTree.walk`, what every decision runs, and `match` through it) agrees
 with the readable one (`match_reference`) on random trees — shared prefixes, holes, evictions,
 TEs that hold nothing, duplicate hashes — and one decision walks the tree once."""
 
@@ -24,5 +24,7 @@ def test_the_fast_walk_agrees_with_the_readable_one(inserts: list, removes: list
         tree.insert(te, hs, bits)
     for te, hs in removes:
         tree.remove(te, hs, HBM | DRAM)
-    fast, slow = tree.match(prompt, asked), tree.match_reference(prompt, asked)
+    (fast, longest), slow = tree.walk(prompt, asked), tree.match_reference(prompt, asked)
     assert fast == slow and list(fast) == list(slow)  # same values, same order
+    assert longest == max(slow.values(), default=0)  # the predictor's input, from the same walk
+    assert tree.match(prompt, asked) == slow
