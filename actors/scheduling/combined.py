@@ -48,29 +48,33 @@ def combined_pool(req: RouteRequest, pool: Pool, heatmap: PdHeatmap | None, pd: 
     (load, name) or (-prefix, load, name) tuples, and only its TEs become `Candidate` records."""
     if not pool.colocated or not pool.prefill:
         return combined_within(req, choose_subgroup_pool(req, pool, heatmap, pd, memo), pd, load)
-    sub, cell, ratio, why = kept_verdict(req, heatmap, pd, memo)
-    other: Subgroup = "colocated" if sub == "pd" else "pd"
-    names, loads, dl = _side(pool, sub)
-    bound = pd.subgroup_load_bound
-    if min(loads) + dl > bound:  # else the other side cannot be `bound` less loaded: not read
-        least, (onames, oloads, odl) = min(loads) + dl, _side(pool, other)
-        if least > min(oloads) + odl + bound:
-            why += overruled(sub, least, min(oloads) + odl, pd)
-            sub, other, names, loads, dl = other, sub, onames, oloads, odl
+    hit = memo.get((req.prompt_tokens, req.predicted_bucket)) if memo is not None else None
+    sub, cell, ratio, why = hit if hit is not None else kept_verdict(req, heatmap, pd, memo)
+    names = pool.prefill if sub == "pd" else pool.colocated
+    loads = list(map(pool.load.get, names, repeat(0)))
+    dl = pool.decode_load if sub == "pd" else 0
+    lo = min(loads)
+    if lo + dl > pd.subgroup_load_bound:  # else the other side cannot be `bound` less loaded: not read
+        onames, oloads, odl = _side(pool, "colocated" if sub == "pd" else "pd")
+        if lo + dl > min(oloads) + odl + pd.subgroup_load_bound:
+            why += overruled(sub, lo + dl, min(oloads) + odl, pd)
+            sub, names, loads, dl = "colocated" if sub == "pd" else "pd", onames, oloads, odl
+            lo = min(loads)
     held = list(map(pool.held.get, names, repeat(0)))
-    spread = max(loads) - min(loads)
+    spread = max(loads) - lo
     # by_load's order (load, te), or by_prefix's (-prefix_blocks, load, te): positions sorted on
     # int keys (C-level compares), stable sorts from name order — not tuples compared field by field
     at = sorted(range(len(names)), key=names.__getitem__)
     at.sort(key=loads.__getitem__)
     if spread <= load.threshold:
         at.sort(key=held.__getitem__, reverse=True)  # reverse keeps the ties' (load, te) order
-    order = [Candidate(te=names[i], subgroup=sub, load=loads[i], prefix_blocks=held[i], decode_load=dl) for i in at]
+    order = tuple([Candidate(te=names[i], subgroup=sub, load=loads[i], prefix_blocks=held[i], decode_load=dl)
+                   for i in at])  # fmt: skip
     key, inner = load_aware_why(req, spread, load, order[0])
     return Decision(policy="combined", params=_params(pd, load), chosen=order[0].te, subgroup=sub,
-                    ranked=tuple(order), reason=f"{why}; {inner}", imbalance=spread, heatmap_cell=cell,
+                    ranked=order, reason=f"{why}; {inner}", imbalance=spread, heatmap_cell=cell,
                     predicted_bucket=req.predicted_bucket, decode_ratio=ratio, order_by=key,
-                    excluded=(left_out(sub, pool.names(other)),))
+                    excluded=(left_out(sub, pool.prefill if sub == "colocated" else pool.colocated),))
 
 
 def _params(pd: PdAwareParams, load: LoadAwareParams) -> dict[str, float]:
