@@ -3,6 +3,7 @@ over locality picks the TE: the longest prefix when load is balanced, else the l
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from itertools import repeat
 
@@ -64,8 +65,7 @@ def combined_pool(req: RouteRequest, pool: Pool, heatmap: PdHeatmap | None, pd: 
     spread = max(loads) - lo
     # by_load's order (load, te), or by_prefix's (-prefix_blocks, load, te): positions sorted on
     # int keys (C-level compares), stable sorts from name order — not tuples compared field by field
-    at = sorted(range(len(names)), key=names.__getitem__)
-    at.sort(key=loads.__getitem__)
+    at = sorted(name_order(tuple(names)), key=loads.__getitem__)
     if spread <= load.threshold:
         at.sort(key=held.__getitem__, reverse=True)  # reverse keeps the ties' (load, te) order
     order = tuple([Candidate(te=names[i], subgroup=sub, load=loads[i], prefix_blocks=held[i], decode_load=dl)
@@ -75,6 +75,13 @@ def combined_pool(req: RouteRequest, pool: Pool, heatmap: PdHeatmap | None, pd: 
                     ranked=order, reason=f"{why}; {inner}", imbalance=spread, heatmap_cell=cell,
                     predicted_bucket=req.predicted_bucket, decode_ratio=ratio, order_by=key,
                     excluded=(left_out(sub, pool.prefill if sub == "colocated" else pool.colocated),))
+
+
+@functools.lru_cache(maxsize=64)
+def name_order(names: tuple[str, ...]) -> tuple[int, ...]:
+    """Positions of `names` in name order: the ties' order, a function of the group's list
+    (which changes with membership, not per request)."""
+    return tuple(sorted(range(len(names)), key=names.__getitem__))
 
 
 def _params(pd: PdAwareParams, load: LoadAwareParams) -> dict[str, float]:

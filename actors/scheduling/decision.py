@@ -28,7 +28,7 @@ class Candidate(msgspec.Struct, frozen=True, kw_only=True, gc=False):  # no cycl
     decode_load: int = 0
 
 
-class RouteRequest(msgspec.Struct, frozen=True, kw_only=True):
+class RouteRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):  # no cycles: str and int fields
     request_id: str
     prompt_tokens: int
     prompt_blocks: int = 0
@@ -59,7 +59,9 @@ class Excluded(msgspec.Struct, frozen=True, kw_only=True, gc=False):  # no cycle
     reason: str
 
 
-class Decision(msgspec.Struct, frozen=True, kw_only=True):
+# gc=False: a decision is made per request and refers to nothing that refers back to it (its
+# fields are fresh tuples, a dict of floats and frozen records), so the collector need not track it
+class Decision(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     policy: str
     params: dict[str, float] = {}
     chosen: str = ""
