@@ -96,13 +96,13 @@ def routing_bench(config: dict[str, Any], tes: int = 64, prompt_tokens: int = 20
     if progress is not None:
         progress(f"{rounds} rounds of {samples} decisions and walks, interleaved ({tes} TEs, "
                  f"{prompt_tokens}-token prompts)")
+    third = max(1, len(reqs) // 3)
     for k in range(200):  # warm up both paths
         decide(k % len(reqs))
-        walk(k % len(reqs))
-        fast(k % len(reqs))
+        walk((k + third) % len(reqs))
+        fast((k + 2 * third) % len(reqs))
     clock = time.thread_time_ns  # CPU time: on a shared machine wall-clock samples catch preemptions
     best: dict[str, float] = {}
-    third = max(1, len(reqs) // 3)
     for _ in range(rounds):  # a percentile per round, the best round kept per row (noise is one-sided)
         times: dict[str, list[float]] = {"decide": [], "walk": [], "fast": []}
         for n in range(samples):
