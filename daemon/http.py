@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deepserve.actors.flowserve.messages import Prompt, Sampling
@@ -38,6 +38,7 @@ from .config import resolved_toml
 from .generation import Choices, Disconnected, Generation, GenerationFailed, Head, first_item
 from .metrics import Metrics
 from .runtime import NoCapacity, Runtime
+from .sse import SseResponse
 
 
 class HttpError(Exception):
@@ -273,7 +274,7 @@ class Frontend:
                 for i, ((r, q), first) in enumerate(zip(qs, firsts, strict=True))]  # fmt: skip
         choices = Choices(head, gens, req)
         if req.stream:
-            return StreamingResponse(choices.sse(), media_type="text/event-stream",
+            return SseResponse(choices.sse(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Request-Id": rid})  # fmt: skip
         try:
             body = await choices.collect(request)
