@@ -91,3 +91,37 @@ def test_a_cancel_from_outside_is_not_swallowed() -> None:
             await t
 
     asyncio.run(main())
+
+
+def test_the_stream_ends_in_one_body_message() -> None:
+    """The finish chunk, the usage chunk and [DONE] follow each other: one yield (one socket
+    write), the same SSE events as one yield each."""
+    import msgspec
+
+    from deepserve.actors.flowserve.messages import TaskTokens
+    from deepserve.actors.workload.messages import RequestDone
+    from deepserve.daemon.api import CompletionRequest
+    from deepserve.daemon.generation import Choices, Generation, Head
+
+    async def main() -> list[bytes]:
+        req = msgspec.json.decode(b'{"model": "m", "prompt": "hi", "max_tokens": 3, "stream": true, '
+                                  b'"stream_options": {"include_usage": true}}', type=CompletionRequest)  # fmt: skip
+        q: asyncio.Queue[object] = asyncio.Queue()
+        times = (1.0, 1.02, 1.04)
+        q.put_nowait(TaskTokens(task_id="c/t", request_id="c", first_index=1, token_ids=(), times_s=times[1:]))
+        q.put_nowait(RequestDone(request_id="c", status="completed", reason="length", arrival_s=0.5,  # type: ignore[arg-type]
+                                 first_token_s=1.0, finish_s=1.04, prompt_tokens=1, cached_prompt_tokens=0,
+                                 output_tokens=3, te="te/0"))  # fmt: skip
+        first = TaskTokens(task_id="c/t", request_id="c", first_index=0, token_ids=(), times_s=times[:1])
+        head = Head("cmpl-x", "cmpl", "m", "fp")
+        gen = Generation(None, "c", "cmpl", "m", [], req, q, first, 0, head)  # type: ignore[arg-type]
+        return [b async for b in Choices(head, [gen], req).sse()]
+
+    out = asyncio.run(main())
+    events = [e for b in out for e in b.split(b"\n\n") if e]
+    assert all(b.endswith(b"\n\n") for b in out)
+    last = [msgspec.json.decode(e[6:]) for e in events[-3:-1]]
+    assert last[0]["choices"][0]["finish_reason"] == "length" and last[1]["usage"]["completion_tokens"] == 3
+    assert events[-1] == b"data: [DONE]"
+    assert out[-1].count(b"data: ") == 3  # finish, usage, [DONE]: one message
+    assert len(out) == len(events) - 2  # every other event its own message, as it comes
