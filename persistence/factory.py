@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .sqlite.log_reader import SqliteLog
 
 Writer = Literal["thread", "process"]
+Layout = Literal["pages", "rows"]
 PAGE_LOG_BYTES = 65536  # SQLite page size of a log the writer process creates
 
 
@@ -38,6 +39,7 @@ def open_sink(
     writer: Writer = "thread",
     linger_s: float = 0.0,
     cache_kib: int | None = None,
+    layout: Layout = "pages",
 ) -> GroupCommitSink | ProcessSink:
     """The process's log writer (a `LogSink`), creating or migrating the log.
 
@@ -50,6 +52,9 @@ def open_sink(
     `linger_s` (the thread writer): how long the writer, woken from idle, waits for more
     steps before it commits (a daemon's steps trickle in; see group_commit.py). `cache_kib`:
     the thread writer's SQLite page cache (default 64 MiB; sqlite/fresh.py).
+    `layout` (the SQLite thread writer): "pages" stores each transaction's steps as one zstd
+    page (`sqlite/page_store.py`: a daemon's log ~7x smaller); "rows" a row per record, indexed
+    by actor, correlation id and time. PostgreSQL and the writer process ignore it (rows, pages).
     `writer="process"`: an `async` SQLite log is written by a child process (see
     `sqlite.process_writer`: for runs that end with close(), such as sim runs); a PostgreSQL target
     or a non-POSIX system keeps the thread writer.
@@ -61,6 +66,8 @@ def open_sink(
     if writer == "process" and durability != "async":
         # outbox releases outputs on commit: it needs the thread writer's eager batches
         raise ValueError("writer='process' is for durability='async' only")
+    if layout not in ("pages", "rows"):
+        raise ValueError(f"layout must be 'pages' or 'rows', not {layout!r}")
     if synchronous is not None and synchronous.lower() not in ("off", "normal", "full"):
         raise ValueError(f"synchronous must be off, normal or full, not {synchronous!r}")
     tgt = parse_target(target)
@@ -96,10 +103,13 @@ def open_sink(
         prepare_sqlite(path, create=True, upgrade=True, page_bytes=page_bytes)
     if process_writer:
         return ProcessSink(path, synchronous=synchronous, **limits)
-    from .sqlite.batch_store import SqliteBatchStore
+    if layout == "pages":
+        from .sqlite.page_store import SqlitePageStore as Store
+    else:
+        from .sqlite.batch_store import SqliteBatchStore as Store  # type: ignore[assignment]
 
     return GroupCommitSink(
-        lambda: SqliteBatchStore(path, durability, synchronous, cache_kib),
+        lambda: Store(path, durability, synchronous, cache_kib),
         label=path,
         durability=durability,
         linger_s=linger_s,

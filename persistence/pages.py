@@ -26,7 +26,7 @@ bytes; the frame that carries it is `sqlite/child.py`'s PAGE), and the readers'
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import msgspec
@@ -177,6 +177,20 @@ def page_steps(
         if hits:
             steps = decode_page(label, run_id, page)
             yield from (steps[i] for i in hits)
+
+
+def select_in_page(
+    label: str, run_id: str, page: Page, keep: Callable[[Any], bool]
+) -> list[tuple[int, Step]]:
+    """The steps of one page whose input `keep` selects (it sees the input's head: actor, seq,
+    t, hlc, kind, src, msg_id, corr), each with its index in the page (its step id is the page's
+    `first_step` plus that): for readers that need step ids, such as the admin timeline."""
+    heads = _decode(_HEADS, label, run_id, page)
+    hits = [i for i, h in enumerate(heads) if keep(h.input)]
+    if not hits:
+        return []
+    steps = decode_page(label, run_id, page)
+    return [(i, steps[i]) for i in hits]
 
 
 def page_actors(label: str, run_id: str, pages: Iterable[Page]) -> set[str]:

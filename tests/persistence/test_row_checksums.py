@@ -45,7 +45,7 @@ def _steps(n: int = 60) -> list[Step]:
 
 
 def _write(target: str, steps: list[Step]) -> None:
-    with open_sink(target) as sink:  # the in-process sink: the row layout
+    with open_sink(target, layout="rows") as sink:  # the row layout
         sink.begin_run(run_rec("rows"))
         for s in steps:
             sink.append(s)
@@ -199,7 +199,7 @@ def test_replay_refuses_a_damaged_row_with_one_line(tmp_path: Path) -> None:
     from store_testdata import sim_run
 
     path = str(tmp_path / "run.db")
-    with open_sink(path) as sink:
+    with open_sink(path, layout="rows") as sink:
         sim_run(sink, seed=5)
     with sqlite3.connect(path) as c:
         c.execute("UPDATE outputs SET payload = substr(payload, 2) WHERE id = 3")  # still a blob
@@ -220,7 +220,7 @@ def test_reading_a_copy_of_a_live_log_leaves_it_as_it_was(tmp_path: Path) -> Non
     import subprocess
 
     live = str(tmp_path / "live.db")
-    with open_sink(live) as sink:  # kept open: its last commits are in the WAL
+    with open_sink(live, layout="rows") as sink:  # kept open: its last commits are in the WAL
         sink.begin_run(run_rec("rows"))
         for s in _steps(50):
             sink.append(s)

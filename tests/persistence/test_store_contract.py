@@ -22,6 +22,8 @@ from deepserve.persistence import LogError, MemoryLog, MemoryStore, open_log, op
 from deepserve.persistence.pages import ZSTD_MAGIC, checked_body
 from deepserve.persistence.sql_reader import CHUNK
 
+ROW_KINDS = ("sqlite-rows", "sqlite-readproc")  # the thread writer's row layout (a reader process reads rows)
+
 
 class Backend:
     """Opens sinks and readers on one store (one file, one database, one MemoryStore)."""
@@ -37,7 +39,8 @@ class Backend:
             return self.memory
         # the writer process is async-only: outbox stays on the thread writer
         writer = "process" if self.kind == "sqlite-process" and durability == "async" else "thread"
-        sink = open_sink(self.target, durability, writer=writer)  # type: ignore[arg-type]
+        layout = "rows" if self.kind in ROW_KINDS else "pages"
+        sink = open_sink(self.target, durability, writer=writer, layout=layout)  # type: ignore[arg-type]
         self._open.append(sink)
         return sink
 
@@ -60,11 +63,12 @@ class Backend:
             thing.close()
 
 
-@pytest.fixture(params=["memory", "sqlite", "sqlite-process", "sqlite-readproc", "postgresql"])
+@pytest.fixture(params=["memory", "sqlite", "sqlite-rows", "sqlite-process", "sqlite-readproc", "postgresql"])
 def backend(
     request: pytest.FixtureRequest, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Backend]:
-    """`sqlite-process`: written by the writer process; `sqlite-readproc`: read (past
+    """`sqlite`: the thread writer's pages (the default layout); `sqlite-rows`: its rows;
+    `sqlite-process`: written by the writer process; `sqlite-readproc`: rows read (past
     its first two steps) by a reader process."""
     target = None
     if request.param.startswith("sqlite"):
@@ -246,11 +250,12 @@ def test_sqlite_file_is_wal(backend: Backend) -> None:
 
     conn = sqlite3.connect(backend.target)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    if backend.kind != "sqlite-process":
+    if backend.kind in ROW_KINDS:
         assert os.path.getsize(backend.target) > 1 << 20  # the 1 MiB payload is in the file
         return
-    # The writer process stores each page as a zstd frame (pages.py): the 1 MiB payload
+    # Both writers store each page as a zstd frame (pages.py): the 1 MiB payload
     # (256 byte values repeated) is in the file, in a few KiB
     pages = conn.execute("SELECT id, body, crc32 FROM pages").fetchall()
-    assert [body[:4] for _, body, _ in pages] == [ZSTD_MAGIC]
-    assert len(pages[0][1]) < 1 << 16 < 1 << 20 < len(checked_body("t", "w", pages[0]))
+    assert pages and {body[:4] for _, body, _ in pages} == {ZSTD_MAGIC}
+    assert sum(len(body) for _, body, _ in pages) < 1 << 16
+    assert sum(len(checked_body("t", "w", page)) for page in pages) > 1 << 20

@@ -17,7 +17,7 @@ PAGE_OFFSETS = range(64, 4096 - 16, 61)  # where in a page to overwrite 16 bytes
 
 def _demo_log(path: str) -> None:
     run, steps = expected(requests=400)
-    with open_sink(path) as sink:
+    with open_sink(path, layout="rows") as sink:
         sink.begin_run(run)
         for s in steps:
             sink.append(s)

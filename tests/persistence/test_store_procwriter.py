@@ -318,7 +318,7 @@ def test_a_run_written_by_the_process_is_paged_and_reads_as_its_rows_would(tmp_p
     every reader answer is the same, filters, actors and snapshots included."""
     run, steps = expected(requests=200)
     rows_log, paged_log = str(tmp_path / "t.db"), str(tmp_path / "p.db")
-    with open_sink(rows_log) as sink:
+    with open_sink(rows_log, layout="rows") as sink:
         sink.begin_run(run)
         for s in steps:
             sink.append(s)
@@ -345,7 +345,7 @@ def test_a_run_written_by_the_process_is_paged_and_reads_as_its_rows_would(tmp_p
 def test_page_ids_continue_the_step_ids_of_rows(tmp_path: Path) -> None:
     """Rows and pages draw step ids from one sequence, in either order."""
     p = str(tmp_path / "x.db")
-    with open_sink(p) as sink:
+    with open_sink(p, layout="rows") as sink:
         sink.begin_run(run_rec("rows"))
         for i in range(5):
             sink.append(_step(i))
@@ -353,7 +353,7 @@ def test_page_ids_continue_the_step_ids_of_rows(tmp_path: Path) -> None:
         sink.begin_run(run_rec("paged"))
         for i in range(7):
             sink.append(_step(i))
-    with open_sink(p) as sink:
+    with open_sink(p, layout="rows") as sink:
         sink.begin_run(run_rec("rows again"))
         sink.append(_step(0))
     with sqlite3.connect(p) as c:
@@ -423,7 +423,7 @@ def test_a_damaged_page_head_is_refused_by_the_integrity_check(tmp_path: Path, u
 
 def test_a_log_with_runs_keeps_its_indexes_while_a_process_writes(tmp_path: Path) -> None:
     p = str(tmp_path / "x.db")
-    with open_sink(p) as sink:
+    with open_sink(p, layout="rows") as sink:
         sink.begin_run(run_rec("first"))
         sink.append(_step(0))
     before = _indexes(p)

@@ -25,7 +25,7 @@ from deepserve.persistence.sqlite.process_reader import ReaderProcess, live_read
 
 def _write(target: str, requests: int = 300, run_id: str | None = None) -> list[Step]:
     run, steps = expected(requests=requests, run_id=run_id)
-    with open_sink(target) as sink:
+    with open_sink(target, layout="rows") as sink:
         sink.begin_run(run)
         for s in steps:
             sink.append(s)
@@ -35,7 +35,7 @@ def _write(target: str, requests: int = 300, run_id: str | None = None) -> list[
 def _bulky(path: str, n: int = 600) -> None:
     """~4 KiB a step: several times what the pipe holds."""
     blob = os.urandom(2048)
-    with open_sink(path) as sink:
+    with open_sink(path, layout="rows") as sink:
         sink.begin_run(run_rec("bulky"))
         for i in range(n):
             inp = InputRec("a/1", i, i * 0.5, i, 0, "x/1", i, None, None, False, "M", blob)
@@ -180,7 +180,7 @@ def test_directory_merge_through_reader_processes(
 ) -> None:
     for name in ("te-0", "te-1"):
         run, steps = expected(requests=200, run_id="daemon")
-        with open_sink(str(tmp_path), process=name) as sink:
+        with open_sink(str(tmp_path), process=name, layout="rows") as sink:
             sink.begin_run(run)
             for s in steps:
                 sink.append(s)

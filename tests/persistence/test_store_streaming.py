@@ -17,7 +17,7 @@ PAYLOAD = bytes(range(256)) * 8  # 2 KiB per record
 
 
 def _big_log(target: str, n: int) -> None:
-    with open_sink(target) as sink:
+    with open_sink(target, layout="rows") as sink:
         sink.begin_run(run_rec("big"))
         for i in range(n):
             sink.append(

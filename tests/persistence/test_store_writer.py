@@ -108,7 +108,7 @@ def test_append_before_begin_run(tmp_path: Path) -> None:
 
 def test_writer_failure_surfaces_as_one_line(tmp_path: Path) -> None:
     p = str(tmp_path / "x.db")
-    sink = open_sink(p)
+    sink = open_sink(p, layout="rows")  # (a page stores any msgpack integer)
     sink.begin_run(run_rec("r"))
     sink.append(_step(1, hlc=2**63))  # does not fit a 64-bit column
     with pytest.raises(LogError) as info:
