@@ -37,9 +37,9 @@ def paged_log(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def demo_log(paged_log: Path) -> Path:
-    """The same steps in rows, as a daemon's writer keeps them (indexed per record)."""
+    """The same steps in rows, as the thread writer keeps them with layout="rows" (indexed per record)."""
     rows = paged_log.parent / "demo.db"
-    with open_log(str(paged_log)) as log, open_sink(str(rows)) as sink:
+    with open_log(str(paged_log)) as log, open_sink(str(rows), layout="rows") as sink:
         for run in log.runs():
             sink.begin_run(run)
             for step in log.steps(run.run_id):

@@ -26,10 +26,11 @@ CUT = "was closed with {n:,} steps, but it holds {held}: the log was cut after i
 NOTE = "the run has no closing record: its writer never closed the log (the process died, or still runs)"
 
 
-async def _daemon_style_run(log: str, adds: int) -> None:
-    """An `AsyncDriver` on the wall clock writing rows through the thread writer, as the daemon
-    does, then closed as the daemon closes it at shutdown."""
-    sink = open_sink(log, "async")
+async def _daemon_style_run(log: str, adds: int, layout: str) -> None:
+    """An `AsyncDriver` on the wall clock writing through the thread writer, as the daemon does
+    (in pages; rows: the other layout), then closed as the daemon closes it at shutdown."""
+    # (at most 32 steps a transaction: several pages, so that deleting the last leaves some)
+    sink = open_sink(log, "async", layout=layout, max_batch=32)  # type: ignore[arg-type]
     async with AsyncDriver(seed=3, sink=sink) as d:
         d.spawn("c/0", Counter)
         d.spawn("c/1", Counter)
@@ -39,10 +40,10 @@ async def _daemon_style_run(log: str, adds: int) -> None:
     sink.close()
 
 
-@pytest.fixture(scope="module")
-def daemon_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", params=["pages", "rows"])
+def daemon_log(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Path:
     path = tmp_path_factory.mktemp("daemon") / "daemon.db"
-    anyio.run(_daemon_style_run, str(path), 200)
+    anyio.run(_daemon_style_run, str(path), 200, request.param)
     return path
 
 
@@ -105,12 +106,19 @@ def test_a_clean_daemon_log_answers_without_a_word(run: Run, daemon_log: Path) -
     assert run(daemon_log, ("verify",)).stdout.startswith("identical: 2 actors, ")
 
 
-def test_a_daemon_log_without_its_last_50_input_rows_is_refused(run: Run, daemon_log: Path, tmp_path: Path) -> None:
+def test_a_daemon_log_without_its_last_steps_is_refused(run: Run, daemon_log: Path, tmp_path: Path) -> None:
+    """Its last 50 input rows, or its last page, deleted."""
     n = _steps(daemon_log)
-    cut = _copy(daemon_log, tmp_path / "cut.db",
-                "DELETE FROM inputs WHERE id IN (SELECT id FROM inputs ORDER BY id DESC LIMIT 50)")  # fmt: skip
+    with sqlite3.connect(daemon_log) as db:
+        last = db.execute("SELECT steps FROM pages ORDER BY id DESC LIMIT 1").fetchone()
+    if last is None:  # the row layout
+        cut, held = _copy(daemon_log, tmp_path / "cut.db",
+                          "DELETE FROM inputs WHERE id IN (SELECT id FROM inputs ORDER BY id DESC LIMIT 50)"), n - 50  # fmt: skip
+    else:
+        cut = _copy(daemon_log, tmp_path / "cut.db", "DELETE FROM pages WHERE id = (SELECT max(id) FROM pages)")
+        held = n - last[0]
     for command in READS:
-        assert_one_line_error(run(cut, command), CUT.format(n=n, held=f"{n - 50:,}"))
+        assert_one_line_error(run(cut, command), CUT.format(n=n, held=f"{held:,}"))
 
 
 def test_a_sim_log_without_its_last_page_is_refused(run: Run, sim_log: Path, tmp_path: Path) -> None:
