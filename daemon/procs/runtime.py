@@ -31,7 +31,15 @@ from deepserve.core.asyncdriver import AsyncDriver
 from deepserve.core.messages import Message
 from deepserve.persistence import open_sink
 
-from ..runtime import JES, LOG_CACHE_KIB, LOG_LINGER_S, STREAM_ADDR, Runtime, keep_no_outside
+from ..runtime import (
+    JES,
+    LOG_CACHE_KIB,
+    LOG_FLUSH_S,
+    LOG_LINGER_S,
+    STREAM_ADDR,
+    Runtime,
+    keep_no_outside,
+)
 from .launcher import ProcessPods
 from .messages import PeerRoutes, SignalProcess, SpawnProcess
 from .routes import apply_peer_routes, main_prefixes
@@ -56,7 +64,8 @@ class ProcRuntime(Runtime):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # ipc:// paths hold at most 107 bytes: the sockets live in a short temporary directory.
         self.sock_dir = Path(tempfile.mkdtemp(prefix="ds-"))
-        self._sink = open_sink(str(self.log_path), "async", linger_s=LOG_LINGER_S, cache_kib=LOG_CACHE_KIB)
+        self._sink = open_sink(str(self.log_path), "async", linger_s=LOG_LINGER_S, flush_s=LOG_FLUSH_S,
+                               cache_kib=LOG_CACHE_KIB)
         self.transport = ZmqTransport(bind=f"ipc://{self.sock_dir}/main", limits=Limits(close_timeout_s=CLOSE_TIMEOUT_S))
         d = AsyncDriver(seed=self.cfg.daemon.seed, sink=self._sink, config=msgspec.to_builtins(self.cfg),
                         mailbox_capacity=65_536, transport=self.transport)  # fmt: skip

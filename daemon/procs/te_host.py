@@ -147,8 +147,8 @@ async def serve_pod(spec: HostSpec) -> None:
             if problem:
                 log.error("directory entry refused", error=problem)
 
-    # as the main process's log (runtime.LOG_LINGER_S, LOG_CACHE_KIB)
-    sink = open_sink(spec.log_path, "async", linger_s=0.02, cache_kib=8192)
+    # as the main process's log (runtime.LOG_LINGER_S, LOG_FLUSH_S, LOG_CACHE_KIB)
+    sink = open_sink(spec.log_path, "async", linger_s=0.02, flush_s=0.25, cache_kib=8192)
     config = {"pod_id": spec.pod_id, "te": te, "generation": spec.generation, "endpoint": spec.endpoint}
     d = AsyncDriver(seed=spec.seed, sink=sink, transport=transport, epoch=spec.epoch, run_id=spec.run_id,
                     config=config, mailbox_capacity=65_536)  # fmt: skip

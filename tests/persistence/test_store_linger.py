@@ -75,3 +75,43 @@ def test_linger_and_cache_are_checked() -> None:
         GroupCommitSink(CountingStore, label="t", linger_s=-1.0)
     assert "cache_size=-8192" in writer_pragmas("async", cache_kib=8192)
     assert "cache_size=-65536" in writer_pragmas("async")
+
+
+def test_a_flush_window_gathers_the_steps_of_a_window_into_one_commit() -> None:
+    """`flush_s` (the daemon's): at most a commit a window, so a page holds a window's steps; a
+    flush (or close) commits at once, without waiting the window out."""
+    store = CountingStore()
+    sink = GroupCommitSink(lambda: store, label="t", flush_s=5.0)
+    sink.begin_run(run_rec("r"))  # committed at once: begin_run waits for it
+    t0 = time.monotonic()
+    for i in range(1, STEPS + 1):
+        sink.append(_step(i))
+        time.sleep(GAP_S)  # without the window: a commit a step (the test above)
+    sink.flush()
+    assert time.monotonic() - t0 < 4.0  # the flush cut the window short
+    assert store.batches[1:] == [STEPS]
+    for i in range(STEPS + 1, 2 * STEPS + 1):
+        sink.append(_step(i))
+    assert sink.wait_committed(2 * STEPS, timeout=4.0)  # a waiter cuts it short too
+    sink.close()
+    assert sum(store.batches[1:]) == 2 * STEPS and len(store.batches) == 3
+
+
+def test_a_full_batch_ends_the_flush_window() -> None:
+    store = CountingStore()
+    sink = GroupCommitSink(lambda: store, label="t", flush_s=5.0, max_batch=4)
+    sink.begin_run(run_rec("r"))
+    for i in range(1, 5):
+        sink.append(_step(i))
+    t0 = time.monotonic()
+    while sink.committed_ticket < 4 and time.monotonic() - t0 < 4.0:
+        time.sleep(0.005)  # nobody waits on the sink: the full batch alone ends the window
+    assert sink.committed_ticket == 4
+    sink.close()
+
+
+def test_the_flush_window_is_checked() -> None:
+    with pytest.raises(ValueError, match="flush_s"):
+        GroupCommitSink(CountingStore, label="t", flush_s=-1.0)
+    with pytest.raises(ValueError, match="flush_s is for durability='async'"):
+        GroupCommitSink(CountingStore, label="t", durability="outbox", flush_s=0.1)
