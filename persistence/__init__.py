@@ -8,8 +8,9 @@ How a step goes from a handler to a row and back:
       → Step(input, events, outputs, snapshot)    core/records.py: one per delivery
       → sink.append(step) → ticket                a LogSink, from open_sink (factory.py):
           GroupCommitSink  group_commit.py        a queue and a writer thread, one batch a
-            └ BatchStore.write(batch)             transaction: sqlite/batch_store.py or
-                                                  postgres.py
+            └ BatchStore.write(batch)             transaction: sqlite/page_store.py (one
+                                                  zstd page, the default), batch_store.py
+                                                  (layout="rows") or postgres.py
           ProcessSink      sqlite/process_writer.py  batches msgpack-encoded to a child
             └ child.py "write"                    process that stores each as one page
                                                   (pages.py: simulations, no rows)
