@@ -6,7 +6,7 @@ one per TE process and generation (`te-1-g2.db`). A request's story spans them (
 main process, its tasks in the TE processes), so a query reads every log of the run directory,
 including the logs of processes that have died, and merges the rows by time (the processes of a
 run share one epoch, so their clocks compare). Each log is written by its own process in WAL mode;
-these reads see what has committed (a few milliseconds behind the live state).
+these reads see what has committed (up to the writer's flush window, 0.25 s, behind the live state).
 
 A log's runs are in pages (the thread writer's default layout, `persistence/sqlite/page_store.py`)
 or rows (older logs, `layout="rows"`, PostgreSQL): each query reads both. Pages carry no index by
