@@ -48,6 +48,9 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # The DP master's per-batch decisions and fold: plain int bookkeeping over the state's
     # Structs once their Python overhead was cut (docs/decisions.md, 2026-11-27 eleventh session).
     "master": ("actors.flowserve.master.scheduler", "actors.flowserve.master.evolve"),
+    # A JE routing decision outside its tree walk (issue 29 §4): the pool's reads, combined's
+    # sorts and the candidate records it builds. Its Structs stay pure (scheduling/decision.py).
+    "routing": ("actors.scheduling.combined", "actors.scheduling.pool", "actors.je.routing"),
 }
 COMPILED = tuple(m for modules in GROUPS.values() for m in modules)
 PACKAGE_ROOT = Path(__file__).resolve().parent
