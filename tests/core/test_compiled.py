@@ -139,3 +139,13 @@ def test_no_msgspec_struct_is_defined_in_a_compiled_module(module: str) -> None:
                if cls.__module__ == mod.__name__ and issubclass(cls, msgspec.Struct)]
     assert structs == [], f"{module} defines msgspec Structs {structs}: move them to a pure module"
 
+
+
+@needs_build
+def test_routing_decisions_are_the_same_in_both_builds(tmp_path: Path) -> None:
+    """The routing group (scheduling.combined, scheduling.pool, je.routing): every decision of
+    four policies on a mixed group, field for field (a simulated log has no mixed group)."""
+    code = "import routedecisions; print(routedecisions.digest())"
+    runs = [_python(code, tmp_path, pure=pure) for pure in (True, False)]
+    assert all(r.returncode == 0 for r in runs), [r.stderr for r in runs]
+    assert runs[0].stdout == runs[1].stdout and len(runs[0].stdout.strip()) == 64
