@@ -19,73 +19,42 @@ from __future__ import annotations
 
 import sqlite3
 import zlib
-from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 import zstandard
-from msgspec.structs import astuple
 
-from deepserve.core.records import RunRec, Step
+from deepserve.core.records import Step
 
-from ..errors import RunExists
-from ..group_commit import runs_and_steps
 from ..pages import page_head
-from ..rows import RunningDigest, run_row
-from .checks import BUSY_MS
-from .fresh import INSERT_PAGE, INSERT_RUN, INSERT_RUN_END, RUN_COLUMNS, max_id_sql, writer_pragmas
-from .sql import RUN_EXISTS, MultiInsert, transaction
+from ..rows import RunningDigest
+from .fresh import INSERT_PAGE, INSERT_RUN, INSERT_RUN_END, RUN_COLUMNS
+from .sql import MultiInsert, transaction
+from .thread_store import SqliteThreadStore
 
 PAGE_ZSTD_LEVEL = 3
 
 
-class SqlitePageStore:
-    """Writes one batch per transaction, its steps as one page. Lives in the writer thread."""
+class SqlitePageStore(SqliteThreadStore):
+    """The paged layout: each transaction's steps of a run as one page."""
 
     def __init__(self, path: str, durability: str, synchronous: str | None = None,
                  cache_kib: int | None = None) -> None:  # fmt: skip
-        self.label = path
-        self.conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_MS / 1000)
-        for pragma in writer_pragmas(durability, synchronous, cache_kib):
-            self.conn.execute(f"PRAGMA {pragma}")
-        max_vars = self.conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-        self.runs = MultiInsert(INSERT_RUN, RUN_COLUMNS, max_vars)
-        self.max_id = max_id_sql()
-        self.run_id: str | None = None
-        self.process = ""
-        self.ends: dict[tuple[str, str], RunningDigest] = {}
+        super().__init__(path, durability, synchronous, cache_kib)
+        self.runs = MultiInsert(INSERT_RUN, RUN_COLUMNS, self.max_vars)
         self._encode = msgspec.msgpack.Encoder().encode
         self._compress = zstandard.ZstdCompressor(level=PAGE_ZSTD_LEVEL).compress
 
-    def write(self, items: Sequence[Step | RunRec]) -> int:
-        """Commit `items` in one transaction; returns the number of steps written."""
-        steps, (self.run_id, self.process) = transaction(self.conn, lambda c: self._write(c, items))
-        return steps
+    def _insert_run(self, c: sqlite3.Connection, row: list[Any]) -> None:
+        self.runs.run_flat(c, row)
 
-    def _write(
-        self, c: sqlite3.Connection, items: Sequence[Step | RunRec]
-    ) -> tuple[int, tuple[str | None, str]]:
-        run_id, process = self.run_id, self.process
-        written = 0
-        for part in runs_and_steps(items):
-            if isinstance(part, RunRec):
-                if c.execute(RUN_EXISTS, (part.run_id, part.process)).fetchone() is not None:
-                    raise RunExists(self.label, part.run_id, part.process)
-                self.runs.run_flat(c, run_row(astuple(part)))
-                run_id, process = part.run_id, part.process
-                self.ends[(run_id, process)] = RunningDigest()
-                continue
-            if run_id is None:
-                raise ValueError("a step was appended before begin_run()")
-            # Step ids are assigned under the write lock, as in `SqliteBatchStore`.
-            first = (c.execute(self.max_id).fetchone()[0] or 0) + 1
-            head = page_head(part)
-            body = self._compress(self._encode(part))
-            crc = zlib.crc32(body)
-            c.execute(INSERT_PAGE, (run_id, first, head.steps, head.t_first, head.t_last, body, crc))
-            # a failed transaction fails the sink, which then writes no closing record at all
-            self.ends[(run_id, process)].add((crc,), len(part))
-            written += len(part)
-        return written, (run_id, process)  # the run switches once committed
+    def _insert_steps(self, c: sqlite3.Connection, run_id: str, first: int, part: list[Step],
+                      sums: RunningDigest) -> None:  # fmt: skip
+        head = page_head(part)
+        body = self._compress(self._encode(part))
+        crc = zlib.crc32(body)
+        c.execute(INSERT_PAGE, (run_id, first, head.steps, head.t_first, head.t_last, body, crc))
+        sums.add((crc,), len(part))
 
     def end_runs(self) -> None:
         """The closing record of every run this store wrote, in one transaction (`GroupCommitSink`
@@ -93,6 +62,3 @@ class SqlitePageStore:
         rows = [d.end_row(run_id, process) for (run_id, process), d in self.ends.items()]
         if rows:
             transaction(self.conn, lambda c: c.executemany(INSERT_RUN_END, rows))
-
-    def close(self) -> None:
-        self.conn.close()
