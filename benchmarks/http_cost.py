@@ -223,37 +223,13 @@ def _idle_rate(srv: Servers, idle_s: float, progress: Callable[[str], None]) -> 
 
 def add_cost_args(p: Any) -> None:
     """`bench http`'s flags for the cost rows."""
-    from deepserve.cli.util import positive_int
+    from deepserve.cli.util import in_range, positive_int
 
-    p.add_argument("--cost-rounds", type=_rounds, default=3, metavar="R",
+    p.add_argument("--cost-rounds", type=in_range(int, 0, 100, "an integer"), default=3, metavar="R",
                    help="interleaved daemon/bare rounds for the cost rows, at concurrency 16 and 64 (0: no cost rows)")
     p.add_argument("--cost-requests", type=positive_int, default=320, metavar="N", help="requests a cost window")
-    p.add_argument("--idle-s", type=_seconds, default=185.0, metavar="S",
+    p.add_argument("--idle-s", type=in_range(float, 0, 86_400, "seconds"), default=185.0, metavar="S",
                    help=f"idle time for log_bytes_per_idle_hour, the first {IDLE_SETTLE_S:g} s not counted (<= that: skipped)")
-
-
-def _rounds(text: str) -> int:
-    import argparse
-
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if not 0 <= n <= 100:
-        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 100, got {text!r}")
-    return n
-
-
-def _seconds(text: str) -> float:
-    import argparse
-
-    try:
-        s = float(text)
-    except ValueError:
-        s = -1.0
-    if not 0 <= s <= 86_400:
-        raise argparse.ArgumentTypeError(f"must be seconds from 0 to 86400, got {text!r}")
-    return s
 
 
 def cost_rows(args: Any, progress: Callable[[str], None]) -> list[Row]:

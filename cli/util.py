@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import msgspec
@@ -91,6 +92,21 @@ def positive_float(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
     return value
+
+
+def in_range(kind: type[int] | type[float], lo: float, hi: float, what: str) -> Callable[[str], Any]:
+    """argparse type for an int or float from `lo` to `hi` ("must be WHAT from LO to HI")."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"must be {what} from {lo:g} to {hi:g}, got {text!r}")
+        return value
+
+    return parse
 
 
 def print_json(obj: Any) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from inproc import FAST, load, quiet, started
 
+from deepserve.benchmarks.http_cost import log_bytes
 from deepserve.persistence import open_log
 from deepserve.replay import verify
 
@@ -20,26 +21,16 @@ WARM, REQUESTS, CONCURRENCY, TOKENS = 16, 160, 16, 16
 BOUND_BYTES_PER_REQUEST = 2560  # measured 1,024 (module docstring); issue 30's target is 4,096
 
 
-def _live_bytes(db: Path) -> int:
-    """The log's bytes in use (pages of the file and its WAL not on the free list)."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        count, free, size = (con.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "freelist_count", "page_size"))
-    finally:
-        con.close()
-    return int((count - free) * size)
-
-
 async def _run(run_dir: Path) -> tuple[int, Path]:
     rt, _ = await started(run_dir, *FAST)
     try:
         await load(rt, WARM, CONCURRENCY, TOKENS)
         rt._sink.flush()  # noqa: SLF001 — the measurement starts from what is committed
-        before = _live_bytes(rt.log_path)
+        before = log_bytes(rt.log_path)
         done = await load(rt, REQUESTS, CONCURRENCY, TOKENS)
         assert [(got, d.status) for got, d in done] == [(TOKENS, "completed")] * REQUESTS
         rt._sink.flush()  # noqa: SLF001
-        return _live_bytes(rt.log_path) - before, rt.log_path
+        return log_bytes(rt.log_path) - before, rt.log_path
     finally:
         await rt.stop(2.0)
 
