@@ -38,9 +38,17 @@ def test_the_index_links_every_entry_once() -> None:
     text = DECISIONS.read_text()
     index = text.split("\n## Index\n", 1)[1].split("\n## ", 1)[0]
     linked = re.findall(r"\]\(#([^)]+)\)", index)
-    anchors = [_slug(heading) for heading, _ in _entries(text)]
-    assert len(set(anchors)) == len(anchors), "two entries share a heading"
-    assert sorted(linked) == sorted(anchors)
+    entries = {_slug(heading): heading for heading, _ in _entries(text)}
+    assert len(entries) == len(_entries(text)), "two entries share a heading"
+    missing = [
+        f"- [{entries[a].partition(' — ')[2]}](#{a}) ({entries[a].partition(' — ')[0]})"
+        for a in entries
+        if a not in linked
+    ]
+    assert not missing, "index lines to add under the entry's area:\n" + "\n".join(missing)
+    stale = sorted(set(linked) - set(entries))
+    assert not stale, f"the index links entries that do not exist: {stale}"
+    assert len(linked) == len(set(linked)), "the index lists an entry twice"
 
 
 def test_the_checks_see_a_bad_entry() -> None:
