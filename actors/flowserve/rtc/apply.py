@@ -5,6 +5,13 @@ the one way the block pool, the ref counts, the index and the tiers change, and 
 recorded events rebuilds the state exactly (no copying on the hot path). The events carry the
 block ids the decision functions picked; `apply` re-checks them against the state (a mismatch
 means a log and a state that diverged, and raises instead of corrupting the pool).
+
+Two versions of the same fold live here. `apply` is the one every caller uses: its per-block
+loops (allocation, indexing, release, a swap-out's start and end) have the pool's primitives
+(`pool.py`) inlined, because they run tens of times per request. `apply_reference`, at the end,
+says the same thing block by block through those primitives; it is what to read first, and
+tests/actors/flowserve/test_rtc_stateful.py folds every event through both and checks that they
+leave equal states (swap-out memo included). Change both or neither.
 """
 
 from __future__ import annotations
@@ -359,3 +366,87 @@ def apply(rtc: Rtc, event: object) -> Rtc:
 
 def is_rtc_event(event: object) -> bool:
     return type(event) in _APPLY
+
+
+# ---- the readable reference -----------------------------------------------------
+# `apply` without its inlined fast paths: each block moves through one pool primitive. Not
+# called on any hot path; the state-machine test holds `apply` to it event by event.
+
+
+def _allocated_reference(rtc: Rtc, ev: RtcBlocksAllocated) -> None:
+    table = _seq(rtc, ev.seq).blocks
+    for b in ev.shared:  # a prefix hit: one more reference on each shared block
+        _ref_inc(rtc, b)
+    table.extend(ev.shared)
+    if ev.shared:
+        rtc.seqs[ev.seq].num_cached = len(table)
+    for b in ev.blocks:  # fresh blocks: the free stack's top, else an evicted cached block
+        _take_hbm(rtc, b)
+    table.extend(ev.blocks)
+
+
+def _cached_reference(rtc: Rtc, ev: RtcBlocksCached) -> None:
+    for b, h, p in zip(ev.blocks, ev.hashes, ev.parents, strict=True):
+        _index_hbm(rtc, h, p, b)
+    rtc.seqs[ev.seq].num_cached = ev.num_cached
+
+
+def _freed_reference(rtc: Rtc, ev: RtcFreed) -> None:
+    sb = rtc.seqs.pop(ev.seq)
+    for c in rtc.copies.values():  # its populate copies no longer fill a table
+        if c.seq == ev.seq:
+            c.seq = None
+    for b in reversed(sb.blocks):  # tail first: the least likely to be shared, evicted first
+        _ref_dec(rtc, b)
+
+
+def _copy_started_reference(rtc: Rtc, ev: RtcCopyStarted) -> None:
+    if ev.kind != SWAP_OUT:
+        _copy_started(rtc, ev)  # populate and prefetch: written with the primitives already
+        return
+    rtc.copies[ev.copy_id] = CopyOp(ev.kind, ev.seq, list(ev.hashes), list(ev.hbm), list(ev.dram))
+    rtc.next_copy += 1
+    for b in ev.hbm:  # the copy reads each HBM block: a reference (off the LRU)
+        _ref_inc(rtc, b)
+    for d in ev.dram:  # and writes each DRAM block: reserved and pinned (evicting its KV)
+        _take_dram(rtc, d)
+
+
+def _copy_finished_reference(rtc: Rtc, ev: RtcCopyFinished) -> None:
+    c = rtc.copies.get(ev.copy_id)
+    if c is None or c.kind != SWAP_OUT:
+        _copy_finished(rtc, ev)  # populate and prefetch: written with the primitives already
+        return
+    del rtc.copies[ev.copy_id]
+    if len(ev.stored) != len(ev.parents):
+        raise Diverged(f"copy {ev.copy_id}: {len(ev.stored)} hashes stored, {len(ev.parents)} parents")
+    if not len(c.hashes) == len(c.hbm) == len(c.dram):
+        raise Diverged(f"copy {c.hashes!r}: hashes, HBM and DRAM blocks differ in number")
+    arrived = set(ev.stored) if ev.ok else set()
+    # Reversed, so that the released blocks keep their order at the LRU's front.
+    for h, b, d in zip(reversed(c.hashes), reversed(c.hbm), reversed(c.dram), strict=True):
+        if h in arrived:  # DRAM holds this block's KV now: index it there
+            rtc.nodes[h].dram = d
+            rtc.dram_hash[d] = h
+            rtc.hbm_saved[b] = 1
+        _unpin_dram(rtc, d)
+        _ref_dec(rtc, b, cold=ev.ok)  # saved: released cold, so it is evicted first
+    rtc.finished[ev.copy_id] = ev.ok
+    if len(rtc.finished) > rtc.config.max_copies_in_flight:
+        rtc.finished.popitem(last=False)  # type: ignore[call-arg]
+
+
+_APPLY_REFERENCE = {
+    **_APPLY,
+    RtcBlocksAllocated: _allocated_reference,
+    RtcBlocksCached: _cached_reference,
+    RtcFreed: _freed_reference,
+    RtcCopyStarted: _copy_started_reference,
+    RtcCopyFinished: _copy_finished_reference,
+}
+
+
+def apply_reference(rtc: Rtc, event: object) -> Rtc:
+    """`apply`, block by block through the pool's primitives (the module's docstring)."""
+    _APPLY_REFERENCE[type(event)](rtc, event)  # type: ignore[index, operator]
+    return rtc

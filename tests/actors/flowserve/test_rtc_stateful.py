@@ -3,7 +3,9 @@
 After every step: no leak (every HBM/DRAM block is held, free or cached — exactly one), no
 double free (apply refuses it; ref counts never negative), HBM use never above capacity, the
 block ids every decision picks equal the reference's, matches equal the reference's, and the
-mirror folded from the KV events equals the RTC's index.
+mirror folded from the KV events equals the RTC's index. And every event folded by `apply` (the
+fast path) leaves the state its readable version `apply_reference` leaves (both in rtc/apply.py),
+the swap-out memo (not a field) included.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from deepserve.actors.flowserve import rtc
+from deepserve.actors.flowserve.rtc.apply import apply_reference
 from deepserve.actors.flowserve.rtc.state import NONE, SwapMemo
 from deepserve.actors.flowserve.rtc.tiers import _scan
 from deepserve.core.codec import encode
@@ -40,6 +43,10 @@ def chain_of(tokens: list[int], salt: int = 0) -> list[int]:
     return out
 
 
+def _memo(m: SwapMemo) -> tuple:
+    return tuple(getattr(m, name) for name in SwapMemo.__slots__)
+
+
 prompts = st.lists(st.integers(0, 1), min_size=1, max_size=5)
 
 
@@ -57,7 +64,13 @@ class RtcMachine(RuleBasedStateMachine):
 
     def rec(self, ev: object) -> None:
         self.log.append(encode(ev))
+        twin = copy.deepcopy(self.r)
+        twin.swap_memo = copy.deepcopy(self.r.swap_memo)  # (a deepcopy of the state drops it)
+        apply_reference(twin, ev)
         rtc.apply(self.r, ev)
+        assert twin == self.r, ev
+        assert _memo(twin.swap_memo) == _memo(self.r.swap_memo), ev
+        event(f"fast and reference: {type(ev).__name__} {getattr(ev, 'kind', '')}")
         for k in rtc.kv_events_of(ev, BLOCK):
             self.mirror.fold(k)
 
