@@ -1,4 +1,11 @@
-"""`evolve` of the DP-group master: folds its events (and the RTC's) into the state, in place."""
+"""`evolve` of the DP-group master: folds its events (and the RTC's) into the state, in place.
+
+A batch's end is folded twice over here: `_ended` (with `_ended_lead` for a run with lead
+passes), the fast path `FOLDS` uses once a batch, with its per-entry helpers inlined and the
+common case (no lead) apart; and `ended_reference`, the same fold in one readable loop, never
+called on a hot path. tests/actors/flowserve/test_master_fast_paths.py folds every batch end of
+whole runs through both and checks equal states. Change both.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from deepserve.actors.flowserve import rtc
-from deepserve.actors.flowserve.master.scheduler import has_head
+from deepserve.actors.flowserve.master.scheduler import has_head, has_head_reference
 from deepserve.actors.flowserve.master.state import (
     DEFERRED,
     HELD,
@@ -190,6 +197,57 @@ def _ended_lead(st: MasterState, e: BatchEnded, fl: InFlight) -> None:
             if r.first_token_s is None:
                 r.first_token_s = e.ends_s[0]
     # a lead pass that ran has a duration (the run may have ended before the others)
+    for tokens, s in zip(prefill, (e.prefill_s, *e.lead_s), strict=False):
+        if s > 0 and tokens:
+            w = PREFILL_RATE_WEIGHT
+            st.prefill_tokens_per_s = (1 - w) * st.prefill_tokens_per_s + w * (tokens / s)
+
+
+def ended_reference(st: MasterState, e: BatchEnded) -> None:
+    """`_ended` and `_ended_lead`, readable: pass 0, the lead's passes, then one token a pass."""
+    fl = st.in_flight
+    st.in_flight = None
+    if fl is None or e.failed:
+        return
+    passes = len(e.ends_s)
+    m = 1 + len(fl.lead)  # the passes before decoding
+    if passes > m:  # the mean decode pass
+        sample = (e.ends_s[-1] - e.ends_s[m - 1]) / (passes - m)
+        old = st.run_pass_s
+        st.run_pass_s = sample if old == 0.0 else (1 - RUN_PASS_WEIGHT) * old + RUN_PASS_WEIGHT * sample
+    reqs = st.reqs
+    prefill = [0] * m  # prefill tokens of each pass before decoding
+    head = passes > 1 and has_head_reference(st, fl.entries)
+    lead = _lead_tokens(fl.lead) if passes > 1 and fl.lead else {}
+    for i, entry in enumerate(fl.entries):
+        r = reqs.get(entry.task_id)
+        if r is None or r.status != RUNNING:
+            continue
+        if passes == 1:
+            if r.cancelled_at is not None and e.ends_s[0] >= r.cancelled_at:
+                continue  # cancelled while this pass ran: its token is not delivered
+            if entry.n > 1:
+                prefill[0] += entry.n
+            r.num_computed += entry.n
+            if r.num_computed >= r.num_tokens:
+                r.emitted += 1
+                if r.first_token_s is None:
+                    r.first_token_s = e.ends_s[0]
+            continue
+        k = passes if r.cancelled_at is None else _before(e.ends_s, r.cancelled_at)
+        if k == 0:
+            continue  # cancelled while pass 0 ran: nothing is delivered
+        ns = (entry.n, *lead.get(entry.task_id, ()))  # its tokens in pass 0 and the lead's
+        ran = ns[:k]
+        for j, n in enumerate(ran):
+            if n > 1:
+                prefill[j] += n
+        r.num_computed += sum(ran) + max(0, k - len(ns))  # then one token a pass
+        f = fl.emit_from[i] if fl.emit_from else 0  # the first pass that emits its token
+        if k > f:
+            r.emitted += k - f
+            if head and r.first_token_s is None:
+                r.first_token_s = e.ends_s[f]
     for tokens, s in zip(prefill, (e.prefill_s, *e.lead_s), strict=False):
         if s > 0 and tokens:
             w = PREFILL_RATE_WEIGHT

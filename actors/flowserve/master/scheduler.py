@@ -6,6 +6,14 @@ the simulation — extension of a pure-decode batch to a run of k passes.
 `schedule` decides and returns the batch; the block-table changes it needs are RTC events that it
 hands to `record` in order (each is applied before the next decision reads the pool). It reads
 the state, never writes it.
+
+Two versions of the same decisions live here. `schedule` is the one the master calls, once a
+batch: its per-task loops have their helpers inlined (`run_running`, `passes`, `has_head`),
+because a batch's fixed costs dominate. `schedule_reference` (`run_running_reference`,
+`passes_reference`, `has_head_reference`, `run_cap_reference`) is how they were written before:
+plain comprehensions, helper calls, a binary search. Read it first; it is never called on a hot
+path. tests/actors/flowserve/test_master_fast_paths.py runs both at every scheduling call of
+whole runs and checks the same plan, the same recorded events and the same state. Change both.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from deepserve.actors.flowserve.master.state import (
     MasterState,
     Req,
 )
+from deepserve.actors.flowserve.tokens import blocks_needed
 from deepserve.core import Event
 
 Record = Callable[[Event], None]
@@ -302,6 +311,69 @@ class _Step:
                 self.record(rtc.allocate(R, e.task_id, more))
         return lo
 
+    # ---- the readable reference (the module's docstring) ---------------------------------
+    def run_running_reference(self) -> None:
+        """`run_running`: decodes first, then partial prefills, each in running order."""
+        reqs, R = self.st.reqs, self.st.rtc
+        decode = [_is_decode(reqs[t]) for t in self.running]
+        order = [t for t, d in zip(self.running, decode, strict=True) if d]
+        order += [t for t, d in zip(self.running, decode, strict=True) if not d]
+        for tid in order:
+            if tid in self.preempted or self.budget == 0:
+                continue
+            r = reqs[tid]
+            if r.cancelled is not None:
+                continue
+            n = self._chunk(r.num_tokens - r.num_computed)
+            if n == 0:
+                continue
+            need = blocks_needed(r.num_computed + n, self.cfg.block_tokens) - len(rtc.block_table(R, tid))
+            if not self._make_room(need, tid):
+                self._preempt(tid)
+                continue
+            if need > 0:
+                self.record(rtc.allocate(R, tid, need))
+            self._add(tid, n)
+
+    def passes_reference(self) -> Run:
+        """`passes`: pass 0, then the lead's passes, then decodes, while the batch stays as it is."""
+        st, cfg = self.st, self.cfg
+        if not cfg.aggregate or not self.entries or self.preempted:
+            return SINGLE
+        reqs, admitted, entries = st.reqs, dict(self.admitted), self.entries
+        if len(entries) != len(st.running) + len(admitted):
+            in_batch = {e.task_id for e in entries}
+            if any(t not in in_batch and reqs[t].cancelled is None for t in st.running):
+                return SINGLE  # left out of pass 0 (no budget): a later pass would take it
+        tasks = [reqs[e.task_id] for e in entries]
+        c0 = [admitted.get(e.task_id, r.num_computed) for e, r in zip(entries, tasks, strict=True)]
+        head = any(not (e.n == 1 and _is_decode(r) and e.task_id not in admitted)
+                   for e, r in zip(entries, tasks, strict=True))  # fmt: skip
+        if head and any(t not in admitted for t in st.waiting):
+            return SINGLE  # a waiting task would be admitted at the next pass
+        after = [c + e.n for c, e in zip(c0, entries, strict=True)]
+        if head and any(a < r.num_tokens for a, r in zip(after, tasks, strict=True)):
+            if st.rtc.config.dram_blocks:
+                return SINGLE  # the DRAM tier's plans would move (`_lead_run`)
+            lead = _Lead(entries, tasks, c0, self._run_order(admitted), cfg)
+            if lead.failed:
+                return SINGLE
+            k = min(run_cap_reference(st, cfg),
+                    *(f + r.out_len - r.emitted for f, r in zip(lead.emit_from, tasks, strict=True)))
+            k = self._blocks_allow(lead.computed, k) if k > 1 else k
+            if k <= 1:
+                return SINGLE
+            return Run(k, tuple(lead.passes[: k - 1]), tuple(min(f, k) for f in lead.emit_from))
+        k = min(run_cap_reference(st, cfg), *(r.out_len - r.emitted for r in tasks))
+        if k <= 1:
+            return SINGLE
+
+        def computed(j: int) -> list[int]:  # every pass after pass 0 decodes
+            return [a + j - 1 for a in after]
+
+        k = self._blocks_allow(computed, k)
+        return SINGLE if k <= 1 else Run(k)
+
 
 class _Lead:
     """The passes after pass 0 that finish the batch's prompts, as the stepwise scheduler
@@ -359,6 +431,24 @@ class _Lead:
         return [c + extra for c in cum[-1]]
 
 
+def _is_decode(r: Req) -> bool:
+    return r.num_tokens - r.num_computed == 1 and r.emitted > 0
+
+
+def run_cap_reference(st: MasterState, cfg: MasterConfig) -> int:
+    """`run_cap`, readable."""
+    if st.run_pass_s <= 0.0:
+        return min(cfg.max_run_iterations, PROBE_RUN_PASSES)
+    fit = int(RUN_TIMEOUT_SHARE * cfg.npu_timeout_s / st.run_pass_s)
+    return max(1, min(cfg.max_run_iterations, fit))
+
+
+def has_head_reference(st: MasterState, entries: tuple[Entry, ...] | list[Entry]) -> bool:
+    """`has_head`, readable."""
+    reqs = st.reqs
+    return any(not (e.n == 1 and _is_decode(reqs[e.task_id])) for e in entries if e.task_id in reqs)
+
+
 def has_head(st: MasterState, entries: tuple[Entry, ...] | list[Entry]) -> bool:
     """Whether a run of these entries starts with a pass of its own (an entry completes its
     prompt in it) rather than a decode pass like the rest."""
@@ -383,6 +473,22 @@ def schedule(st: MasterState, cfg: MasterConfig, record: Record, launch: bool = 
         step=st.step, entries=tuple(step.entries), iterations=run.passes, lead=run.lead,
         emit_from=run.emit_from,
         admitted=tuple(step.admitted), preempted=tuple(step.preempted),
+        launched=launch and bool(step.entries),
+    )  # fmt: skip
+    return Plan(batch=batch, copies=step.copies)
+
+
+def schedule_reference(st: MasterState, cfg: MasterConfig, record: Record, launch: bool = False) -> Plan:
+    """`schedule`, readable (the module's docstring)."""
+    step = _Step(st, cfg, record)
+    step.run_running_reference()
+    step.admit_waiting()
+    if not step.entries and not step.preempted:
+        return Plan(batch=None, copies=step.copies)
+    run = step.passes_reference()
+    batch = BatchPlanned(
+        step=st.step, entries=tuple(step.entries), iterations=run.passes, lead=run.lead,
+        emit_from=run.emit_from, admitted=tuple(step.admitted), preempted=tuple(step.preempted),
         launched=launch and bool(step.entries),
     )  # fmt: skip
     return Plan(batch=batch, copies=step.copies)

@@ -1,25 +1,34 @@
-"""The DP master's per-batch fast paths make the decisions of their plain versions
-(master_reference.py): at every scheduling call and every batch end of a run, the current code
+"""The DP master's per-batch fast paths make the decisions of their readable versions beside them
+in the source (`scheduler.schedule_reference`, `scheduler.has_head_reference`,
+`evolve.ended_reference`): at every scheduling call and every batch end of a run, the fast path
 and the reference, each on its own copy of the state, give the same plan, the same recorded
 events and the same state after them."""
 
 from __future__ import annotations
 
 import copy
+import importlib.util
 from collections import Counter
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 from fsharness import driver
 from fswire import REQ, hardware, master_config, task
-from master_reference import RefStep, ref_ended, ref_has_head, ref_schedule
 
+import deepserve
 from deepserve.actors.flowserve import rtc
 from deepserve.actors.flowserve.master import actor as master_actor
 from deepserve.actors.flowserve.master import evolve as master_evolve
 from deepserve.actors.flowserve.master import scheduler
 from deepserve.actors.flowserve.master.actor import DpMaster
-from deepserve.actors.flowserve.master.evolve import FOLDS, RTC_EVENT_TYPES, evolve_master
+from deepserve.actors.flowserve.master.evolve import (
+    FOLDS,
+    RTC_EVENT_TYPES,
+    ended_reference,
+    evolve_master,
+)
 from deepserve.actors.flowserve.master.state import MASTER_EVENTS, BatchEnded, MasterState
 from deepserve.actors.flowserve.messages import CancelTask
 from deepserve.adapters.scenario.loader import load_scenario
@@ -27,6 +36,21 @@ from deepserve.adapters.scenario.run import run_scenario
 from deepserve.core import Event
 
 M = "te/0/dp/0"
+
+
+def _pure_scheduler() -> ModuleType:
+    """scheduler.py loaded from its source as a module of its own, for counting the calls of
+    `_Step._blocks_allow`: in the compiled build the real `_Step` is a native class, whose
+    methods cannot be patched. Its Plan and Run are the real module's (compared with `==`)."""
+    path = Path(deepserve.__file__).parent / "actors" / "flowserve" / "master" / "scheduler.py"
+    spec = importlib.util.spec_from_file_location("pure_master_scheduler", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_pure = _pure_scheduler()
 
 
 def test_the_fold_table_covers_every_master_event_and_rtc_events_exactly() -> None:
@@ -45,7 +69,7 @@ class _Checker:
         real_schedule, real_evolve = scheduler.schedule, DpMaster.evolve
         # Counted on the reference's step (the pure source's class): the compiled `_Step`'s
         # calls to its own methods do not go through a patched attribute.
-        real_blocks_allow = RefStep._blocks_allow
+        real_blocks_allow = _pure._Step._blocks_allow
 
         def schedule(st: MasterState, cfg: Any, record: Any, launch: bool = False) -> Any:
             ref_st, ref_events, events = copy.deepcopy(st), [], []
@@ -58,7 +82,7 @@ class _Checker:
                 events.append(ev)
                 record(ev)
 
-            want = ref_schedule(ref_st, cfg, ref_record, launch)
+            want = _pure.schedule_reference(ref_st, cfg, ref_record, launch)
             got = real_schedule(st, cfg, rec, launch)
             assert got == want
             assert events == ref_events
@@ -74,10 +98,10 @@ class _Checker:
             if type(event) is not BatchEnded:
                 return real_evolve(actor, state, event)
             ref = copy.deepcopy(state)
-            head = ref_has_head(ref, ref.in_flight.entries) if ref.in_flight is not None else None
+            head = scheduler.has_head_reference(ref, ref.in_flight.entries) if ref.in_flight is not None else None
             if ref.in_flight is not None:
                 assert scheduler.has_head(state, state.in_flight.entries) == head  # type: ignore[union-attr]
-            ref_ended(ref, event)
+            ended_reference(ref, event)
             out = real_evolve(actor, state, event)
             assert out == ref
             self.seen["ended"] += 1
@@ -89,7 +113,7 @@ class _Checker:
 
         monkeypatch.setattr(master_actor, "schedule", schedule)
         monkeypatch.setattr(DpMaster, "evolve", evolve)
-        monkeypatch.setattr(RefStep, "_blocks_allow", blocks_allow)
+        monkeypatch.setattr(_pure._Step, "_blocks_allow", blocks_allow)
         assert master_evolve.FOLDS is FOLDS
 
 
