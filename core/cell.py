@@ -2,7 +2,12 @@
 
 `execute` is shared by `SimDriver`, `AsyncDriver` and replay: the exact same code
 turns (actor, envelope, time) into (events, outputs), which is what makes a log
-re-executable.
+re-executable. It runs once a delivery, so its helpers (`address.hlc_merge`, `_begin`) are
+inlined and its module names are `Final` C statics in the compiled build. `execute_reference`,
+beside it, is the same delivery written with those helpers; read it first. It is never called
+by a driver: tests/core/test_execute_reference.py runs both on twin cells over random deliveries
+(a start, handler failures and restarts, asks answered and failed, stops) and checks the same
+cell, context and results. Change both.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any, Final
 import msgspec
 
 from .actor import Actor, Directive
-from .address import HLC_LOGICAL_BITS
+from .address import HLC_LOGICAL_BITS, hlc_merge
 from .classpath import load_class
 from .codec import encode
 from .context import Context
@@ -219,6 +224,50 @@ def execute(cell: Cell, env: Envelope, now: float) -> bool:
         cell.alive = False
     if ctx.events and cell.snap is not None:
         return _note_events(cell, ctx.events)
+    return False
+
+
+def _begin(ctx: Context, env: Envelope, now: float) -> None:
+    """A fresh context for one delivery (`execute` inlines it)."""
+    ctx.env = env
+    ctx._now = now
+    ctx.events = []
+    ctx.event_blobs = []
+    ctx.outputs = []
+    ctx._rng = None
+    ctx._ids = 0
+    ctx.stopping = False
+
+
+def execute_reference(cell: Cell, env: Envelope, now: float) -> bool:
+    """`execute`, readable (the module's docstring): the same delivery, helpers called."""
+    ctx = cell.ctx
+    cell.seq += 1
+    cell.hlc = hlc_merge(cell.hlc, env.hlc, now)  # a receive: the HLC moves past the sender's
+    _begin(ctx, env, now)
+    msg = env.msg
+    own_timeout = type(msg) is AskFailed and env.src == cell.addr
+    if env.reply_to is not None and not own_timeout:
+        ctx.cancel(f"ask:{env.reply_to}")  # the answer arrived: drop its timeout
+    t0 = perf_counter()
+    try:
+        if type(msg) is Started:
+            _start(cell, msg)
+        elif type(msg) is Stop:
+            ctx.stopping = True
+        else:
+            cell.actor.handle(ctx, msg)  # type: ignore[union-attr]
+    except Exception as exc:  # noqa: BLE001 — any handler failure is supervised
+        _fail(cell, exc, now)
+        cell.stats.failed += 1
+    cell.stats.handled += 1
+    cell.stats.handler_time_s += perf_counter() - t0
+    if ctx.stopping and cell.alive:
+        reason = f"stopped by {env.src}" if type(msg) is Stop else "stopped itself"
+        ctx.events.append(Stopped(reason=reason))
+        cell.alive = False
+    if ctx.events and cell.snap is not None:
+        return _note_events(cell, ctx.events)  # keep them for restarts; maybe a snapshot
     return False
 
 
