@@ -123,6 +123,31 @@ def plan_swap_out(rtc: Rtc) -> RtcCopyStarted | None:
     return _swap_out(rtc, cold[: cfg.swap_batch_blocks])
 
 
+def plan_swap_out_reference(rtc: Rtc) -> RtcCopyStarted | None:
+    """`plan_swap_out`, readable: a walk of the LRU's front where the fast path asks the
+    swap-out memo (state.SwapMemo), and `copy_to_dram` where it builds the event by maps
+    (`_swap_out`). Never called on a hot path: tests/actors/flowserve/test_rtc_stateful.py
+    asks both at every step of its runs. Change both."""
+    cfg = rtc.config
+    if cfg.dram_blocks == 0 or len(rtc.free_hbm) >= cfg.swap_low_watermark * cfg.hbm_blocks:
+        return None
+    if len(rtc.copies) >= cfg.max_copies_in_flight:
+        return None
+    window = islice(lru_order(rtc), 4 * cfg.swap_batch_blocks)  # the next blocks to be evicted
+    unsaved = [(at, b) for at, b in enumerate(window) if not rtc.hbm_saved[b]]  # not in DRAM
+    if not unsaved:
+        return None
+    first = unsaved[0][0]  # the coldest one's place in the LRU
+    if len(unsaved) < cfg.swap_min_blocks and len(rtc.free_hbm) + first >= cfg.swap_batch_blocks:
+        return None  # too few for a copy, and none of them is about to be evicted
+    hashes: list[int] = []
+    for _, b in unsaved[: cfg.swap_batch_blocks]:
+        h = rtc.hbm_hash[b]
+        assert h is not None  # a block on the LRU holds indexed KV
+        hashes.append(h)
+    return copy_to_dram(rtc, hashes)
+
+
 def _swap_out(rtc: Rtc, blocks: tuple[int, ...]) -> RtcCopyStarted | None:
     """`copy_to_dram` of the chain hashes of `blocks`, which are distinct, cached and not in
     DRAM (the memo's unsaved blocks: on the LRU, indexed, `hbm_saved` 0), so none is filtered

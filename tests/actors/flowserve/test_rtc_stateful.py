@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from deepserve.actors.flowserve import rtc
 from deepserve.actors.flowserve.rtc.apply import apply_reference
 from deepserve.actors.flowserve.rtc.state import NONE, SwapMemo
-from deepserve.actors.flowserve.rtc.tiers import _scan
+from deepserve.actors.flowserve.rtc.tiers import _scan, plan_swap_out_reference
 from deepserve.core.codec import encode
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -225,6 +225,8 @@ class RtcMachine(RuleBasedStateMachine):
         r, size = self.r, 4 * self.r.config.swap_batch_blocks
         known = r.swap_memo.size > 0 and r.swap_memo.known() >= min(size, rtc.lru_blocks(r))
         ev = rtc.plan_swap_out(r)
+        # The readable version beside it (tiers.plan_swap_out_reference: an LRU walk) agrees
+        assert ev == plan_swap_out_reference(r)
         # The memo that spares most scans (state.SwapMemo) decides as a fresh scan would: a
         # copy of the state starts with no memo.
         assert ev == rtc.plan_swap_out(copy.deepcopy(r))
