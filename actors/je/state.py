@@ -1,12 +1,17 @@
 """The JE's `evolve`: every state change comes from a recorded event (in place: the kernel
-rebuilds from snapshot + events after a failed handler)."""
+rebuilds from snapshot + events after a failed handler). One function per event kind, found by
+the event's type in `_FOLD` (one look-up, whatever the number of kinds)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 from deepserve.actors.scheduling.locality import PromptTree
 from deepserve.core import Event
 
 from .messages import (
+    Batch,
     BatchAccepted,
     JeLateMessage,
     JePrefilled,
@@ -27,110 +32,14 @@ from .messages import (
     TaskAcked,
     TaskStreamed,
 )
+from .trees import KvEventsFolded, fold_kv_batch
 
 
 def evolve(s: JeState, e: Event, max_tree_blocks: int) -> JeState:
-    t = type(e)
-    if t is RouteDecided:
-        _routed(s, e, max_tree_blocks)  # type: ignore[arg-type]
-    elif t is JeTaskEnded:
-        j = s.jobs[e.request_id]  # type: ignore[attr-defined]
-        _close(s, j.te)
-        j.te, j.acked = "", False
-        if e.status != "completed":  # type: ignore[attr-defined]
-            for te in (e.te, e.prefill_te):  # type: ignore[attr-defined]
-                if te and te not in j.excluded:
-                    j.excluded.append(te)
-    elif t is TaskAcked:
-        j = s.jobs[e.task_id.rpartition("/")[0]]  # type: ignore[attr-defined]
-        j.acked = True
-        if j.phase == "prefill":  # a prefill took work: idle ones exist, sweep eagerly again
-            s.sweep_misses = 0
-    elif t is PrefillWaiting:
-        rid = e.request_id  # type: ignore[attr-defined]
-        j = s.jobs[rid]
-        _close(s, j.te)
-        if j.refused:
-            j.last_refused = j.refused
-        j.te, j.phase, j.refused, j.fed, j.waited = "", "prefill", [], False, True
-        if rid in s.waiting:
-            s.waiting.remove(rid)
-        if e.front:  # type: ignore[attr-defined]
-            s.waiting.insert(0, rid)
-        else:
-            s.waiting.append(rid)
-    elif t is SweepMissed:
-        s.sweep_misses += 1
-    elif t is PrefillSetAside:
-        s.set_aside[e.te] = e.until_s  # type: ignore[attr-defined]
-        s.set_aside_why[e.te] = e.reason  # type: ignore[attr-defined]
-    elif t is RouteQueued:
-        if e.decision.policy == "round_robin":  # type: ignore[attr-defined]
-            s.turns += 1  # the turn was taken: the next request goes to the next candidate
-    elif t is TaskStreamed:
-        j = s.jobs[e.task_id.rpartition("/")[0]]  # type: ignore[attr-defined]
-        j.streamed = True
-        j.output_tokens = max(j.output_tokens, e.upto)  # type: ignore[attr-defined]
-        if j.first_token_s is None:
-            j.first_token_s = e.first_token_s  # type: ignore[attr-defined]
-    elif t is OfferRefused:
-        j = s.jobs[e.request_id]  # type: ignore[attr-defined]
-        _close(s, j.te)
-        j.te = ""
-        if e.permanent:  # type: ignore[attr-defined]
-            if e.te not in j.excluded:  # type: ignore[attr-defined]
-                j.excluded.append(e.te)  # type: ignore[attr-defined]
-        elif e.te:  # type: ignore[attr-defined]
-            j.refused.append(e.te)  # type: ignore[attr-defined]
-        else:  # a whole sweep refused: the next offer starts again from the best
-            j.refused = []
-    elif t is JePrefilled:
-        j = s.jobs[e.request_id]  # type: ignore[attr-defined]
-        j.first_token_s, j.kv, j.prefill_te = e.first_token_s, e.kv, e.te  # type: ignore[attr-defined]
-        j.cached_prompt_tokens, j.prompt_tokens = e.cached_prompt_tokens, e.prompt_tokens  # type: ignore[attr-defined]
-        j.queued_s, j.scheduled_s = e.queued_s, e.scheduled_s  # type: ignore[attr-defined]
-        _close(s, j.te)
-        j.te = ""
-    elif t is JobAccepted:
-        _accepted(s, e)  # type: ignore[arg-type]
-    elif t is JobFinished:
-        _finished(s, e)  # type: ignore[arg-type]
-    elif t is MembershipChanged:
-        _membership(s, e, max_tree_blocks)  # type: ignore[arg-type]
-        key = f"{e.model}/{e.role}"  # type: ignore[attr-defined]
-        if e.draining:  # type: ignore[attr-defined]
-            s.draining[key] = list(e.draining)  # type: ignore[attr-defined]
-        else:
-            s.draining.pop(key, None)
-    elif t is BatchAccepted:
-        from .messages import Batch
-
-        s.batches[e.batch_id] = Batch(count=e.count, deadline_s=e.deadline_s, reply_to=e.reply_to)  # type: ignore[attr-defined]
-    elif t is JobParked:
-        s.parked.append(e.request_id)  # type: ignore[attr-defined]
-    elif t is JeLateMessage:
-        s.late += 1
-    elif t is JobCancelRequested:
-        j = s.jobs[e.request_id]  # type: ignore[attr-defined]
-        j.cancelled, j.cancel_completes = e.reason, e.completed  # type: ignore[attr-defined]
+    fold = _FOLD.get(type(e))
+    if fold is not None:
+        fold(s, e, max_tree_blocks)
     return s
-
-
-def _membership(s: JeState, e: MembershipChanged, max_tree_blocks: int) -> None:
-    groups = s.groups.setdefault(e.model, {})
-    left = set(groups.get(e.role, ())) - set(e.tes)
-    groups[e.role] = list(e.tes)
-    tree = s.trees.setdefault(e.model, PromptTree(max_blocks=max_tree_blocks))
-    for te in sorted(left):  # gone from the group: a TE that comes back starts with an empty cache
-        if not any(te in tes for tes in groups.values()):
-            tree.forget(te)
-            if te in s.publishing:
-                s.publishing.remove(te)
-
-
-def _close(s: JeState, te: str) -> None:
-    if te and s.open.get(te, 0) > 0:
-        s.open[te] -= 1
 
 
 def _routed(s: JeState, e: RouteDecided, max_tree_blocks: int) -> None:
@@ -162,7 +71,130 @@ def _routed(s: JeState, e: RouteDecided, max_tree_blocks: int) -> None:
         tree.insert(te, j.prompt.block_hashes)
 
 
-def _accepted(s: JeState, e: JobAccepted) -> None:
+def _task_ended(s: JeState, e: JeTaskEnded, _: int) -> None:
+    j = s.jobs[e.request_id]
+    _close(s, j.te)
+    j.te, j.acked = "", False
+    if e.status != "completed":
+        for te in (e.te, e.prefill_te):
+            if te and te not in j.excluded:
+                j.excluded.append(te)
+
+
+def _acked(s: JeState, e: TaskAcked, _: int) -> None:
+    j = s.jobs[e.task_id.rpartition("/")[0]]
+    j.acked = True
+    if j.phase == "prefill":  # a prefill took work: idle ones exist, sweep eagerly again
+        s.sweep_misses = 0
+
+
+def _waiting(s: JeState, e: PrefillWaiting, _: int) -> None:
+    rid = e.request_id
+    j = s.jobs[rid]
+    _close(s, j.te)
+    if j.refused:
+        j.last_refused = j.refused
+    j.te, j.phase, j.refused, j.fed, j.waited = "", "prefill", [], False, True
+    if rid in s.waiting:
+        s.waiting.remove(rid)
+    if e.front:
+        s.waiting.insert(0, rid)
+    else:
+        s.waiting.append(rid)
+
+
+def _sweep_missed(s: JeState, e: SweepMissed, _: int) -> None:
+    s.sweep_misses += 1
+
+
+def _set_aside(s: JeState, e: PrefillSetAside, _: int) -> None:
+    s.set_aside[e.te] = e.until_s
+    s.set_aside_why[e.te] = e.reason
+
+
+def _queued(s: JeState, e: RouteQueued, _: int) -> None:
+    if e.decision.policy == "round_robin":
+        s.turns += 1  # the turn was taken: the next request goes to the next candidate
+
+
+def _streamed(s: JeState, e: TaskStreamed, _: int) -> None:
+    j = s.jobs[e.task_id.rpartition("/")[0]]
+    j.streamed = True
+    j.output_tokens = max(j.output_tokens, e.upto)
+    if j.first_token_s is None:
+        j.first_token_s = e.first_token_s
+
+
+def _offer_refused(s: JeState, e: OfferRefused, _: int) -> None:
+    j = s.jobs[e.request_id]
+    _close(s, j.te)
+    j.te = ""
+    if e.permanent:
+        if e.te not in j.excluded:
+            j.excluded.append(e.te)
+    elif e.te:
+        j.refused.append(e.te)
+    else:  # a whole sweep refused: the next offer starts again from the best
+        j.refused = []
+
+
+def _prefilled(s: JeState, e: JePrefilled, _: int) -> None:
+    j = s.jobs[e.request_id]
+    j.first_token_s, j.kv, j.prefill_te = e.first_token_s, e.kv, e.te
+    j.cached_prompt_tokens, j.prompt_tokens = e.cached_prompt_tokens, e.prompt_tokens
+    j.queued_s, j.scheduled_s = e.queued_s, e.scheduled_s
+    _close(s, j.te)
+    j.te = ""
+
+
+def _membership_changed(s: JeState, e: MembershipChanged, max_tree_blocks: int) -> None:
+    _membership(s, e, max_tree_blocks)
+    key = f"{e.model}/{e.role}"
+    if e.draining:
+        s.draining[key] = list(e.draining)
+    else:
+        s.draining.pop(key, None)
+
+
+def _batch_accepted(s: JeState, e: BatchAccepted, _: int) -> None:
+    s.batches[e.batch_id] = Batch(count=e.count, deadline_s=e.deadline_s, reply_to=e.reply_to)
+
+
+def _parked(s: JeState, e: JobParked, _: int) -> None:
+    s.parked.append(e.request_id)
+
+
+def _late(s: JeState, e: JeLateMessage, _: int) -> None:
+    s.late += 1
+
+
+def _cancel_requested(s: JeState, e: JobCancelRequested, _: int) -> None:
+    j = s.jobs[e.request_id]
+    j.cancelled, j.cancel_completes = e.reason, e.completed
+
+
+def _kv_folded(s: JeState, e: KvEventsFolded, max_tree_blocks: int) -> None:
+    fold_kv_batch(s, e, max_tree_blocks)
+
+
+def _membership(s: JeState, e: MembershipChanged, max_tree_blocks: int) -> None:
+    groups = s.groups.setdefault(e.model, {})
+    left = set(groups.get(e.role, ())) - set(e.tes)
+    groups[e.role] = list(e.tes)
+    tree = s.trees.setdefault(e.model, PromptTree(max_blocks=max_tree_blocks))
+    for te in sorted(left):  # gone from the group: a TE that comes back starts with an empty cache
+        if not any(te in tes for tes in groups.values()):
+            tree.forget(te)
+            if te in s.publishing:
+                s.publishing.remove(te)
+
+
+def _close(s: JeState, te: str) -> None:
+    if te and s.open.get(te, 0) > 0:
+        s.open[te] -= 1
+
+
+def _accepted(s: JeState, e: JobAccepted, _: int) -> None:
     s.jobs[e.request_id] = Job(
         model=e.model, prompt=e.prompt, sampling=e.sampling, reply_to=e.reply_to,
         arrival_s=e.arrival_s, predicted_bucket=e.predicted_bucket, batch_id=e.batch_id,
@@ -174,7 +206,7 @@ def _accepted(s: JeState, e: JobAccepted) -> None:
         s.online += 1
 
 
-def _finished(s: JeState, e: JobFinished) -> None:
+def _finished(s: JeState, e: JobFinished, _: int) -> None:
     rid = e.done.request_id
     j = s.jobs.pop(rid)
     _close(s, j.te)
@@ -195,3 +227,14 @@ def _finished(s: JeState, e: JobFinished) -> None:
         b.failed += not ok
         if b.completed + b.failed == b.count:
             del s.batches[j.batch_id]
+
+
+# Each fold takes its own event type; the table's value type says only "an event" (Any), so a
+# fold is looked up by exactly the type it is written for.
+_FOLD: dict[type, Callable[[JeState, Any, int], None]] = {
+    RouteDecided: _routed, JeTaskEnded: _task_ended, TaskAcked: _acked, PrefillWaiting: _waiting,
+    SweepMissed: _sweep_missed, PrefillSetAside: _set_aside, RouteQueued: _queued, TaskStreamed: _streamed,
+    OfferRefused: _offer_refused, JePrefilled: _prefilled, JobAccepted: _accepted, JobFinished: _finished,
+    MembershipChanged: _membership_changed, BatchAccepted: _batch_accepted, JobParked: _parked,
+    JeLateMessage: _late, JobCancelRequested: _cancel_requested, KvEventsFolded: _kv_folded,
+}  # fmt: skip

@@ -1,0 +1,237 @@
+"""The JE's decision core: `JeCore.handle(s, now, msg, fx)` is everything the JobExecutor does
+with one input, as effects (effects.py) — no context, no I/O, so it runs and is tested without a
+driver (tests/actors/je/test_je_core.py). This half: the TEs' answers about tasks (accepted,
+tokens, rejected, silent, finished), a failed task retried or its job ended, the cluster
+manager's membership pushes (a TE that left its group has its open tasks failed over; draining
+TEs keep theirs), cancels from the frontend, and the JE's own timers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from deepserve.actors.flowserve.master.kv_publish import SubscribeKvEvents
+from deepserve.actors.flowserve.master.pd import KvRelease
+from deepserve.actors.flowserve.messages import (
+    KV_TRANSFER_FAILED,
+    CancelTask,
+    TaskAccepted,
+    TaskFinished,
+    TaskRejected,
+    TaskTokens,
+)
+from deepserve.actors.flowserve.rtc.kv_events import KVEventBatch
+from deepserve.actors.scheduling.forwarding import is_busy, te_down
+from deepserve.actors.workload.messages import EndOfRun
+from deepserve.core import Message
+
+from . import decide as D
+from .effects import Effects
+from .flow import JobFlow
+from .messages import (
+    AcceptTimeout,
+    BatchTick,
+    CancelDeadline,
+    CancelJob,
+    JeLateMessage,
+    JePrefilled,
+    JeState,
+    JeTaskEnded,
+    Job,
+    JobCancelRequested,
+    JobRequest,
+    MembershipChanged,
+    OfferAgain,
+    OfferRefused,
+    ParkTimeout,
+    PrefillSetAside,
+    SubmitBatch,
+    SweepTick,
+    TaskAcked,
+    TaskStreamed,
+    TeGroupMembership,
+)
+from .trees import KvEventsFolded
+
+
+class JeCore(JobFlow):
+    def handle(self, s: JeState, now: float, fx: Effects, msg: Message) -> None:
+        """One input, carried out through `fx`. Unknown inputs are ignored (as before)."""
+        on = _ON.get(type(msg))
+        if on is not None:
+            on(self, s, now, fx, msg)
+
+    def kv_batch(self, fx: Effects, sender: str, m: KVEventBatch) -> None:
+        """A TE's KV cache events, folded into the model's prompt tree (trees.py)."""
+        fx.record(KvEventsFolded(te=sender, batch=m))
+
+    # ---- task answers --------------------------------------------------------------------------
+    def current(self, s: JeState, fx: Effects, tid: str, what: str) -> tuple[str, Job] | None:
+        """The job whose current task `tid` is, or None (recorded as late: an earlier attempt's
+        answer, or a finished job's)."""
+        rid = tid.rpartition("/")[0]
+        j = s.jobs.get(rid)
+        if j is None or j.task_id != tid or not j.te:
+            fx.record(JeLateMessage(task_id=tid, what=what))
+            return None
+        return rid, j
+
+    def acked(self, s: JeState, now: float, fx: Effects, m: TaskAccepted) -> None:
+        cur = self.current(s, fx, m.task_id, "TaskAccepted")
+        if cur is not None and not cur[1].acked:
+            fx.record(TaskAcked(task_id=m.task_id))
+            fx.cancel(f"acc/{m.task_id}")
+            if cur[1].phase == "prefill" and self.on_demand:
+                self.feed(s, now, fx, cur[1].te)  # it took one: offer it the next, until it refuses
+
+    def tokens(self, s: JeState, now: float, fx: Effects, m: TaskTokens) -> None:
+        j = s.jobs.get(m.task_id.rpartition("/")[0])
+        if j is None or j.task_id != m.task_id or not j.te:
+            return  # an earlier attempt's or a finished job's tokens: never shown to the client
+        first = m.times_s[0] if m.first_index == 0 and m.times_s else None
+        fx.record(TaskStreamed(task_id=m.task_id, upto=m.first_index + len(m.times_s), first_token_s=first))
+
+    def rejected(self, s: JeState, now: float, fx: Effects, m: TaskRejected) -> None:
+        cur = self.current(s, fx, m.task_id, "TaskRejected")
+        if cur is None:
+            return
+        rid, j = cur
+        fx.cancel(f"acc/{m.task_id}")
+        if not (j.phase == "prefill" and self.on_demand):
+            self.task_failed(s, now, fx, rid, j, f"rejected by {j.te}: {m.reason}")
+            return
+        # on-demand forwarding: a refusal is not a failure — the next prefill is asked
+        te, fed, busy = j.te, j.fed, is_busy(m.reason)
+        fx.record(OfferRefused(request_id=rid, task_id=m.task_id, te=te, reason=m.reason, permanent=not busy))
+        if te_down(m.reason) and self.cfg.kv_fail_cooldown_s > 0:  # no other job offers it either
+            fx.record(PrefillSetAside(te=te, until_s=now + self.cfg.kv_fail_cooldown_s,
+                                      reason=f"refused {m.task_id}: {m.reason}"))  # fmt: skip
+        if fed and busy:  # batch forwarding ends at the first refusal; the task is the oldest again
+            self.wait(s, now, fx, rid, j, f"{te} refused: it is busy", front=True)
+        else:
+            self.dispatch(s, now, fx, rid, j, "prefill", j.attempt + 1)
+
+    def accept_timeout(self, s: JeState, now: float, fx: Effects, m: AcceptTimeout) -> None:
+        rid = m.task_id.rpartition("/")[0]
+        j = s.jobs.get(rid)
+        if j is None or j.task_id != m.task_id or not j.te or j.acked:
+            return  # answered in time, or no longer current
+        self.task_failed(s, now, fx, rid, j, f"{j.te} did not answer within {self.cfg.forwarding.accept_timeout_s:g}s")
+
+    def task_finished(self, s: JeState, now: float, fx: Effects, m: TaskFinished) -> None:
+        cur = self.current(s, fx, m.task_id, f"TaskFinished {m.status}")
+        if cur is None:
+            return
+        rid, j = cur
+        fx.cancel(f"acc/{m.task_id}")
+        if j.cancelled and m.kv is not None:  # a prefill that finished anyway: P may free the KV it holds
+            fx.send(m.kv.src, KvRelease(transfer_id=m.kv.transfer_id))
+        result = D.task_result(j, m)
+        if isinstance(result, D.Finish):
+            self.finish(s, now, fx, rid, j, result.status, result.reason, m, result.first_token_s,
+                        result.cached_prompt_tokens)  # fmt: skip
+        elif isinstance(result, D.Failed):
+            self.task_failed(s, now, fx, rid, j, result.reason)
+        else:
+            self.prefilled(s, now, fx, rid, j, m)
+
+    def prefilled(self, s: JeState, now: float, fx: Effects, rid: str, j: Job, m: TaskFinished) -> None:
+        """The prefill's KV is ready: its decode task goes to a decode TE."""
+        assert m.kv is not None  # task_result: a prefill finished with its KV handle
+        te = j.te
+        fx.record(JeTaskEnded(request_id=rid, task_id=m.task_id, te=te, status="completed", reason=m.reason))
+        fx.record(JePrefilled(request_id=rid, first_token_s=m.first_token_s, kv=m.kv, te=te,
+                              cached_prompt_tokens=m.cached_prompt_tokens, prompt_tokens=m.prompt_tokens,
+                              queued_s=m.queued_s, scheduled_s=m.scheduled_s))  # fmt: skip
+        self.dispatch(s, now, fx, rid, j, "decode", j.decodes + 1)  # a restarted job's next decode
+        if self.on_demand:
+            self.feed(s, now, fx, te)  # a prefill slot freed: the prefill's state changed
+
+    def task_failed(self, s: JeState, now: float, fx: Effects, rid: str, j: Job, reason: str) -> None:
+        """The job's current task failed (or was given up on): recorded, then retried on another
+        TE or the job ended (`decide.after_failure`)."""
+        te, phase, attempt = j.te, j.phase, j.attempt
+        kv_lost = phase == "decode" and KV_TRANSFER_FAILED in reason
+        fx.record(JeTaskEnded(request_id=rid, task_id=j.task_id, te=te, status="failed", reason=reason,
+                              prefill_te=j.prefill_te if kv_lost else ""))  # fmt: skip
+        cooldown = self.cfg.kv_fail_cooldown_s
+        if kv_lost and j.prefill_te and cooldown > 0:
+            fx.record(PrefillSetAside(te=j.prefill_te, until_s=now + cooldown, reason=reason))
+        verdict = D.after_failure(j, phase, attempt, reason, self.cfg.max_attempts)
+        if isinstance(verdict, D.End):
+            self.finish(s, now, fx, rid, j, verdict.status, verdict.reason)
+        else:
+            self.dispatch(s, now, fx, rid, j, verdict.phase, verdict.attempt, verdict.last)
+
+    # ---- membership, cancels, timers -----------------------------------------------------------
+    def membership(self, s: JeState, now: float, fx: Effects, m: TeGroupMembership) -> None:
+        known = s.groups.get(m.model, {}).get(m.role, [])
+        fx.record(MembershipChanged(model=m.model, role=m.role, tes=m.tes, draining=m.draining))
+        if self.cfg.kv_events and m.role != "decode":  # the prompt tree mirrors the TEs' caches
+            for te in m.tes:
+                if te not in known:  # new, or a replacement at the same address: its cache is empty
+                    fx.send(te, SubscribeKvEvents(subscriber=self.me))
+        members = {te for tes in s.groups.get(m.model, {}).values() for te in tes}
+        prefix = f"{m.model}/"
+        members |= {te for k, tes in s.draining.items() if k.startswith(prefix) for te in tes}
+        for rid in [r for r in s.parked if s.jobs[r].model == m.model]:
+            fx.cancel(f"park/{rid}")
+            self.dispatch(s, now, fx, rid, s.jobs[rid], "chat", 1)
+        for rid, j in list(s.jobs.items()):
+            if j.model == m.model and j.te and j.te not in members:
+                self.task_failed(s, now, fx, rid, j, f"{j.te} left the {m.role} group")
+        if m.role == "prefill" and self.on_demand:
+            for te in m.tes:
+                if te not in known:
+                    self.feed(s, now, fx, te)  # a new prefill is idle
+
+    def cancel(self, s: JeState, now: float, fx: Effects, m: CancelJob) -> None:
+        """A cancel from the frontend: to the TE holding the job's task (which frees its KV);
+        ended here if that TE never answers (`cancel_deadline`)."""
+        j = s.jobs.get(m.request_id)
+        if j is None or j.cancelled:
+            return  # not this JE's job (cancels go to every JE), or cancelled already
+        fx.record(JobCancelRequested(request_id=m.request_id, reason=m.reason, completed=m.completed))
+        if not j.te:  # parked, queued, or between tasks: nothing runs
+            self.finish(s, now, fx, m.request_id, j, "cancelled", m.reason)
+            return
+        fx.send(j.te, CancelTask(task_id=j.task_id, reason=m.reason), corr=m.request_id)
+        fx.after(self.cfg.forwarding.accept_timeout_s, CancelDeadline(request_id=m.request_id),
+                 key=f"cancel/{m.request_id}")  # fmt: skip
+
+    def cancel_deadline(self, s: JeState, now: float, fx: Effects, m: CancelDeadline) -> None:
+        j = s.jobs.get(m.request_id)
+        if j is not None:  # the TE never answered the cancel (dead, hung): end it here
+            self.finish(s, now, fx, m.request_id, j, "cancelled", f"{j.cancelled} (no answer from {j.te or 'any TE'})")
+
+    def offer_again(self, s: JeState, now: float, fx: Effects, m: OfferAgain) -> None:
+        if m.request_id in s.waiting:  # a waiting prefill task's TTFT deadline
+            self.expire(s, now, fx, m.request_id)
+
+    def park_timeout(self, s: JeState, now: float, fx: Effects, m: ParkTimeout) -> None:
+        j = s.jobs.get(m.request_id)
+        if j is not None and m.request_id in s.parked:
+            self.finish(s, now, fx, m.request_id, j, "failed", f"no TE group for model {j.model!r} was pushed in time")
+
+    def end_of_run(self, s: JeState, now: float, fx: Effects, m: EndOfRun) -> None:
+        for rid, j in list(s.jobs.items()):
+            self.finish(s, now, fx, rid, j, "failed", m.reason)
+
+
+def _sweep(core: JeCore, s: JeState, now: float, fx: Effects, m: SweepTick) -> None:
+    core.sweep(s, now, fx)
+
+
+def _batch_tick(core: JeCore, s: JeState, now: float, fx: Effects, m: BatchTick) -> None:
+    core.pump_batch(s, now, fx)
+
+
+# The input kinds, each to its method (one look-up); a method takes exactly its key's type.
+_ON: dict[type, Callable[[JeCore, JeState, float, Effects, Any], None]] = {
+    TaskTokens: JeCore.tokens, TaskFinished: JeCore.task_finished, TaskAccepted: JeCore.acked,
+    TaskRejected: JeCore.rejected, JobRequest: JeCore.job_request, AcceptTimeout: JeCore.accept_timeout,
+    OfferAgain: JeCore.offer_again, SweepTick: _sweep, TeGroupMembership: JeCore.membership,
+    SubmitBatch: JeCore.batch, ParkTimeout: JeCore.park_timeout, BatchTick: _batch_tick,
+    CancelJob: JeCore.cancel, CancelDeadline: JeCore.cancel_deadline, EndOfRun: JeCore.end_of_run,
+}  # fmt: skip
