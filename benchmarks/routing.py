@@ -3,7 +3,7 @@
 A JE state of `tes` TEs of one model (half colocated, a quarter prefill, a quarter decode, open
 tasks drawn at random) and a global prompt tree holding `prompts` 2K-token prompts (chains that
 share a system prefix, each on a few TEs, as KV events would fold them). Each sample routes one
-of those prompts the way a request's arrival does (`JobExecutor._submit`): one walk of the tree
+of those prompts the way a request's arrival does (`JeCore.job_request`): one walk of the tree
 (`routing.group_walk`), the decode-length predictor on its longest match, then the candidates
 and the policy (`JobExecutor.decide`) — with the real policy (`combined` by default), the PD
 heatmap and the predictor the scheduler loads. The baseline, measured in the same run and
