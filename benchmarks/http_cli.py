@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from deepserve.benchmarks.table import as_json_lines, render
-from deepserve.cli.util import CliError, positive_int
+from deepserve.cmdline import CliError, positive_int
 
 EXIT_BENCH_FAILED = 1
 

@@ -223,7 +223,7 @@ def _idle_rate(srv: Servers, idle_s: float, progress: Callable[[str], None]) -> 
 
 def add_cost_args(p: Any) -> None:
     """`bench http`'s flags for the cost rows."""
-    from deepserve.cli.util import in_range, positive_int
+    from deepserve.cmdline import in_range, positive_int
 
     p.add_argument("--cost-rounds", type=in_range(int, 0, 100, "an integer"), default=3, metavar="R",
                    help="interleaved daemon/bare rounds for the cost rows, at concurrency 16 and 64 (0: no cost rows)")

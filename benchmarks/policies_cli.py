@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from deepserve.cli.util import CliError, positive_float, positive_int, print_json
+from deepserve.cmdline import CliError, positive_float, positive_int, print_json
 
 DEFAULT_HEATMAP = "runs/heatmap-codellama-34b-tp4.json"
 DEFAULT_PREDICTOR = "runs/predictor.json"

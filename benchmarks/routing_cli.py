@@ -7,7 +7,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from deepserve.cli.util import CliError, positive_int
+from deepserve.cmdline import CliError, positive_int
 
 from .policies_cli import DEFAULT_HEATMAP, DEFAULT_PREDICTOR, _ensure_heatmap, _ensure_predictor
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from deepserve.benchmarks.table import as_json_lines, render
-from deepserve.cli.util import positive_int
+from deepserve.cmdline import positive_int
 
 
 def register_sim(which: argparse._SubParsersAction) -> None:
@@ -23,7 +23,7 @@ def _run_sim(args: argparse.Namespace) -> int:
     from deepserve.adapters.scenario.loader import ScenarioError
     from deepserve.adapters.traces import TraceError
     from deepserve.benchmarks.sim import sim_bench
-    from deepserve.cli.util import CliError
+    from deepserve.cmdline import CliError
 
     def progress(label: str) -> None:
         if not args.json:
@@ -47,7 +47,7 @@ def _check_requests(requests: int | None) -> None:
     """More requests than the bench's trace holds are refused (the run took fewer, silently)."""
     from deepserve.adapters.traces import open_trace
     from deepserve.benchmarks.sim import bench_trace
-    from deepserve.cli.util import CliError
+    from deepserve.cmdline import CliError
 
     trace = open_trace(bench_trace())
     if requests is not None and requests > (rows := trace.rows()):

@@ -7,7 +7,8 @@ import asyncio
 import sys
 
 from deepserve.benchmarks.table import as_json_lines, render
-from deepserve.cli.util import CliError, one_line, require_driver
+from deepserve.cli.util import one_line, require_driver
+from deepserve.cmdline import CliError
 
 # Below this every workload still has a few hundred operations (the AsyncDriver stream
 # needs 64 messages a tick); above it a run takes hours. Both measured, not guessed:

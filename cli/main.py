@@ -15,7 +15,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from deepserve.cli.util import CliError, CliParser, missing_extra, one_line
+from deepserve.cli.util import CliParser, missing_extra, one_line
+from deepserve.cmdline import CliError
 from deepserve.core.driver import CODE_VERSION
 from deepserve.persistence import close_open_sinks
 from deepserve.persistence.api import LogError

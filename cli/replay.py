@@ -10,14 +10,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from deepserve.cli.usercode import add_user_code_arguments, load_user_code
-from deepserve.cli.util import (
-    CliError,
-    CliParser,
-    print_json,
-    print_pretty_json,
-    require_driver,
-    seconds,
-)
+from deepserve.cli.util import CliParser, require_driver
+from deepserve.cmdline import CliError, print_json, print_pretty_json, seconds
 from deepserve.replay.common import compact
 
 if TYPE_CHECKING:

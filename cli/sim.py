@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from deepserve.adapters.scenario import cli as scenario_cli
-from deepserve.cli.util import CliError, CliParser, positive_int, print_json, require_driver
+from deepserve.cli.util import CliParser, require_driver
+from deepserve.cmdline import CliError, positive_int, print_json
 from deepserve.persistence.api import LogError
 
 # name -> ("module:function", one-line description). The function is

@@ -16,7 +16,8 @@ import importlib
 import os
 import sys
 
-from deepserve.cli.util import CliError, CliParser
+from deepserve.cli.util import CliParser
+from deepserve.cmdline import CliError
 from deepserve.core.classpath import trust_directory, trust_module
 
 

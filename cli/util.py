@@ -1,22 +1,18 @@
-"""What every `deepserve` command shares: the argument parser and output helpers.
+"""What only the `deepserve` command itself uses: its argument parser, the advice for a missing
+optional dependency, the check for a log target's driver.
 
-The contract for the command line (DESIGN.md): a bad argument exits 2 with one
-line on stderr and never a traceback; `--json` prints results as JSON.
+What code below `cli/` shares with the command line (`CliError`, the argparse value types,
+`print_json`) is `deepserve.cmdline`: nothing imports `cli/` (DESIGN.md, Layout). The contract
+for the command line (DESIGN.md): a bad argument exits 2 with one line on stderr and never a
+traceback; `--json` prints results as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import sys
-from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import NoReturn
 
-import msgspec
-
-
-class CliError(Exception):
-    """A user error: printed as one line on stderr, exit status 2."""
+from deepserve.cmdline import CliError
 
 
 class CliParser(argparse.ArgumentParser):
@@ -60,60 +56,3 @@ def _no_password(url: str) -> str:
 
 def one_line(text: str) -> str:
     return " ".join(text.split())
-
-
-def seconds(text: str) -> float:
-    """argparse type for a clock time or duration in seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds as a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {text!r}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    """argparse type for a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
-    return value
-
-
-def in_range(kind: type[int] | type[float], lo: float, hi: float, what: str) -> Callable[[str], Any]:
-    """argparse type for an int or float from `lo` to `hi` ("must be WHAT from LO to HI")."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"must be {what} from {lo:g} to {hi:g}, got {text!r}")
-        return value
-
-    return parse
-
-
-def print_json(obj: Any) -> None:
-    """One JSON document per line: easy to pipe into jq or read line by line."""
-    sys.stdout.write(msgspec.json.encode(obj, enc_hook=repr).decode() + "\n")
-
-
-def print_pretty_json(obj: Any) -> None:
-    blob = msgspec.json.encode(obj, enc_hook=repr)
-    sys.stdout.write(msgspec.json.format(blob, indent=2).decode() + "\n")

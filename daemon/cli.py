@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from deepserve.adapters.scenario.loader import ScenarioError
-from deepserve.cli.util import CliError, print_json
+from deepserve.cmdline import CliError, print_json
 
 FAULTS = ("kill-te", "hang-npu", "link-down", "link-up", "link-degrade", "hbm-fault")
 

@@ -209,7 +209,7 @@ def _margin(ranked: list[dict[str, Any]], keys: list[str]) -> str:
 
 def run_why(reader: LogReader, request_id: str, run_id: str | None, as_json: bool) -> int:
     """The `replay why` command body (the CLI hook passes the opened reader)."""
-    from deepserve.cli.util import print_json
+    from deepserve.cmdline import print_json
 
     hops = request_hops(reader, request_id, run_id)
     if as_json:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from deepserve.adapters.traces import TraceError, open_trace
-from deepserve.cli.util import CliError, positive_int, print_json
+from deepserve.cmdline import CliError, positive_int, print_json
 
 from .loader import ScenarioError, builtin_names, load_scenario, trace_path
 
