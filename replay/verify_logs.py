@@ -15,6 +15,7 @@ import os
 import msgspec
 
 from deepserve.persistence.factory import log_files, open_log
+from deepserve.persistence.run_dir import log_name
 
 from .common import ReplayError
 from .verifier import Divergence, VerifyResult, verify
@@ -70,9 +71,8 @@ def missing_logs(directory: str, files: list[str]) -> list[str]:
     (each log's run config names its partition, `index` of `of`), and a daemon's TE processes
     (the `pods` actor's `SpawnProcess` outputs in `daemon.db`). A run directory missing one
     used to verify `identical` on what was left, and `replay log` dropped its lines."""
-    # the writers' own naming rules (imported here: only a run directory needs them)
+    # the split simulation's naming rule (imported here: only a run directory needs it)
     from deepserve.adapters.scenario.parallel import worker_log_name
-    from deepserve.daemon.procs.supervisor import log_name
 
     names = {os.path.basename(f) for f in files}
     expected: set[str] = set()
@@ -102,7 +102,6 @@ def exited_logs(directory: str) -> set[str]:
     inputs in `daemon.db`: a TE process killed, or replaced). Such a log has no closing record when
     its process was killed, and that is the run's own story, not a log cut short: the daemon's log
     says where and how it ended."""
-    from deepserve.daemon.procs.supervisor import log_name
 
     path = os.path.join(directory, "daemon.db")
     if not os.path.isfile(path):

@@ -27,6 +27,7 @@ import structlog
 
 from deepserve.adapters.zmq import Directory
 from deepserve.core.messages import Message
+from deepserve.persistence.run_dir import log_name
 
 from .messages import ProcessExited, ProcessStartFailed, ProcessUp, SignalProcess, SpawnProcess
 from .routes import drop_endpoint, pod_routes
@@ -62,11 +63,6 @@ class Child:
             # so signalling it is harmless until the watcher reaps it (and sets `returncode`).
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.proc.pid, sig)
-
-
-def log_name(pod_id: str) -> str:
-    """"te/3#g2" -> "te-3-g2" (a file name in the run directory, and a socket name)."""
-    return pod_id.replace("/", "-").replace("#", "-")
 
 
 class Supervisor:
