@@ -1,4 +1,5 @@
-"""`deepserve bench ...` subcommands."""
+"""`deepserve bench ...` subcommands: the kernel, transport and devices suites here, each other
+suite in its own module (`bench_<suite>.py`, registered below in `--help`'s order)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import sys
 
 from deepserve.benchmarks.table import as_json_lines, render
+from deepserve.cli import bench_http, bench_policies, bench_routing, bench_sim
 from deepserve.cli.util import one_line, require_driver
 from deepserve.cmdline import CliError
 
@@ -44,7 +46,7 @@ def _flow_count(text: str) -> int:
     return value
 
 
-def register_bench(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser("bench", help="performance suite: one table, baselines measured in the same run")
     which = bench.add_subparsers(dest="bench_command", metavar="SUITE", required=True)
     kernel = which.add_parser("kernel", help="actor kernel, event store and replay throughput")
@@ -54,12 +56,8 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
     kernel.add_argument("--pg", metavar="URL", default=None,
                         help="also measure the store on this PostgreSQL server (checked first)")
     kernel.set_defaults(func=_run_kernel)
-    from deepserve.benchmarks.sim_cli import register_sim
-
-    register_sim(which)
-    from deepserve.benchmarks.policies_cli import register_policies
-
-    register_policies(which)
+    bench_sim.register(which)
+    bench_policies.register(which)
     transport = which.add_parser("transport", help="ZeroMQ transport between two OS processes vs raw pyzmq")
     transport.add_argument("--json", action="store_true", help="print rows as JSON lines")
     transport.add_argument("--scale", type=_scale, default=1.0,
@@ -72,12 +70,8 @@ def register_bench(subparsers: argparse._SubParsersAction) -> None:
     devices.add_argument("--flows", type=_flow_count, default=1000,
                          help="concurrent transfers (default 1000; the baseline runs a tenth)")
     devices.set_defaults(func=_run_devices)
-    from deepserve.benchmarks.routing_cli import register_routing
-
-    register_routing(which)
-    from deepserve.benchmarks.http_cli import register_http
-
-    register_http(which)
+    bench_routing.register(which)
+    bench_http.register(which)
 
 
 def check_pg(url: str) -> None:

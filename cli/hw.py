@@ -40,7 +40,7 @@ def _int_list(text: str) -> tuple[int, ...]:
         ) from None
 
 
-def register_hw(subparsers: Any) -> None:
+def register(subparsers: Any) -> None:
     """Add the `hw` command group to the `deepserve` command's subparsers."""
     hw = subparsers.add_parser("hw", help="the emulated hardware's performance model")
     sub = hw.add_subparsers(dest="hw_command", required=True, metavar="HW_COMMAND")

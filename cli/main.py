@@ -1,9 +1,10 @@
-"""The `deepserve` command: wires the command groups, owns error handling.
+"""The `deepserve` command: the table of its commands, and the error handling they share.
 
-Each command group is a module of this package and registers itself on the
-subparsers: `sim.register`, `replay.register`, `bench.register_bench`,
-`hw.register_hw`. A command is a function `(args) -> int` stored as `func` in
-its parser's defaults; its return value is the exit status.
+Each command group is a module of this package with a `register(subparsers)` that adds its
+parsers; `COMMANDS` lists them, one row each, in the order `deepserve --help` shows them. A
+command is a function `(args) -> int` stored as `func` in its parser's defaults; its return value
+is the exit status. The layers below (daemon/, benchmarks/, replay/, ...) do the work and never
+import this package (DESIGN.md, Layout; tests/test_layers.py).
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import gc
 import os
 import sqlite3
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from deepserve.cli import bench, bench_policies, daemon, hw, replay, sim
 from deepserve.cli.util import CliParser, missing_extra, one_line
 from deepserve.cmdline import CliError
 from deepserve.core.driver import CODE_VERSION
@@ -29,9 +31,20 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 3  # a bug in deepserve itself; 1 is reserved for "verify found a divergence"
 
 
-def build_parser() -> CliParser:
-    from deepserve.cli import bench, hw, replay, sim
+Register = Callable[[Any], None]
 
+# Every command of `deepserve`: the names it adds and the function that adds their parsers.
+COMMANDS: tuple[tuple[tuple[str, ...], Register], ...] = (
+    (("sim",), sim.register),
+    (("replay",), replay.register),
+    (("bench",), bench.register),
+    (("hw",), hw.register),
+    (("profile",), bench_policies.register_profile),
+    (("up", "config", "status", "fault", "scale"), daemon.register),
+)
+
+
+def build_parser() -> CliParser:
     parser = CliParser(
         prog="deepserve",
         description="Serverless LLM serving as an event-logged actor system. Documentation: "
@@ -39,16 +52,8 @@ def build_parser() -> CliParser:
     )
     parser.add_argument("--version", action="version", version=f"deepserve {CODE_VERSION}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sim.register(sub)
-    replay.register(sub)
-    bench.register_bench(sub)
-    hw.register_hw(sub)
-    from deepserve.benchmarks.policies_cli import register_profile
-
-    register_profile(sub)
-    from deepserve.daemon.cli import register_daemon
-
-    register_daemon(sub)
+    for _, register in COMMANDS:
+        register(sub)
     return parser
 
 

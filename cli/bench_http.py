@@ -1,4 +1,4 @@
-"""The `deepserve bench http` subcommand (registered by benchmarks/cli.py)."""
+"""The `deepserve bench http` subcommand (a suite of cli/bench.py); the bench is benchmarks/http.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from deepserve.cmdline import CliError, positive_int
 EXIT_BENCH_FAILED = 1
 
 
-def register_http(which: argparse._SubParsersAction) -> None:
+def register(which: argparse._SubParsersAction) -> None:
     p = which.add_parser("http", help="daemon HTTP throughput and platform overhead vs a bare uvicorn SSE endpoint")
     p.add_argument("--json", action="store_true", help="print rows as JSON lines")
     p.add_argument("--requests", type=positive_int, default=200, metavar="N", help="requests per side (default 200)")

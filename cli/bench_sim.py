@@ -1,4 +1,4 @@
-"""The `deepserve bench sim` subcommand (registered by cli/bench.py)."""
+"""The `deepserve bench sim` subcommand (a suite of cli/bench.py); the bench is benchmarks/sim.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from deepserve.benchmarks.table import as_json_lines, render
 from deepserve.cmdline import positive_int
 
 
-def register_sim(which: argparse._SubParsersAction) -> None:
+def register(which: argparse._SubParsersAction) -> None:
     sim = which.add_parser("sim", help="simulated requests per wall second on a whole trace (issue 10)")
     sim.add_argument("--json", action="store_true", help="print rows as JSON lines")
     sim.add_argument("--requests", type=positive_int, metavar="N",

@@ -1,5 +1,5 @@
-"""`deepserve bench policies` and `deepserve profile heatmap` (registered by benchmarks/cli.py
-and the `profile` command group)."""
+"""`deepserve bench policies` (a suite of cli/bench.py) and the `profile` command group
+(`register_profile`)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def mode_list(text: str) -> tuple[str, ...]:
     return modes
 
 
-def register_policies(which: argparse._SubParsersAction) -> None:
+def register(which: argparse._SubParsersAction) -> None:
     p = which.add_parser("policies", help="issue-6 scheduling policies: JCT/TTFT/TPOT, SLO, hit rate vs RPS")
     p.add_argument("--trace", action="append", default=[], metavar="PATH",
                    help="Mooncake JSONL or Azure CSV (repeatable; default: the built-in Azure and Mooncake slices)")
@@ -73,7 +73,7 @@ def register_policies(which: argparse._SubParsersAction) -> None:
 def _ensure_heatmap(path: str, quiet: bool) -> None:
     if Path(path).is_file():
         return
-    from .heatmap import plot_heatmap, profile_heatmap
+    from deepserve.benchmarks.heatmap import plot_heatmap, profile_heatmap
 
     if not quiet:
         print(f"no heatmap at {path}: profiling the default grid first ...", file=sys.stderr, flush=True)
@@ -88,7 +88,7 @@ def _ensure_predictor(path: str, quiet: bool) -> None:
         return
     if path != DEFAULT_PREDICTOR:
         raise CliError(f"--predictor: no file {path}")
-    from .predictor import train
+    from deepserve.benchmarks.predictor import train
 
     if not quiet:
         print(f"no predictor at {path}: training it on {', '.join(PREDICTOR_TRACES)} ...", file=sys.stderr, flush=True)
@@ -100,8 +100,7 @@ def _ensure_predictor(path: str, quiet: bool) -> None:
 def _run_policies(args: argparse.Namespace) -> int:
     from deepserve.adapters.scenario.loader import ScenarioError, trace_path
     from deepserve.adapters.traces import TraceError, open_trace
-
-    from .policies import (
+    from deepserve.benchmarks.policies import (
         DEFAULT_POLICIES,
         DEFAULT_TRACES,
         ROW_FIELDS,
@@ -188,8 +187,7 @@ def register_profile(subparsers: argparse._SubParsersAction) -> None:
 
 def _run_predictor(args: argparse.Namespace) -> int:
     from deepserve.adapters.traces import TraceError, open_trace
-
-    from .predictor import train
+    from deepserve.benchmarks.predictor import train
 
     traces = tuple(args.trace) or PREDICTOR_TRACES
     try:
@@ -217,8 +215,13 @@ def _run_predictor(args: argparse.Namespace) -> int:
 
 def _run_heatmap(args: argparse.Namespace) -> int:
     from deepserve.adapters.hardware.models import known_models
-
-    from .heatmap import PREFILL_EDGES, RATIO_EDGES, RPS, plot_heatmap, profile_heatmap
+    from deepserve.benchmarks.heatmap import (
+        PREFILL_EDGES,
+        RATIO_EDGES,
+        RPS,
+        plot_heatmap,
+        profile_heatmap,
+    )
 
     if args.model not in known_models():
         raise CliError(f"--model: unknown model {args.model!r}; known: {', '.join(known_models())}")

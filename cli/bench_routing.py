@@ -1,4 +1,4 @@
-"""`deepserve bench routing` (registered by cli/bench.py): the cost of one JE routing decision
+"""`deepserve bench routing` (a suite of cli/bench.py): the cost of one JE routing decision
 against one walk of the prompt tree, measured in the same run (benchmarks/routing.py)."""
 
 from __future__ import annotations
@@ -7,9 +7,13 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from deepserve.cli.bench_policies import (
+    DEFAULT_HEATMAP,
+    DEFAULT_PREDICTOR,
+    _ensure_heatmap,
+    _ensure_predictor,
+)
 from deepserve.cmdline import CliError, positive_int
-
-from .policies_cli import DEFAULT_HEATMAP, DEFAULT_PREDICTOR, _ensure_heatmap, _ensure_predictor
 
 MAX_TES = 4096
 MAX_SAMPLES = 1_000_000
@@ -27,7 +31,7 @@ def _bounded(limit: int) -> Callable[[str], int]:
     return parse
 
 
-def register_routing(which: argparse._SubParsersAction) -> None:
+def register(which: argparse._SubParsersAction) -> None:
     from deepserve.actors.scheduling import POLICIES
 
     p = which.add_parser("routing", help="one JE routing decision vs one walk of the prompt tree (same run)")
@@ -49,9 +53,8 @@ def register_routing(which: argparse._SubParsersAction) -> None:
 def _run_routing(args: argparse.Namespace) -> int:
     from deepserve.adapters.scenario.sched import load_heatmap, load_predictor
     from deepserve.adapters.traces import TraceError
-
-    from .routing import routing_bench
-    from .table import as_json_lines, render
+    from deepserve.benchmarks.routing import routing_bench
+    from deepserve.benchmarks.table import as_json_lines, render
 
     if args.prompt_tokens < BLOCK_TOKENS:
         raise CliError(f"--prompt-tokens: at least one {BLOCK_TOKENS}-token block, got {args.prompt_tokens}")

@@ -1,4 +1,5 @@
-"""`deepserve up | config show | status | fault ...` (the daemon's command group)."""
+"""`deepserve up | config show | status | fault | scale` (the daemon's command group): the
+arguments, their checks and messages, and the admin API's client; the daemon itself is daemon/."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from deepserve.cmdline import CliError, print_json
 FAULTS = ("kill-te", "hang-npu", "link-down", "link-up", "link-degrade", "hbm-fault")
 
 
-def register_daemon(sub: Any) -> None:
+def register(sub: Any) -> None:
     up = sub.add_parser("up", help="run the daemon: the cluster, the OpenAI-compatible API, the admin API")
     up.add_argument("--host", help="listen address (default from the config: 127.0.0.1)")
     up.add_argument("--port", type=int, help="HTTP port (0: a free one)")
@@ -65,7 +66,7 @@ def _admin_args(p: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace) -> Any:
-    from .config import load_config
+    from deepserve.daemon.config import load_config
 
     for entry in args.overrides:
         if _sets_token(entry if isinstance(entry, str) else entry[0]):
@@ -95,10 +96,15 @@ def _sets_token(item: str) -> bool:
 def _up(args: argparse.Namespace) -> int:
 
     from deepserve.core.asyncdriver import run
-
-    from .auth import ENV_VAR, TokenError, check_exposure, daemon_token
-    from .runtime import Runtime
-    from .server import ListenError, bind_listeners, configure_logging, default_run_dir, serve
+    from deepserve.daemon.auth import ENV_VAR, TokenError, check_exposure, daemon_token
+    from deepserve.daemon.runtime import Runtime
+    from deepserve.daemon.server import (
+        ListenError,
+        bind_listeners,
+        configure_logging,
+        default_run_dir,
+        serve,
+    )
 
     over: list[Any] = list(args.overrides)
     for key, value in (("host", args.host), ("port", args.port), ("log_format", args.log_format)):
@@ -131,7 +137,7 @@ def _up(args: argparse.Namespace) -> int:
         raise CliError(f"{flag} {run_dir}: cannot be made: {exc.strerror or exc}") from None
     configure_logging(cfg.daemon.log_format, (token,))
     if args.processes:
-        from .procs.runtime import ProcRuntime
+        from deepserve.daemon.procs.runtime import ProcRuntime
 
         run(serve, cfg, run_dir, 10.0, None, ProcRuntime, sockets, token)
     else:
@@ -165,7 +171,7 @@ def _listen_flag(args: argparse.Namespace, cfg: Any, key: str) -> str:
 
 
 def _show(args: argparse.Namespace) -> int:
-    from .config import resolved_toml
+    from deepserve.daemon.config import resolved_toml
 
     print(resolved_toml(_load(args)), end="")
     return 0
@@ -214,7 +220,7 @@ def _running(pid: int) -> bool:
 
 def _client_token(args: argparse.Namespace) -> str:
     """The bearer token to send: `--token-file`'s, else `$DEEPSERVE_ADMIN_TOKEN` ("" for none)."""
-    from .auth import ENV_VAR, TokenError, env_token, read_token_file
+    from deepserve.daemon.auth import ENV_VAR, TokenError, env_token, read_token_file
 
     if args.token is not None:
         raise CliError(f"--token: a token on the command line is visible to every user (ps); set ${ENV_VAR} "
