@@ -7,11 +7,11 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from deepserve.cli.bench_policies import (
+from deepserve.cli.profile import (
     DEFAULT_HEATMAP,
     DEFAULT_PREDICTOR,
-    _ensure_heatmap,
-    _ensure_predictor,
+    ensure_heatmap,
+    ensure_predictor,
 )
 from deepserve.cmdline import CliError, positive_int
 
@@ -70,8 +70,8 @@ def _run_routing(args: argparse.Namespace) -> int:
     pd = args.policy in ("pd_aware", "combined")
     try:
         if pd:
-            _ensure_heatmap(args.heatmap, args.json)
-        _ensure_predictor(args.predictor, args.json)
+            ensure_heatmap(args.heatmap, args.json)
+        ensure_predictor(args.predictor, args.json)
         config = {"policy": args.policy, "heatmap": load_heatmap(args.heatmap) if pd else None,
                   "predictor": load_predictor(args.predictor)}
     except (ValueError, TraceError) as exc:  # a training trace that cannot be read, a bad file
