@@ -1,4 +1,5 @@
-"""The `deepserve` command line: one module per command group, `main` wires them."""
+"""The `deepserve` command line: one module per command group, registered from main.COMMANDS.
+Nothing below this package imports it (DESIGN.md, Layout)."""
 
 from deepserve.cli.main import main
 

@@ -12,7 +12,16 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
-from deepserve.cmdline import CliError
+# Re-exported: a command module may take the shared pieces from here or from cmdline.
+from deepserve.cmdline import (  # noqa: F401
+    CliError,
+    in_range,
+    positive_float,
+    positive_int,
+    print_json,
+    print_pretty_json,
+    seconds,
+)
 
 
 class CliParser(argparse.ArgumentParser):
