@@ -71,7 +71,7 @@ def _expected(src: Path) -> set[str]:
             continue
         if path.suffix == ".py" or any(fnmatch.fnmatch(path.name, g) for g in DATA):
             found.add(rel.as_posix())
-    return found | {f"{name}.py" for name in ("__init__", "__main__", "compiled", "lazy")}
+    return found | {f"{name}.py" for name in ("__init__", "__main__", "cmdline", "compiled", "lazy")}
 
 
 def _build(tmp: Path) -> Path:
