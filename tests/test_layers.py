@@ -93,7 +93,7 @@ FORBIDDEN = [
     ("newpkg.thing", "core.actor"),  # a top-level package in no layer
 ]
 ALLOWED = [
-    ("cli.main", "daemon.cli"),
+    ("cli.daemon", "daemon.config"),
     ("benchmarks.http", "daemon.config"),
     ("daemon.runtime", "cluster.assembly"),
     ("cli.sim", "cluster.sim"),
