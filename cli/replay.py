@@ -297,11 +297,11 @@ def _log(args: argparse.Namespace) -> int:
 
 def _why(args: argparse.Namespace) -> int:
     from deepserve.replay.common import ReplayError
-    from deepserve.replay.why import run_why
+    from deepserve.replay.why import request_hops, why_lines
 
     reader = _read(args, note=False)  # an error below is the one line, and says it itself
     try:
-        status = run_why(reader, args.request_id, args.run, args.json)
+        hops = request_hops(reader, args.request_id, args.run)
     except ReplayError as exc:
         if args.end_state.closed is False and str(exc).startswith("no request"):
             # not "never arrived": the log stops where its process died, and it may have come after
@@ -309,8 +309,13 @@ def _why(args: argparse.Namespace) -> int:
                               "tell: the run has no closing record (its process died, or still runs), so "
                               "the request may have arrived after its last step") from None  # fmt: skip
         raise
+    if args.json:
+        print_json({"request_id": args.request_id, "hops": hops})
+    else:
+        for line in why_lines(hops):
+            print(line)
     _print_end_note(args)
-    return status
+    return 0
 
 
 def _digest(args: argparse.Namespace) -> int:

@@ -205,16 +205,3 @@ def _margin(ranked: list[dict[str, Any]], keys: list[str]) -> str:
         if a[f] != b[f]:
             return f"margin to the runner-up {b['te']}: {f} {a[f]} vs {b[f]}"
     return f"tie with the runner-up {b['te']} on {', '.join(keys)}: broken by TE name"
-
-
-def run_why(reader: LogReader, request_id: str, run_id: str | None, as_json: bool) -> int:
-    """The `replay why` command body (the CLI hook passes the opened reader)."""
-    from deepserve.cmdline import print_json
-
-    hops = request_hops(reader, request_id, run_id)
-    if as_json:
-        print_json({"request_id": request_id, "hops": hops})
-    else:
-        for line in why_lines(hops):
-            print(line)
-    return 0
