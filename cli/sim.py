@@ -1,7 +1,7 @@
 """`deepserve sim SCENARIO [--seed N] [--requests N] [--log PATH] [--json]`
 
 FlowServe scenarios (built-in names and TOML files, with --trace and --set) are run by
-`deepserve.adapters.scenario.cli`; this module keeps the kernel's own example scenarios."""
+`deepserve.cli.sim_scenario` (on the whole platform, `deepserve.cluster`); this module keeps the kernel's own example scenarios."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from deepserve.adapters.scenario import cli as scenario_cli
+from deepserve.cli import sim_scenario as scenario_cli
 from deepserve.cli.util import CliParser, require_driver
 from deepserve.cmdline import CliError, positive_int, print_json
 from deepserve.persistence.api import LogError

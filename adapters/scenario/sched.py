@@ -34,6 +34,10 @@ class Forwarding(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
 
 
 class Scheduling(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    # How requests enter: "gateway" (the platform: gateway -> JE -> TE, with the control plane)
+    # or "dispatcher" (`deepserve sim` only: the workload stand-in's round robin straight to the
+    # TEs, no JE nor control plane — what `--workers N` splits over processes).
+    entry: Literal["gateway", "dispatcher"] = "gateway"
     policy: Literal["round_robin", "least_load", "locality", "load_aware", "pd_aware", "combined"] = DEFAULT_POLICY  # type: ignore[assignment]
     params: dict[str, int | float] = {}
     heatmap: str = ""  # path of a heatmap JSON file ("" = none)

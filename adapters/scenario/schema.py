@@ -78,6 +78,9 @@ class Workload(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     requests: Annotated[int, msgspec.Meta(ge=0, le=10_000_000)] = 0  # 0 = the whole trace
     rps_scale: Annotated[float, msgspec.Meta(gt=0, le=1e6)] = 1.0  # > 1 compresses arrivals
     max_tokens: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 1 << 20  # cap on any output
+    # The models requests ask for, in turn by trace position (several groups serve several
+    # models); empty: the first group's model (the cluster's, for a one-model scenario).
+    models: tuple[str, ...] = ()
 
 
 class Scenario(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

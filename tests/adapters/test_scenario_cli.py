@@ -6,8 +6,8 @@ import io
 import sys
 from typing import Any
 
-from deepserve.adapters.scenario import cli
 from deepserve.adapters.traces.reader import Trace
+from deepserve.cli import sim_scenario as cli
 
 
 class _Tty(io.StringIO):

@@ -82,7 +82,8 @@ def test_sim_bad_trace_row_mid_run_names_file_line_field(runs: Path, tmp_path: P
 
 def test_sim_split_over_two_workers_reports_the_same_numbers_and_each_log_verifies(runs: Path) -> None:
     args = ("sim", "mooncake-16te", "--requests", "120", "--set", "workload.rps_scale=8", "--json")
-    one = json.loads(in_process(*args, "--log", "none", cwd=runs).stdout)  # split runs fork: subprocesses
+    # the one-process run behind the dispatcher a split run uses (no gateway nor JE in a split)
+    one = json.loads(in_process(*args, "--log", "none", "--set", "scheduling.entry=dispatcher", cwd=runs).stdout)
     (runs / "split").mkdir()
     (runs / "split" / "w5.db").write_text("")  # a stale worker file that is not a log: refused
     res = deepserve(*args, "--workers", "2", "--log", "split", cwd=runs)

@@ -50,16 +50,16 @@ def test_a_link_down_fails_the_pd_requests_it_cuts_until_the_link_is_up(tmp_path
     assert "ext/fault→hw/fabric  LinkDown" in log.stdout, log.stdout[:2000]
     # why names the fault beside a request it failed (it came before the request: the last few do)
     why = in_process("replay", "why", "down.db", "r20", cwd=tmp_path).stdout.splitlines()
-    assert why[0].startswith("request r20: failed (KV transfer failed: ") and "link s0/npu0/roce is down" in why[0]
+    assert why[0].startswith("request r20: failed (") and "transfer failed: link s0/npu0/roce is down" in why[0]
     assert why[1] == "t=5.000000  FAULT (ext/fault) -> hw/fabric: LinkDown link=s0/npu0/roce", why
 
 
 def test_a_split_run_gives_each_worker_its_servers_faults(tmp_path: Path) -> None:
     """16 TEs on 2 servers, an NPU of the second crashing: split over 2 workers, the results are
-    the one-process run's."""
+    the one-process run's behind the same dispatcher (a split run has no gateway nor JE)."""
     toml = ('name = "crash"\n[cluster]\ntes = 16\n[workload]\nrequests = 64\nrps_scale = 4.0\n'
             + _fault(3.0, "npu-crash", "hw/s1/npu2"))  # fmt: skip
-    one = _sim(tmp_path, toml, "--log", "none")
+    one = _sim(tmp_path, toml, "--log", "none", "--set", "scheduling.entry=dispatcher")
     (tmp_path / "split").mkdir()
     two = _sim(tmp_path, toml, "--log", "split", "--workers", "2")
     assert one["failed"] > 0

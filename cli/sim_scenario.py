@@ -1,5 +1,9 @@
-"""`deepserve sim SCENARIO [--trace PATH] [--requests N] [--seed N] [--log PATH] [--set K=V]...
-[--json]` for FlowServe scenarios (a built-in name or a TOML file).
+"""`deepserve sim CONFIG [--trace PATH] [--requests N] [--seed N] [--log PATH] [--set K=V]...
+[--json]` for platform configs (a built-in scenario name or a TOML file: a scenario or a daemon
+config, one schema — deepserve.cluster.schema). One worker runs the whole platform
+(`deepserve.cluster.sim`: gateway, JEs, control plane, TEs); `--workers N` splits a colocated
+cluster by server over processes, each running its TEs behind the workload dispatcher (a split
+run shares no gateway, JE or cluster manager: adapters/scenario/parallel.py).
 
 The `sim` parser itself lives with the other commands (cli/sim.py); it calls `add_arguments` and hands
 every scenario that is not one of its own to `run`. Bad input — the scenario file, an override, the
@@ -16,10 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from deepserve.adapters.scenario.loader import ScenarioError, builtin_names, trace_path
 from deepserve.adapters.traces import TraceError, open_trace
 from deepserve.cmdline import CliError, positive_int, print_json
-
-from .loader import ScenarioError, builtin_names, load_scenario, trace_path
 
 NO_LOG = "none"
 
@@ -40,15 +43,24 @@ def handles(name: str) -> bool:
 
 
 def run(args: argparse.Namespace, prepare_log: Callable[[Path], None]) -> int:
-    from .parallel import ParallelError, plan_partitions
+    import msgspec
+
+    from deepserve.adapters.scenario.parallel import ParallelError, plan_partitions
+    from deepserve.adapters.scenario.sched import Scheduling
+    from deepserve.cluster.config import load
 
     try:
         overrides = list(args.overrides)
         if args.seed is not None:
             overrides.append(f"seed={args.seed}")
-        scenario = load_scenario(args.scenario, overrides)
+        cfg = load(args.scenario, overrides, "sim")
+        scenario = cfg.scenario()
+        dispatcher = cfg.scheduling.entry == "dispatcher"
+        if dispatcher or (args.workers > 1 and cfg.scheduling == Scheduling()):
+            # a split run has no gateway nor JE: its TEs stand behind the workload dispatcher
+            scenario = msgspec.structs.replace(scenario, scheduling=None)
         trace = open_trace(trace_path(args.trace or scenario.workload.trace))
-        parts = plan_partitions(scenario, args.workers)
+        parts = plan_partitions(scenario, args.workers) if args.workers > 1 else [None]
     except (ScenarioError, TraceError, ParallelError) as exc:
         raise CliError(str(exc)) from None
     total = _requests(args.requests, scenario.workload.requests, trace)
@@ -67,7 +79,7 @@ def run(args: argparse.Namespace, prepare_log: Callable[[Path], None]) -> int:
     bar = _progress(total, quiet=args.json)
     t0 = time.perf_counter()
     try:
-        result = _run(scenario, trace.path, args.requests or None, parts, sink, logs, bar)
+        result = _run(cfg, scenario, trace.path, args.requests or None, parts, sink, logs, bar)
     except (ScenarioError, TraceError) as exc:
         raise CliError(str(exc)) from None
     finally:
@@ -84,16 +96,20 @@ def run(args: argparse.Namespace, prepare_log: Callable[[Path], None]) -> int:
     return 0
 
 
-def _run(scenario: Any, trace: str, requests: int | None, parts: list[Any], sink: Any,
+def _run(cfg: Any, split: Any, trace: str, requests: int | None, parts: list[Any], sink: Any,
          logs: list[str] | None, bar: Any) -> Any:  # fmt: skip
-    from .parallel import WorkerError, run_parallel
-    from .run import run_scenario
+    from deepserve.adapters.scenario.parallel import WorkerError, run_parallel
+    from deepserve.adapters.scenario.run import run_scenario
+    from deepserve.cluster.sim import run as run_platform
 
+    if len(parts) == 1 and split.scheduling is not None:
+        return run_platform(cfg, trace=trace, requests=requests, sink=sink,
+                            on_done=(lambda _d: bar.update(1)) if bar is not None else None)  # fmt: skip
     if len(parts) == 1:
-        return run_scenario(scenario, trace=trace, requests=requests, sink=sink,
+        return run_scenario(split, trace=trace, requests=requests, sink=sink,
                             on_done=(lambda _d: bar.update(1)) if bar is not None else None)  # fmt: skip
     try:
-        return run_parallel(scenario, parts, trace=trace, requests=requests, logs=logs,
+        return run_parallel(split, parts, trace=trace, requests=requests, logs=logs,
                             on_progress=bar.update if bar is not None else None)  # fmt: skip
     except WorkerError as exc:
         if exc.kind in ("TraceError", "ScenarioError"):  # the whole run's bad input, one line
@@ -105,7 +121,7 @@ def _worker_logs(args: argparse.Namespace, scenario: Any, parts: list[Any],
                  prepare_log: Callable[[Path], None]) -> tuple[str, list[str] | None]:  # fmt: skip
     """The run directory of a split run and its workers' log files (fresh: a previous run's
     worker logs in it are replaced, so that verify sees this run's files only)."""
-    from .parallel import is_worker_log, worker_log_names
+    from deepserve.adapters.scenario.parallel import is_worker_log, worker_log_names
 
     target = args.log or scenario.log or f"runs/{scenario.name}-{scenario.seed}"
     if target == NO_LOG:

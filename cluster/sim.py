@@ -1,0 +1,185 @@
+"""`deepserve sim` on the whole platform: the assembly in a `SimDriver`, a trace fed to the
+gateway as `ApiRequest`s at their arrival times, run until every injected request is terminal.
+
+Arrivals come in windows (adapters/scenario/run.py's `arrivals`, `WINDOW_REQUESTS`): a trace is
+read as the run goes, never whole in memory. The control plane's timers (heartbeats) keep the
+heap alive forever, so the loop watches the count of terminal requests, not the heap; a cluster
+that stops making progress for `drain_limit_s` of virtual time after the last arrival gets an
+`EndOfRun`, which fails what is left, recorded.
+
+At the end, each function of `REPORTERS` adds its keys to the summary from the final state
+(the cluster manager's TEs, the faults injected); a caller may pass its own list.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import msgspec
+
+from deepserve.actors.gateway.messages import REFUSED_429, ApiRequest, Refused
+from deepserve.actors.workload.messages import METRICS_ADDR, EndOfRun, RequestDone
+from deepserve.actors.workload.metrics import Collector, percentile
+from deepserve.adapters.scenario.faults import fault_inputs
+from deepserve.adapters.scenario.run import DRAIN_CHUNK, WINDOW_REQUESTS, RunResult, arrivals
+from deepserve.core import Message, SimDriver
+from deepserve.core.records import LogSink
+
+from .assembly import MANAGER_ADDR, Built, assemble
+from .config import for_driver
+from .schema import PlatformConfig
+
+Reporter = Callable[["SimEnd", dict[str, Any]], None]
+
+
+class SimEnd(msgspec.Struct, kw_only=True):
+    """What a reporter reads at the end of a run."""
+
+    driver: Any  # the SimDriver, its actors' final state
+    built: Built
+    cfg: PlatformConfig
+    collector: Any  # the run's Collector (every terminal request)
+    faults: list[tuple[float, str, Message]]  # every fault input scheduled
+    slo_attained: int
+
+
+def _cluster_report(end: SimEnd, out: dict[str, Any]) -> None:
+    """The control plane's view at the end: TEs ready against the groups' targets, replacements
+    that reached ready (`recoveries`), faults delivered."""
+    cell = end.driver.cells.get(MANAGER_ADDR)
+    st = cell.actor.state if cell is not None and cell.actor is not None else None
+    tes = st.tes if st is not None else {}
+    out["tes_ready_at_end"] = sum(1 for r in tes.values() if r.state == "ready")
+    out["tes_target"] = sum(g.target for g in st.groups.values()) if st is not None else 0
+    out["recoveries"] = sum(
+        sum(1 for h in r.history if int(h["generation"]) > 1 and "registered" in h.get("steps", {}))  # type: ignore[arg-type, operator]
+        + (r.generation > 1 and "registered" in r.steps)
+        for r in tes.values()
+    )  # fmt: skip
+    out["faults_injected"] = sum(1 for at, _, _ in end.faults if at <= end.driver.now)
+
+
+def _latency_report(end: SimEnd, out: dict[str, Any]) -> None:
+    c = end.collector
+    everyone = sorted(c.e2e_ms + c.failed_e2e_ms)
+    out["e2e_ms_p99_all"] = percentile(everyone, 99)
+    out["slo_attainment"] = end.slo_attained / c.terminal if c.terminal else 0.0
+    out["slo_ttft_ms"], out["slo_tpot_ms"] = end.cfg.slo.ttft_ms, end.cfg.slo.tpot_ms
+
+
+REPORTERS: list[Reporter] = [_cluster_report, _latency_report]
+
+
+def refused_done(m: Refused, now: float) -> RequestDone:
+    """The gateway's refusal as the run's terminal record of the request (nothing ran)."""
+    return RequestDone(request_id=m.request_id, status="failed", reason=f"{REFUSED_429}{m.reason}", arrival_s=now,
+                       first_token_s=None, finish_s=now, prompt_tokens=0, cached_prompt_tokens=0, output_tokens=0,
+                       te="")  # fmt: skip
+
+
+def run(
+    cfg: PlatformConfig, *, trace: str | None = None, requests: int | None = None, sink: LogSink | None = None,
+    on_done: Callable[[RequestDone], None] | None = None, faults: Sequence[tuple[float, str, Message]] = (),
+    drain_limit_s: float = 24 * 3600.0, reporters: Sequence[Reporter] | None = None,
+    on_end: Callable[[SimDriver], None] | None = None,
+) -> RunResult:  # fmt: skip
+    """Run `cfg`'s cluster on its workload to completion; `result.summary` holds the metrics and
+    every reporter's keys. `sink` is not closed."""
+    cfg = for_driver(cfg, "sim")
+    config = msgspec.to_builtins(cfg)
+    if trace is not None:  # what ran: --trace and --requests override the file's fields
+        config["workload"]["trace"] = trace
+    if requests is not None:
+        config["workload"]["requests"] = requests
+    driver = SimDriver(cfg.seed, sink=sink, config=config)
+    collector = Collector()
+    slo = cfg.slo
+    attained = 0
+
+    def listen(t: float, env: Any) -> None:
+        nonlocal attained
+        msg = env.msg
+        if type(msg) is Refused:
+            msg = refused_done(msg, t)
+        elif type(msg) is not RequestDone:
+            return
+        collector.add(msg)
+        if msg.status == "completed" and msg.first_token_s is not None:
+            ttft_ms = (msg.first_token_s - msg.arrival_s) * 1e3
+            tpot_ms = (msg.finish_s - msg.first_token_s) * 1e3 / (msg.output_tokens - 1) if msg.output_tokens > 1 else 0.0
+            attained += ttft_ms <= slo.ttft_ms and tpot_ms <= slo.tpot_ms
+        if on_done is not None:
+            on_done(msg)
+
+    driver.on_external = listen
+    built = assemble(driver, cfg)
+    # The initial deployment (resident TEs) registers at t=0 and its membership reaches every JE
+    # before the first arrival, as a daemon is up before its first request.
+    driver.run(until=0.0)
+    planned = [*faults, *fault_inputs(cfg.faults)]
+    for at, dst, fault in planned:
+        driver.inject(dst, fault, at=at, src="ext/fault")
+    t0 = time.perf_counter()
+    injected, last_arrival = _feed(driver, cfg, built.gateway, trace, requests)
+    _drain(driver, collector, injected, last_arrival + drain_limit_s, built.gateway)
+    if on_end is not None:
+        on_end(driver)
+    wall = time.perf_counter() - t0
+    gw = driver.actor(built.gateway).state
+    counters = {k: getattr(gw, k) for k in ("arrived", "completed", "failed", "cancelled", "duplicates", "refused")}
+    summary = msgspec.to_builtins(collector.summary())
+    end = SimEnd(driver=driver, built=built, cfg=cfg, collector=collector, faults=planned, slo_attained=attained)
+    for report in REPORTERS if reporters is None else reporters:
+        report(end, summary)
+    return RunResult(summary=summary, deliveries=driver.deliveries, virtual_time_s=driver.now, wall_s=wall,
+                     injected=injected, workload=counters)  # fmt: skip
+
+
+def _feed(driver: SimDriver, cfg: PlatformConfig, gateway: str, trace: str | None,
+          requests: int | None) -> tuple[int, float]:  # fmt: skip
+    """Inject the trace's requests at their times, a window at a time, running the driver up to
+    each window's last arrival; (requests injected, the last arrival's time)."""
+    models = cfg.workload.models or (cfg.cluster.model,)
+    injected, last_arrival = 0, 0.0
+    pending: tuple[float, Any] | None = None
+    feed = arrivals(cfg.scenario(), trace, requests)
+
+    def inject(at: float, a: Any) -> None:
+        nonlocal injected, last_arrival
+        msg = ApiRequest(request_id=a.request_id, model=models[injected % len(models)], prompt=a.prompt,
+                         sampling=a.sampling, reply_to=METRICS_ADDR, stream=False)  # fmt: skip
+        driver.inject(gateway, msg, at=at, corr=a.request_id, src="ext/client")
+        injected, last_arrival = injected + 1, at
+
+    while True:
+        window = 0
+        if pending is not None:
+            inject(*pending)
+            window, pending = 1, None
+        for at, a in feed:
+            at = max(at, driver.now)  # an already-due arrival (ties with the window's end)
+            if window == WINDOW_REQUESTS:
+                pending = (at, a)
+                break
+            inject(at, a)
+            window += 1
+        if pending is None:
+            return injected, last_arrival
+        driver.run(until=pending[0])
+
+
+def _drain(driver: SimDriver, collector: Collector, injected: int, deadline_s: float, gateway: str) -> None:
+    """Deliver until every injected request is terminal (or give up at `deadline_s`)."""
+    if not injected:  # the cluster still starts, recorded
+        driver.run(until=driver.now)
+        return
+    while collector.terminal < injected:
+        if not driver.pending() or driver.now >= deadline_s:
+            driver.inject(gateway, EndOfRun(), src="ext/operator")
+            driver.run(until=driver.now)  # everything due now, the EndOfRun included
+            return
+        # Chunks shrink with the requests left: the control plane's timers never run out, and
+        # each delivery past the last terminal request is a heartbeat nobody needed.
+        driver.run(max_deliveries=min(DRAIN_CHUNK, 64 + 16 * (injected - collector.terminal)))
