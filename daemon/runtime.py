@@ -1,15 +1,15 @@
 """The daemon's cluster, in-process on `AsyncDriver` (wall clock), and the frontend's view of it.
 
-Actors: the emulated hardware, the control plane (cluster manager `cluster`, heartbeat monitor
-`cluster/heartbeat`, in-process pod launcher `pods` — which starts the initial TEs and every
-replacement), a JE and the gateway at `daemon.ingress`. The frontend never touches an actor: it
-injects `Arrive` into the gateway and `CancelJob` into the JEs (external inputs, logged with
-`src="ext/http"`), and reads what actors send outside — each forward pass's `TokenBatch`, sent by
-the DP master straight to `ext/stream` (xDeepServe §4.2's output short-circuit: no relay through
-the JE, one message and one log record a pass) and the one `RequestDone` per request (to
-`ext/metrics`; the gateway's 429 refusal, recorded as `GatewayRefused`, is a failed
-`RequestDone` too: `is_refused`) — demultiplexed here by request id
-into one bounded queue per open request. Admin
+Actors: the config's whole cluster as `deepserve sim` builds it (deepserve/cluster/assembly.py:
+the emulated hardware, the control plane — cluster manager `cluster`, heartbeat monitor
+`cluster/heartbeat`, in-process pod launcher `pods`, which starts the initial TEs and every
+replacement —, `scheduling.jes` JEs and the gateway at `daemon.ingress`). The frontend never
+touches an actor: it injects the gateway's `ApiRequest` and `CancelJob` into the JEs (external
+inputs, logged with `src="ext/http"`), and reads what actors send outside — each forward pass's
+`TokenBatch`, sent by the DP master straight to `ext/stream` (xDeepServe §4.2's output
+short-circuit: no relay through the JE, one message and one log record a pass), the one
+`RequestDone` per request and the gateway's 429 `Refused` (both to `ext/metrics`) —
+demultiplexed here by request id into one bounded queue per open request. Admin
 actions (faults, scaling) are external inputs too (`src="ext/admin"`). `status()` reads actor
 state without changing it.
 """
@@ -29,21 +29,19 @@ from deepserve.actors.cluster.heartbeat import HeartbeatWake
 from deepserve.actors.cluster.messages import StopMonitor
 from deepserve.actors.flowserve.master.status import dp_load
 from deepserve.actors.flowserve.messages import Prompt, Sampling, TokenBatch
-from deepserve.actors.gateway.actor import Gateway
-from deepserve.actors.gateway.messages import is_refused
-from deepserve.actors.je.actor import JobExecutor
+from deepserve.actors.gateway.messages import ApiRequest, Refused, is_refused
 from deepserve.actors.je.messages import CancelJob
-from deepserve.actors.ports.pod import TeSlot
-from deepserve.actors.workload.messages import Arrive, EndOfRun, RequestDone
+from deepserve.actors.workload.messages import METRICS_ADDR, EndOfRun, RequestDone
 from deepserve.adapters.hardware.devices.topology import build, spawn_topology
-from deepserve.adapters.scenario.control import (
+from deepserve.cluster.assembly import (
     MANAGER_ADDR,
     MONITOR_ADDR,
-    spawn_control_plane,
-    te_slot,
+    je_addrs,
+    spawn_control,
+    spawn_front,
 )
-from deepserve.adapters.scenario.placement import Placement, place
-from deepserve.adapters.scenario.sched import je_config
+from deepserve.cluster.layout import plan
+from deepserve.cluster.sim import refused_done
 from deepserve.core.asyncdriver import AsyncDriver
 from deepserve.core.messages import Message
 from deepserve.persistence import open_sink
@@ -54,7 +52,6 @@ log = structlog.get_logger("deepserve.daemon")
 LOG_FILE = "daemon.db"
 STREAM_QUEUE = 65_536  # tokens + the terminal message a slow client may have pending
 STREAM_ADDR = "ext/stream"  # where the DP masters stream output tokens (the frontend)
-JES = ("je/0",)
 # The log writer thread waits this long after a wake-up before it commits: steps arrive one at a
 # time, and a commit per step (and a thread wake-up per step, GIL handoffs) was ~30 % of the
 # daemon's CPU under load (py-spy). A kill -9 may lose this much more of the log's tail.
@@ -70,33 +67,6 @@ LOG_CACHE_KIB = 8192
 
 class NoCapacity(Exception):
     """The cluster cannot take the request (HTTP 503): shutting down, or no TE."""
-
-
-def daemon_placement(cfg: DaemonConfig) -> tuple[Placement, set[str]]:
-    """The colocated pool's placement (its TEs and `control.spare_tes` spare slots), then the
-    P/D pool's on the servers after it (its TEs numbered on), and the addresses of the P/D TEs."""
-    colo = place(msgspec.structs.replace(cfg.cluster, tes=cfg.cluster.tes + cfg.control.spare_tes))
-    pd = cfg.pd_scenario()
-    if pd is None:
-        return colo, set()
-    extra = place(pd.cluster)
-    n, base = len(colo.tes), colo.servers
-    moved = []
-    for i, te in enumerate(extra.tes):
-        npus = tuple(a.replace(f"hw/s{te.server}/", f"hw/s{te.server + base}/", 1) for a in te.npus)
-        moved.append(msgspec.structs.replace(te, addr=f"te/{n + i}", server=te.server + base, npus=npus))
-    return Placement(base + extra.servers, (*colo.tes, *moved)), {t.addr for t in moved}
-
-
-def daemon_slots(cfg: DaemonConfig, placement: Placement, pd_tes: set[str]) -> tuple[tuple[TeSlot, ...], dict[str, int]]:
-    """Every TE slot (priced by the performance model) and each group's initial size."""
-    scenario, pd = cfg.scenario(), cfg.pd_scenario()
-    slots = tuple(te_slot(pd if te.addr in pd_tes and pd is not None else scenario, te) for te in placement.tes)
-    m = cfg.cluster.model
-    groups = {f"{m}/colocated": cfg.cluster.tes}
-    if pd is not None:
-        groups |= {f"{m}/prefill": cfg.pd.prefill_tes, f"{m}/decode": cfg.pd.decode_tes}
-    return slots, groups
 
 
 def keep_no_outside(d: AsyncDriver) -> None:
@@ -116,8 +86,9 @@ class Runtime:
         self.cfg = cfg
         self.run_dir = run_dir
         self.log_path = run_dir / LOG_FILE
-        self.placement, self.pd_tes = daemon_placement(cfg)
-        self.slots, self.groups = daemon_slots(cfg, self.placement, self.pd_tes)
+        self.layout = plan(cfg)
+        self.placement, self.slots, self.groups = self.layout.placement, self.layout.slots, self.layout.groups
+        self.jes = je_addrs(cfg)
         self.streams: dict[str, asyncio.Queue[Any]] = {}
         self.accepting = False
         self.started_wall = time.time()
@@ -153,17 +124,13 @@ class Runtime:
 
     def spawn_front(self, d: AsyncDriver) -> None:
         """The JEs and the gateway (at `daemon.ingress`, the one address the frontend talks to)."""
-        sch = self.cfg.scheduling.as_scenario_section()
-        je = {**je_config(sch, self.cfg.cluster.kv_block_tokens), "stream_to": STREAM_ADDR}
-        for addr in JES:
-            d.spawn(addr, JobExecutor, config=je)
-        d.spawn(self.cfg.daemon.ingress, Gateway, config={"jes": list(JES),
-                                                           "max_inflight_per_model": self.cfg.daemon.max_inflight})  # fmt: skip
+        spawn_front(d, self.cfg, gateway=self.cfg.daemon.ingress, stream_to=STREAM_ADDR,
+                    max_inflight=self.cfg.daemon.max_inflight)  # fmt: skip
 
     def spawn_control(self, d: AsyncDriver) -> None:
         """The control plane with the in-process pod launcher (processes mode overrides this to
         put its supervisor's launcher at `pods`)."""
-        spawn_control_plane(d, self.slots, self.groups, list(JES), self.cfg.control)
+        spawn_control(d, self.cfg, self.layout, self.jes)
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Stop accepting, let in-flight requests finish for `grace_s`, fail the rest with a
@@ -215,8 +182,8 @@ class Runtime:
         q: asyncio.Queue[Any] = asyncio.Queue(STREAM_QUEUE)
         self.streams[request_id] = q
         self.counts["accepted"] += 1
-        msg = Arrive(request_id=request_id, model=self.cfg.cluster.model, prompt=prompt, sampling=sampling,
-                     stream=stream)  # fmt: skip
+        msg = ApiRequest(request_id=request_id, model=self.cfg.cluster.model, prompt=prompt, sampling=sampling,
+                         reply_to=METRICS_ADDR, stream=stream)  # fmt: skip
         await self.driver.inject(self.cfg.daemon.ingress, msg, corr=request_id, src="ext/http")
         await self._wake_heartbeats()
         return q
@@ -237,7 +204,7 @@ class Runtime:
         with `completed`: a stop sequence ended it)."""
         if self.driver is not None and request_id in self.streams:
             cancel = CancelJob(request_id=request_id, reason=reason, completed=completed)
-            for je in JES:
+            for je in self.jes:
                 await self.driver.inject(je, cancel, corr=request_id, src="ext/http")
 
     def _on_external(self, _t: float, env: Any) -> None:
@@ -252,9 +219,11 @@ class Runtime:
                 q = streams.get(chunk.request_id)
                 if q is not None and not q.full():
                     q.put_nowait(chunk)
-        elif isinstance(msg, RequestDone):
+        elif isinstance(msg, RequestDone | Refused):
             q = self.streams.pop(msg.request_id, None)
-            if is_refused(msg.status, msg.reason):  # over daemon.max_inflight: HTTP 429
+            if type(msg) is Refused:  # over daemon.max_inflight: HTTP 429
+                msg = refused_done(msg, self.now())
+            if is_refused(msg.status, msg.reason):
                 self.counts["rejected_429"] += 1
                 self.counts["accepted"] -= 1
                 if self.on_rejected is not None:

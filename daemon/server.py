@@ -158,8 +158,8 @@ async def _serve(cfg: DaemonConfig, run_dir: Path, grace_s: float, ready: Any, r
         with contextlib.suppress(OSError):
             POINTERS.mkdir(parents=True, exist_ok=True)
             _write_atomically(pointer_of(os.getpid()), json.dumps(info))
-        spare = cfg.control.spare_tes  # slots placed for scaling up, not launched
-        log.info("deepserve up", model=cfg.model_name(), tes=len(rt.placement.tes) - spare, spare_slots=spare, **info)
+        tes = sum(rt.groups.values())  # launched at start; the other slots are for scaling up
+        log.info("deepserve up", model=cfg.model_name(), tes=tes, spare_slots=len(rt.placement.tes) - tes, **info)
         print(f"deepserve: serving {cfg.model_name()} at {info['url']}/v1  admin {info['admin_url']}  "
               f"log {rt.log_path}", flush=True)  # fmt: skip
         if ready is not None:

@@ -32,7 +32,6 @@ from deepserve.core.messages import Message
 from deepserve.persistence import open_sink
 
 from ..runtime import (
-    JES,
     LOG_CACHE_KIB,
     LOG_FLUSH_S,
     LOG_LINGER_S,
@@ -95,7 +94,7 @@ class ProcRuntime(Runtime):
         """The launcher first (the manager's first `LaunchPod`s go to it at once), subscribed to
         the manager's directory; no in-process pods."""
         d.spawn(PODS_ADDR, ProcessPods, config={"te_preload_s": self.cfg.control.te_preload_s})
-        spawn_control_plane(d, self.slots, self.groups, list(JES), self.cfg.control,
+        spawn_control_plane(d, self.slots, self.groups, list(self.jes), self.cfg.control,
                             directory_subscribers=(PODS_ADDR,), pods_addr=PODS_ADDR, in_process_pods=False)  # fmt: skip
 
     async def _stop_pods(self) -> None:

@@ -33,7 +33,8 @@ def test_the_resolved_config_shows_the_control_plane(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("setting", "says"), [
     ("scheduling.policy=nope", "scheduling.policy: Invalid enum value 'nope'"),
     ("scheduling.params.x=1", "scheduling.params.x: not a parameter of load_aware (it has: threshold)"),
-    ("scheduling.jes=2", "scheduling.jes: unknown key"),
+    ("scheduling.jes=0", "scheduling.jes: Expected `int` >= 1"),
+    ("scheduling.entry=dispatcher", "scheduling.entry: the daemon's requests enter through the gateway"),
     ("scheduling.heatmap=/no/such/file", "scheduling.heatmap: cannot read /no/such/file"),
 ])  # fmt: skip
 def test_bad_scheduling_settings_name_the_key(setting: str, says: str) -> None:
@@ -44,7 +45,7 @@ def test_bad_scheduling_settings_name_the_key(setting: str, says: str) -> None:
 
 def test_the_scheduling_section_reaches_the_je_config() -> None:
     cfg = load_config(None, ("scheduling.policy=load_aware", "scheduling.params.threshold=2"))
-    sch = cfg.scheduling.as_scenario_section()
+    sch = cfg.scheduling
     assert (sch.policy, sch.params, sch.jes) == ("load_aware", {"threshold": 2}, 1)
     assert load_config().scheduling.policy == "load_aware"  # the default (docs/scheduling.md: measured best)
 
