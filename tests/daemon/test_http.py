@@ -310,7 +310,7 @@ def test_admin_reads_a_request_from_the_live_log(daemon: dict[str, Any]) -> None
             break
         time.sleep(0.05)
     steps = got.json()["steps"]
-    assert steps[0]["input"] == "Arrive" and steps[0]["from"] == "ext/http" and steps[0]["external"]
+    assert steps[0]["input"] == "ApiRequest" and steps[0]["from"] == "ext/http" and steps[0]["external"]
     assert sum(s["events"].count("JobFinished") for s in steps) == 1
     assert got.json()["truncated"] is False
     # A long request has more steps than a page shows: it says so (it stopped at 1,000 silently)

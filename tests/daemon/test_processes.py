@@ -171,7 +171,7 @@ def test_kill_9_a_te_process_under_load(tmp_path: Path) -> None:
         pids |= {p["pid"] for p in st["processes"]} | children_of(proc.pid)
         story = request_story(info["url"], admin)  # one request, told from every process's log
         te_steps = [s for s in story if s["actor"].startswith("te/")]
-        assert story[0]["process"] == "daemon" and story[0]["input"] == "Arrive", story[:2]
+        assert story[0]["process"] == "daemon" and story[0]["input"] == "ApiRequest", story[:2]
         assert te_steps and all(s["process"].startswith("te-") for s in te_steps), story
         assert [s["t"] for s in story] == sorted(s["t"] for s in story)
         shown = subprocess.run([sys.executable, "-m", "deepserve", "status", "--admin-url", admin],

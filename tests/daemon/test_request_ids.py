@@ -15,8 +15,7 @@ import openai
 import pytest
 from daemonproc import start_daemon, stop_daemon
 
-from deepserve.actors.gateway.messages import GatewayDone
-from deepserve.actors.workload.messages import Arrive
+from deepserve.actors.gateway.messages import ApiRequest, GatewayDone
 from deepserve.core.codec import decode
 from deepserve.persistence import open_log
 
@@ -25,12 +24,12 @@ SETTINGS = ("cluster.tes=1", "pd.prefill_tes=0", "pd.decode_tes=0")
 
 
 def logged(log_path: Path) -> tuple[list[str], list[str]]:
-    """The request ids the gateway received (`Arrive`) and ended (`GatewayDone`), in order."""
+    """The request ids the gateway received (`ApiRequest`) and ended (`GatewayDone`), in order."""
     log = open_log(str(log_path))
     arrived, ended = [], []
     try:
         for step in log.steps(None, actor="gateway"):
-            if step.input.type == Arrive.__name__:
+            if step.input.type == ApiRequest.__name__:
                 arrived.append(decode(step.input.type, step.input.payload).request_id)
             ended += [decode(e.type, e.payload).request_id for e in step.events if e.type == GatewayDone.__name__]
     finally:
