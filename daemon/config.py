@@ -89,7 +89,7 @@ def resolved_toml(cfg: DaemonConfig) -> str:
 
 def _tables(v: Any) -> bool:
     """An array of tables (`[[groups]]`, `[[faults]]`)."""
-    return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
+    return isinstance(v, list | tuple) and bool(v) and all(isinstance(x, dict) for x in v)
 
 
 def _toml(table: dict[str, Any], path: list[str], array: bool = False) -> str:
@@ -112,6 +112,6 @@ def _value(v: Any) -> str:
         return "true" if v else "false"
     if isinstance(v, str):
         return msgspec.json.encode(v).decode()
-    if isinstance(v, list):
+    if isinstance(v, list | tuple):
         return "[" + ", ".join(_value(x) for x in v) + "]"
     return repr(v)
