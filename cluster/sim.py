@@ -31,6 +31,11 @@ from .assembly import MANAGER_ADDR, Built, assemble
 from .config import for_driver
 from .schema import PlatformConfig
 
+# Where the DP masters stream each pass's tokens, as to the daemon's frontend (xDeepServe §4.2's
+# output short-circuit): one `TokenBatch` a pass, not a `TaskTokens` a task and pass to the JE,
+# which hears of each task's first chunk only (it must know what a client has seen). The run reads
+# timings from the terminal records, so the batches go outside unread.
+STREAM_ADDR = "ext/stream"
 Reporter = Callable[["SimEnd", dict[str, Any]], None]
 
 
@@ -114,7 +119,7 @@ def run(
             on_done(msg)
 
     driver.on_external = listen
-    built = assemble(driver, cfg)
+    built = assemble(driver, cfg, stream_to=STREAM_ADDR)
     # The initial deployment (resident TEs) registers at t=0 and its membership reaches every JE
     # before the first arrival, as a daemon is up before its first request.
     driver.run(until=0.0)
