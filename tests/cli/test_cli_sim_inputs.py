@@ -122,9 +122,10 @@ target = "hw/s0/npu0"
 
 def test_failed_requests_latencies_are_reported(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     # Two TEs, the first one's NPU hangs at 5 s: its requests fail after waiting ~2 minutes each
-    # (one attempt a task: the JE would retry them elsewhere, and all would complete)
+    # (one attempt a task, and no heartbeats to find the hung TE: else the JE retries them
+    # elsewhere, or the TE is replaced, and all complete)
     (tmp_path / "hang.toml").write_text(HANG.format(tes=2, at_s=5.0))
-    once = ("--set", "scheduling.max_attempts=1")
+    once = ("--set", "scheduling.max_attempts=1", "--set", "control.heartbeats=false")
     rc, out, err = _cli(capsys, "sim", "hang.toml", "--requests", "100", "--log", "none", "--json", *once)
     assert rc == 0, err
     s = json.loads(out)
@@ -138,8 +139,8 @@ def test_failed_requests_latencies_are_reported(capsys: pytest.CaptureFixture[st
 
 
 def test_a_run_where_nothing_completes_prints_no_nan(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    (tmp_path / "hang.toml").write_text(HANG.format(tes=1, at_s=0.0))
-    rc, out, err = _cli(capsys, "sim", "hang.toml", "--requests", "5", "--log", "none")
+    (tmp_path / "hang.toml").write_text(HANG.format(tes=1, at_s=0.0))  # no heartbeats: never replaced
+    rc, out, err = _cli(capsys, "sim", "hang.toml", "--requests", "5", "--log", "none", "--set", "control.heartbeats=false")
     assert rc == 0, err
     assert "(0 completed, 5 failed" in out and "nan" not in out
     assert "TTFT ms  none (no completed request)" in out
