@@ -36,6 +36,7 @@ from .schema import PlatformConfig
 # which hears of each task's first chunk only (it must know what a client has seen). The run reads
 # timings from the terminal records, so the batches go outside unread.
 STREAM_ADDR = "ext/stream"
+REDACTED = "<redacted>"
 Reporter = Callable[["SimEnd", dict[str, Any]], None]
 
 
@@ -94,6 +95,8 @@ def run(
     every reporter's keys. `sink` is not closed."""
     cfg = for_driver(cfg, "sim")
     config = msgspec.to_builtins(cfg)
+    if cfg.daemon.admin_token:  # a daemon file's secret never reaches the log (its run config)
+        config["daemon"]["admin_token"] = REDACTED
     if trace is not None:  # what ran: --trace and --requests override the file's fields
         config["workload"]["trace"] = trace
     if requests is not None:

@@ -133,3 +133,11 @@ def test_the_same_seed_gives_the_same_log(tmp_path: Path) -> None:
 def _events(sink: MemorySink, actor: str, cls: type) -> list[Any]:
     return [decode(ev.type, ev.payload) for s in sink.steps if s.input.actor == actor
             for ev in s.events if ev.type == cls.__name__]  # fmt: skip
+
+
+def test_a_daemon_files_admin_token_is_not_in_the_sim_log(tmp_path: Path) -> None:
+    secret = "s3cret-token-0123456789abcdef"
+    (tmp_path / "d.toml").write_text(f'[daemon]\nadmin_token = "{secret}"\n[cluster]\ntes = 1\n')
+    res = in_process("sim", "d.toml", "--requests", "2", "--log", "d.db", "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert secret.encode() not in (tmp_path / "d.db").read_bytes() and secret not in res.stdout
