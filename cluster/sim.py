@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from deepserve.actors.cluster.heartbeat import HeartbeatWake
 from deepserve.actors.gateway.messages import REFUSED_429, ApiRequest, Refused
 from deepserve.actors.workload.messages import METRICS_ADDR, EndOfRun, RequestDone
 from deepserve.actors.workload.metrics import Collector, percentile
@@ -27,7 +28,7 @@ from deepserve.adapters.scenario.run import DRAIN_CHUNK, WINDOW_REQUESTS, RunRes
 from deepserve.core import Message, SimDriver
 from deepserve.core.records import LogSink
 
-from .assembly import MANAGER_ADDR, Built, assemble
+from .assembly import MANAGER_ADDR, MONITOR_ADDR, Built, assemble
 from .config import for_driver
 from .schema import PlatformConfig
 
@@ -154,11 +155,21 @@ def _feed(driver: SimDriver, cfg: PlatformConfig, gateway: str, trace: str | Non
     pending: tuple[float, Any] | None = None
     feed = arrivals(cfg.scenario(), trace, requests)
 
+    # The daemon's frontend wakes a heartbeat monitor backed off while idle when a request comes
+    # (daemon/runtime.py `_wake_heartbeats`); it reads the monitor's state to send one a tick,
+    # which a run injecting its arrivals ahead cannot: a wake with each arrival (a no-op, not
+    # recorded, unless backed off), only where idle backoff is on.
+    wake = cfg.control.heartbeats and cfg.control.heartbeat_idle_max_interval_s > 0
+
     def inject(at: float, a: Any) -> None:
         nonlocal injected, last_arrival
+        # stream=False: a simulated client takes its output in one body at the end (HTTP `stream:
+        # false`), so a task that failed after producing tokens is retried from scratch
         msg = ApiRequest(request_id=a.request_id, model=models[injected % len(models)], prompt=a.prompt,
                          sampling=a.sampling, reply_to=METRICS_ADDR, stream=False)  # fmt: skip
         driver.inject(gateway, msg, at=at, corr=a.request_id, src="ext/client")
+        if wake:
+            driver.inject(MONITOR_ADDR, HeartbeatWake(), at=at, src="ext/client")
         injected, last_arrival = injected + 1, at
 
     while True:

@@ -90,8 +90,7 @@ def test_each_driver_sets_what_it_needs(tmp_path: Path) -> None:
     assert not up.cluster.scheduler.aggregate and up.cluster.scheduler.stream_token_ids
     sim = for_driver(load(None), "sim")  # the daemon's file: steps every iteration, heartbeats on
     assert sim.control.heartbeats and not sim.cluster.scheduler.stream_token_ids
-    # an aggregated decode run would look like a stalled master: no heartbeats with it (yet)
-    assert not for_driver(scenario, "sim").control.heartbeats
+    assert for_driver(scenario, "sim").cluster.scheduler.aggregate  # the simulation's fast path stays
 
 
 def test_up_takes_a_scenario_whole_and_layers_a_daemon_file(tmp_path: Path) -> None:

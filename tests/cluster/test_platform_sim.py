@@ -141,3 +141,14 @@ def test_a_daemon_files_admin_token_is_not_in_the_sim_log(tmp_path: Path) -> Non
     res = in_process("sim", "d.toml", "--requests", "2", "--log", "d.db", "--json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert secret.encode() not in (tmp_path / "d.db").read_bytes() and secret not in res.stdout
+
+
+def test_an_arrival_wakes_a_heartbeat_monitor_backed_off_while_idle() -> None:
+    """As the daemon's frontend does (daemon/runtime.py `_wake_heartbeats`): the default config's
+    monitor backs off while the cluster idles between sparse arrivals, and the next arrival brings
+    its tick back to one interval."""
+    sink = MemorySink()
+    result = run(load(None, ("workload.requests=20", "workload.rps_scale=0.05")), sink=sink)
+    assert result.summary["completed"] == 20
+    events = Counter(e.type for s in sink.steps if s.input.actor == "cluster/heartbeat" for e in s.events)
+    assert events["HbWoken"] > 0 and events["HbTicked"] > 0, events
