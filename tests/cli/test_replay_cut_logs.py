@@ -49,9 +49,11 @@ def daemon_log(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixture
 
 @pytest.fixture(scope="module")
 def sim_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A simulation's log in three pages (`sim` stores ~1,000 steps a page)."""
+    """A simulation's log in three pages (`sim` stores ~1,000 steps a page), TEs behind the
+    workload dispatcher: its last page holds the last arrivals (what the cut tests cut off)."""
     where = tmp_path_factory.mktemp("sim")
-    res = deepserve("sim", "pd-1p1d", "--requests", "100", "--log", "pd.db", cwd=where)
+    res = deepserve("sim", "pd-1p1d", "--requests", "100", "--log", "pd.db", "--set", "scheduling.entry=dispatcher",
+                    cwd=where)  # fmt: skip
     assert res.returncode == 0, res.stderr
     return where / "pd.db"
 

@@ -131,11 +131,24 @@ def test_why_shows_when_the_client_gave_up(log: Path, tmp_path: Path) -> None:
                       "cancelling its task"], out
 
 
-def test_why_on_a_simulation_log_shows_the_workload_hops(tmp_path: Path) -> None:
-    """`deepserve sim` drives TEs through the workload stand-in: its dispatches, the P/D
-    prefill's end and the terminal record are the hops (no gateway or JE)."""
+def test_why_on_a_simulation_log_shows_the_platform_hops(tmp_path: Path) -> None:
+    """`deepserve sim` runs the whole platform: the gateway's admission and JE draw, the JE's
+    routing decisions with their inputs, the P/D prefill's end and the terminal record."""
     log = tmp_path / "pd.db"
     assert in_process("sim", "pd-1p1d", "--requests", "3", "--log", str(log), cwd=tmp_path).returncode == 0
+    lines = in_process("replay", "why", str(log), "r1", cwd=tmp_path).stdout.splitlines()
+    assert lines[0].startswith("request r1: completed (length) — TTFT ")
+    assert "gateway: admitted" in lines[1] and "JE je/0 drawn at random" in lines[1]
+    assert "JE je/0: prefill task r1/prefill.1 -> te/0 [policy load_aware" in lines[2]
+    assert any("je/0: prefill done" in ln for ln in lines) and lines[-1].endswith("je/0: completed on te/1: length")
+
+
+def test_why_on_a_dispatcher_simulation_log_shows_the_workload_hops(tmp_path: Path) -> None:
+    """`scheduling.entry = "dispatcher"` drives TEs through the workload stand-in: its
+    dispatches, the P/D prefill's end and the terminal record are the hops (no gateway or JE)."""
+    log = tmp_path / "pd.db"
+    assert in_process("sim", "pd-1p1d", "--requests", "3", "--log", str(log), "--set", "scheduling.entry=dispatcher",
+                      cwd=tmp_path).returncode == 0  # fmt: skip
     res = in_process("replay", "why", str(log), "r1", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
