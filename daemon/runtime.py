@@ -106,6 +106,9 @@ class Runtime:
     # ---- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.cfg.faults:  # a scenario's plan is virtual time's: the daemon takes `deepserve fault`
+            log.warning("the config's [[faults]] are not injected by deepserve up (use deepserve fault)",
+                        faults=len(self.cfg.faults))  # fmt: skip
         self._sink = open_sink(str(self.log_path), "async", linger_s=LOG_LINGER_S, flush_s=LOG_FLUSH_S,
                                cache_kib=LOG_CACHE_KIB)
         config = msgspec.to_builtins(self.cfg)
