@@ -25,6 +25,8 @@ import msgspec
 from deepserve.core import Actor, Context, Event, Message
 
 from .messages import (
+    DEVICE_LOST,
+    SILENT,
     Heartbeat,
     HeartbeatAck,
     HeartbeatTick,
@@ -87,6 +89,14 @@ class HbAcked(Event, frozen=True, kw_only=True):
     ok: bool
     reason: str = ""
     busy: bool = False  # a DP master had a forward pass outstanding
+    diagnosis: str = ""
+
+
+class HbDeclared(Event, frozen=True, kw_only=True):
+    """A TE said its device is lost: declared failed at once, not after `misses` rounds."""
+
+    te: str
+    reason: str
 
 
 class HbWoken(Event, frozen=True, kw_only=True):
@@ -121,8 +131,11 @@ def _evolve(s: MonitorState, e: Event) -> MonitorState:
         if e.ok:
             w.acked, w.misses = e.seq, 0
         else:
-            w.reason = e.reason
+            w.reason, w.diagnosis = e.reason, e.diagnosis
         s.busy = s.busy or e.busy
+    elif isinstance(e, HbDeclared):
+        del s.watched[e.te]
+        s.declared += 1
     elif isinstance(e, HbWoken):
         s.interval_s = 0.0
     elif isinstance(e, HbTicking):
@@ -160,7 +173,10 @@ class HeartbeatMonitor(Actor[MonitorState]):
             # row with no answer at all, so a loaded but live TE is not declared failed.
             if w is not None and w.generation == msg.generation and w.acked < msg.seq <= w.sent:
                 busy = any(step >= 0 for step in msg.steps)
-                ctx.record(HbAcked(te=msg.te, seq=msg.seq, ok=msg.ok, reason=msg.reason, busy=busy))
+                ctx.record(HbAcked(te=msg.te, seq=msg.seq, ok=msg.ok, reason=msg.reason, busy=busy,
+                                   diagnosis=msg.diagnosis))  # fmt: skip
+                if msg.diagnosis == DEVICE_LOST:
+                    self._declare_lost(ctx, msg)
         elif isinstance(msg, HeartbeatWake):
             if st.interval_s > self.cfg.interval_s and st.ticking and not st.stopped:
                 ctx.record(HbWoken())
@@ -176,16 +192,28 @@ class HeartbeatMonitor(Actor[MonitorState]):
         out = heartbeat_tick(st.watched, cfg.misses, cfg.interval_s)
         seq = st.seq + 1
         gens = {te: st.watched[te].generation for te, _, _ in out.failed}
+        diagnoses = {te: st.watched[te].diagnosis or SILENT for te, _, _ in out.failed}
         nxt = self._next_interval(out)
         ctx.record(HbTicked(seq=seq, missed=out.missed, failed=tuple(te for te, _, _ in out.failed), pinged=out.ping,
                             next_s=nxt if cfg.idle_max_interval_s else 0.0))  # fmt: skip
         for te, gen, reason in out.failed:
-            ctx.send(cfg.manager, TeFailed(te=te, generation=gens.get(te, gen), reason=reason))
+            ctx.send(cfg.manager, TeFailed(te=te, generation=gens.get(te, gen), reason=reason, diagnosis=diagnoses[te]))
         for te in out.ping:
             ctx.send(te, Heartbeat(te=te, generation=st.watched[te].generation, seq=seq, reply_to=ctx.self))
         if st.watched:
             ctx.after(nxt, HeartbeatTick(), key=TICK)
         else:
+            ctx.record(HbTicking(on=False))
+
+    def _declare_lost(self, ctx: Context, msg: HeartbeatAck) -> None:
+        """A master whose loop runs said its device is lost (crashed, reset, HBM faulted): no
+        later round can answer otherwise, so waiting `misses` rounds only routes more tasks to
+        a TE that fails them. The diagnosis is the TE's own, not inferred from silence."""
+        why = f"its heartbeat said: {msg.reason}"
+        ctx.record(HbDeclared(te=msg.te, reason=why))
+        ctx.send(self.cfg.manager, TeFailed(te=msg.te, generation=msg.generation, reason=why, diagnosis=DEVICE_LOST))
+        if not self.state.watched and self.state.ticking:
+            ctx.cancel(TICK)
             ctx.record(HbTicking(on=False))
 
     def _next_interval(self, out: TickOutcome) -> float:

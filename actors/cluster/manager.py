@@ -32,6 +32,8 @@ from deepserve.core import Actor, Context, Event, Message
 
 from . import policy as P
 from .messages import (
+    BOOT,
+    EXITED,
     BootTimeout,
     ClusterStatus,
     ClusterStatusQuery,
@@ -130,15 +132,15 @@ class ClusterManager(Actor[CmState]):
         elif isinstance(msg, PodLaunched):
             self._pod_up(ctx, msg)
         elif isinstance(msg, TeFailed):
-            self._failed(ctx, msg.te, msg.generation, msg.reason)
+            self._failed(ctx, msg.te, msg.generation, msg.reason, msg.diagnosis)
         elif isinstance(msg, TeBootFailed | PodFailed):
-            self._failed(ctx, msg.te, msg.generation, f"boot failed: {msg.reason}")
+            self._failed(ctx, msg.te, msg.generation, f"boot failed: {msg.reason}", BOOT)
         elif isinstance(msg, PodExited):
             self._pod_exited(ctx, msg)
         elif isinstance(msg, BootTimeout):
             r = st.tes.get(msg.te)
             if r is not None and r.generation == msg.generation and r.state in ("starting", "replacing"):
-                self._failed(ctx, msg.te, msg.generation, f"not registered within {self.cfg.boot_timeout_s:g}s")
+                self._failed(ctx, msg.te, msg.generation, f"not registered within {self.cfg.boot_timeout_s:g}s", BOOT)
         elif isinstance(msg, ScaleGroup):
             self._scale(ctx, msg)
         elif isinstance(msg, DrainTe | RemoveTe):
@@ -182,15 +184,15 @@ class ClusterManager(Actor[CmState]):
         if r is None or r.generation != msg.generation:
             return
         if r.state in ("starting", "replacing"):
-            self._failed(ctx, msg.te, msg.generation, f"boot failed: {msg.reason} during boot")
+            self._failed(ctx, msg.te, msg.generation, f"boot failed: {msg.reason} during boot", BOOT)
         elif r.state in ("ready", "draining"):
-            self._failed(ctx, msg.te, msg.generation, f"its pod exited: {msg.reason}")
+            self._failed(ctx, msg.te, msg.generation, f"its pod exited: {msg.reason}", EXITED)
 
-    def _failed(self, ctx: Context, te: str, generation: int, reason: str) -> None:
+    def _failed(self, ctx: Context, te: str, generation: int, reason: str, diagnosis: str = "") -> None:
         r = self.state.tes.get(te)
         booting = r is not None and r.state in ("starting", "replacing")
         source = self.cfg.replace_source
-        actions = P.on_te_failed(self.state, te, generation, reason, source)
+        actions = P.on_te_failed(self.state, te, generation, reason, source, diagnosis)
         if booting and r is not None and r.boot_failures + 1 >= self.cfg.max_boot_failures:
             actions = [a for a in actions if not isinstance(a, P.Launch | P.StopPodOnly)]
             if actions:
@@ -264,7 +266,8 @@ class ClusterManager(Actor[CmState]):
             ctx.record(TeReady(te=a.te, group=r.group, generation=a.generation, at_s=ctx.now()))
         elif isinstance(a, P.Fail):
             ctx.cancel(f"boot/{a.te}")
-            ctx.record(TeDeclaredFailed(te=a.te, generation=a.generation, reason=a.reason, at_s=ctx.now()))
+            ctx.record(TeDeclaredFailed(te=a.te, generation=a.generation, reason=a.reason, at_s=ctx.now(),
+                                        diagnosis=a.diagnosis))  # fmt: skip
         elif isinstance(a, P.Stop | P.StopPodOnly):
             r = st.tes[a.te]
             was_member = r.state in ("ready", "draining")

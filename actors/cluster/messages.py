@@ -86,6 +86,7 @@ class HeartbeatAck(Message, frozen=True, kw_only=True):
     seq: int
     ok: bool  # every DP master answered
     reason: str = ""  # ok=False: which master did not answer, and why
+    diagnosis: str = ""  # ok=False: DEVICE_LOST or HUNG
     steps: tuple[int, ...] = ()  # per DP group: the forward pass outstanding (-1: none)
 
 
@@ -110,6 +111,16 @@ class TeFailed(Message, frozen=True, kw_only=True):
     te: str
     generation: int
     reason: str
+    diagnosis: str = ""  # one of DIAGNOSES ("": not said)
+
+
+# The recorded diagnosis of a failed TE (xDeepServe §6.1: crash vs stuck vs silent):
+DEVICE_LOST = "device-lost"  # a DP master answered that its NPU crashed, was reset or its HBM faulted
+HUNG = "hang"  # the shell answered, a DP master did not: its loop is stuck on a forward pass
+SILENT = "silent"  # no answer from the TE at all: its process is gone or its heartbeats are lost
+EXITED = "exited"  # the pod launcher saw the TE's process end
+BOOT = "boot"  # its boot failed or timed out
+DIAGNOSES = (DEVICE_LOST, HUNG, SILENT, EXITED, BOOT)
 
 
 # ---- manager admin and queries -------------------------------------------------------------------

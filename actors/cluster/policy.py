@@ -28,6 +28,7 @@ class Fail(msgspec.Struct, frozen=True):
     te: str
     generation: int
     reason: str
+    diagnosis: str = ""  # messages.DIAGNOSES
 
 
 class Stop(msgspec.Struct, frozen=True):
@@ -99,13 +100,14 @@ def next_generation(st: CmState, te: str) -> int:
     return 1 if r is None else r.generation + 1
 
 
-def on_te_failed(st: CmState, te: str, generation: int, reason: str, replace_source: LoadSource = "cold") -> list[Action]:
+def on_te_failed(st: CmState, te: str, generation: int, reason: str, replace_source: LoadSource = "cold",
+                 diagnosis: str = "") -> list[Action]:  # fmt: skip
     """A TE generation is declared failed: out of its group (a push, so the JEs fail over its
     open tasks), its pod stopped, and a replacement launched when the group still wants it."""
     r = st.tes.get(te)
     if r is None or r.generation != generation or r.state in ("failed", "stopped"):
         return []  # stale: an older generation, or already handled
-    out: list[Action] = [Fail(te, generation, reason), Unwatch(te)]
+    out: list[Action] = [Fail(te, generation, reason, diagnosis), Unwatch(te)]
     if r.state in ("ready", "draining"):
         out.append(Push(r.group))
     g = st.groups.get(r.group)
@@ -172,6 +174,7 @@ class Watched(msgspec.Struct, kw_only=True):
     acked: int = 0  # seq of the last heartbeat answered ok
     misses: int = 0  # consecutive
     reason: str = ""  # the last nack's reason
+    diagnosis: str = ""  # the last nack's diagnosis (messages.DIAGNOSES)
 
 
 class TickOutcome(msgspec.Struct, frozen=True):

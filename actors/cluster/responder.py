@@ -13,7 +13,7 @@ import msgspec
 
 from deepserve.core import Actor, AskFailed, Context, Event, Message
 
-from .messages import DpHeartbeat, DpHeartbeatAck, Heartbeat, HeartbeatAck
+from .messages import DEVICE_LOST, HUNG, DpHeartbeat, DpHeartbeatAck, Heartbeat, HeartbeatAck
 
 
 class HbState(msgspec.Struct, kw_only=True):
@@ -74,7 +74,7 @@ class HbResponder(Actor[HbState]):
             if msg.seq != st.seq or str(msg.dp) in st.answers:
                 return
             if msg.failed:
-                self._end(ctx, False, f"{self.masters[msg.dp]}: {msg.failed}", ())
+                self._end(ctx, False, f"{self.masters[msg.dp]}: {msg.failed}", (), DEVICE_LOST)
                 return
             ctx.record(HbAnswer(dp=msg.dp, step=msg.step))
             if len(self.state.answers) == len(self.masters):
@@ -82,10 +82,11 @@ class HbResponder(Actor[HbState]):
                 self._end(ctx, True, "", steps)
         elif isinstance(msg, AskFailed) and st.seq and msg.request_id in st.asks:
             why = f"{msg.target} did not answer the heartbeat: {msg.reason}"
-            self._end(ctx, False, why, ())
+            self._end(ctx, False, why, (), HUNG)
 
-    def _end(self, ctx: Context, ok: bool, reason: str, steps: tuple[int, ...]) -> None:
+    def _end(self, ctx: Context, ok: bool, reason: str, steps: tuple[int, ...], diagnosis: str = "") -> None:
         st = self.state
         seq, to = st.seq, st.reply_to
         ctx.record(HbRoundEnded(ok=ok))
-        ctx.send(to, HeartbeatAck(te=self.te, generation=self.generation, seq=seq, ok=ok, reason=reason, steps=steps))
+        ctx.send(to, HeartbeatAck(te=self.te, generation=self.generation, seq=seq, ok=ok, reason=reason, steps=steps,
+                                  diagnosis=diagnosis))  # fmt: skip

@@ -49,6 +49,7 @@ class TeDeclaredFailed(Event, frozen=True, kw_only=True):
     generation: int
     reason: str
     at_s: float
+    diagnosis: str = ""  # messages.DIAGNOSES: crash (device lost) vs hang vs silent vs exited vs boot
 
 
 class TeDraining(Event, frozen=True, kw_only=True):

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from deepserve.actors.cluster.heartbeat import HbTicked
+from deepserve.actors.cluster.heartbeat import HbDeclared, HbTicked
 from deepserve.actors.cluster.state import MembershipPushed, TeDeclaredFailed
 from deepserve.actors.flowserve.master.state import DeviceLost
 from deepserve.actors.flowserve.messages import Prompt, Sampling
@@ -92,7 +92,7 @@ def test_hung_te_is_declared_failed_after_n_misses_at_the_expected_time(run: Any
     # two ticks after the hang, and counted a miss at the tick after it
     assert HANG_AT_S < first_miss <= HANG_AT_S + 3 * INTERVAL_S
     declared = events(d, MANAGER_ADDR, TeDeclaredFailed)
-    assert [(e.te, e.generation) for _, e in declared] == [("te/1", 1)]
+    assert [(e.te, e.generation, e.diagnosis) for _, e in declared] == [("te/1", 1, "hang")]
     assert declared[0][0] == pytest.approx(failed_at[0])
     assert f"{MISSES} heartbeats missed" in declared[0][1].reason
     # no other TE missed a single heartbeat
@@ -156,11 +156,14 @@ def test_a_faulted_hbm_region_fails_the_te_over_at_once_with_its_reason(hbm_run:
     lost = events(d, "te/1/dp/0", DeviceLost)
     assert len(lost) == 1 and "hbm_fault" in lost[0][1].reason and "'kv'" in lost[0][1].reason
     assert HANG_AT_S <= lost[0][0] < HANG_AT_S + 0.5  # at the first forward after the fault
+    # The TE's own answer says its device is lost: declared at that round, not after MISSES.
     ticks = events(d, MONITOR_ADDR, HbTicked)
-    failed_at = [t for t, e in ticks if "te/1" in e.failed]
-    assert len(failed_at) == 1 and failed_at[0] <= lost[0][0] + (MISSES + 1) * INTERVAL_S
+    assert not [t for t, e in ticks if "te/1" in e.failed]
+    said = events(d, MONITOR_ADDR, HbDeclared)
+    assert [e.te for _, e in said] == ["te/1"] and lost[0][0] <= said[0][0] <= lost[0][0] + INTERVAL_S
     declared = events(d, MANAGER_ADDR, TeDeclaredFailed)
-    assert [(e.te, e.generation) for _, e in declared] == [("te/1", 1)]
+    assert [(e.te, e.generation, e.diagnosis) for _, e in declared] == [("te/1", 1, "device-lost")]
+    assert declared[0][0] == said[0][0]
     assert "device lost" in declared[0][1].reason and "hbm_fault" in declared[0][1].reason
     assert d.actor(MANAGER_ADDR).state.tes["te/1"].generation == 2
     done = [m for m in out if isinstance(m, RequestDone)]
