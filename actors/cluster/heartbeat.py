@@ -30,6 +30,7 @@ from .messages import (
     Heartbeat,
     HeartbeatAck,
     HeartbeatTick,
+    LoseHeartbeats,
     StopMonitor,
     TeFailed,
     UnwatchTe,
@@ -64,6 +65,7 @@ class MonitorState(msgspec.Struct, kw_only=True):
     declared: int = 0
     interval_s: float = 0.0  # the current tick interval under idle backoff (0: the configured one)
     busy: bool = False  # an answer since the last tick had a forward pass outstanding
+    lost_until: dict[str, float] = {}  # te -> until when its answers are lost (a fault)
 
 
 class HbWatch(Event, frozen=True, kw_only=True):
@@ -107,6 +109,13 @@ class HeartbeatWake(Message, frozen=True, kw_only=True):
     """From the frontend: traffic again after an idle spell (see the module docstring)."""
 
 
+class HbLossStarted(Event, frozen=True, kw_only=True):
+    """A `heartbeat-loss` fault: the TE's answers arriving before `until_s` are dropped."""
+
+    te: str
+    until_s: float
+
+
 class HbTicking(Event, frozen=True, kw_only=True):
     on: bool
     stopped: bool = False
@@ -136,6 +145,8 @@ def _evolve(s: MonitorState, e: Event) -> MonitorState:
     elif isinstance(e, HbDeclared):
         del s.watched[e.te]
         s.declared += 1
+    elif isinstance(e, HbLossStarted):
+        s.lost_until[e.te] = e.until_s
     elif isinstance(e, HbWoken):
         s.interval_s = 0.0
     elif isinstance(e, HbTicking):
@@ -167,7 +178,11 @@ class HeartbeatMonitor(Actor[MonitorState]):
             ctx.record(HbUnwatch(te=msg.te))
         elif isinstance(msg, HeartbeatTick):
             self._tick(ctx)
+        elif isinstance(msg, LoseHeartbeats):
+            ctx.record(HbLossStarted(te=msg.te, until_s=ctx.now() + msg.duration_s))
         elif isinstance(msg, HeartbeatAck):
+            if ctx.now() < st.lost_until.get(msg.te, -1.0):
+                return  # lost on the way (a fault): as if never sent
             w = st.watched.get(msg.te)
             # A late answer (to an earlier ping) is still a sign of life: misses count ticks in a
             # row with no answer at all, so a loaded but live TE is not declared failed.

@@ -67,6 +67,15 @@ class StopMonitor(Message, frozen=True, kw_only=True):
     reason: str = "the run is ending"
 
 
+class LoseHeartbeats(Message, frozen=True, kw_only=True):
+    """A fault (a scenario's `heartbeat-loss`): the TE's heartbeat answers are lost on their way
+    to the monitor for `duration_s` — the TE itself is fine. The monitor's rules decide: lost
+    for `misses` rounds, the TE is declared failed (diagnosis "silent") and replaced."""
+
+    te: str
+    duration_s: float
+
+
 class HeartbeatTick(Message, frozen=True):
     """The monitor's timer."""
 

@@ -20,6 +20,7 @@ from deepserve.actors.ports.pod import (
     BootSpec,
     KillPod,
     LaunchPod,
+    PodExited,
     PodLaunched,
     PodStopped,
     StopPod,
@@ -108,7 +109,11 @@ class InProcessPods(Actor[PodsState]):
             ctx.send(msg.reply_to or ctx.sender, PodStopped(pod_id=msg.pod_id, te=msg.te))
         elif isinstance(msg, KillPod):
             for pid in [p for p, pod in st.pods.items() if pod.launch.te == msg.te]:
+                launch, reply_to = st.pods[pid].launch, st.pods[pid].reply_to
                 self._end(ctx, pid, True, msg.reason)
+                if msg.exited:  # a process kill: the launcher reaps it and says so
+                    ctx.send(reply_to, PodExited(pod_id=pid, te=launch.te, generation=launch.generation,
+                                                 reason=msg.reason))  # fmt: skip
 
     def _launch(self, ctx: Context, m: LaunchPod) -> None:
         st = self.state

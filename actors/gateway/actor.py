@@ -25,11 +25,14 @@ from .messages import (
     Client,
     GatewayDone,
     GatewayDuplicate,
+    GatewayJeDown,
     GatewayRefused,
     GatewayRouted,
     GatewayState,
     JeDraw,
+    JeLost,
     Refused,
+    Resubmit,
 )
 
 
@@ -59,7 +62,8 @@ class Gateway(Actor[GatewayState]):
         if t is GatewayRouted:
             s.arrived += 1
             s.inflight[e.model] = e.inflight  # type: ignore[attr-defined]
-            s.clients[e.request_id] = Client(model=e.model, reply_to=e.reply_to, je=e.je)  # type: ignore[attr-defined]
+            s.clients[e.request_id] = Client(model=e.model, reply_to=e.reply_to, je=e.je,  # type: ignore[attr-defined]
+                                             arrival_s=e.arrival_s, resubmit=e.resubmit)  # type: ignore[attr-defined]
         elif t is GatewayDone:
             c = s.clients.pop(e.request_id)  # type: ignore[attr-defined]
             s.inflight[c.model] -= 1
@@ -71,6 +75,11 @@ class Gateway(Actor[GatewayState]):
             s.refused += 1
         elif t is GatewayDuplicate:
             s.duplicates += 1
+        elif t is GatewayJeDown:
+            s.down.append(e.je)  # type: ignore[attr-defined]
+            for rid, je in e.retried:  # type: ignore[attr-defined]
+                s.clients[rid].je = je
+            s.je_retried += len(e.retried)  # type: ignore[attr-defined]
         return s
 
     def handle(self, ctx: Context, msg: Message) -> None:
@@ -85,8 +94,10 @@ class Gateway(Actor[GatewayState]):
             self._admit(ctx, m.request_id, m.model, m.prompt, m.sampling, m.reply_to, m.predicted_bucket, m.stream,
                         api=True)
         elif t is EndOfRun:
-            for je in self.cfg.jes:
+            for je in self._live():
                 ctx.send(je, msg)
+        elif t is JeLost:
+            self._je_lost(ctx, msg)  # type: ignore[arg-type]
 
     def _admit(self, ctx: Context, rid: str, model: str, prompt: Any, sampling: Any, reply_to: str,
                bucket: int | None, stream: bool, api: bool) -> None:
@@ -107,14 +118,64 @@ class Gateway(Actor[GatewayState]):
                     first_token_s=None, finish_s=ctx.now(), prompt_tokens=0, cached_prompt_tokens=0,
                     output_tokens=0, te=""), corr=rid)  # fmt: skip
             return
-        k = ctx.rng.randrange(len(cfg.jes))
-        je = cfg.jes[k]
+        live = self._live()
+        if not live:
+            why = f"no JE alive (lost: {', '.join(s.down)})"
+            ctx.record(GatewayRefused(request_id=rid, model=model, inflight=inflight,
+                                      limit=cfg.max_inflight_per_model, reason=why))  # fmt: skip
+            self._fail(ctx, rid, reply_to, f"{REFUSED_429}{why}" if not api else why, ctx.now())
+            return
+        k = ctx.rng.randrange(len(live))
+        je = live[k]
+        keep = None if stream else Resubmit(prompt=prompt, sampling=sampling, predicted_bucket=bucket)
         ctx.record(GatewayRouted(request_id=rid, model=model, je=je, reply_to=reply_to, arrival_s=ctx.now(),
                                  inflight=inflight + 1, limit=cfg.max_inflight_per_model,
-                                 draw=JeDraw(candidates=cfg.jes, draw=k)))  # fmt: skip
+                                 draw=JeDraw(candidates=live, draw=k), resubmit=keep))  # fmt: skip
         ctx.send(je, JobRequest(request_id=rid, model=model, prompt=prompt, sampling=sampling,
                                reply_to=ctx.self, arrival_s=ctx.now(), predicted_bucket=bucket, stream=stream),
                  corr=rid)
+
+    def _live(self) -> tuple[str, ...]:
+        down = self.state.down
+        return tuple(je for je in self.cfg.jes if je not in down) if down else self.cfg.jes
+
+    def _je_lost(self, ctx: Context, m: JeLost) -> None:
+        """A JE died: each of its jobs whose client has seen nothing (not streaming) goes to a
+        JE drawn among the live ones, keeping its arrival time; the others fail naming the JE
+        (a streaming client may have seen tokens the gateway cannot know of)."""
+        s = self.state
+        if m.je not in self.cfg.jes or m.je in s.down:
+            return
+        live = tuple(je for je in self._live() if je != m.je)
+        why = f"its JE {m.je} was lost ({m.reason})"
+        retried: list[tuple[str, str]] = []
+        failed: list[str] = []
+        for rid, c in s.clients.items():
+            if c.je != m.je:
+                continue
+            if c.resubmit is not None and live:
+                retried.append((rid, live[ctx.rng.randrange(len(live))]))
+            else:
+                failed.append(rid)
+        ctx.record(GatewayJeDown(je=m.je, reason=m.reason, retried=tuple(retried), failed=tuple(failed)))
+        for rid, je in retried:
+            c = s.clients[rid]
+            r = c.resubmit
+            assert r is not None
+            ctx.send(je, JobRequest(request_id=rid, model=c.model, prompt=r.prompt, sampling=r.sampling,
+                                    reply_to=ctx.self, arrival_s=c.arrival_s, predicted_bucket=r.predicted_bucket,
+                                    stream=False), corr=rid)  # fmt: skip
+        for rid in failed:
+            c = s.clients[rid]
+            reason = f"{why}; " + ("a streaming response cannot be resumed" if live else "no JE alive")
+            ctx.record(GatewayDone(request_id=rid, status="failed"))
+            self._fail(ctx, rid, c.reply_to, reason, c.arrival_s)
+
+    def _fail(self, ctx: Context, rid: str, reply_to: str, reason: str, arrival_s: float) -> None:
+        """Answer a request the gateway itself ends: a failed `RequestDone` (the HTTP layer maps it)."""
+        ctx.send(reply_to, RequestDone(
+            request_id=rid, status="failed", reason=reason, arrival_s=arrival_s, first_token_s=None,
+            finish_s=ctx.now(), prompt_tokens=0, cached_prompt_tokens=0, output_tokens=0, te=""), corr=rid)  # fmt: skip
 
     def _done(self, ctx: Context, m: RequestDone) -> None:
         c = self.state.clients.get(m.request_id)

@@ -54,6 +54,7 @@ class GatewayRouted(Event, frozen=True, kw_only=True):
     inflight: int  # the model's requests in flight, this one included
     limit: int
     draw: JeDraw
+    resubmit: Resubmit | None = None  # non-streaming jobs: resent if their JE is lost
 
 
 class GatewayRefused(Event, frozen=True, kw_only=True):
@@ -75,10 +76,39 @@ class GatewayDone(Event, frozen=True, kw_only=True):
     status: str
 
 
+class Resubmit(msgspec.Struct, frozen=True, kw_only=True):
+    """What a job needs to be sent again to another JE: kept only for a job whose client does not
+    stream (a streaming one that lost its JE fails: the gateway cannot know what it has seen)."""
+
+    prompt: Prompt
+    sampling: Sampling
+    predicted_bucket: int | None = None
+
+
 class Client(msgspec.Struct, kw_only=True):
     model: str
     reply_to: str
     je: str
+    arrival_s: float = 0.0
+    resubmit: Resubmit | None = None
+
+
+class JeLost(Message, frozen=True, kw_only=True):
+    """A fault (a scenario's `kill-je`, injected with the JE's `Stop`): the JE's process died and
+    the gateway's connection to it broke, so the gateway knows at once, as a reset connection
+    tells it. Its jobs go to another JE (not streaming) or fail with the reason (streaming)."""
+
+    je: str
+    reason: str = "crashed"
+
+
+class GatewayJeDown(Event, frozen=True, kw_only=True):
+    """The gateway no longer draws `je`; `retried` went to another JE, `failed` failed."""
+
+    je: str
+    reason: str
+    retried: tuple[tuple[str, str], ...]  # (request id, the JE it now runs on)
+    failed: tuple[str, ...]
 
 
 class GatewayState(msgspec.Struct, kw_only=True):
@@ -90,3 +120,5 @@ class GatewayState(msgspec.Struct, kw_only=True):
     cancelled: int = 0
     duplicates: int = 0
     refused: int = 0
+    down: list[str] = []  # JEs lost (a crash): no longer drawn
+    je_retried: int = 0  # jobs sent to another JE after theirs was lost

@@ -34,6 +34,10 @@ class NpuReset(Message, frozen=True, kw_only=True):
     """Recovery: back to healthy with empty HBM. Pending requests fail with kind "reset"."""
 
     clear_faults: bool = True  # False keeps faulted regions masked (HBM fault masking)
+    # A repair (a scenario's `npu-reset`): acts only on a crashed, hung or HBM-faulted device. A
+    # healthy one is left as is — the control plane may have re-initialised it already for a
+    # replacement TE, which must keep its weights; `NpuResetSkipped` records the no-op.
+    repair: bool = False
 
 
 class LinkDown(Message, frozen=True, kw_only=True):

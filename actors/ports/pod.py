@@ -127,10 +127,14 @@ class PodStopped(Message, frozen=True, kw_only=True):
 
 
 class KillPod(Message, frozen=True, kw_only=True):
-    """A fault (`deepserve fault kill-te TE`): the TE's pod dies at once and tells no one."""
+    """A fault (`deepserve fault kill-te TE`): the TE's pod dies at once and tells no one — the
+    heartbeats find it by its silence. With `exited` (a scenario's `kill-te-process`), the TE's
+    process is what dies and its launcher sees it end, as a supervisor reaps a child: the
+    launcher sends `PodExited` and the manager fails the TE at once."""
 
     te: str
     reason: str = "killed by the operator"
+    exited: bool = False
 
 
 def pod_id(te: str, generation: int) -> str:

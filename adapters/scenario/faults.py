@@ -1,21 +1,36 @@
-"""A scenario's fault plan (`[[faults]]`): hardware faults at virtual times, so an SRE can run an
-incident as a simulation from the CLI, with `deepserve fault`'s kinds and names.
+"""A scenario's fault plan (`[[faults]]`): faults at virtual times, so an SRE can run an incident
+as a simulation from the CLI, with `deepserve fault`'s kinds and names.
 
     [[faults]]
     at_s = 30.0
     kind = "link-down"
     target = "s0/npu0/roce"
 
-Each fault becomes an external input at its time (to the NPU, or to the fabric for a link), so it
-is logged and replay re-injects it. Data and checks here; `run.py` injects them.
+Kinds and their targets:
+- hardware: `npu-crash`, `hang-npu`, `hbm-fault` (`region`), `npu-reset` (a repair: a no-op on a
+  healthy device) on an NPU (hw/s0/npu3); `link-down`, `link-up`, `link-degrade` (`bw_factor`),
+  `link-flap` (`down_s`, `up_s`, `count`) on a link (s0/npu3/roce);
+- the platform's (the control plane must be running): `kill-te` (te/1: its pod dies and tells no
+  one — the heartbeats find it), `kill-te-process` (te/1: its process dies, the pod launcher sees
+  it and the manager fails it at once), `kill-je` (je/0: the JE stops; the gateway, whose
+  connection to it broke, retries its jobs elsewhere or fails them naming it), `heartbeat-loss`
+  (te/1, `duration_s`: its heartbeat answers are lost on the way to the monitor).
+
+Each fault becomes external inputs at its time (to the NPU, the fabric, the pod launcher, the
+monitor, or the JE and the gateway), so it is logged and replay re-injects it. Data and checks
+here; the run injects them.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 import msgspec
 
+from deepserve.actors.cluster.messages import LoseHeartbeats
+from deepserve.actors.gateway.messages import JeLost
 from deepserve.actors.ports.faults import (
     HbmRegionFault,
     LinkDegrade,
@@ -27,29 +42,51 @@ from deepserve.actors.ports.faults import (
     NpuReset,
 )
 from deepserve.actors.ports.npu import DEFAULT_REGIONS
+from deepserve.actors.ports.pod import KillPod
 from deepserve.core import Message
+from deepserve.core.messages import Stop
 
 NPU_KINDS = ("npu-crash", "hang-npu", "hbm-fault", "npu-reset")
 LINK_KINDS = ("link-down", "link-up", "link-degrade", "link-flap")
+TE_KINDS = ("kill-te", "kill-te-process", "heartbeat-loss")
+JE_KINDS = ("kill-je",)
+KINDS = NPU_KINDS + LINK_KINDS + TE_KINDS + JE_KINDS
 FLAP_FIELDS = ("down_s", "up_s", "count")
 MAX_FAULTS = 10_000
 FABRIC = "hw/fabric"
+FAULT_SRC = "ext/fault"
+# Where the platform's faults go (the assembly's addresses: adapters/scenario/control.py, the
+# gateway's): overridable per run through `Wiring`.
+PODS_ADDR, MONITOR_ADDR, GATEWAY_ADDR = "pods", "cluster/heartbeat", "workload"
+_TE = re.compile(r"te/[0-9]+")
+_JE = re.compile(r"je/[0-9]+")
+
+
+class Wiring(msgspec.Struct, frozen=True, kw_only=True):
+    """The addresses the platform's fault kinds are sent to."""
+
+    pods: str = PODS_ADDR
+    monitor: str = MONITOR_ADDR
+    gateway: str = GATEWAY_ADDR
 
 
 class FaultSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     at_s: Annotated[float, msgspec.Meta(ge=0, le=1e9)]  # virtual time of the fault
     kind: Literal["npu-crash", "hang-npu", "hbm-fault", "npu-reset", "link-down", "link-up", "link-degrade",
-                  "link-flap"]  # fmt: skip
-    target: str  # an NPU (hw/s0/npu3) or a link (s0/npu3/roce)
+                  "link-flap", "kill-te", "kill-te-process", "heartbeat-loss", "kill-je"]  # fmt: skip
+    target: str  # an NPU (hw/s0/npu3), a link (s0/npu3/roce), a TE (te/1) or a JE (je/0)
     bw_factor: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None  # link-degrade (default 0.5)
     region: str | None = None  # hbm-fault: an HBM region the TEs use (default kv)
     down_s: Annotated[float, msgspec.Meta(gt=0, le=1e6)] | None = None  # link-flap
     up_s: Annotated[float, msgspec.Meta(gt=0, le=1e6)] | None = None  # link-flap
     count: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] | None = None  # link-flap (default 1)
+    duration_s: Annotated[float, msgspec.Meta(gt=0, le=1e6)] | None = None  # heartbeat-loss
 
 
-def check_faults(faults: tuple[FaultSpec, ...], topology: str, servers: int) -> list[tuple[str, str]]:
-    """(dotted key, problem) for each fault that cannot apply to this cluster."""
+def check_faults(faults: tuple[FaultSpec, ...], topology: str, servers: int, tes: Sequence[str] | None = None,
+                 jes: Sequence[str] | None = None) -> list[tuple[str, str]]:  # fmt: skip
+    """(dotted key, problem) for each fault that cannot apply to this cluster. `tes` / `jes`:
+    the cluster's TE and JE addresses (None: any te/N, je/N)."""
     from deepserve.adapters.hardware.devices.topology import build
 
     if len(faults) > MAX_FAULTS:
@@ -68,6 +105,12 @@ def check_faults(faults: tuple[FaultSpec, ...], topology: str, servers: int) -> 
                             *((n, ("link-flap",)) for n in FLAP_FIELDS)):  # fmt: skip
             if getattr(f, name) is not None and f.kind not in kinds:
                 problems.append((f"{key}.{name}", f"only for {kinds[0]}, not {f.kind}"))
+        problems += _check_target(f, key, "TE", TE_KINDS, _TE, tes)
+        problems += _check_target(f, key, "JE", JE_KINDS, _JE, jes)
+        if f.duration_s is not None and f.kind != "heartbeat-loss":
+            problems.append((f"{key}.duration_s", f"only for heartbeat-loss, not {f.kind}"))
+        if f.kind == "heartbeat-loss" and f.duration_s is None:
+            problems.append((f"{key}.duration_s", "required for heartbeat-loss"))
         if f.kind == "link-flap" and (f.down_s is None or f.up_s is None):
             problems.append((f"{key}.{'down_s' if f.down_s is None else 'up_s'}", "required for link-flap"))
         if f.region is not None and f.region not in DEFAULT_REGIONS:
@@ -76,11 +119,42 @@ def check_faults(faults: tuple[FaultSpec, ...], topology: str, servers: int) -> 
     return problems
 
 
-def fault_inputs(faults: tuple[FaultSpec, ...], servers: tuple[int, ...] | None = None) -> list[tuple[float, str, Any]]:
-    """(time, address, message) of each fault, in plan order; with `servers`, only those on
-    them (a split simulation's worker holds its servers' NPUs and links alone)."""
-    return [(f.at_s, f.target if f.kind in NPU_KINDS else FABRIC, _message(f)) for f in faults
-            if servers is None or server_of(f.target) in servers]  # fmt: skip
+def _check_target(f: FaultSpec, key: str, what: str, kinds: tuple[str, ...], form: re.Pattern[str],
+                  names: Sequence[str] | None) -> list[tuple[str, str]]:  # fmt: skip
+    if f.kind not in kinds:
+        return []
+    if names is not None and f.target not in names:
+        known = ", ".join(sorted(names)[:4]) or "none"
+        return [(f"{key}.target", f"no {what} {f.target!r} in this cluster ({known}{', ...' if len(names) > 4 else ''})")]
+    if names is None and not form.fullmatch(f.target):
+        return [(f"{key}.target", f"{f.kind} targets a {what} ({what.lower()}/N), got {f.target!r}")]
+    return []
+
+
+def fault_inputs(faults: tuple[FaultSpec, ...], servers: tuple[int, ...] | None = None,
+                 wiring: Wiring | None = None) -> list[tuple[float, str, Any]]:  # fmt: skip
+    """(time, address, message) of each fault, in plan order (a `kill-je` is two: the JE's stop
+    and the gateway's notice); with `servers`, only the hardware faults on them (a split
+    simulation's worker holds its servers' NPUs and links alone, and no control plane)."""
+    w = wiring or Wiring()
+    out: list[tuple[float, str, Any]] = []
+    for f in faults:
+        hardware = f.kind in NPU_KINDS or f.kind in LINK_KINDS
+        if servers is not None and not (hardware and server_of(f.target) in servers):
+            continue
+        why = f"scenario fault at {f.at_s:g} s: {f.kind} {f.target}"
+        if f.kind in NPU_KINDS:
+            out.append((f.at_s, f.target, _message(f)))
+        elif f.kind in LINK_KINDS:
+            out.append((f.at_s, FABRIC, _message(f)))
+        elif f.kind in ("kill-te", "kill-te-process"):
+            out.append((f.at_s, w.pods, KillPod(te=f.target, reason=why, exited=f.kind == "kill-te-process")))
+        elif f.kind == "heartbeat-loss":
+            out.append((f.at_s, w.monitor, LoseHeartbeats(te=f.target, duration_s=f.duration_s or 0.0)))
+        else:  # kill-je
+            out.append((f.at_s, f.target, Stop(by=FAULT_SRC)))
+            out.append((f.at_s, w.gateway, JeLost(je=f.target, reason=why)))
+    return out
 
 
 def server_of(target: str) -> int:
@@ -96,7 +170,7 @@ def _message(f: FaultSpec) -> Message:
         "npu-crash": lambda: NpuCrash(reason=why),
         "hang-npu": lambda: NpuHang(reason=why),
         "hbm-fault": lambda: HbmRegionFault(region=f.region or "kv"),
-        "npu-reset": lambda: NpuReset(),
+        "npu-reset": lambda: NpuReset(repair=True),
         "link-down": lambda: LinkDown(link=f.target),
         "link-up": lambda: LinkUp(link=f.target),
         "link-degrade": lambda: LinkDegrade(link=f.target, bw_factor=0.5 if f.bw_factor is None else f.bw_factor),

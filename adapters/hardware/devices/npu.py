@@ -69,6 +69,7 @@ from deepserve.adapters.hardware.devices.npu_state import (
     NpuHung,
     NpuOverflowed,
     NpuReqIgnored,
+    NpuResetSkipped,
     NpuRunExtended,
     NpuRunStarted,
     NpuRunTruncated,
@@ -385,6 +386,8 @@ class Npu(Actor[NpuState]):
             ctx.cancel(GRAPH_KEY)
         elif isinstance(msg, HbmRegionFault):
             self._region_fault(ctx, msg.region)
+        elif isinstance(msg, NpuReset) and msg.repair and st.status == HEALTHY and not st.faulted:
+            ctx.record(NpuResetSkipped("healthy: nothing to repair"))
         elif isinstance(msg, NpuReset):
             ctx.record(NpuWasReset(sum(st.regions.values()), msg.clear_faults))
             ctx.cancel(GRAPH_KEY)

@@ -126,6 +126,12 @@ class NpuWasReset(Event, frozen=True):
     clear_faults: bool
 
 
+class NpuResetSkipped(Event, frozen=True):
+    """A repair reset (`NpuReset.repair`) of a device with nothing to repair: no change."""
+
+    reason: str
+
+
 def _resize(regions: dict[str, int], region: str, delta: int) -> dict[str, int]:
     out = dict(regions)
     size = out.get(region, 0) + delta
@@ -203,6 +209,8 @@ def evolve_npu(st: NpuState, e: Event) -> NpuState:
         return replace(st, overflowed=st.overflowed + 1)
     if isinstance(e, NpuReqIgnored):
         return replace(st, ignored=(*st.ignored, (e.req_id, e.to)))
+    if isinstance(e, NpuResetSkipped):
+        return st
     if isinstance(e, NpuWasReset):
         return NpuState(
             faulted=() if e.clear_faults else st.faulted, completed=st.completed,
