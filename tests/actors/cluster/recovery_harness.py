@@ -13,7 +13,13 @@ from deepserve.actors.gateway.messages import ApiRequest
 from deepserve.actors.je.actor import JobExecutor
 from deepserve.adapters.hardware.devices.topology import build, spawn_topology
 from deepserve.adapters.scenario.control import ControlPlane, spawn_control_plane, te_slot
-from deepserve.adapters.scenario.faults import FAULT_SRC, FaultSpec, Wiring, check_faults, fault_inputs
+from deepserve.adapters.scenario.faults import (
+    FAULT_SRC,
+    FaultSpec,
+    Wiring,
+    check_faults,
+    fault_inputs,
+)
 from deepserve.adapters.scenario.placement import place
 from deepserve.adapters.scenario.schema import Cluster, Scenario, Scheduler
 from deepserve.core import SimDriver
