@@ -122,7 +122,8 @@ class TeBoot(Actor[BootState]):
         ctx.spawn(slot.te, TeShell, config=dict(slot.te_config))
         if spec.heartbeat_timeout_s > 0:
             ctx.spawn(f"{slot.te}/hb", HbResponder, te=slot.te, generation=spec.generation,
-                      dp_groups=slot.dp_groups, timeout_s=spec.heartbeat_timeout_s)  # fmt: skip
+                      dp_groups=slot.dp_groups, timeout_s=spec.heartbeat_timeout_s,
+                      npus=tuple(slot.npus[g * slot.tp] for g in range(slot.dp_groups)))  # fmt: skip
         self._step(ctx, "post_load", 0.0)
         ctx.send(spec.manager, RegisterTe(te=slot.te, model=slot.model, role=slot.role,
                                           dp_groups=slot.dp_groups, npus=slot.npus))  # fmt: skip

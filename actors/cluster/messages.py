@@ -112,6 +112,9 @@ class DpHeartbeatAck(Message, frozen=True, kw_only=True):
     seq: int
     step: int  # the launched forward pass outstanding now (-1: none)
     failed: str = ""  # the loop runs but cannot serve: its device is lost (why)
+    # The same pass as at the last answer, but an aggregated run (the simulator's fast path for
+    # many decode passes in one NPU request): not stuck by itself; the asker probes the NPU.
+    in_run: bool = False
 
 
 class TeFailed(Message, frozen=True, kw_only=True):

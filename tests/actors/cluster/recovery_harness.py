@@ -33,8 +33,8 @@ GATEWAY = "gw"
 
 def build_run(faults: list[dict[str, Any]], *, seed: int = 3, jes: int = 1, requests: int = 36, gap_s: float = 0.05,
               output_tokens: int = 400, stream: bool = True, until_s: float = 45.0, interval_s: float = 0.5,
-              misses: int = 3) -> tuple[SimDriver, list[Any]]:  # fmt: skip
-    sched = Scheduler(max_running=4, aggregate=False)
+              misses: int = 3, aggregate: bool = False) -> tuple[SimDriver, list[Any]]:  # fmt: skip
+    sched = Scheduler(max_running=4, aggregate=aggregate)
     cluster = Cluster(model=MODEL, tes=3, kv_block_tokens=16, scheduler=sched, npu_variance=False)
     scenario = Scenario(name="recovery", seed=seed, cluster=cluster)
     placement = place(cluster)

@@ -92,7 +92,7 @@ class FakeCtx:
 
 
 def master(step: int | None, launched: bool = True) -> Any:
-    fl = None if step is None else SimpleNamespace(step=step, launched=launched)
+    fl = None if step is None else SimpleNamespace(step=step, launched=launched, iterations=1)
     return SimpleNamespace(state=SimpleNamespace(in_flight=fl, device_lost=""), cfg=SimpleNamespace(dp=2))
 
 
