@@ -55,9 +55,9 @@ FLAP_FIELDS = ("down_s", "up_s", "count")
 MAX_FAULTS = 10_000
 FABRIC = "hw/fabric"
 FAULT_SRC = "ext/fault"
-# Where the platform's faults go (the assembly's addresses: adapters/scenario/control.py, the
-# gateway's): overridable per run through `Wiring`.
-PODS_ADDR, MONITOR_ADDR, GATEWAY_ADDR = "pods", "cluster/heartbeat", "workload"
+# Where the platform's faults go (the assembly's addresses: adapters/scenario/control.py, cluster/assembly.py's
+# gateway): overridable per run through `Wiring`.
+PODS_ADDR, MONITOR_ADDR, GATEWAY_ADDR = "pods", "cluster/heartbeat", "gateway"
 _TE = re.compile(r"te/[0-9]+")
 _JE = re.compile(r"je/[0-9]+")
 
