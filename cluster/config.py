@@ -11,9 +11,9 @@ names only what it changes; a scenario describes its whole cluster. With no file
 take the daemon's default.
 
 `for_driver` is what each driver sets itself rather than refusing a file for it: `up` steps
-every decode iteration and streams token ids (the frontend renders them); `sim` streams none,
-and runs heartbeats only where no decode run is aggregated (an aggregated run is one long NPU
-request, which a heartbeat would take for a stalled master — docs/decisions.md).
+every decode iteration and streams token ids (the frontend renders them); `sim` streams none.
+Heartbeats run beside aggregated decode runs: a master inside one says so and its NPU is probed
+instead (actors/cluster/liveness.py), so a busy master is not taken for a stalled one.
 """
 
 from __future__ import annotations
@@ -152,7 +152,4 @@ def for_driver(cfg: PlatformConfig, command: Command) -> PlatformConfig:
     if command == "up":
         return _each_group(cfg, aggregate=False, stream_token_ids=True)
     cfg = _each_group(cfg, stream_token_ids=False)
-    aggregated = any(s.cluster.scheduler.aggregate for _, s in cfg.group_scenarios())
-    if aggregated and cfg.control.heartbeats:
-        cfg = msgspec.structs.replace(cfg, control=msgspec.structs.replace(cfg.control, heartbeats=False))
     return cfg
