@@ -7,7 +7,8 @@ cell, predicted bucket), the policy's choice when the task was queued instead (`
 and its waits (`PrefillWaiting`), task ends and refusals (busy or for good), a cancel the client asked
 for (`JobCancelRequested`: a TTFT deadline, a disconnect, a stop sequence), the faults injected
 while it ran and the last few before it (`deepserve fault`, a scenario's `[[faults]]`: "FAULT"
-lines), and the terminal record;
+lines), what the control plane did meanwhile to a TE the request used (`TeDeclaredFailed` with its
+diagnosis, a replacement's `TeReady`: "CONTROL" lines), and the terminal record;
 runs driven by the workload stand-in (`deepserve sim`) show its `RequestDispatched` round-robin
 hops, its `RequestPrefilled` (P/D) and `RequestFinished` instead. Streams the log once, decoding
 only the event types it shows.
@@ -33,10 +34,12 @@ FAULT_SOURCES = frozenset({"ext/admin", "ext/fault"})  # `deepserve fault`/`scal
 MAX_FAULTS = 100_000
 FAULTS_BEFORE = 3  # faults shown from before the request arrived
 MAX_KNOWN = 8  # request ids named when the one asked for is absent
+CONTROL_TYPES = frozenset({"TeDeclaredFailed", "TeReady"})  # the cluster manager's, about one TE
 
 
 def _load_types() -> None:
     """Register the event classes by importing their modules (decode works by type name)."""
+    import deepserve.actors.cluster.state  # noqa: F401
     import deepserve.actors.gateway.messages  # noqa: F401
     import deepserve.actors.je.messages  # noqa: F401
     import deepserve.actors.ports.faults  # noqa: F401
@@ -57,6 +60,12 @@ def request_hops(reader: LogReader, request_id: str, run_id: str | None = None) 
         if step.input.src in FAULT_SOURCES and len(faults) < MAX_FAULTS:
             faults.append(_fault_hop(step.input))
         for ev in step.events:
+            if ev.type in CONTROL_TYPES and len(faults) < MAX_FAULTS:
+                data = msgspec.to_builtins(decode(ev.type, ev.payload))
+                data.pop("type", None)
+                faults.append({"t": step.input.t, "actor": step.input.actor, "event": "Control", "kind": ev.type,
+                               **data})  # fmt: skip
+                continue
             if ev.type not in HOP_TYPES:
                 continue
             data = msgspec.to_builtins(decode(ev.type, ev.payload))
@@ -90,8 +99,14 @@ def _with_faults(hops: list[dict[str, Any]], faults: list[dict[str, Any]]) -> li
     when a request failed (a tour: why said a TE "left the colocated group", not that it had
     been killed 4 s before)."""
     start, end = hops[0]["t"], hops[-1]["t"]
+    used = {h.get("te") for h in hops} | {(h.get("decision") or {}).get("chosen") for h in hops}
+    control = [f for f in faults if f["event"] == "Control" and f["te"] in used and start <= f["t"] <= end
+               and not (f["kind"] == "TeReady" and f["generation"] == 1)]  # fmt: skip
+    faults = [f for f in faults if f["event"] == "Fault"]
     shown = [f for f in faults if f["t"] < start][-FAULTS_BEFORE:] + [f for f in faults if start <= f["t"] <= end]
-    return sorted([*hops, *shown], key=lambda h: h["t"]) if shown else hops  # stable: log order at a tie
+    shown += control
+    # stable: log order at a tie, but the control plane's decision first (it caused the hops beside it)
+    return sorted([*hops, *shown], key=lambda h: (h["t"], h["event"] != "Control")) if shown else hops
 
 
 def why_lines(hops: list[dict[str, Any]]) -> Iterator[str]:
@@ -147,6 +162,11 @@ def _hop_lines(h: dict[str, Any]) -> Iterator[str]:
     elif ev == "RequestPrefilled":
         yield (f"{at}  {who}: prefill done ({h['cached_prompt_tokens']} prompt tokens cached); "
                "KV registered for the decode side")
+    elif ev == "Control" and h["kind"] == "TeDeclaredFailed":
+        why = f" ({h['diagnosis']})" if h.get("diagnosis") else ""
+        yield f"{at}  CONTROL {who}: {h['te']} generation {h['generation']} declared failed{why}: {h['reason']}"
+    elif ev == "Control":
+        yield f"{at}  CONTROL {who}: {h['te']} generation {h['generation']} ready (its replacement, booted cold)"
     elif ev == "Fault":
         fields = ", ".join(f"{k}={v}" for k, v in h["fields"].items())
         yield f"{at}  FAULT ({h['src']}) -> {who}: {h['fault']}{' ' + fields if fields else ''}"
