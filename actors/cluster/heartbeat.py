@@ -1,6 +1,6 @@
 """The heartbeat monitor (xDeepServe §6.1, first tier): control plane → TE shell → DP masters.
 
-Every `interval_s` it sends each watched TE's shell a `Heartbeat`; the shell's fan-out (`{te}/hb`)
+Every `interval_s` it sends each watched TE's shell fan-out (`{te}/hb`) a `Heartbeat`, which
 acks once every DP master answered, and a master answers only while its loop moves
 (`liveness.py`). A tick with no answer since the last one is a miss (an answer to an earlier ping
 counts: it arrived late, but the TE lives); `misses` in a row and the monitor
@@ -214,7 +214,9 @@ class HeartbeatMonitor(Actor[MonitorState]):
         for te, gen, reason in out.failed:
             ctx.send(cfg.manager, TeFailed(te=te, generation=gens.get(te, gen), reason=reason, diagnosis=diagnoses[te]))
         for te in out.ping:
-            ctx.send(te, Heartbeat(te=te, generation=st.watched[te].generation, seq=seq, reply_to=ctx.self))
+            # Straight to the TE shell's fan-out (`{te}/hb`, responder.py): through the shell it
+            # was one more delivery per TE and round, for a forward.
+            ctx.send(f"{te}/hb", Heartbeat(te=te, generation=st.watched[te].generation, seq=seq, reply_to=ctx.self))
         if st.watched:
             ctx.after(nxt, HeartbeatTick(), key=TICK)
         else:

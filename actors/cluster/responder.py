@@ -1,7 +1,7 @@
 """The TE shell's heartbeat fan-out (xDeepServe §6.1, second hop), at `{te}/hb`.
 
-The shell forwards each `Heartbeat` here (a child of the pod beside the shell, so the shell's
-own state and dispatch stay untouched); this actor asks every DP master `DpHeartbeat` with a
+The monitor sends each `Heartbeat` here (a child of the pod beside the shell, so the shell's
+own state and dispatch stay untouched; a `Heartbeat` sent to the shell is forwarded here); this actor asks every DP master `DpHeartbeat` with a
 timeout and acks the monitor once all answered — or nacks naming the master that did not. It
 remembers, per master, the forward pass outstanding at the last answer, which the master uses
 to tell a stalled loop from a busy one (`liveness.py`).
@@ -41,6 +41,9 @@ class HbAnswer(Event, frozen=True, kw_only=True):
 
 class HbRoundEnded(Event, frozen=True, kw_only=True):
     ok: bool
+    # ok: every DP group's step this round (the last answer's HbAnswer is folded in here: one
+    # event less per TE and round)
+    steps: tuple[int, ...] = ()
 
 
 class HbProbing(Event, frozen=True, kw_only=True):
@@ -74,6 +77,8 @@ class HbResponder(Actor[HbState]):
             s.answers[str(e.dp)] = e.step
             s.last_steps[e.dp] = e.step
         elif isinstance(e, HbRoundEnded):
+            for dp, step in enumerate(e.steps):
+                s.last_steps[dp] = step
             s.seq, s.asks, s.answers, s.probes = 0, [], {}, {}
             s.failed_rounds += not e.ok
         return s
@@ -116,14 +121,16 @@ class HbResponder(Actor[HbState]):
             self._end(ctx, False, why, (), HUNG)
 
     def _answered(self, ctx: Context, dp: int, step: int) -> None:
-        ctx.record(HbAnswer(dp=dp, step=step))
-        if len(self.state.answers) == len(self.masters):
-            steps = tuple(self.state.answers[str(i)] for i in range(len(self.masters)))
-            self._end(ctx, True, "", steps)
+        answers = self.state.answers
+        if len(answers) + 1 < len(self.masters):
+            ctx.record(HbAnswer(dp=dp, step=step))
+            return
+        steps = tuple(step if i == dp else answers[str(i)] for i in range(len(self.masters)))
+        self._end(ctx, True, "", steps)
 
     def _end(self, ctx: Context, ok: bool, reason: str, steps: tuple[int, ...], diagnosis: str = "") -> None:
         st = self.state
         seq, to = st.seq, st.reply_to
-        ctx.record(HbRoundEnded(ok=ok))
+        ctx.record(HbRoundEnded(ok=ok, steps=steps if ok else ()))
         ctx.send(to, HeartbeatAck(te=self.te, generation=self.generation, seq=seq, ok=ok, reason=reason, steps=steps,
                                   diagnosis=diagnosis))  # fmt: skip

@@ -47,7 +47,7 @@ def monitor(tes: dict[str, float], extra: tuple[tuple[float, str, Message], ...]
     d.on_external = lambda t, env: out.append((t, env.msg))
     d.spawn("hb", HeartbeatMonitor, config={"manager": "ext/cm", "interval_s": 1.0, "misses": 3})
     for te, dies in tes.items():
-        d.spawn(te, FakeShell, dies_at_s=dies, lag_s=lag_s)
+        d.spawn(f"{te}/hb", FakeShell, dies_at_s=dies, lag_s=lag_s)  # the shell's fan-out
         d.inject("hb", WatchTe(te=te, generation=4), at=0.0)
     for at, dst, m in extra:
         d.inject(dst, m, at=at)

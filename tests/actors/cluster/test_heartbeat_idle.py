@@ -42,7 +42,7 @@ def run(cap_s: float, until_s: float, extra: tuple[tuple[float, Message], ...] =
     d.on_external = lambda t, env: out.append((t, env.msg))
     d.spawn("hb", HeartbeatMonitor, config={"manager": "ext/cm", "interval_s": 1.0, "misses": 3,
                                             "idle_max_interval_s": cap_s})  # fmt: skip
-    d.spawn("te/0", Shell, **shell)
+    d.spawn("te/0/hb", Shell, **shell)  # the shell's fan-out
     d.inject("hb", WatchTe(te="te/0", generation=1), at=0.0)
     for at, m in extra:
         d.inject("hb", m, at=at)
