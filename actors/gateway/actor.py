@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from deepserve.actors.cluster.heartbeat import HeartbeatWake
 from deepserve.actors.je.messages import JobRequest
 from deepserve.actors.workload.messages import METRICS_ADDR, Arrive, EndOfRun, RequestDone
 from deepserve.core import Actor, Context, Event, Message
@@ -40,12 +41,18 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     jes: tuple[str, ...]
     max_inflight_per_model: int = 10_000
     retry_after_s: float = 1.0
+    # The heartbeat monitor to wake (`HeartbeatWake`) when a request comes after `wake_after_s`
+    # with none: under idle backoff its next tick may be far, and a TE that died while idle must be
+    # found as fast as under load (actors/cluster/heartbeat.py). "": none (the daemon's frontend
+    # wakes it itself). One message an idle spell, none under load.
+    wake: str = ""
+    wake_after_s: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.jes:
             raise ValueError("gateway.jes: at least one JE")
-        if self.max_inflight_per_model < 1 or not self.retry_after_s > 0:
-            raise ValueError("gateway: max_inflight_per_model >= 1 and retry_after_s > 0")
+        if self.max_inflight_per_model < 1 or not self.retry_after_s > 0 or not self.wake_after_s > 0:
+            raise ValueError("gateway: max_inflight_per_model >= 1, retry_after_s > 0 and wake_after_s > 0")
 
 
 class Gateway(Actor[GatewayState]):
@@ -61,6 +68,7 @@ class Gateway(Actor[GatewayState]):
         t = type(e)
         if t is GatewayRouted:
             s.arrived += 1
+            s.last_arrival_s = e.arrival_s  # type: ignore[attr-defined]
             s.inflight[e.model] = e.inflight  # type: ignore[attr-defined]
             s.clients[e.request_id] = Client(model=e.model, reply_to=e.reply_to, je=e.je,  # type: ignore[attr-defined]
                                              arrival_s=e.arrival_s, resubmit=e.resubmit)  # type: ignore[attr-defined]
@@ -125,6 +133,8 @@ class Gateway(Actor[GatewayState]):
                                       limit=cfg.max_inflight_per_model, reason=why))  # fmt: skip
             self._fail(ctx, rid, reply_to, f"{REFUSED_429}{why}" if not api else why, ctx.now())
             return
+        if cfg.wake and (s.last_arrival_s < 0 or ctx.now() - s.last_arrival_s >= cfg.wake_after_s):
+            ctx.send(cfg.wake, HeartbeatWake())
         k = ctx.rng.randrange(len(live))
         je = live[k]
         keep = None if stream else Resubmit(prompt=prompt, sampling=sampling, predicted_bucket=bucket)

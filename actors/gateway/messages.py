@@ -122,3 +122,4 @@ class GatewayState(msgspec.Struct, kw_only=True):
     refused: int = 0
     down: list[str] = []  # JEs lost (a crash): no longer drawn
     je_retried: int = 0  # jobs sent to another JE after theirs was lost
+    last_arrival_s: float = -1.0  # the last admitted request's arrival (-1: none yet)

@@ -33,7 +33,10 @@ GATEWAY = "gw"
 
 def build_run(faults: list[dict[str, Any]], *, seed: int = 3, jes: int = 1, requests: int = 36, gap_s: float = 0.05,
               output_tokens: int = 400, stream: bool = True, until_s: float = 45.0, interval_s: float = 0.5,
-              misses: int = 3, aggregate: bool = False) -> tuple[SimDriver, list[Any]]:  # fmt: skip
+              misses: int = 3, aggregate: bool = False, idle_max_s: float = 0.0, wake: bool = False,
+              again_at_s: float | None = None) -> tuple[SimDriver, list[Any]]:  # fmt: skip
+    """`again_at_s`: as many requests again from then on; `idle_max_s`: heartbeat idle backoff;
+    `wake`: the gateway wakes the monitor when requests come back."""
     sched = Scheduler(max_running=4, aggregate=aggregate)
     cluster = Cluster(model=MODEL, tes=3, kv_block_tokens=16, scheduler=sched, npu_variance=False)
     scenario = Scenario(name="recovery", seed=seed, cluster=cluster)
@@ -45,8 +48,12 @@ def build_run(faults: list[dict[str, Any]], *, seed: int = 3, jes: int = 1, requ
     je_addrs = [f"je/{i}" for i in range(jes)]
     for je in je_addrs:
         d.spawn(je, JobExecutor, config={"kv_block_tokens": 16})
-    d.spawn(GATEWAY, Gateway, config={"jes": je_addrs})
-    control = ControlPlane(heartbeat_interval_s=interval_s, heartbeat_misses=misses, pod_start_s=1.0, te_preload_s=2.0)
+    gw: dict[str, Any] = {"jes": je_addrs}
+    if wake:
+        gw.update(wake="cluster/heartbeat", wake_after_s=interval_s)
+    d.spawn(GATEWAY, Gateway, config=gw)
+    control = ControlPlane(heartbeat_interval_s=interval_s, heartbeat_misses=misses, pod_start_s=1.0, te_preload_s=2.0,
+                           heartbeat_idle_max_interval_s=idle_max_s)  # fmt: skip
     slots = tuple(te_slot(scenario, te) for te in placement.tes)
     spawn_control_plane(d, slots, {GROUP: 3}, je_addrs, control)
     specs = tuple(FaultSpec(**f) for f in faults)
@@ -54,11 +61,14 @@ def build_run(faults: list[dict[str, Any]], *, seed: int = 3, jes: int = 1, requ
     assert not problems, problems
     for at, dst, msg in fault_inputs(specs, wiring=Wiring(gateway=GATEWAY)):
         d.inject(dst, msg, at=at, src=FAULT_SRC)
-    for i in range(requests):  # round robin over the TEs by the JE's load-aware choice
+    starts = [1.0 + gap_s * i for i in range(requests)]
+    if again_at_s is not None:
+        starts += [again_at_s + gap_s * i for i in range(requests)]
+    for i, at in enumerate(starts):  # spread over the TEs by the JE's load-aware choice
         prompt = Prompt(num_tokens=256, block_hashes=tuple(1000 * i + b + 1 for b in range(16)))
         sampling = Sampling(max_tokens=output_tokens, target_output_tokens=output_tokens)
         d.inject(GATEWAY, ApiRequest(request_id=f"r{i}", model=MODEL, prompt=prompt, sampling=sampling,
-                                     reply_to="ext/client", stream=stream), at=1.0 + gap_s * i, corr=f"r{i}")  # fmt: skip
+                                     reply_to="ext/client", stream=stream), at=at, corr=f"r{i}")  # fmt: skip
     d.run(until=until_s)
     return d, out
 
