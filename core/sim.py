@@ -52,7 +52,8 @@ class SimDriver(DriverBase):
         self._seq = 0
         self._timer_count = 0  # timers' entries queued, cancelled ones included (`_compact`)
         self.deliveries = 0
-        self.invariants: list[Invariant] = []
+        self.invariants: list[Invariant] = []  # called after every delivery (chaos/invariants.py)
+        self.step_cell: Any = None  # the cell of the last delivery, set only while `invariants` is not empty
         self._depth: dict[str, int] = {}  # due, undelivered non-timer messages per address
         # External inputs scheduled for later: the outside world's, not yet in any
         # mailbox. They enter the heap (and count against the target's capacity)
@@ -219,8 +220,10 @@ class SimDriver(DriverBase):
                 self._retire(cell, t)
                 self._note_stop(cell)
             n += 1
-            for check in invariants:
-                check(self)
+            if invariants:  # (one list truth test a delivery when no checker is set)
+                self.step_cell = cell  # the actor just stepped, for checkers that look at it alone
+                for check in invariants:
+                    check(self)
         if until is not None and self._next_time() > until:
             self.now = max(self.now, until)
         self.deliveries += n

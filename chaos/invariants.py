@@ -1,0 +1,182 @@
+"""The invariants a chaos run checks, after every simulated step and at its end.
+
+- `terminal`: every accepted request reaches exactly one terminal state (one `RequestDone`
+  reaches the client; none for a request never sent; none missing at the end).
+- `kv-blocks`: at every DP group, free + cached + referenced = capacity, each block in one of
+  those, each block's reference count = the holders naming it (block tables, named caches,
+  copies in flight), and every block table belongs to a task the master still tracks (a table
+  left behind is a leak; a block freed twice shows as a count below its holders or a block
+  both free and held). At the end, with every request terminal, no task is left on a master.
+- `tokens`: each request's streamed tokens arrive in order from index 0, none twice, none
+  skipped, and a completed request streamed exactly its output tokens.
+- `convergence`: once faults stop, every TE group is back to its target of ready TEs.
+- `replay`: the run's log replays identically (replay.verify).
+
+A checker is called by `SimDriver` after every delivery (`driver.invariants`); it looks only at
+the actor just stepped (`driver.step_cell`), so a check costs that actor's state, not the
+cluster's. The step number is the delivery's, counted from 1: re-running the seed reaches it
+again at the same step.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import msgspec
+
+from deepserve.actors.flowserve.master.state import MasterState
+from deepserve.actors.flowserve.messages import TokenBatch
+from deepserve.actors.workload.messages import RequestDone
+
+INVARIANTS = ("terminal", "kv-blocks", "tokens", "convergence", "replay")
+MAX_KEPT = 20  # violations kept per seed (the first one is the one reported)
+
+
+class Violation(msgspec.Struct, frozen=True, kw_only=True):
+    invariant: str
+    step: int  # the delivery after which it was seen (1-based); the last step for end checks
+    t_s: float  # virtual time
+    actor: str  # the actor stepped (or the one the end check names)
+    detail: str
+
+
+class Checker:
+    """Per-step and end-of-run checks of one seed's run."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.violations: list[Violation] = []
+        self.count = 0
+        self.accepted: set[str] = set()  # requests injected
+        self.done: dict[str, RequestDone] = {}
+        self.streamed: dict[str, int] = {}  # request -> tokens streamed so far (next index)
+        self.late_chunks = 0  # chunks for requests already terminal (a client never sees them)
+        self._pending: list[tuple[str, str, str]] = []  # seen while routing a step's outputs
+
+    # ---- wiring --------------------------------------------------------------------------
+    def __call__(self, driver: Any) -> None:
+        """After each delivery: the outputs routed during it, then the actor just stepped."""
+        self.step += 1
+        cell = driver.step_cell
+        if self._pending:
+            for name, actor, detail in self._pending:
+                self.report(name, driver.now, actor or cell.addr, detail)
+            self._pending.clear()
+        actor = cell.actor
+        if actor is not None and type(actor.state) is MasterState:
+            for detail in block_problems(actor.state):
+                self.report("kv-blocks", driver.now, cell.addr, detail)
+
+    def on_external(self, _t: float, env: Any) -> None:
+        """What actors send outside, as the step sends it (SimDriver's `on_external`)."""
+        msg = env.msg
+        if type(msg) is TokenBatch:
+            for chunk in msg.chunks:
+                self._chunk(chunk.request_id, chunk.first_index, len(chunk.times_s), env.src)
+        elif type(msg) is RequestDone:
+            self._terminal(msg, env.src)
+
+    def report(self, invariant: str, t_s: float, actor: str, detail: str, step: int | None = None) -> None:
+        self.count += 1
+        if len(self.violations) < MAX_KEPT:
+            self.violations.append(Violation(invariant=invariant, step=self.step if step is None else step,
+                                             t_s=round(t_s, 6), actor=actor, detail=detail))  # fmt: skip
+
+    # ---- terminal states and tokens ------------------------------------------------------
+    def _terminal(self, m: RequestDone, src: str) -> None:
+        rid = m.request_id
+        if rid not in self.accepted:
+            self._pending.append(("terminal", src, f"{rid}: a terminal state for a request never sent"))
+        elif rid in self.done:
+            first = self.done[rid]
+            self._pending.append(("terminal", src, f"{rid}: a second terminal state ({m.status}: {m.reason}) "
+                                                   f"after {first.status}: {first.reason}"))  # fmt: skip
+            return
+        self.done[rid] = m
+        n = self.streamed.get(rid, 0)
+        if m.status == "completed" and n and n != m.output_tokens:
+            self._pending.append(("tokens", src, f"{rid}: completed with {m.output_tokens} output tokens, "
+                                                 f"{n} streamed"))  # fmt: skip
+
+    def _chunk(self, rid: str, first: int, n: int, src: str) -> None:
+        if rid in self.done:
+            self.late_chunks += 1
+            return
+        expected = self.streamed.get(rid, 0)
+        if first != expected:
+            what = "streamed twice" if first < expected else "skipped"
+            self._pending.append(("tokens", src, f"{rid}: tokens {first}..{first + n - 1} arrived after "
+                                                 f"{expected} streamed: {what}"))  # fmt: skip
+        self.streamed[rid] = max(expected, first + n)
+
+    # ---- end of run ----------------------------------------------------------------------
+    def at_end(self, driver: Any, groups: dict[str, int], manager: str) -> None:
+        """Every request terminal, no task left on a master, every group at its target."""
+        t = driver.now
+        missing = sorted(self.accepted - set(self.done))
+        if missing:
+            self.report("terminal", t, "workload", f"{len(missing)} accepted requests never reached a "
+                                                    f"terminal state (first: {missing[0]})")  # fmt: skip
+        for addr in sorted(driver.cells):
+            cell = driver.cells[addr]
+            actor = cell.actor if cell.alive else None
+            if actor is None or type(actor.state) is not MasterState:
+                continue
+            st = actor.state
+            for detail in block_problems(st):
+                self.report("kv-blocks", t, addr, detail)
+            left = [tid for tid, r in st.reqs.items() if r.task.request_id in self.done]
+            if left:
+                held = sum(len(st.rtc.seqs[tid].blocks) for tid in left if tid in st.rtc.seqs)
+                self.report("kv-blocks", t, addr, f"{len(left)} tasks of terminal requests still on the master, "
+                                                  f"holding {held} blocks (first: {left[0]})")  # fmt: skip
+        cell = driver.cells.get(manager)
+        cm = cell.actor.state if cell is not None and cell.actor is not None else None
+        for group, target in sorted(groups.items()):
+            ready = sorted(te for te, r in (cm.tes.items() if cm is not None else ()) if r.group == group
+                           and r.state == "ready")  # fmt: skip
+            if len(ready) != target:
+                states = Counter(r.state for r in cm.tes.values() if r.group == group) if cm is not None else {}
+                self.report("convergence", t, manager, f"{group}: {len(ready)} of {target} TEs ready "
+                                                       f"{WINDOW_NOTE} ({dict(states)})")  # fmt: skip
+
+
+WINDOW_NOTE = "after the faults stopped and the settle time"
+
+
+def block_problems(st: MasterState) -> list[str]:
+    """What is wrong with a DP master's KV block pool ([] when it adds up)."""
+    rtc = st.rtc
+    cap = rtc.config.hbm_blocks
+    ref, hashes = rtc.ref, rtc.hbm_hash
+    free, lru, cold = rtc.free_hbm, rtc.lru_hbm, rtc.cold_hbm
+    referenced = cap - ref.count(0)
+    problems: list[str] = []
+    total = len(free) + len(lru) + len(cold) + referenced
+    if total != cap:
+        problems.append(f"free {len(free)} + cached {len(lru) + len(cold)} + referenced {referenced} = "
+                        f"{total}, capacity {cap}")  # fmt: skip
+    if len(set(free)) != len(free) or any(ref[b] or hashes[b] is not None for b in free):
+        problems.append("a free block is free twice, referenced, or holds cached KV")
+    if any(ref[b] or hashes[b] is None for b in (*lru, *cold)):
+        problems.append("a cached block is referenced or holds no KV")
+    holders = [0] * cap
+    for sb in rtc.seqs.values():
+        for b in sb.blocks:
+            holders[b] += 1
+    for nc in rtc.caches.values():
+        for b in nc.blocks:
+            holders[b] += 1
+    for c in rtc.copies.values():
+        for b in c.hbm:
+            holders[b] += 1
+    if holders != ref:
+        b = next(i for i in range(cap) if holders[i] != ref[i])
+        problems.append(f"block {b}: reference count {ref[b]}, {holders[b]} holders "
+                        f"({'freed twice' if ref[b] < holders[b] else 'leaked'})")  # fmt: skip
+    orphans = [tid for tid in rtc.seqs if tid not in st.reqs and tid not in st.held]  # (PD: held for the D side)
+    if orphans:
+        problems.append(f"block table of {orphans[0]} left behind: the master no longer tracks that task "
+                        f"({len(rtc.seqs[orphans[0]].blocks)} blocks leaked)")  # fmt: skip
+    return problems

@@ -1,0 +1,146 @@
+"""One chaos seed, start to end: the platform built, warmed up until every TE group is ready, the
+seed's faults injected, the trace run through `run_scenario` with the checkers after every step,
+then the settle time (faults stopped: the cluster must converge), the end checks and the replay.
+
+A seed is a pure function of (scenario, seed, requests): its result — requests, faults,
+violations with their steps — is the same wherever it runs (a local process or a Ray worker).
+Its log is written to `log_dir`; kept when the seed failed (or `keep_log`), else deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from typing import Any
+
+import msgspec
+
+from deepserve.actors.workload.messages import Arrive
+from deepserve.adapters.scenario.control import MANAGER_ADDR
+from deepserve.adapters.scenario.run import arrivals, run_scenario
+from deepserve.adapters.scenario.schema import Scenario
+from deepserve.core import SimDriver
+
+from . import schedule
+from .invariants import Checker, Violation
+from .platform import CONTROL, build_platform, groups_of, with_seed
+
+WARMUP_LIMIT_S = 120.0  # virtual time for the first TEs to boot (a 16 GB model from SSD: ~10 s)
+SETTLE_S = 60.0  # after the fault window: detection, replacement boots, requests draining
+CHECK_EVERY_S = 0.5
+
+
+class SeedResult(msgspec.Struct, frozen=True, kw_only=True):
+    seed: int
+    requests: int  # accepted (injected) requests
+    completed: int
+    failed: int
+    faults_injected: int
+    faults: tuple[str, ...]  # the schedule, readable
+    violations: int  # every violation seen (the first `MAX_KEPT` are listed)
+    first: Violation | None
+    listed: tuple[Violation, ...]
+    steps: int
+    virtual_s: float
+    wall_s: float
+    log: str  # "" when dropped
+    late_chunks: int = 0
+    failed_reasons: dict[str, int] = {}  # failed requests by reason (its first 100 characters)
+
+
+def log_path(log_dir: str, name: str, seed: int) -> str:
+    return os.path.join(log_dir, f"chaos-{name}-{seed}.db")
+
+
+def run_seed(scenario: Scenario, seed: int, requests: int | None, log_dir: str, keep_log: bool = False) -> SeedResult:
+    """Run one seed and check it (see the module's docstring)."""
+    from deepserve.persistence import open_log, open_sink
+    from deepserve.replay import verify
+
+    sc = with_seed(scenario, seed, requests)
+    path = log_path(log_dir, scenario.name, seed)
+    for suffix in ("", "-wal", "-shm"):  # a previous run of this seed: replaced
+        if os.path.exists(path + suffix):
+            os.remove(path + suffix)
+    checker = Checker()
+    feed = [(at, msg.request_id) for at, msg in arrivals(sc, None, None) if msg is not None]
+    checker.accepted = {rid for _, rid in feed}
+    # faults over the traffic: the window spans the arrivals (at least WINDOW_S)
+    window_s = max(schedule.WINDOW_S, max((at for at, _ in feed), default=0.0))
+    faults: tuple[schedule.FaultSpec, ...] = ()
+    injected, start = 0, 0.0
+
+    def build(driver: SimDriver, s: Scenario) -> Any:
+        nonlocal faults, injected, start
+        placement = build_platform(driver, s)
+        driver.external_out = driver.external_out.__class__(maxlen=0)  # the checker reads them
+        listen = driver.on_external
+
+        def both(t: float, env: Any) -> None:
+            if type(env.msg) is Arrive:
+                return
+            checker.on_external(t, env)
+            if listen is not None:
+                listen(t, env)
+
+        driver.on_external = both
+        driver.invariants.append(checker)
+        start = warm_up(driver, s)
+        faults = schedule.draw(seed, schedule.targets_of(s.cluster.topology, placement), window_s)
+        for at, dst, msg in schedule.injections(faults, start):
+            driver.inject(dst, msg, at=at, src="ext/fault")
+            injected += 1
+        return placement
+
+    def settle(driver: SimDriver) -> None:
+        driver.run(until=max(driver.now, start + window_s + SETTLE_S))
+        checker.at_end(driver, groups_of(sc), MANAGER_ADDR)
+
+    t0 = time.perf_counter()
+    sink = open_sink(path)
+    try:
+        result = run_scenario(sc, build=build, sink=sink, on_end=settle, on_done=None,
+                              config_note={"chaos": {"seed": seed, "faults": [msgspec.to_builtins(f) for f in faults]}})
+    finally:
+        sink.close()
+    reader = open_log(path)
+    try:
+        v = verify(reader)
+    finally:
+        reader.close()
+    if not v.identical:
+        d = v.divergence
+        where = f"{d.actor} seq {d.seq} ({d.what})" if d is not None else "the log's end"
+        checker.report("replay", d.t if d is not None else result.virtual_time_s, d.actor if d else "",
+                       f"the log does not replay identically: first divergence at {where}", step=v.inputs)
+    failed = checker.count > 0
+    if not (failed or keep_log):
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(path + suffix):
+                os.remove(path + suffix)
+    w = result.workload
+    return SeedResult(
+        seed=seed, requests=result.injected, completed=w["completed"], failed=w["failed"],
+        faults_injected=injected, faults=tuple(schedule.describe(f) for f in faults),
+        violations=checker.count, first=checker.violations[0] if checker.violations else None,
+        listed=tuple(checker.violations), steps=checker.step, virtual_s=round(result.virtual_time_s, 3),
+        wall_s=round(time.perf_counter() - t0, 3), log=path if failed or keep_log else "",
+        late_chunks=checker.late_chunks,
+        failed_reasons=dict(Counter(d.reason[:100] for d in checker.done.values() if d.status == "failed")),
+    )  # fmt: skip
+
+
+def warm_up(driver: SimDriver, scenario: Scenario, limit_s: float = WARMUP_LIMIT_S) -> float:
+    """Run until every TE group has its target of ready TEs (the daemon serves from then on);
+    returns that time. Arrivals due before it are injected at it (run.py: `max(at, now)`)."""
+    groups = groups_of(scenario)
+    while driver.now < limit_s:
+        cell = driver.cells.get(MANAGER_ADDR)
+        cm = cell.actor.state if cell is not None and cell.actor is not None else None
+        if cm is not None and all(
+            sum(r.group == g and r.state == "ready" for r in cm.tes.values()) >= n for g, n in groups.items()
+        ):
+            break
+        driver.run(until=driver.now + CHECK_EVERY_S)
+    return driver.now
