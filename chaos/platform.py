@@ -59,8 +59,13 @@ def build_platform(driver: Any, scenario: Scenario, control: ControlPlane = CONT
 
 
 def with_seed(scenario: Scenario, seed: int, requests: int | None) -> Scenario:
-    """The scenario a chaos seed runs: its own run seed, its faults drawn apart (schedule.py)."""
+    """The scenario a chaos seed runs: its own run seed, its faults drawn apart (schedule.py),
+    and its DP masters stepping every pass, as the daemon's do. (The simulator's aggregated
+    decode runs, `scheduler.aggregate`, hold a master for a whole run of passes: it answers no
+    heartbeat meanwhile and healthy TEs are declared failed — reported, issue 31.)"""
     w = scenario.workload
     if requests is not None:
         w = msgspec.structs.replace(w, requests=requests)
-    return msgspec.structs.replace(scenario, seed=seed, workload=w, faults=())
+    c = scenario.cluster
+    c = msgspec.structs.replace(c, scheduler=msgspec.structs.replace(c.scheduler, aggregate=False))
+    return msgspec.structs.replace(scenario, seed=seed, workload=w, cluster=c, faults=())

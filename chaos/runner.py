@@ -24,7 +24,7 @@ from deepserve.core import SimDriver
 
 from . import schedule
 from .invariants import Checker, Violation
-from .platform import CONTROL, build_platform, groups_of, with_seed
+from .platform import build_platform, groups_of, with_seed
 
 WARMUP_LIMIT_S = 120.0  # virtual time for the first TEs to boot (a 16 GB model from SSD: ~10 s)
 SETTLE_S = 60.0  # after the fault window: detection, replacement boots, requests draining

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from deepserve.cli import bench, daemon, hw, profile, replay, sim
+from deepserve.cli import bench, chaos, daemon, hw, profile, replay, sim
 from deepserve.cli.util import CliParser, missing_extra, one_line
 from deepserve.cmdline import CliError
 from deepserve.core.driver import CODE_VERSION
@@ -39,6 +39,7 @@ COMMANDS: tuple[tuple[tuple[str, ...], Register], ...] = (
     (("replay",), replay.register),
     (("bench",), bench.register),
     (("hw",), hw.register),
+    (("chaos",), chaos.register),
     (("profile",), profile.register),
     (("up", "config", "status", "fault", "scale"), daemon.register),
 )

@@ -1,0 +1,96 @@
+"""Bugs planted in the platform (in this test only, by monkeypatching a method) are caught by the
+chaos checkers with the right invariant, at a step that re-running the seed reaches again.
+
+- a leaked KV block: a DP master ends one request's task without freeing its blocks;
+- a duplicated terminal record: the gateway answers one request twice;
+- a skipped token: a DP master streams one request's 4th token with the 5th's index.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import msgspec
+import pytest
+
+from deepserve.actors.flowserve.master import actor as master_actor
+from deepserve.actors.flowserve.master.actor import DpMaster
+from deepserve.actors.flowserve.master.output import finished_message
+from deepserve.actors.flowserve.master.state import TaskEnded
+from deepserve.actors.gateway.actor import Gateway
+from deepserve.adapters.scenario.loader import load_scenario
+from deepserve.chaos.runner import run_seed
+
+SEED, REQUESTS = 3, 16
+TARGET = "r5"  # the request the planted bug hits
+SCENARIO = load_scenario("mooncake-16te", ["cluster.tes=3"])
+
+
+@pytest.fixture
+def seen() -> list[tuple[float, str]]:
+    return []  # (virtual time, actor) where the planted bug struck
+
+
+def _run(tmp_path: Any) -> Any:
+    return run_seed(SCENARIO, SEED, REQUESTS, str(tmp_path))
+
+
+def test_the_unplanted_seed_passes(tmp_path: Any) -> None:
+    r = _run(tmp_path)
+    assert r.violations == 0 and r.first is None and r.log == ""
+    assert r.requests == REQUESTS and r.faults_injected > 0
+    assert os.listdir(tmp_path) == []  # a passing seed's log is dropped
+
+
+def test_a_leaked_block_is_caught_as_kv_blocks(tmp_path: Any, monkeypatch: Any, seen: list) -> None:
+    def leaky_end(self: DpMaster, ctx: Any, r: Any, status: str, reason: str) -> None:
+        if r.task.request_id != TARGET or status != "completed":
+            return real_end(self, ctx, r, status, reason)
+        seen.append((ctx.now(), ctx.self))
+        # the bug: the task ends without `rtc.free` of its block table
+        ctx.record(TaskEnded(task_id=r.task.task_id, status=status, reason=reason))
+        ctx.send(r.task.reply_to, finished_message(r, status, reason, ctx.now(), self.cfg), corr=r.task.request_id)
+
+    real_end = DpMaster.end
+    monkeypatch.setattr(DpMaster, "end", leaky_end)
+    r = _run(tmp_path)
+    v = r.first
+    assert v is not None and v.invariant == "kv-blocks" and "left behind" in v.detail and TARGET in v.detail
+    assert (v.t_s, v.actor) == (round(seen[0][0], 6), seen[0][1])
+    assert r.log and os.path.exists(r.log)  # a failing seed keeps its log
+    again = _run(tmp_path)  # the same seed: the same first violation, at the same step
+    assert again.first == v and again.violations == r.violations
+
+
+def test_a_duplicated_terminal_record_is_caught_as_terminal(tmp_path: Any, monkeypatch: Any, seen: list) -> None:
+    def twice(self: Gateway, ctx: Any, m: Any) -> None:
+        c = self.state.clients.get(m.request_id)
+        real_done(self, ctx, m)
+        if m.request_id == TARGET and c is not None:
+            seen.append((ctx.now(), ctx.self))
+            ctx.send(c.reply_to, m, corr=m.request_id)  # the bug: a second answer
+
+    real_done = Gateway._done
+    monkeypatch.setattr(Gateway, "_done", twice)
+    r = _run(tmp_path)
+    v = r.first
+    assert v is not None and v.invariant == "terminal" and "second terminal state" in v.detail
+    assert v.detail.startswith(f"{TARGET}:") and (v.t_s, v.actor) == (round(seen[0][0], 6), seen[0][1])
+
+
+def test_a_skipped_token_is_caught_as_tokens(tmp_path: Any, monkeypatch: Any, seen: list) -> None:
+    def skipping(r: Any, first: int, times_s: Any, cfg: Any) -> Any:
+        msg = real_token_message(r, first, times_s, cfg)
+        if r.task.request_id == TARGET and first == 3:
+            seen.append((times_s[0], r.task.task_id))
+            return msgspec.structs.replace(msg, first_index=4)  # the bug: token 3 goes out as 4
+        return msg
+
+    real_token_message = master_actor.token_message
+    monkeypatch.setattr(master_actor, "token_message", skipping)
+    r = _run(tmp_path)
+    v = r.first
+    assert v is not None and v.invariant == "tokens" and "skipped" in v.detail and v.detail.startswith(f"{TARGET}:")
+    # (seen twice: the run, then its replay, which re-executes the same code)
+    assert v.actor.endswith("/dp/0") and v.t_s == round(seen[0][0], 6)
