@@ -24,7 +24,7 @@ from deepserve.core import SimDriver
 
 from . import schedule
 from .invariants import Checker, Violation
-from .platform import build_platform, groups_of, with_seed
+from .platform import build_platform, groups_of, jes_of, with_seed
 
 WARMUP_LIMIT_S = 120.0  # virtual time for the first TEs to boot (a 16 GB model from SSD: ~10 s)
 SETTLE_S = 60.0  # after the fault window: detection, replacement boots, requests draining
@@ -87,7 +87,8 @@ def run_seed(scenario: Scenario, seed: int, requests: int | None, log_dir: str, 
         driver.on_external = both
         driver.invariants.append(checker)
         start = warm_up(driver, s)
-        faults = schedule.draw(seed, schedule.targets_of(s.cluster.topology, placement), window_s)
+        targets = schedule.targets_of(s.cluster.topology, placement, tuple(jes_of(s)))
+        faults = schedule.draw(seed, targets, window_s)
         for at, dst, msg in schedule.injections(faults, start):
             driver.inject(dst, msg, at=at, src="ext/fault")
             injected += 1

@@ -12,7 +12,7 @@ from deepserve.chaos.schedule import TARGETS, WINDOW_S, draw, fault_kinds, injec
 def _targets(name: str = "pd-1p1d"):
     sc = load_scenario(name)
     placement = place(sc.cluster)
-    return sc, placement, targets_of(sc.cluster.topology, placement)
+    return sc, placement, targets_of(sc.cluster.topology, placement, ("je/0", "je/1"))
 
 
 def test_every_fault_kind_is_drawn_on_targets_the_cluster_has() -> None:
@@ -21,7 +21,9 @@ def test_every_fault_kind_is_drawn_on_targets_the_cluster_has() -> None:
     seen: set[str] = set()
     for seed in range(200):
         faults = draw(seed, t)
-        assert check_faults(faults, sc.cluster.topology, placement.servers) == []
+        tes = [te.addr for te in placement.tes]
+        assert check_faults(faults, sc.cluster.topology, placement.servers, tes, ["je/0", "je/1"]) == []
+        assert "je/0" not in {f.target for f in faults}  # the first JE stays
         seen |= {f.kind for f in faults}
     assert seen == set(fault_kinds())
     assert set(t.npus) == {n for te in placement.tes for n in te.npus}
