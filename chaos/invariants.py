@@ -51,6 +51,7 @@ class Checker:
         self.accepted: set[str] = set()  # requests injected
         self.done: dict[str, RequestDone] = {}
         self.streamed: dict[str, int] = {}  # request -> tokens streamed so far (next index)
+        self.all_done = False
         self.late_chunks = 0  # chunks for requests already terminal (a client never sees them)
         self._pending: list[tuple[str, str, str]] = []  # seen while routing a step's outputs
 
@@ -63,6 +64,10 @@ class Checker:
             for name, actor, detail in self._pending:
                 self.report(name, driver.now, actor or cell.addr, detail)
             self._pending.clear()
+        if self.all_done is False and len(self.done) >= len(self.accepted):
+            # every request is terminal: the run's drain can stop (heartbeats would keep it going
+            # for its next check, ~20,000 deliveries on), what comes next is the settle time
+            self.all_done = driver.halt = True
         actor = cell.actor
         if actor is not None and type(actor.state) is MasterState:
             for detail in block_problems(actor.state):

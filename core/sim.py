@@ -54,6 +54,7 @@ class SimDriver(DriverBase):
         self.deliveries = 0
         self.invariants: list[Invariant] = []  # called after every delivery (chaos/invariants.py)
         self.step_cell: Any = None  # the cell of the last delivery, set only while `invariants` is not empty
+        self.halt = False  # set by a checker: the current `run` returns after this delivery
         self._depth: dict[str, int] = {}  # due, undelivered non-timer messages per address
         # External inputs scheduled for later: the outside world's, not yet in any
         # mailbox. They enter the heap (and count against the target's capacity)
@@ -224,6 +225,9 @@ class SimDriver(DriverBase):
                 self.step_cell = cell  # the actor just stepped, for checkers that look at it alone
                 for check in invariants:
                     check(self)
+                if self.halt:  # a checker ended this `run` call (chaos: every request is terminal)
+                    self.halt = False
+                    break
         if until is not None and self._next_time() > until:
             self.now = max(self.now, until)
         self.deliveries += n
