@@ -14,7 +14,7 @@ VENV_BROKEN := $(shell $(PY) -c '$(PY_OK); import pip' >/dev/null 2>&1 || echo y
 
 $(STAMP): pyproject.toml $(if $(VENV_BROKEN),venv)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,postgres,bench]'
+	$(PY) -m pip install -q -e '.[dev,postgres,bench,ray]'
 	touch $(STAMP)
 
 # The interpreter is checked before anything is created: one line, and no .venv left behind.
