@@ -24,9 +24,11 @@ from deepserve.adapters.scenario.schema import Scenario
 
 STREAM_ADDR = "ext/stream"
 # Fast detection and boots keep a seed's virtual time (and its wall time) short; the ratios are
-# the daemon's (3 misses; a boot a few heartbeat intervals).
+# the daemon's (3 misses; a boot a few heartbeat intervals). A pod killed while it boots is found
+# only by the boot timeout (no heartbeats yet): 30 s here (a simulated boot takes ~6 s), not the
+# daemon's 120 s, so the settle time after the faults (runner.SETTLE_S) can cover it.
 CONTROL = ControlPlane(heartbeat_interval_s=0.5, heartbeat_misses=3, pod_start_s=1.0, te_preload_s=1.0,
-                       spare_tes=0)  # fmt: skip
+                       boot_timeout_s=30.0, spare_tes=0)  # fmt: skip
 
 
 def groups_of(scenario: Scenario) -> dict[str, int]:

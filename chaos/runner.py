@@ -24,10 +24,11 @@ from deepserve.core import SimDriver
 
 from . import schedule
 from .invariants import Checker, Violation
-from .platform import build_platform, groups_of, jes_of, with_seed
+from .platform import CONTROL, build_platform, groups_of, jes_of, with_seed
 
 WARMUP_LIMIT_S = 120.0  # virtual time for the first TEs to boot (a 16 GB model from SSD: ~10 s)
-SETTLE_S = 60.0  # after the fault window: detection, replacement boots, requests draining
+# after the fault window: a boot timeout (a pod killed while booting), then a replacement's boot
+SETTLE_S = CONTROL.boot_timeout_s + 30.0
 CHECK_EVERY_S = 0.5
 
 
