@@ -1,73 +1,59 @@
-"""The cluster a chaos seed runs: the scenario's TEs launched by the control plane (cluster
-manager, heartbeat monitor, in-process pods), a gateway at the workload's address and the JEs —
-the daemon's wiring (daemon/runtime.py), in a SimDriver. The DP masters stream output tokens
-to `STREAM_ADDR` (the output short-circuit), where the token checker reads them.
+"""The cluster a chaos seed runs: the one assembly (`cluster/assembly.py`, what `deepserve sim`
+and `deepserve up` run) — the TE groups launched by the control plane (cluster manager,
+heartbeat monitor, in-process pods), the JEs and the gateway — in a SimDriver. The gateway sits
+at the workload's address, where `run_scenario` feeds it the trace's `Arrive`s (streaming
+clients: a task that failed after output went out cannot be retried unseen), and the DP masters
+stream each pass's tokens to `STREAM_ADDR` (the output short-circuit), where the token checker
+reads them.
 
-(p-platform is making `deepserve sim` assemble exactly this from one config; until that lands
-the wiring is spelled out here, on the same pieces: adapters/scenario/{control,sched}.py.)
+The config is loaded as `deepserve sim` loads it (`cluster/config.py`: a built-in scenario, a
+scenario or daemon TOML file, `--set` overrides); chaos then sets what it needs: its own seed, its
+own faults (the file's `[[faults]]` are replaced by the seed's), heartbeats on, and every DP
+master stepping each pass as the daemon's do (`scheduler.aggregate` off: an aggregated decode run
+is one long NPU request, which a heartbeat takes for a stalled master).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
-from deepserve.actors.gateway.actor import Gateway
-from deepserve.actors.je.actor import JobExecutor
-from deepserve.adapters.hardware.devices.topology import build, spawn_topology
 from deepserve.adapters.scenario.builder import WORKLOAD_ADDR
-from deepserve.adapters.scenario.control import ControlPlane, spawn_control_plane, te_slot
-from deepserve.adapters.scenario.placement import Placement, place
-from deepserve.adapters.scenario.sched import Scheduling, je_config
-from deepserve.adapters.scenario.schema import Scenario
+from deepserve.cluster.assembly import Built, assemble
+from deepserve.cluster.config import for_driver, load
+from deepserve.cluster.schema import PlatformConfig
 
 STREAM_ADDR = "ext/stream"
-# Fast detection and boots keep a seed's virtual time (and its wall time) short; the ratios are
-# the daemon's (3 misses; a boot a few heartbeat intervals). A pod killed while it boots is found
-# only by the boot timeout (no heartbeats yet): 30 s here (a simulated boot takes ~6 s), not the
-# daemon's 120 s, so the settle time after the faults (runner.SETTLE_S) can cover it.
-CONTROL = ControlPlane(heartbeat_interval_s=0.5, heartbeat_misses=3, pod_start_s=1.0, te_preload_s=1.0,
-                       boot_timeout_s=30.0, spare_tes=0)  # fmt: skip
 
 
-def groups_of(scenario: Scenario) -> dict[str, int]:
-    """Each TE group's target size (`model/role` -> TEs)."""
-    c = scenario.cluster
-    if c.mode == "colocated":
-        return {f"{c.model}/colocated": c.tes}
-    return {f"{c.model}/prefill": c.prefill_tes, f"{c.model}/decode": c.decode_tes}
+def load_config(spec: str, overrides: Sequence[str] = ()) -> PlatformConfig:
+    """A built-in scenario name or a TOML file, with overrides (a `ScenarioError` naming the key)."""
+    return load(spec, overrides, "sim")
 
 
-def jes_of(scenario: Scenario) -> list[str]:
-    sch = scenario.scheduling or Scheduling()
-    return [f"je/{k}" for k in range(sch.jes)]
+def chaos_config(cfg: PlatformConfig, seed: int, requests: int | None) -> PlatformConfig:
+    """The config a chaos seed runs (see the module's docstring)."""
+    def stepping(c: Any) -> Any:
+        return msgspec.structs.replace(c, scheduler=msgspec.structs.replace(c.scheduler, aggregate=False))
+
+    w = cfg.workload if requests is None else msgspec.structs.replace(cfg.workload, requests=requests)
+    cfg = msgspec.structs.replace(
+        cfg, seed=seed, faults=(), workload=w, cluster=stepping(cfg.cluster), groups=tuple(map(stepping, cfg.groups)),
+        control=msgspec.structs.replace(cfg.control, heartbeats=True),
+    )  # fmt: skip
+    return for_driver(cfg, "sim")
 
 
-def build_platform(driver: Any, scenario: Scenario, control: ControlPlane = CONTROL) -> Placement:
+def build_platform(driver: Any, cfg: PlatformConfig) -> Built:
     """Spawn the hardware, the JEs, the gateway and the control plane, which launches the TEs."""
-    c = scenario.cluster
-    placement = place(c)
-    spawn_topology(driver, build(c.topology, placement.servers), variance=c.npu_variance)
-    sch = scenario.scheduling or Scheduling()
-    jes = jes_of(scenario)
-    cfg = {**je_config(sch, c.kv_block_tokens), "stream_to": STREAM_ADDR}
-    for je in jes:
-        driver.spawn(je, JobExecutor, config=cfg)
-    driver.spawn(WORKLOAD_ADDR, Gateway, config={"jes": jes, "max_inflight_per_model": sch.max_inflight_per_model})
-    slots = tuple(te_slot(scenario, te) for te in placement.tes)
-    spawn_control_plane(driver, slots, groups_of(scenario), jes, control)
-    return placement
+    return assemble(driver, cfg, gateway=WORKLOAD_ADDR, stream_to=STREAM_ADDR)
 
 
-def with_seed(scenario: Scenario, seed: int, requests: int | None) -> Scenario:
-    """The scenario a chaos seed runs: its own run seed, its faults drawn apart (schedule.py),
-    and its DP masters stepping every pass, as the daemon's do. (The simulator's aggregated
-    decode runs, `scheduler.aggregate`, hold a master for a whole run of passes: it answers no
-    heartbeat meanwhile and healthy TEs are declared failed — reported, issue 31.)"""
-    w = scenario.workload
-    if requests is not None:
-        w = msgspec.structs.replace(w, requests=requests)
-    c = scenario.cluster
-    c = msgspec.structs.replace(c, scheduler=msgspec.structs.replace(c.scheduler, aggregate=False))
-    return msgspec.structs.replace(scenario, seed=seed, workload=w, cluster=c, faults=())
+def settle_s(cfg: PlatformConfig) -> float:
+    """Virtual time after the last fault for the cluster to converge: a pod killed while booting
+    is found by the boot timeout alone; then detection and a replacement's boot."""
+    c = cfg.control
+    detect_s = c.heartbeat_misses * max(c.heartbeat_interval_s, c.heartbeat_idle_max_interval_s)
+    return c.boot_timeout_s + detect_s + 30.0

@@ -2,7 +2,7 @@
 processes (`concurrent.futures`) by default, Ray with a cluster address — one seed a task, each
 with its own log. No scheduler of our own: the engines hand tasks to free workers.
 
-A task gets the scenario as msgpack bytes and returns its `SeedResult` as msgpack bytes: the
+A task gets the config as msgpack bytes and returns its `SeedResult` as msgpack bytes: the
 same on both engines, and nothing of the worker's state crosses back.
 """
 
@@ -16,31 +16,31 @@ from typing import Any
 
 import msgspec
 
-from deepserve.adapters.scenario.schema import Scenario
+from deepserve.cluster.schema import PlatformConfig
 
 from .runner import SeedResult, run_seed
 
 _ENCODE = msgspec.msgpack.Encoder()
 _SEED = msgspec.msgpack.Decoder(SeedResult)
-_SCENARIO = msgspec.msgpack.Decoder(Scenario)
+_CONFIG = msgspec.msgpack.Decoder(PlatformConfig)
 
 
 class RayMissing(RuntimeError):
     """`--cluster` without the `ray` package."""
 
 
-def seed_task(scenario: bytes, seed: int, requests: int | None, log_dir: str, keep_log: bool) -> bytes:
+def seed_task(config: bytes, seed: int, requests: int | None, log_dir: str, keep_log: bool) -> bytes:
     """One seed in a worker (a pool process or a Ray task)."""
     os.makedirs(log_dir, exist_ok=True)
-    return _ENCODE.encode(run_seed(_SCENARIO.decode(scenario), seed, requests, log_dir, keep_log))
+    return _ENCODE.encode(run_seed(_CONFIG.decode(config), seed, requests, log_dir, keep_log))
 
 
-def run_seeds(scenario: Scenario, seeds: Sequence[int], requests: int | None, log_dir: str, *, workers: int = 1,
+def run_seeds(config: PlatformConfig, seeds: Sequence[int], requests: int | None, log_dir: str, *, workers: int = 1,
               keep_logs: bool = False, cluster: str | None = None,
               progress: Callable[[SeedResult], None] | None = None) -> tuple[list[SeedResult], float]:  # fmt: skip
     """Every seed's result in seed order, and the wall time. `cluster`: a Ray address ("local"
     starts a Ray instance on this machine); else `workers` local processes (1: this process)."""
-    blob = _ENCODE.encode(scenario)
+    blob = _ENCODE.encode(config)
     args = [(blob, s, requests, log_dir, keep_logs) for s in seeds]
     t0 = time.perf_counter()
     if cluster is not None:

@@ -19,16 +19,14 @@ import msgspec
 from deepserve.actors.workload.messages import Arrive
 from deepserve.adapters.scenario.control import MANAGER_ADDR
 from deepserve.adapters.scenario.run import arrivals, run_scenario
-from deepserve.adapters.scenario.schema import Scenario
+from deepserve.cluster.schema import PlatformConfig
 from deepserve.core import SimDriver
 
 from . import schedule
 from .invariants import Checker, Violation
-from .platform import CONTROL, build_platform, groups_of, jes_of, with_seed
+from .platform import build_platform, chaos_config, settle_s
 
 WARMUP_LIMIT_S = 120.0  # virtual time for the first TEs to boot (a 16 GB model from SSD: ~10 s)
-# after the fault window: a boot timeout (a pod killed while booting), then a replacement's boot
-SETTLE_S = CONTROL.boot_timeout_s + 30.0
 CHECK_EVERY_S = 0.5
 
 
@@ -54,13 +52,14 @@ def log_path(log_dir: str, name: str, seed: int) -> str:
     return os.path.join(log_dir, f"chaos-{name}-{seed}.db")
 
 
-def run_seed(scenario: Scenario, seed: int, requests: int | None, log_dir: str, keep_log: bool = False) -> SeedResult:
+def run_seed(config: PlatformConfig, seed: int, requests: int | None, log_dir: str, keep_log: bool = False) -> SeedResult:
     """Run one seed and check it (see the module's docstring)."""
     from deepserve.persistence import open_log, open_sink
     from deepserve.replay import verify
 
-    sc = with_seed(scenario, seed, requests)
-    path = log_path(log_dir, scenario.name, seed)
+    cfg = chaos_config(config, seed, requests)
+    sc = cfg.scenario()
+    path = log_path(log_dir, cfg.name, seed)
     for suffix in ("", "-wal", "-shm"):  # a previous run of this seed: replaced
         if os.path.exists(path + suffix):
             os.remove(path + suffix)
@@ -72,9 +71,12 @@ def run_seed(scenario: Scenario, seed: int, requests: int | None, log_dir: str, 
     faults: tuple[schedule.FaultSpec, ...] = ()
     injected, start = 0, 0.0
 
-    def build(driver: SimDriver, s: Scenario) -> Any:
+    groups: dict[str, int] = {}
+
+    def build(driver: SimDriver, _s: Any) -> Any:
         nonlocal faults, injected, start
-        placement = build_platform(driver, s)
+        built = build_platform(driver, cfg)
+        groups.update(built.layout.groups)
         driver.external_out = driver.external_out.__class__(maxlen=0)  # the checker reads them
         listen = driver.on_external
 
@@ -87,23 +89,23 @@ def run_seed(scenario: Scenario, seed: int, requests: int | None, log_dir: str, 
 
         driver.on_external = both
         driver.invariants.append(checker)
-        start = warm_up(driver, s)
-        targets = schedule.targets_of(s.cluster.topology, placement, tuple(jes_of(s)))
+        start = warm_up(driver, groups)
+        targets = schedule.targets_of(cfg.cluster.topology, built.layout.placement, built.jes)
         faults = schedule.draw(seed, targets, window_s)
         for at, dst, msg in schedule.injections(faults, start):
             driver.inject(dst, msg, at=at, src="ext/fault")
             injected += 1
-        return placement
+        return built.layout.placement
 
     def settle(driver: SimDriver) -> None:
-        driver.run(until=max(driver.now, start + window_s + SETTLE_S))
-        checker.at_end(driver, groups_of(sc), MANAGER_ADDR)
+        driver.run(until=max(driver.now, start + window_s + settle_s(cfg)))
+        checker.at_end(driver, groups, MANAGER_ADDR)
 
     t0 = time.perf_counter()
     sink = open_sink(path)
     try:
         result = run_scenario(sc, build=build, sink=sink, on_end=settle, on_done=None,
-                              config_note={"chaos": {"seed": seed, "faults": [msgspec.to_builtins(f) for f in faults]}})
+                              config_note={"platform": msgspec.to_builtins(cfg)})
     finally:
         sink.close()
     reader = open_log(path)
@@ -133,10 +135,9 @@ def run_seed(scenario: Scenario, seed: int, requests: int | None, log_dir: str, 
     )  # fmt: skip
 
 
-def warm_up(driver: SimDriver, scenario: Scenario, limit_s: float = WARMUP_LIMIT_S) -> float:
+def warm_up(driver: SimDriver, groups: dict[str, int], limit_s: float = WARMUP_LIMIT_S) -> float:
     """Run until every TE group has its target of ready TEs (the daemon serves from then on);
     returns that time. Arrivals due before it are injected at it (run.py: `max(at, now)`)."""
-    groups = groups_of(scenario)
     while driver.now < limit_s:
         cell = driver.cells.get(MANAGER_ADDR)
         cm = cell.actor.state if cell is not None and cell.actor is not None else None

@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
         "the TE groups are back at their targets and the log replays identically. Exit 1 if a seed "
         "violated an invariant (each printed with its step; its log kept).",
     )  # fmt: skip
-    p.add_argument("scenario", metavar="SCENARIO", help="a built-in scenario name or a TOML file (as `deepserve sim`)")
+    p.add_argument("scenario", metavar="SCENARIO", help="a built-in scenario name, or a scenario or daemon TOML file (as `deepserve sim`)")
     p.add_argument("--seeds", type=in_range(int, 1, MAX_SEEDS, "a seed count"), required=True, metavar="N",
                    help="how many seeds to run")
     p.add_argument("--first-seed", type=in_range(int, 0, 2**63 - MAX_SEEDS, "a seed"), default=0, metavar="S",
@@ -52,8 +52,9 @@ def register(subparsers: Any) -> None:
 
 
 def _chaos(args: argparse.Namespace) -> int:
-    from deepserve.adapters.scenario.loader import ScenarioError, load_scenario
+    from deepserve.adapters.scenario.loader import ScenarioError
     from deepserve.chaos import report
+    from deepserve.chaos.platform import load_config
     from deepserve.chaos.pool import RayMissing, run_seeds
 
     if args.cluster is not None and args.workers is not None:
@@ -61,7 +62,7 @@ def _chaos(args: argparse.Namespace) -> int:
     if args.cluster is not None and not args.cluster.strip():
         raise CliError("--cluster: expected a Ray address or 'local'")
     try:
-        scenario = load_scenario(args.scenario, args.overrides)
+        config = load_config(args.scenario, args.overrides)
     except ScenarioError as exc:
         raise CliError(str(exc)) from None
     try:
@@ -78,7 +79,7 @@ def _chaos(args: argparse.Namespace) -> int:
             print(report.failure_line(r, args.scenario, args.requests), flush=True)
 
     try:
-        results, wall = run_seeds(scenario, seeds, args.requests, args.log_dir, workers=workers,
+        results, wall = run_seeds(config, seeds, args.requests, args.log_dir, workers=workers,
                                   keep_logs=args.keep_logs, cluster=args.cluster, progress=progress)  # fmt: skip
     except RayMissing as exc:
         raise CliError(str(exc)) from None

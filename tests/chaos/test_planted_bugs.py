@@ -19,12 +19,12 @@ from deepserve.actors.flowserve.master.actor import DpMaster
 from deepserve.actors.flowserve.master.output import finished_message
 from deepserve.actors.flowserve.master.state import TaskEnded
 from deepserve.actors.gateway.actor import Gateway
-from deepserve.adapters.scenario.loader import load_scenario
+from deepserve.chaos.platform import load_config
 from deepserve.chaos.runner import run_seed
 
 SEED, REQUESTS = 3, 16
-TARGET = "r5"  # the request the planted bug hits
-SCENARIO = load_scenario("mooncake-16te", ["cluster.tes=3"])
+TARGET = "r2"  # the request the planted bug hits
+SCENARIO = load_config("mooncake-16te", ["cluster.tes=3"])
 
 
 @pytest.fixture
@@ -36,8 +36,18 @@ def _run(tmp_path: Any) -> Any:
     return run_seed(SCENARIO, SEED, REQUESTS, str(tmp_path))
 
 
-def test_the_unplanted_seed_passes(tmp_path: Any) -> None:
+def test_the_unplanted_seed_passes(tmp_path: Any, monkeypatch: Any) -> None:
+    completed: list[str] = []
+
+    def spy(self: DpMaster, ctx: Any, r: Any, status: str, reason: str) -> None:
+        if status == "completed":
+            completed.append(r.task.request_id)
+        real_end(self, ctx, r, status, reason)
+
+    real_end = DpMaster.end
+    monkeypatch.setattr(DpMaster, "end", spy)
     r = _run(tmp_path)
+    assert TARGET in completed  # the request the bugs are planted in completes (its task ends once)
     assert r.violations == 0 and r.first is None and r.log == ""
     assert r.requests == REQUESTS and r.faults_injected > 0
     assert os.listdir(tmp_path) == []  # a passing seed's log is dropped

@@ -11,7 +11,7 @@ from cliproc import in_process
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install 'deepserve[ray]')")
 
-from deepserve.adapters.scenario.loader import load_scenario  # noqa: E402
+from deepserve.chaos.platform import load_config  # noqa: E402
 from deepserve.chaos.pool import run_seeds  # noqa: E402
 from deepserve.chaos.report import summary  # noqa: E402
 
@@ -22,7 +22,7 @@ def test_seeds_on_a_local_ray_instance_match_this_process(tmp_path: Path) -> Non
     assert res.returncode == 0, res.stderr[-2000:]
     on_ray = json.loads(res.stdout.strip().splitlines()[-1])
     assert on_ray["backend"] == "ray local" and on_ray["seeds_per_hour"] > 0
-    scenario = load_scenario("mooncake-16te", ["cluster.tes=3"])
+    scenario = load_config("mooncake-16te", ["cluster.tes=3"])
     results, wall = run_seeds(scenario, [11, 12], 12, str(tmp_path), workers=1)
     here = summary(results, wall, "this process")
     keys = ("seeds", "requests", "completed", "failed", "faults_injected", "violations", "steps")
