@@ -25,13 +25,16 @@ def files(tmp_path: Path) -> list[str]:
 def test_bench_routing_json_rows_with_the_jes_walk_as_baseline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "routing", "--json", "--samples", "200", "--rounds", "2", *files(tmp_path)]) == 0
     rows = {r["name"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
-    assert rows.keys() == {"route_decision_us_p99", "route_decision_us_p50", "tree_walk_readable_us_p99",
-                           "tree_walk_readable_us_p50"}
+    assert rows.keys() == {"route_decision_us_p99", "route_decision_us_p50", "route_decision_steady_us_p99",
+                           "route_decision_steady_us_p50", "tree_walk_readable_us_p99", "tree_walk_readable_us_p50"}
     p99 = rows["route_decision_us_p99"]
     # the baseline is the walk the JE makes (`PromptTree.walk`), not the readable one
     assert p99["unit"] == "us" and p99["baseline"] == "one walk of the tree as the JE walks it (48 TEs), p99"
     assert rows["tree_walk_readable_us_p99"]["baseline_value"] == p99["baseline_value"]
     assert all(r["value"] > 0 and r["baseline_value"] > 0 for r in rows.values())
+    steady = rows["route_decision_steady_us_p99"]  # each prompt's least of the rounds: never above the best round's
+    assert steady["baseline"] == "one walk of the tree as the JE walks it (48 TEs), each prompt's least of 2 rounds, p99"
+    assert steady["value"] <= p99["value"] and steady["baseline_value"] <= p99["baseline_value"]
 
 
 def test_bench_routing_table_names_the_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
