@@ -9,7 +9,7 @@ from __future__ import annotations
 import msgspec
 
 from deepserve.actors.flowserve.messages import TaskFinished
-from deepserve.actors.scheduling import Candidate, Decision, Policy, RouteRequest
+from deepserve.actors.scheduling import Candidate, Decision, Policy
 from deepserve.actors.scheduling.decision import Excluded, ranked
 from deepserve.actors.scheduling.forwarding import ForwardingParams, next_offer
 from deepserve.actors.scheduling.least_load import select_least_load
@@ -24,27 +24,13 @@ def task_id(request_id: str, phase: str, attempt: int) -> str:
     return f"{request_id}/{phase}.{attempt}"
 
 
-def route_request(rid: str, j: Job) -> RouteRequest:
-    return RouteRequest(request_id=rid, prompt_tokens=j.prompt.num_tokens,
-                        prompt_blocks=len(j.prompt.block_hashes), predicted_bucket=j.predicted_bucket)  # fmt: skip
+route_request = routing.route_request
 
 
 # ---- routing ----------------------------------------------------------------------------------
 
 
-def decide(s: JeState, policy: Policy, rid: str, j: Job, now: float,
-           match: dict[str, int] | None = None) -> Decision | None:  # fmt: skip
-    """The policy's choice for the job's chat-or-prefill task (None: no TE), with every TE it
-    did not rank and why. `deepserve bench routing` times it."""
-    # a prefill is of use only with a decode TE to take its KV: when every decode TE has
-    # failed this job, its retry goes to a colocated TE
-    decodes = not j.excluded or routing.candidates(s, j, ("decode",))[0]
-    roles = ("colocated", "prefill") if decodes else ("colocated",)
-    pool, gone = routing.pool(s, j, roles, now, match)
-    if not pool:
-        return None
-    d = policy.select_pool(route_request(rid, j), pool, s.turns)
-    return msgspec.structs.replace(d, excluded=d.excluded + gone) if gone else d
+decide = routing.decide  # the policy's choice for a chat-or-prefill task (compiled with the walk's reads)
 
 
 def decide_decode(s: JeState, rid: str, j: Job) -> Decision | None:

@@ -5,9 +5,17 @@ lists both). Pure functions of the JE's state."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import repeat
 
-from deepserve.actors.scheduling.decision import Candidate, Excluded, Subgroup
+import msgspec
+
+from deepserve.actors.scheduling import Policy
+from deepserve.actors.scheduling.decision import (
+    Candidate,
+    Decision,
+    Excluded,
+    RouteRequest,
+    Subgroup,
+)
 from deepserve.actors.scheduling.pool import Pool
 
 from .messages import JeState, Job
@@ -56,7 +64,7 @@ def pool(s: JeState, j: Job, roles: tuple[str, ...] = ("colocated", "prefill"), 
         match = group_match(s, j.model, j.prompt.block_hashes)
     excluded = j.excluded
     if not excluded and (now < 0 or not s.set_aside) and roles == PREFIX_ROLES:  # the usual arrival
-        decode_load = min(map(s.open.get, group.get("decode", ()), repeat(0)), default=0)
+        decode_load = least_open(s.open, group.get("decode", ()))
         return Pool(group.get("colocated", ()), group.get("prefill", ()), s.open, match, decode_load), ()
     colo: Sequence[str] = ()
     pre: Sequence[str] = ()
@@ -81,9 +89,41 @@ def pool(s: JeState, j: Job, roles: tuple[str, ...] = ("colocated", "prefill"), 
         decodes = group.get("decode", ())
         if excluded:
             decodes = [te for te in decodes if te not in excluded]
-        decode_load = min(map(s.open.get, decodes, repeat(0)), default=0)
+        decode_load = least_open(s.open, decodes)
     if not colo and not pre and aside and fallback:
         return Pool((), aside, s.open, match, decode_load), tuple(gone)  # every other TE is gone: probe these
     gone += [Excluded(tes=(te,), subgroup="pd", reason=f"set aside until t={s.set_aside[te]:.3f}: "
                       f"{s.set_aside_why.get(te, '')}") for te in aside]  # fmt: skip
     return Pool(colo, pre, s.open, match, decode_load), tuple(gone)
+
+
+def route_request(rid: str, j: Job) -> RouteRequest:
+    """What a policy reads of the job."""
+    return RouteRequest(request_id=rid, prompt_tokens=j.prompt.num_tokens,
+                        prompt_blocks=len(j.prompt.block_hashes), predicted_bucket=j.predicted_bucket)  # fmt: skip
+
+
+def least_open(load: dict[str, int], tes: Sequence[str]) -> int:
+    """The fewest open tasks on any of `tes` (0: none). A typed loop: compiled, it reads the
+    dict in C without the iterator objects `min(map(...))` builds."""
+    least, found = 0, False
+    for te in tes:
+        n = load.get(te, 0)
+        if not found or n < least:
+            least, found = n, True
+    return least
+
+
+def decide(s: JeState, policy: Policy, rid: str, j: Job, now: float,
+           match: dict[str, int] | None = None) -> Decision | None:  # fmt: skip
+    """The policy's choice for the job's chat-or-prefill task (None: no TE), with every TE it
+    did not rank and why. `deepserve bench routing` times it (here: in the compiled group)."""
+    # a prefill is of use only with a decode TE to take its KV: when every decode TE has
+    # failed this job, its retry goes to a colocated TE
+    decodes = not j.excluded or candidates(s, j, ("decode",))[0]
+    roles = PREFIX_ROLES if decodes else ("colocated",)
+    p, gone = pool(s, j, roles, now, match)
+    if not p:
+        return None
+    d = policy.select_pool(route_request(rid, j), p, s.turns)
+    return msgspec.structs.replace(d, excluded=d.excluded + gone) if gone else d
