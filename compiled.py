@@ -47,7 +47,11 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "zmq": ("adapters.zmq.peer", "adapters.zmq.transport"),
     # The DP master's per-batch decisions and fold: plain int bookkeeping over the state's
     # Structs once their Python overhead was cut (docs/decisions.md, 2026-11-27 eleventh session).
-    "master": ("actors.flowserve.master.scheduler", "actors.flowserve.master.evolve"),
+    # With its per-pass output: each streamed chunk's emulated tokens (sampling, tokens: 64-bit
+    # mixing and the Zipf inversion a token) and the chunk itself (output) — in the daemon a
+    # pass's tokens are a few % of its CPU (issue 30 §1, py-spy).
+    "master": ("actors.flowserve.master.scheduler", "actors.flowserve.master.evolve",
+               "actors.flowserve.master.output", "actors.flowserve.sampling", "actors.flowserve.tokens"),
     # A JE routing decision outside its tree walk (issue 29 §4): the pool's reads, combined's
     # sorts and the candidate records it builds. Its Structs stay pure (scheduling/decision.py).
     "routing": ("actors.scheduling.combined", "actors.scheduling.pool", "actors.je.routing"),
