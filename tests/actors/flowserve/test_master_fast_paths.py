@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from fsharness import driver
 from fswire import REQ, hardware, master_config, task
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 import deepserve
 from deepserve.actors.flowserve import rtc
@@ -66,6 +68,9 @@ class _Checker:
 
     def __init__(self, monkeypatch: Any) -> None:
         self.seen: Counter[str] = Counter()
+        # A mismatch raises inside a handler, where the kernel supervises it (a restart):
+        # each is kept here too, for the test to assert there was none.
+        self.mismatches: list[str] = []
         real_schedule, real_evolve = scheduler.schedule, DpMaster.evolve
         # Counted on the reference's step (the pure source's class): the compiled `_Step`'s
         # calls to its own methods do not go through a patched attribute.
@@ -84,9 +89,7 @@ class _Checker:
 
             want = _pure.schedule_reference(ref_st, cfg, ref_record, launch)
             got = real_schedule(st, cfg, rec, launch)
-            assert got == want
-            assert events == ref_events
-            assert st == ref_st
+            self.check(got == want and events == ref_events and st == ref_st, f"schedule at step {st.step}")
             b = got.batch
             self.seen["run" if b is not None and b.iterations > 1 else "single"] += 1
             self.seen["lead"] += bool(b is not None and b.lead)
@@ -100,10 +103,11 @@ class _Checker:
             ref = copy.deepcopy(state)
             head = scheduler.has_head_reference(ref, ref.in_flight.entries) if ref.in_flight is not None else None
             if ref.in_flight is not None:
-                assert scheduler.has_head(state, state.in_flight.entries) == head  # type: ignore[union-attr]
+                fast = scheduler.has_head(state, state.in_flight.entries)  # type: ignore[union-attr]
+                self.check(fast == head, f"has_head at step {event.step}")
             ended_reference(ref, event)
             out = real_evolve(actor, state, event)
-            assert out == ref
+            self.check(out == ref, f"batch end at step {event.step}")
             self.seen["ended"] += 1
             return out
 
@@ -111,6 +115,15 @@ class _Checker:
             self.seen["blocks_allow"] += 1
             return real_blocks_allow(step, computed, k)
 
+        self._patch(monkeypatch, schedule, evolve, blocks_allow)
+
+    def check(self, same: bool, what: str) -> None:
+        if not same:
+            self.mismatches.append(what)
+            raise AssertionError(f"fast path and reference differ: {what}")
+
+    @staticmethod
+    def _patch(monkeypatch: Any, schedule: Any, evolve: Any, blocks_allow: Any) -> None:
         monkeypatch.setattr(master_actor, "schedule", schedule)
         monkeypatch.setattr(DpMaster, "evolve", evolve)
         monkeypatch.setattr(_pure._Step, "_blocks_allow", blocks_allow)
@@ -123,6 +136,7 @@ def test_a_mooncake_slice_schedules_as_the_reference(monkeypatch: Any, dram_gb: 
     scenario = load_scenario("mooncake-16te", ("cluster.tes=2", f"cluster.kv_dram_gb={dram_gb}"))
     result = run_scenario(scenario, requests=120)
     assert result.summary["completed"] == 120
+    assert not checker.mismatches
     seen = checker.seen
     assert seen["run"] > 50 and seen["single"] > 50 and seen["ended"] > 100, seen
     if not dram_gb:
@@ -142,3 +156,34 @@ def test_a_tight_pool_preempts_and_bounds_runs_as_the_reference(monkeypatch: Any
     d.run()
     seen = checker.seen
     assert seen["preempted"] > 0 and seen["blocks_allow"] > 0 and seen["run"] > 0, seen
+
+
+tasks = st.lists(st.tuples(st.integers(1, 300), st.integers(1, 150), st.floats(0.0, 0.4)), min_size=1, max_size=12)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tasks=tasks, hbm_blocks=st.integers(24, 96), block_tokens=st.sampled_from([8, 16]),
+       max_num_seqs=st.integers(1, 8), budget=st.sampled_from([64, 128, 512]), chunked=st.booleans(),
+       aggregate=st.booleans(), cancel=st.one_of(st.none(), st.tuples(st.integers(0, 11), st.floats(0.0, 0.5))),
+       seed=st.integers(0, 2**16))  # fmt: skip
+def test_random_pools_schedule_as_the_reference(tasks: list, hbm_blocks: int, block_tokens: int,
+                                                max_num_seqs: int, budget: int, chunked: bool,
+                                                aggregate: bool, cancel: Any, seed: int) -> None:  # fmt: skip
+    """Random workloads on random pools (preemption, chunked prefill, runs and leads, a
+    cancel): at every scheduling call and batch end, the fast path is the reference."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        checker = _Checker(monkeypatch)
+        d = driver(seed=seed)
+        hardware(d)
+        d.spawn(M, DpMaster, config=master_config(
+            aggregate=aggregate, hbm_blocks=hbm_blocks, block_tokens=block_tokens,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, chunked_prefill=chunked))  # fmt: skip
+        for i, (prompt, out, at) in enumerate(tasks):
+            d.inject(M, task(i, prompt, out, block=block_tokens), at=at, src=REQ)
+        if cancel is not None and cancel[0] < len(tasks):
+            d.inject(M, CancelTask(task_id=f"t{cancel[0]}"), at=cancel[1], src=REQ)
+        d.run()
+    assert not checker.mismatches, checker.mismatches
+    for what in ("run", "lead", "preempted", "blocks_allow"):  # what the examples reached
+        if checker.seen[what]:
+            event(what)
