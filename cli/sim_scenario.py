@@ -191,6 +191,11 @@ def _print(out: dict[str, Any]) -> None:
         ("wall", f"{out['wall_s']:.2f} s ({out['sim_requests_per_wall_s']:.0f} simulated requests per wall s"
                  f"{', ' + str(out['workers']) + ' workers' if out['workers'] > 1 else ''})"),
     ]  # fmt: skip
+    if "tes_target" in out:  # the whole platform's run (not the dispatcher's): the control plane's view
+        rows.insert(5, ("cluster", f"{out['tes_ready_at_end']}/{out['tes_target']} TEs ready at the end, "
+                                   f"{out['recoveries']} recoveries, {out['faults_injected']} faults injected"))
+        rows.insert(5, ("SLO attainment", f"{out['slo_attainment']:.3f} (TTFT <= {out['slo_ttft_ms']:g} ms and "
+                                          f"TPOT <= {out['slo_tpot_ms']:g} ms, of all requests)"))  # fmt: skip
     if out["failed"]:
         rows.insert(4, ("e2e ms, failed", _pcts(out, "failed_e2e_ms", "p50", "p90", "p99", "max")
                         + f"  (arrival to failure, {out['failed']} failed)"))  # fmt: skip

@@ -152,3 +152,10 @@ def test_an_arrival_wakes_a_heartbeat_monitor_backed_off_while_idle() -> None:
     assert result.summary["completed"] == 20
     events = Counter(e.type for s in sink.steps if s.input.actor == "cluster/heartbeat" for e in s.events)
     assert events["HbWoken"] > 0 and events["HbTicked"] > 0, events
+
+
+def test_the_text_summary_shows_the_cluster_and_the_slo(tmp_path: Path) -> None:
+    res = in_process("sim", "pd-1p1d", "--requests", "10", "--log", "none", "--set", "slo.ttft_ms=1500", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "cluster  2/2 TEs ready at the end, 0 recoveries, 0 faults injected" in res.stdout, res.stdout
+    assert "(TTFT <= 1500 ms and TPOT <= 100 ms, of all requests)" in res.stdout, res.stdout
