@@ -88,6 +88,10 @@ class Frontend:
         self.rt, self.metrics, self.cfg = rt, metrics, rt.cfg.daemon
         self.tokenizer = make_tokenizer(self.cfg.tokenizer)
         self.model_name = rt.cfg.model_name()
+        # served name -> the model the cluster knows: the first group's (maybe under
+        # daemon.served_model_name), then every other group's model by its own name
+        self.served = {self.model_name: rt.cfg.cluster.model}
+        self.served.update({m: m for m in rt.cfg.models() if m != rt.cfg.cluster.model})
         self.block_tokens = rt.cfg.cluster.kv_block_tokens
         sched = rt.cfg.cluster.scheduler
         # Without chunked prefill one pass takes a whole prompt: a longer one can never run.
@@ -111,10 +115,13 @@ class Frontend:
                 raise HttpError(413, f"request body exceeds {limit} bytes", "invalid_request_error")
         return bytes(raw)
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
-            raise HttpError(404, f"the model {model!r} does not exist; served: {self.model_name!r}",
+    def check_model(self, model: str | None) -> str:
+        """The served name a request asks for (None: the first group's), or 404."""
+        if model is not None and model not in self.served:
+            served = ", ".join(repr(m) for m in self.served)
+            raise HttpError(404, f"the model {model!r} does not exist; served: {served}",
                             "not_found_error", "model", code="model_not_found")  # fmt: skip
+        return model or self.model_name
 
     async def body_of(self, request: Request, cls: type) -> tuple[Any, list[str]]:
         req: Any = self.decode(await self.read(request), cls)
@@ -205,7 +212,7 @@ class Frontend:
         # before the submit: the request's first token may reach the metrics before it returns
         self.metrics.arrived(rid, arrival, req.choices(), sampling.max_tokens, prompt.num_tokens)
         try:
-            q = await rt.submit(rid, prompt, sampling, stream=bool(req.stream))
+            q = await rt.submit(rid, prompt, sampling, stream=bool(req.stream), model=self.served[self.check_model(req.model)])
         except NoCapacity as exc:  # not reached (checked above, nothing awaited since): a guard
             self.metrics.forget(rid)
             raise HttpError(503, str(exc), "service_unavailable") from None
@@ -224,7 +231,8 @@ class Frontend:
             for i in range(1, req.choices()):
                 rid_i = f"{rid}-n{i}"
                 s_i = msgspec.structs.replace(sampling, seed=combine(sampling.seed, i))
-                out.append((rid_i, await self.rt.submit(rid_i, prompt, s_i, stream=bool(req.stream))))
+                model = self.served[self.check_model(req.model)]
+                out.append((rid_i, await self.rt.submit(rid_i, prompt, s_i, stream=bool(req.stream), model=model)))
         except NoCapacity as exc:
             for r in [rid, *(r for r, _ in out)]:
                 await self.rt.cancel(r, f"choice {len(out) + 1} of {req.choices()} was refused: {exc}")
@@ -268,9 +276,9 @@ class Frontend:
                     await rt.cancel(other, f"another choice {first.status}")
                 status = 503 if first.status == "failed" else 500
                 raise HttpError(status, f"the request {first.status}: {first.reason}", "service_unavailable")
-        head = Head(f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{self.boot}-{rid}", kind, self.model_name,
-                    self.fingerprint)  # fmt: skip
-        gens = [Generation(rt, r, kind, self.model_name, stops, req, q, first, i, head)
+        name = self.check_model(req.model)
+        head = Head(f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{self.boot}-{rid}", kind, name, self.fingerprint)
+        gens = [Generation(rt, r, kind, name, stops, req, q, first, i, head)
                 for i, ((r, q), first) in enumerate(zip(qs, firsts, strict=True))]  # fmt: skip
         choices = Choices(head, gens, req)
         if req.stream:
@@ -305,17 +313,16 @@ def create_app(rt: Runtime, metrics: Metrics) -> FastAPI:
         return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error", None,
                                        "internal_error"), 500)  # fmt: skip
 
-    def model_card() -> dict[str, Any]:
-        return {"id": fe.model_name, "object": "model", "created": int(rt.started_wall), "owned_by": "deepserve"}
+    def model_card(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": int(rt.started_wall), "owned_by": "deepserve"}
 
-    @app.get("/v1/models", responses=openapi.responses("ModelList", "The served model"))
+    @app.get("/v1/models", responses=openapi.responses("ModelList", "The served models"))
     async def models() -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [model_card()]})
+        return JSONResponse({"object": "list", "data": [model_card(m) for m in fe.served]})
 
     @app.get("/v1/models/{model_id:path}", responses=openapi.responses("Model", "The model", 404))
     async def model(model_id: str) -> JSONResponse:
-        fe.check_model(model_id)
-        return JSONResponse(model_card())
+        return JSONResponse(model_card(fe.check_model(model_id)))
 
     chat_doc = openapi.responses("ChatCompletion", "The completion, or its SSE stream", stream=True)
     cmpl_doc = openapi.responses("Completion", "The completion, or its SSE stream", stream=True)

@@ -177,7 +177,7 @@ class Runtime:
         return f"{kind}-{self._seq}"
 
     async def submit(self, request_id: str, prompt: Prompt, sampling: Sampling,
-                     stream: bool = True) -> asyncio.Queue[Any]:  # fmt: skip
+                     stream: bool = True, model: str = "") -> asyncio.Queue[Any]:  # fmt: skip
         if not self.accepting or self.driver is None:
             raise NoCapacity("the daemon is shutting down")
         # Admission is the gateway's (`max_inflight_per_model` = daemon.max_inflight): a refusal
@@ -185,7 +185,7 @@ class Runtime:
         q: asyncio.Queue[Any] = asyncio.Queue(STREAM_QUEUE)
         self.streams[request_id] = q
         self.counts["accepted"] += 1
-        msg = ApiRequest(request_id=request_id, model=self.cfg.cluster.model, prompt=prompt, sampling=sampling,
+        msg = ApiRequest(request_id=request_id, model=model or self.cfg.cluster.model, prompt=prompt, sampling=sampling,
                          reply_to=METRICS_ADDR, stream=stream)  # fmt: skip
         await self.driver.inject(self.cfg.daemon.ingress, msg, corr=request_id, src="ext/http")
         await self._wake_heartbeats()

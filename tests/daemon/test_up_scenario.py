@@ -49,3 +49,34 @@ def test_up_serves_a_scenario_over_two_jes(tmp_path: Path) -> None:
         log.close()
     assert set(routed) == {"je/0", "je/1"} and sum(routed.values()) == REQUESTS
     assert views == {je: {"prefill:te/0", "decode:te/1"} for je in ("je/0", "je/1")}
+
+
+def test_up_serves_a_second_models_group_over_http(tmp_path: Path) -> None:
+    """`[[groups]]` with another model: listed by /v1/models and served by its own TE."""
+    run = tmp_path / "run"
+    extra = 'groups=[{model = "llama2-7b", tes = 1, kv_block_tokens = 128}]'
+    proc, info = start_daemon(run, "--config", PD_1P1D, "--set", extra)
+    try:
+        c = openai.OpenAI(base_url=info["url"] + "/v1", api_key="none", max_retries=0, timeout=60)
+        assert [m.id for m in c.models.list().data] == ["llama3-8b", "llama2-7b"]
+        for model in ("llama2-7b", "llama3-8b"):
+            out = c.completions.create(model=model, prompt="hello", max_tokens=2)
+            assert out.model == model and out.usage is not None and out.usage.completion_tokens == 2
+        try:
+            c.completions.create(model="llama3-70b", prompt="hello", max_tokens=2)
+            raise AssertionError("an unserved model was accepted")
+        except openai.NotFoundError as exc:
+            assert "served: 'llama3-8b', 'llama2-7b'" in str(exc)
+        st = httpx.get(info["admin_url"] + "/admin/status", timeout=10).json()
+        assert st["groups"]["llama2-7b/colocated"]["ready"] == 1
+    finally:
+        stop_daemon(proc)
+    served: dict[str, str] = {}
+    log = open_log(str(run / "daemon.db"))
+    try:
+        for step in log.steps(None, actor="gateway"):
+            routed = [decode(e.type, e.payload) for e in step.events if e.type == GatewayRouted.__name__]
+            served.update({ev.request_id: ev.model for ev in routed})
+    finally:
+        log.close()
+    assert sorted(served.values()) == ["llama2-7b", "llama3-8b"], served
