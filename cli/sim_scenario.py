@@ -199,6 +199,9 @@ def _print(out: dict[str, Any]) -> None:
     if out["failed"]:
         rows.insert(4, ("e2e ms, failed", _pcts(out, "failed_e2e_ms", "p50", "p90", "p99", "max")
                         + f"  (arrival to failure, {out['failed']} failed)"))  # fmt: skip
+    for model, m in out.get("by_model", {}).items():
+        rows.append((model, f"{m['requests']} requests ({m['completed']} completed, {m['failed']} failed), "
+                            f"TTFT p99 {m['ttft_ms_p99']:.1f} ms, e2e p99 {m['e2e_ms_p99']:.1f} ms"))  # fmt: skip
     for reason, n in out["failure_reasons"].items():
         rows.append(("failed", f"{n} x {reason}"))
     width = max(len(k) for k, _ in rows)

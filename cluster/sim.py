@@ -50,6 +50,7 @@ class SimEnd(msgspec.Struct, kw_only=True):
     collector: Any  # the run's Collector (every terminal request)
     faults: list[tuple[float, str, Message]]  # every fault input scheduled
     slo_attained: int
+    by_model: dict[str, Any] = {}  # model -> its requests' Collector (several models only)
 
 
 def _cluster_report(end: SimEnd, out: dict[str, Any]) -> None:
@@ -76,7 +77,15 @@ def _latency_report(end: SimEnd, out: dict[str, Any]) -> None:
     out["slo_ttft_ms"], out["slo_tpot_ms"] = end.cfg.slo.ttft_ms, end.cfg.slo.tpot_ms
 
 
-REPORTERS: list[Reporter] = [_cluster_report, _latency_report]
+def _model_report(end: SimEnd, out: dict[str, Any]) -> None:
+    """Several models in one cluster: each one's counts and p99 latencies."""
+    if not end.by_model:
+        return
+    keys = ("requests", "completed", "failed", "ttft_ms_p99", "tpot_ms_p99", "e2e_ms_p99")
+    out["by_model"] = {m: {k: getattr(s, k) for k in keys} for m, s in ((m, c.summary()) for m, c in end.by_model.items())}
+
+
+REPORTERS: list[Reporter] = [_cluster_report, _latency_report, _model_report]
 
 
 def refused_done(m: Refused, now: float) -> RequestDone:
@@ -106,6 +115,9 @@ def run(
     collector = Collector()
     slo = cfg.slo
     attained = 0
+    models = cfg.workload.models or (cfg.cluster.model,)
+    by_model = {m: Collector() for m in models} if len(models) > 1 else {}
+    model_of: dict[str, str] = {}  # request id -> its model, while it runs (several models only)
 
     def listen(t: float, env: Any) -> None:
         nonlocal attained
@@ -115,6 +127,8 @@ def run(
         elif type(msg) is not RequestDone:
             return
         collector.add(msg)
+        if by_model and (m := model_of.pop(msg.request_id, None)) is not None:
+            by_model[m].add(msg)
         if msg.status == "completed" and msg.first_token_s is not None:
             ttft_ms = (msg.first_token_s - msg.arrival_s) * 1e3
             tpot_ms = (msg.finish_s - msg.first_token_s) * 1e3 / (msg.output_tokens - 1) if msg.output_tokens > 1 else 0.0
@@ -131,7 +145,7 @@ def run(
     for at, dst, fault in planned:
         driver.inject(dst, fault, at=at, src="ext/fault")
     t0 = time.perf_counter()
-    injected, last_arrival = _feed(driver, cfg, built.gateway, trace, requests)
+    injected, last_arrival = _feed(driver, cfg, built.gateway, trace, requests, model_of if by_model else None)
     _drain(driver, collector, injected, last_arrival + drain_limit_s, built.gateway)
     if driver.pending():  # timers (heartbeats) never let the heap empty: the run ends here, so
         driver.snapshot_live()  # every actor's final state goes to the log for verify to compare
@@ -141,17 +155,19 @@ def run(
     gw = driver.actor(built.gateway).state
     counters = {k: getattr(gw, k) for k in ("arrived", "completed", "failed", "cancelled", "duplicates", "refused")}
     summary = msgspec.to_builtins(collector.summary())
-    end = SimEnd(driver=driver, built=built, cfg=cfg, collector=collector, faults=planned, slo_attained=attained)
+    end = SimEnd(driver=driver, built=built, cfg=cfg, collector=collector, faults=planned, slo_attained=attained,
+                 by_model=by_model)  # fmt: skip
     for report in REPORTERS if reporters is None else reporters:
         report(end, summary)
     return RunResult(summary=summary, deliveries=driver.deliveries, virtual_time_s=driver.now, wall_s=wall,
                      injected=injected, workload=counters)  # fmt: skip
 
 
-def _feed(driver: SimDriver, cfg: PlatformConfig, gateway: str, trace: str | None,
-          requests: int | None) -> tuple[int, float]:  # fmt: skip
+def _feed(driver: SimDriver, cfg: PlatformConfig, gateway: str, trace: str | None, requests: int | None,
+          model_of: dict[str, str] | None) -> tuple[int, float]:  # fmt: skip
     """Inject the trace's requests at their times, a window at a time, running the driver up to
-    each window's last arrival; (requests injected, the last arrival's time)."""
+    each window's last arrival; (requests injected, the last arrival's time). Requests ask for
+    `workload.models` in turn; `model_of` (when given) learns each one's."""
     models = cfg.workload.models or (cfg.cluster.model,)
     injected, last_arrival = 0, 0.0
     pending: tuple[float, Any] | None = None
@@ -170,6 +186,8 @@ def _feed(driver: SimDriver, cfg: PlatformConfig, gateway: str, trace: str | Non
         msg = ApiRequest(request_id=a.request_id, model=models[injected % len(models)], prompt=a.prompt,
                          sampling=a.sampling, reply_to=METRICS_ADDR, stream=False)  # fmt: skip
         driver.inject(gateway, msg, at=at, corr=a.request_id, src="ext/client")
+        if model_of is not None:
+            model_of[a.request_id] = msg.model
         if wake:
             driver.inject(MONITOR_ADDR, HeartbeatWake(), at=at, src="ext/client")
         injected, last_arrival = injected + 1, at

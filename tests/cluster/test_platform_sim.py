@@ -79,6 +79,8 @@ def test_a_mixed_cluster_serves_two_models_over_three_jes(tmp_path: Path) -> Non
 
     result = run(cfg, sink=sink, on_done=done.append, on_end=at_end)
     assert result.summary["completed"] == 60 and result.summary["tes_ready_at_end"] == 5
+    per = result.summary["by_model"]
+    assert {m: (s["requests"], s["completed"]) for m, s in per.items()} == {"llama3-8b": (30, 30), "llama2-7b": (30, 30)}
     served = Counter((r.request_id, group_of[r.te]) for r in done)
     by_model: dict[str, set[str]] = {}
     for (rid, group), _ in served.items():
