@@ -1,7 +1,8 @@
 """The invariants a chaos run checks, after every simulated step and at its end.
 
 - `terminal`: every accepted request reaches exactly one terminal state (one `RequestDone`
-  reaches the client; none for a request never sent; none missing at the end).
+  reaches the client; none for a request never sent; none missing at the end); one that did
+  not complete says why.
 - `kv-blocks`: at every DP group, free + cached + referenced = capacity, each block in one of
   those, each block's reference count = the holders naming it (block tables, named caches,
   copies in flight), and every block table belongs to a task the master still tracks (a table
@@ -102,6 +103,8 @@ class Checker:
                                                    f"after {first.status}: {first.reason}"))  # fmt: skip
             return
         self.done[rid] = m
+        if m.status != "completed" and not m.reason.strip():
+            self._pending.append(("terminal", src, f"{rid}: {m.status} without a reason"))
         n = self.streamed.get(rid, 0)
         if m.status == "completed" and n and n != m.output_tokens:
             self._pending.append(("tokens", src, f"{rid}: completed with {m.output_tokens} output tokens, "
