@@ -115,7 +115,7 @@ def _one(rng: random.Random, kind: str, target: str, at: float, window_s: float)
         count = rng.randint(1, min(5, room))
         return [FaultSpec(at_s=at, kind="link-flap", target=target, down_s=down, up_s=up, count=count)]
     if kind == "heartbeat-loss":
-        return [FaultSpec(at_s=at, kind=kind, target=target, duration_s=round(rng.uniform(0.2, 5.0), 3))]
+        return [FaultSpec(at_s=at, kind="heartbeat-loss", target=target, duration_s=round(rng.uniform(0.2, 5.0), 3))]
     # npu-reset and link-up alone (an operator's action on a healthy target), and any kind whose
     # target is all it needs
     return [FaultSpec(at_s=at, kind=kind, target=target)]  # type: ignore[arg-type]
