@@ -21,7 +21,7 @@ again at the same step.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from itertools import chain
 from typing import Any
 
@@ -30,7 +30,7 @@ import msgspec
 from deepserve.actors.flowserve.master.state import MasterState
 from deepserve.actors.flowserve.messages import TokenBatch
 from deepserve.actors.flowserve.rtc.apply import is_rtc_event
-from deepserve.actors.workload.messages import RequestDone
+from deepserve.actors.workload.messages import Arrive, RequestDone
 
 INVARIANTS = ("terminal", "kv-blocks", "tokens", "convergence", "replay")
 MAX_KEPT = 20  # violations kept per seed (the first one is the one reported)
@@ -59,6 +59,22 @@ class Checker:
         self._pending: list[tuple[str, str, str]] = []  # seen while routing a step's outputs
 
     # ---- wiring --------------------------------------------------------------------------
+    def attach(self, driver: Any) -> None:
+        """Check `driver` after each delivery and read what its actors send outside (before the
+        run's own listener). The driver's own copy of those messages is turned off: the checker
+        reads each one as it goes, and a copy would hold every token batch of the run."""
+        driver.external_out = deque(maxlen=0)
+        listen = driver.on_external
+
+        def both(t: float, env: Any) -> None:
+            if type(env.msg) is not Arrive:
+                self.on_external(t, env)
+                if listen is not None:
+                    listen(t, env)
+
+        driver.on_external = both
+        driver.invariants.append(self)
+
     def __call__(self, driver: Any) -> None:
         """After each delivery: the outputs routed during it, then the actor just stepped."""
         self.step += 1

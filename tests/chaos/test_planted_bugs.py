@@ -104,3 +104,21 @@ def test_a_skipped_token_is_caught_as_tokens(tmp_path: Any, monkeypatch: Any, se
     assert v is not None and v.invariant == "tokens" and "skipped" in v.detail and v.detail.startswith(f"{TARGET}:")
     # (seen twice: the run, then its replay, which re-executes the same code)
     assert v.actor.endswith("/dp/0") and v.t_s == round(seen[0][0], 6)
+
+
+def test_a_nondeterministic_handler_is_caught_as_replay(tmp_path: Any, monkeypatch: Any) -> None:
+    """A handler reading state outside the actor (here: whether it ran before in this process)
+    records what re-execution cannot reproduce: the log does not replay identically."""
+    calls: list[str] = []
+
+    def remembering(self: DpMaster, ctx: Any, r: Any, status: str, reason: str) -> None:
+        calls.append(r.task.task_id)  # the bug: process state, not the actor's
+        real_end(self, ctx, r, status, reason if len(calls) > 1 else reason + " (first in this process)")
+
+    real_end = DpMaster.end
+    monkeypatch.setattr(DpMaster, "end", remembering)
+    r = _run(tmp_path)
+    v = r.first
+    assert v is not None and v.invariant == "replay" and r.violations == 1
+    assert v.detail.startswith(f"the log does not replay identically: first divergence at {v.actor} seq ")
+    assert v.actor.endswith("/dp/0") and v.step > 0 and r.log
