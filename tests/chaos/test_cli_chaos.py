@@ -62,7 +62,7 @@ def test_a_failing_seed_is_printed_with_its_step_and_reruns_alone(tmp_path: Path
     assert res.returncode == 1
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("seed ")]
     assert len(lines) == 2 and lines[1].startswith("seed 1: terminal violated at step ")
-    assert "r3: a second terminal state" in lines[1] and "--seeds 1 --first-seed 1 --requests 8" in lines[1]
+    assert "r3: a second terminal state" in lines[1] and "chaos mooncake-16te --set cluster.tes=3 --seeds 1 --first-seed 1 --requests 8" in lines[1]
     assert (tmp_path / "chaos-mooncake-16te-1.db").exists()
     again = in_process(*base, "--seeds", "1", "--first-seed", "1", cwd=tmp_path)
     assert again.returncode == 1
