@@ -31,6 +31,7 @@ def summary(results: list[SeedResult], wall_s: float, backend: str) -> dict[str,
             for r in failing
         ],  # fmt: skip
         "steps": sum(r.steps for r in results),
+        "tokens_streamed": sum(r.tokens_streamed for r in results),
         # token chunks streamed for requests already terminal (no client sees them; work nobody
         # cancelled, e.g. a lost JE's tasks running on)
         "late_chunks": sum(r.late_chunks for r in results),

@@ -44,6 +44,7 @@ class SeedResult(msgspec.Struct, frozen=True, kw_only=True):
     wall_s: float
     log: str  # "" when dropped
     late_chunks: int = 0
+    tokens_streamed: int = 0  # tokens the token checker followed (streaming clients)
     failed_reasons: dict[str, int] = {}  # failed requests by reason (its first 100 characters)
 
 
@@ -104,7 +105,7 @@ def run_seed(config: PlatformConfig, seed: int, requests: int | None, log_dir: s
         violations=checker.count, first=checker.violations[0] if checker.violations else None,
         listed=tuple(checker.violations), steps=checker.step, virtual_s=round(result.virtual_time_s, 3),
         wall_s=round(time.perf_counter() - t0, 3), log=path if failed or keep_log else "",
-        late_chunks=checker.late_chunks,
+        late_chunks=checker.late_chunks, tokens_streamed=sum(checker.streamed.values()),
         failed_reasons=dict(Counter(d.reason[:100] for d in checker.done.values() if d.status == "failed")),
     )  # fmt: skip
 

@@ -50,6 +50,7 @@ def test_the_unplanted_seed_passes(tmp_path: Any, monkeypatch: Any) -> None:
     assert TARGET in completed  # the request the bugs are planted in completes (its task ends once)
     assert r.violations == 0 and r.first is None and r.log == ""
     assert r.requests == REQUESTS and r.faults_injected > 0
+    assert r.tokens_streamed >= r.completed > 0  # the token checker followed every stream
     assert os.listdir(tmp_path) == []  # a passing seed's log is dropped
 
 
