@@ -89,3 +89,12 @@ def test_an_unknown_scenario_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     assert_one_line_error(in_process("chaos", "pd-1p1d", "--seeds", "1", "--log-dir", str(tmp_path / "f"),
                                      cwd=tmp_path), "--log-dir")  # fmt: skip
+
+
+def test_cluster_without_ray_is_one_line_naming_the_extra(tmp_path: Path, monkeypatch: Any) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as where it is not installed
+    res = in_process("chaos", "pd-1p1d", "--seeds", "1", "--requests", "2", "--cluster", "local",
+                     "--log-dir", str(tmp_path), cwd=tmp_path)  # fmt: skip
+    assert_one_line_error(res, "--cluster needs the ray package", "deepserve[ray]")
