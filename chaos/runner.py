@@ -86,6 +86,9 @@ def run_seed(config: PlatformConfig, seed: int, requests: int | None, log_dir: s
     def settle(driver: SimDriver) -> None:
         driver.run(until=max(driver.now, start + window_s + settle_s(cfg)))
         checker.at_end(driver, groups, MANAGER_ADDR)
+        # heartbeats keep the heap from emptying, which is when the driver logs every actor's
+        # final state: logged here, so the replay compares final states too
+        driver.snapshot_live()
 
     t0 = time.perf_counter()
     sink = open_sink(path)
@@ -139,6 +142,8 @@ def check_replay(path: str, checker: Checker, end_s: float) -> None:
         where = f"{d.actor} seq {d.seq} ({d.what})" if d is not None else "the log's end"
         checker.report("replay", d.t if d is not None else end_s, d.actor if d is not None else "",
                        f"the log does not replay identically: first divergence at {where}", step=v.inputs)
+    elif not v.ended:  # a final state not compared is not proven
+        checker.report("replay", end_s, "", "the log ends before the actors' final states", step=v.inputs)
 
 
 def _remove(path: str) -> None:
