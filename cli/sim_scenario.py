@@ -3,7 +3,7 @@
 config, one schema — deepserve.cluster.schema). One worker runs the whole platform
 (`deepserve.cluster.sim`: gateway, JEs, control plane, TEs); `--workers N` splits a colocated
 cluster by server over processes, each running its TEs behind the workload dispatcher (a split
-run shares no gateway, JE or cluster manager: adapters/scenario/parallel.py).
+run shares no gateway, JE or cluster manager: deepserve/cluster/parallel.py).
 
 The `sim` parser itself lives with the other commands (cli/sim.py); it calls `add_arguments` and hands
 every scenario that is not one of its own to `run`. Bad input — the scenario file, an override, the
@@ -45,7 +45,7 @@ def handles(name: str) -> bool:
 def run(args: argparse.Namespace, prepare_log: Callable[[Path], None]) -> int:
     import msgspec
 
-    from deepserve.adapters.scenario.parallel import ParallelError, plan_partitions
+    from deepserve.adapters.scenario.partition import ParallelError, plan_partitions
     from deepserve.adapters.scenario.sched import Scheduling
     from deepserve.cluster.config import load
 
@@ -98,8 +98,8 @@ def run(args: argparse.Namespace, prepare_log: Callable[[Path], None]) -> int:
 
 def _run(cfg: Any, split: Any, trace: str, requests: int | None, parts: list[Any], sink: Any,
          logs: list[str] | None, bar: Any) -> Any:  # fmt: skip
-    from deepserve.adapters.scenario.parallel import WorkerError, run_parallel
-    from deepserve.adapters.scenario.run import run_scenario
+    from deepserve.cluster.parallel import WorkerError, run_parallel
+    from deepserve.cluster.run import run_scenario
     from deepserve.cluster.sim import run as run_platform
 
     if len(parts) == 1 and split.scheduling is not None:
@@ -121,7 +121,7 @@ def _worker_logs(args: argparse.Namespace, scenario: Any, parts: list[Any],
                  prepare_log: Callable[[Path], None]) -> tuple[str, list[str] | None]:  # fmt: skip
     """The run directory of a split run and its workers' log files (fresh: a previous run's
     worker logs in it are replaced, so that verify sees this run's files only)."""
-    from deepserve.adapters.scenario.parallel import is_worker_log, worker_log_names
+    from deepserve.adapters.scenario.partition import is_worker_log, worker_log_names
 
     target = args.log or scenario.log or f"runs/{scenario.name}-{scenario.seed}"
     if target == NO_LOG:

@@ -1,7 +1,7 @@
 """`deepserve sim` on the whole platform: the assembly in a `SimDriver`, a trace fed to the
 gateway as `ApiRequest`s at their arrival times, run until every injected request is terminal.
 
-Arrivals come in windows (adapters/scenario/run.py's `arrivals`, `WINDOW_REQUESTS`): a trace is
+Arrivals come in windows (run.py's `arrivals`, `WINDOW_REQUESTS`): a trace is
 read as the run goes, never whole in memory. The control plane's timers (heartbeats) keep the
 heap alive forever, so the loop watches the count of terminal requests, not the heap; a cluster
 that stops making progress for `drain_limit_s` of virtual time after the last arrival gets an
@@ -24,12 +24,12 @@ from deepserve.actors.gateway.messages import REFUSED_429, ApiRequest, Refused
 from deepserve.actors.workload.messages import METRICS_ADDR, EndOfRun, RequestDone
 from deepserve.actors.workload.metrics import Collector, percentile
 from deepserve.adapters.scenario.faults import fault_inputs
-from deepserve.adapters.scenario.run import DRAIN_CHUNK, WINDOW_REQUESTS, RunResult, arrivals
 from deepserve.core import Message, SimDriver
 from deepserve.core.records import LogSink
 
 from .assembly import MANAGER_ADDR, MONITOR_ADDR, Built, assemble
 from .config import for_driver
+from .run import DRAIN_CHUNK, WINDOW_REQUESTS, RunResult, arrivals
 from .schema import PlatformConfig
 
 # Where the DP masters stream each pass's tokens, as to the daemon's frontend (xDeepServe §4.2's
