@@ -202,6 +202,8 @@ def _print(out: dict[str, Any]) -> None:
     for model, m in out.get("by_model", {}).items():
         rows.append((model, f"{m['requests']} requests ({m['completed']} completed, {m['failed']} failed), "
                             f"TTFT p99 {m['ttft_ms_p99']:.1f} ms, e2e p99 {m['e2e_ms_p99']:.1f} ms"))  # fmt: skip
+    for fault in out.get("faults", ()):  # the per-fault accounting (cluster/sim.py `_fault_report`)
+        rows.append(("fault", _fault_text(fault).removeprefix("fault ")))
     for reason, n in out["failure_reasons"].items():
         rows.append(("failed", f"{n} x {reason}"))
     width = max(len(k) for k, _ in rows)
@@ -209,6 +211,14 @@ def _print(out: dict[str, Any]) -> None:
     for k, v in rows:
         print(f"  {k:>{width}}  {v}")
     print(f"log: {out['log']}")
+
+
+def _fault_text(fault: dict[str, Any]) -> str:
+    import msgspec
+
+    from deepserve.actors.cluster.recovery_report import FaultLine
+
+    return msgspec.convert(fault, FaultLine).text()
 
 
 def _pcts(out: dict[str, Any], key: str, *stats: str) -> str:
