@@ -4,8 +4,11 @@ The run: the `mooncake-16te` scenario (16 colocated Llama-3-8B TEs on 910B, pref
 over the full Mooncake conversation trace (12,031 requests) with the event log on (SQLite, the
 writer process `deepserve sim` uses), split by server over as many worker processes as this
 process may use cores (`deepserve sim --workers N`, deepserve/cluster/parallel.py; the same
-per-request results). Baselines, measured in the same invocation: the same run in one process,
-log on (what the split buys) and log off (what logging costs). Target (issue 10): ≥ 1,400
+per-request results; a split run has its TEs behind the workload dispatcher, no gateway, JE nor
+control plane). Baselines, measured in the same invocation: the same run in one process, log on
+(what the split buys) and log off (what logging costs). `platform_requests_per_wall_s` is what
+`deepserve sim mooncake-16te` runs, the whole platform (gateway, JEs, control plane) in one
+process with the log on, against the dispatcher's one-process run. Target (issue 10): ≥ 1,400
 simulated requests per wall s. When the full trace is not beside the checkout
 (../shared/traces), the built-in 1,000-request slice is used and the title says so. A last run
 gives the harness floor (`sim_floor.py`): the same trace through the same loop and workload actor,
@@ -60,6 +63,24 @@ def _one_run(scenario: object, trace: str, requests: int | None, log: str | None
     return result.summary, time.perf_counter() - t0, time.process_time() - c0
 
 
+def _platform_run(scenario_name: str, overrides: tuple[str, ...], trace: str, requests: int | None,
+                  log: str) -> tuple[dict, float]:  # fmt: skip
+    """What `deepserve sim SCENARIO` runs in one process: the whole platform (gateway, JEs, control
+    plane, TEs; deepserve.cluster), log on."""
+    from deepserve.cluster.config import load
+    from deepserve.cluster.sim import run
+    from deepserve.persistence import open_sink
+
+    cfg = load(scenario_name, overrides, "sim")
+    sink = open_sink(log, "async", writer="process")
+    t0 = time.perf_counter()
+    try:
+        result = run(cfg, trace=trace, requests=requests, sink=sink)
+    finally:
+        sink.close()
+    return result.summary, time.perf_counter() - t0
+
+
 def _split_run(scenario: object, trace: str, requests: int | None, log_dir: str) -> tuple[dict, float, int]:
     from deepserve.adapters.scenario.partition import plan_partitions, worker_log_names
     from deepserve.cluster.parallel import cpu_count, run_parallel
@@ -85,6 +106,9 @@ def sim_bench(requests: int | None, progress: Callable[[str], None], scenario_na
         split, wall_split, workers = _split_run(scenario, trace, requests, tmp)
         progress("the same run in one process, log on (baseline)")
         logged, wall_logged, cpu_logged = _one_run(scenario, trace, requests, os.path.join(tmp, "sim.db"))
+        progress("the whole platform in one process, log on (what `deepserve sim` runs)")
+        platform, wall_platform = _platform_run(scenario_name, overrides, trace, requests,
+                                                os.path.join(tmp, "platform.db"))  # fmt: skip
         progress("the same run with the log off (baseline)")
         bare, wall_bare, cpu_bare = _one_run(scenario, trace, requests, None)
         progress("the harness floor: the same trace with TEs that answer at once (log on)")
@@ -99,12 +123,15 @@ def sim_bench(requests: int | None, progress: Callable[[str], None], scenario_na
             "sim_requests_per_wall_s_one_process", n / wall_logged),
         Row("sim_requests_per_wall_s_one_process", n / wall_logged, "requests/s",
             "sim_requests_per_wall_s_log_off", bare["requests"] / wall_bare),
+        Row("platform_requests_per_wall_s", platform["requests"] / wall_platform, "requests/s",
+            "sim_requests_per_wall_s_one_process", n / wall_logged),
         Row("harness_requests_per_wall_s", floor["requests"] / wall_floor, "requests/s",
             "sim_requests_per_wall_s_one_process", n / wall_logged),
         Row("sim_requests_per_cpu_s", n / cpu_logged, "requests/s",
             "sim_requests_per_cpu_s_log_off", bare["requests"] / cpu_bare),
         Row("requests", float(n), "requests", "completed", float(logged["completed"])),
-        Row("prefix_hit_rate", logged["prefix_hit_rate"], "ratio"),
+        Row("prefix_hit_rate", logged["prefix_hit_rate"], "ratio", "platform_prefix_hit_rate",
+            platform["prefix_hit_rate"]),
         Row("ttft_ms_p50", logged["ttft_ms_p50"], "ms"),
         Row("tpot_ms_p50", logged["tpot_ms_p50"], "ms"),
         Row("workers", float(workers), "processes"),

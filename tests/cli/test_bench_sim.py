@@ -1,5 +1,6 @@
 """`deepserve bench sim --json`: the issue-10 rows, each measured, the speed row with its
-same-run baselines (the same run in one process; that one with the log off)."""
+same-run baselines (the same run in one process; that one with the log off), and the whole
+platform's run (what `deepserve sim` runs) beside the one-process run."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ def test_bench_sim_json_rows(tmp_path: Path) -> None:
     one = rows["sim_requests_per_wall_s_one_process"]
     assert one["baseline"] == "sim_requests_per_wall_s_log_off" and one["baseline_value"] > 0
     assert rows["workers"]["value"] >= 1
+    platform = rows["platform_requests_per_wall_s"]  # what `deepserve sim` runs: the whole platform
+    assert platform["value"] > 0 and platform["baseline"] == "sim_requests_per_wall_s_one_process"
+    assert 0 <= rows["prefix_hit_rate"]["baseline_value"] <= 1
     assert rows["requests"]["value"] == rows["requests"]["baseline_value"] == 30  # all completed
     assert rows["ttft_ms_p50"]["value"] > 0 and rows["tpot_ms_p50"]["value"] > 0
 
