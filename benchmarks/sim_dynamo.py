@@ -50,7 +50,7 @@ def mocker_engine(scenario: Any, kv: str) -> dict[str, Any]:
     """The mocker's engine config mirroring the scenario's TEs. `kv`: "cluster" (HBM blocks and the
     DRAM tier as host blocks), "hbm" (HBM blocks only) or "default" (the mocker's KV and batch
     defaults; only the block size and the features are set)."""
-    from deepserve.adapters.scenario.builder import kv_sizing
+    from deepserve.cluster.te import kv_sizing
 
     c = scenario.cluster
     if c.mode != "colocated" or c.dp_groups != 1:
