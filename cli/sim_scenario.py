@@ -43,11 +43,10 @@ def handles(name: str) -> bool:
 
 
 def run(args: argparse.Namespace, prepare_log: Callable[[Path], None]) -> int:
-    import msgspec
-
     from deepserve.adapters.scenario.partition import ParallelError, plan_partitions
     from deepserve.adapters.scenario.sched import Scheduling
     from deepserve.cluster.config import load
+    from deepserve.cluster.sim import dispatcher_scenario
 
     try:
         overrides = list(args.overrides)
@@ -55,10 +54,9 @@ def run(args: argparse.Namespace, prepare_log: Callable[[Path], None]) -> int:
             overrides.append(f"seed={args.seed}")
         cfg = load(args.scenario, overrides, "sim")
         scenario = cfg.scenario()
-        dispatcher = cfg.scheduling.entry == "dispatcher"
-        if dispatcher or (args.workers > 1 and cfg.scheduling == Scheduling()):
+        if cfg.scheduling.entry == "dispatcher" or (args.workers > 1 and cfg.scheduling == Scheduling()):
             # a split run has no gateway nor JE: its TEs stand behind the workload dispatcher
-            scenario = msgspec.structs.replace(scenario, scheduling=None)
+            scenario = dispatcher_scenario(cfg)
         trace = open_trace(trace_path(args.trace or scenario.workload.trace))
         parts = plan_partitions(scenario, args.workers) if args.workers > 1 else [None]
     except (ScenarioError, TraceError, ParallelError) as exc:
@@ -102,7 +100,8 @@ def _run(cfg: Any, split: Any, trace: str, requests: int | None, parts: list[Any
     from deepserve.cluster.run import run_scenario
     from deepserve.cluster.sim import run as run_platform
 
-    if len(parts) == 1 and split.scheduling is not None:
+    if len(parts) == 1 and (split.scheduling is not None or cfg.scheduling.entry == "dispatcher"):
+        # the assembly's variant for the config's `scheduling.entry` (cluster/sim.py `run`)
         return run_platform(cfg, trace=trace, requests=requests, sink=sink,
                             on_done=(lambda _d: bar.update(1)) if bar is not None else None)  # fmt: skip
     if len(parts) == 1:

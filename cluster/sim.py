@@ -28,12 +28,13 @@ from deepserve.actors.gateway.messages import REFUSED_429, ApiRequest, Refused
 from deepserve.actors.workload.messages import METRICS_ADDR, EndOfRun, RequestDone
 from deepserve.actors.workload.metrics import Collector, percentile
 from deepserve.adapters.scenario.faults import fault_inputs
+from deepserve.adapters.scenario.schema import Scenario
 from deepserve.core import Message, SimDriver
 from deepserve.core.records import LogSink
 
 from .assembly import MANAGER_ADDR, MONITOR_ADDR, Built, assemble
 from .config import for_driver
-from .run import DRAIN_CHUNK, WINDOW_REQUESTS, RunResult, arrivals
+from .run import DRAIN_CHUNK, WINDOW_REQUESTS, RunResult, arrivals, run_scenario
 from .schema import PlatformConfig
 
 # Where the DP masters stream each pass's tokens, as to the daemon's frontend (xDeepServe §4.2's
@@ -121,6 +122,12 @@ def recovery_tap(into: list[tuple[float, str, Any]]) -> Callable[[SimDriver], No
     return tap
 
 
+def dispatcher_scenario(cfg: PlatformConfig) -> Scenario:
+    """The first group as the dispatcher variant runs it: no `[scheduling]` (no gateway, JE nor
+    control plane; what `--workers N` splits over processes)."""
+    return msgspec.structs.replace(cfg.scenario(), scheduling=None)
+
+
 def refused_done(m: Refused, now: float) -> RequestDone:
     """The gateway's refusal as the run's terminal record of the request (nothing ran)."""
     return RequestDone(request_id=m.request_id, status="failed", reason=f"{REFUSED_429}{m.reason}", arrival_s=now,
@@ -135,7 +142,11 @@ def run(
     on_end: Callable[[SimDriver], None] | None = None,
 ) -> RunResult:  # fmt: skip
     """Run `cfg`'s cluster on its workload to completion; `result.summary` holds the metrics and
-    every reporter's keys. `sink` is not closed."""
+    every reporter's keys (the platform's; `scheduling.entry = "dispatcher"` runs the assembly's
+    dispatcher variant, whose summary has the workload's metrics only). `sink` is not closed."""
+    if cfg.scheduling.entry == "dispatcher":  # TEs behind the workload stand-in (assembly.py `build_cluster`)
+        return run_scenario(dispatcher_scenario(cfg), trace=trace, requests=requests, sink=sink, on_done=on_done,
+                            faults=faults, drain_limit_s=drain_limit_s, on_end=on_end)  # fmt: skip
     cfg = for_driver(cfg, "sim")
     config = msgspec.to_builtins(cfg)
     if cfg.daemon.admin_token:  # a daemon file's secret never reaches the log (its run config)
