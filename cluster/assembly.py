@@ -162,5 +162,5 @@ def announce_tes(driver: Any, scenario: Scenario, placement: Placement) -> None:
 
     c = scenario.cluster
     for te in placement.tes:
-        driver.inject(CM_ADDR, RegisterTe(te=te.addr, model=c.model, role=te.role, dp_groups=c.dp_groups,
-                                          npus=te.npus), at=0.0, src="ext/builder")
+        driver.inject(CM_ADDR, RegisterTe(te=te.addr, model=c.model, role=te.role, dp_groups=c.dp_groups,  # type: ignore[arg-type]
+                                          npus=te.npus), at=0.0, src="ext/builder")  # fmt: skip

@@ -86,7 +86,8 @@ def _fault_report(end: SimEnd, out: dict[str, Any]) -> None:
     if not end.cfg.faults:
         return
     npus_of = {s.te: s.npus for s in end.built.slots}
-    report = recovery_report(end.cfg.faults, end.recovery_events, npus_of, until_s=end.driver.now)
+    # (a frozen FaultSpec's fields are read-only; the report's FaultLike protocol only reads them)
+    report = recovery_report(end.cfg.faults, end.recovery_events, npus_of, until_s=end.driver.now)  # type: ignore[arg-type]
     out["faults"] = [msgspec.to_builtins(line) for line in report.lines]
 
 
