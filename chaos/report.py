@@ -9,6 +9,8 @@ same command twice gives the same `requests`, `faults_injected` and `violations`
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Sequence
 from typing import Any
 
 from .runner import SeedResult
@@ -29,16 +31,23 @@ def summary(results: list[SeedResult], wall_s: float, backend: str) -> dict[str,
             for r in failing
         ],  # fmt: skip
         "steps": sum(r.steps for r in results),
+        "tokens_streamed": sum(r.tokens_streamed for r in results),
+        # token chunks streamed for requests already terminal (no client sees them; work nobody
+        # cancelled, e.g. a lost JE's tasks running on)
+        "late_chunks": sum(r.late_chunks for r in results),
         "backend": backend,
         "wall_s": round(wall_s, 3),
         "seeds_per_hour": round(len(results) / wall_s * 3600, 1) if wall_s > 0 else None,
     }
 
 
-def failure_line(r: SeedResult, scenario: str, requests: int | None) -> str:
+def failure_line(r: SeedResult, scenario: str, requests: int | None, overrides: Sequence[str] = ()) -> str:
+    """The seed, its first violation, and the command that re-runs that seed alone."""
     v = r.first
     assert v is not None
-    again = f"deepserve chaos {scenario} --seeds 1 --first-seed {r.seed}" + (f" --requests {requests}" if requests else "")
+    sets = "".join(f" --set {shlex.quote(o)}" for o in overrides)
+    again = (f"deepserve chaos {shlex.quote(scenario)}{sets} --seeds 1 --first-seed {r.seed}"
+             + (f" --requests {requests}" if requests else ""))  # fmt: skip
     return (f"seed {r.seed}: {v.invariant} violated at step {v.step} (t={v.t_s:g} s, {v.actor}): {v.detail}"
             f" [{r.violations} failed checks; log {r.log}; re-run: {again}]")  # fmt: skip
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import msgspec
 
-from deepserve.actors.workload.messages import Arrive
 from deepserve.cluster.control import MANAGER_ADDR
 from deepserve.cluster.run import arrivals, run_scenario
 from deepserve.cluster.schema import PlatformConfig
@@ -45,6 +44,7 @@ class SeedResult(msgspec.Struct, frozen=True, kw_only=True):
     wall_s: float
     log: str  # "" when dropped
     late_chunks: int = 0
+    tokens_streamed: int = 0  # tokens the token checker followed (streaming clients)
     failed_reasons: dict[str, int] = {}  # failed requests by reason (its first 100 characters)
 
 
@@ -54,15 +54,12 @@ def log_path(log_dir: str, name: str, seed: int) -> str:
 
 def run_seed(config: PlatformConfig, seed: int, requests: int | None, log_dir: str, keep_log: bool = False) -> SeedResult:
     """Run one seed and check it (see the module's docstring)."""
-    from deepserve.persistence import open_log, open_sink
-    from deepserve.replay import verify
+    from deepserve.persistence import open_sink
 
     cfg = chaos_config(config, seed, requests)
     sc = cfg.scenario()
     path = log_path(log_dir, cfg.name, seed)
-    for suffix in ("", "-wal", "-shm"):  # a previous run of this seed: replaced
-        if os.path.exists(path + suffix):
-            os.remove(path + suffix)
+    _remove(path)  # a previous run of this seed: replaced
     checker = Checker()
     feed = [(at, msg.request_id) for at, msg in arrivals(sc, None, None) if msg is not None]
     checker.accepted = {rid for _, rid in feed}
@@ -77,18 +74,7 @@ def run_seed(config: PlatformConfig, seed: int, requests: int | None, log_dir: s
         nonlocal faults, injected, start
         built = build_platform(driver, cfg)
         groups.update(built.layout.groups)
-        driver.external_out = driver.external_out.__class__(maxlen=0)  # the checker reads them
-        listen = driver.on_external
-
-        def both(t: float, env: Any) -> None:
-            if type(env.msg) is Arrive:
-                return
-            checker.on_external(t, env)
-            if listen is not None:
-                listen(t, env)
-
-        driver.on_external = both
-        driver.invariants.append(checker)
+        checker.attach(driver)
         start = warm_up(driver, groups)
         targets = schedule.targets_of(cfg.cluster.topology, built.layout.placement, built.jes)
         faults = schedule.draw(seed, targets, window_s)
@@ -100,6 +86,9 @@ def run_seed(config: PlatformConfig, seed: int, requests: int | None, log_dir: s
     def settle(driver: SimDriver) -> None:
         driver.run(until=max(driver.now, start + window_s + settle_s(cfg)))
         checker.at_end(driver, groups, MANAGER_ADDR)
+        # heartbeats keep the heap from emptying, which is when the driver logs every actor's
+        # final state: logged here, so the replay compares final states too
+        driver.snapshot_live()
 
     t0 = time.perf_counter()
     sink = open_sink(path)
@@ -108,21 +97,10 @@ def run_seed(config: PlatformConfig, seed: int, requests: int | None, log_dir: s
                               config_note={"platform": msgspec.to_builtins(cfg)})
     finally:
         sink.close()
-    reader = open_log(path)
-    try:
-        v = verify(reader)
-    finally:
-        reader.close()
-    if not v.identical:
-        d = v.divergence
-        where = f"{d.actor} seq {d.seq} ({d.what})" if d is not None else "the log's end"
-        checker.report("replay", d.t if d is not None else result.virtual_time_s, d.actor if d else "",
-                       f"the log does not replay identically: first divergence at {where}", step=v.inputs)
+    check_replay(path, checker, result.virtual_time_s)
     failed = checker.count > 0
     if not (failed or keep_log):
-        for suffix in ("", "-wal", "-shm"):
-            if os.path.exists(path + suffix):
-                os.remove(path + suffix)
+        _remove(path)
     w = result.workload
     return SeedResult(
         seed=seed, requests=result.injected, completed=w["completed"], failed=w["failed"],
@@ -130,7 +108,7 @@ def run_seed(config: PlatformConfig, seed: int, requests: int | None, log_dir: s
         violations=checker.count, first=checker.violations[0] if checker.violations else None,
         listed=tuple(checker.violations), steps=checker.step, virtual_s=round(result.virtual_time_s, 3),
         wall_s=round(time.perf_counter() - t0, 3), log=path if failed or keep_log else "",
-        late_chunks=checker.late_chunks,
+        late_chunks=checker.late_chunks, tokens_streamed=sum(checker.streamed.values()),
         failed_reasons=dict(Counter(d.reason[:100] for d in checker.done.values() if d.status == "failed")),
     )  # fmt: skip
 
@@ -147,3 +125,28 @@ def warm_up(driver: SimDriver, groups: dict[str, int], limit_s: float = WARMUP_L
             break
         driver.run(until=driver.now + CHECK_EVERY_S)
     return driver.now
+
+
+def check_replay(path: str, checker: Checker, end_s: float) -> None:
+    """The `replay` invariant: the seed's log re-executes identically (replay.verify)."""
+    from deepserve.persistence import open_log
+    from deepserve.replay import verify
+
+    reader = open_log(path)
+    try:
+        v = verify(reader)
+    finally:
+        reader.close()
+    if not v.identical:
+        d = v.divergence
+        where = f"{d.actor} seq {d.seq} ({d.what})" if d is not None else "the log's end"
+        checker.report("replay", d.t if d is not None else end_s, d.actor if d is not None else "",
+                       f"the log does not replay identically: first divergence at {where}", step=v.inputs)
+    elif not v.ended:  # a final state not compared is not proven
+        checker.report("replay", end_s, "", "the log ends before the actors' final states", step=v.inputs)
+
+
+def _remove(path: str) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(path + suffix):
+            os.remove(path + suffix)

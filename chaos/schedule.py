@@ -35,7 +35,7 @@ MAX_FAULTS = 6  # drawn per seed: 1..MAX_FAULTS (each may bring its own repair: 
 SAME_TARGET_P = 0.3  # a fault hits an already faulted target (overlapping faults)
 RESET_P = 0.5  # an NPU fault is followed by an operator's reset of that NPU
 # Every fault kind of the scenario schema, by what it targets. A kind added to FaultSpec without
-# a line here fails tests/chaos/test_schedule.py::test_every_fault_kind_is_drawn.
+# a line here fails tests/chaos/test_chaos_schedule.py::test_every_fault_kind_is_drawn_on_targets_the_cluster_has.
 TARGETS: dict[str, str] = {**{k: "npu" for k in NPU_KINDS}, **{k: "link" for k in LINK_KINDS},
                            **{k: "te" for k in TE_KINDS}, **{k: "je" for k in JE_KINDS}}
 _NPU = re.compile(r"^s(\d+)/npu(\d+)/")
@@ -115,7 +115,7 @@ def _one(rng: random.Random, kind: str, target: str, at: float, window_s: float)
         count = rng.randint(1, min(5, room))
         return [FaultSpec(at_s=at, kind="link-flap", target=target, down_s=down, up_s=up, count=count)]
     if kind == "heartbeat-loss":
-        return [FaultSpec(at_s=at, kind=kind, target=target, duration_s=round(rng.uniform(0.2, 5.0), 3))]
+        return [FaultSpec(at_s=at, kind="heartbeat-loss", target=target, duration_s=round(rng.uniform(0.2, 5.0), 3))]
     # npu-reset and link-up alone (an operator's action on a healthy target), and any kind whose
     # target is all it needs
     return [FaultSpec(at_s=at, kind=kind, target=target)]  # type: ignore[arg-type]

@@ -76,7 +76,7 @@ def _chaos(args: argparse.Namespace) -> int:
 
     def progress(r: Any) -> None:
         if r.first is not None and not args.json:
-            print(report.failure_line(r, args.scenario, args.requests), flush=True)
+            print(report.failure_line(r, args.scenario, args.requests, args.overrides), flush=True)
 
     try:
         results, wall = run_seeds(config, seeds, args.requests, args.log_dir, workers=workers,
@@ -89,7 +89,7 @@ def _chaos(args: argparse.Namespace) -> int:
     if args.json:
         for r in results:
             if r.first is not None:
-                print(report.failure_line(r, args.scenario, args.requests), file=sys.stderr)
+                print(report.failure_line(r, args.scenario, args.requests, args.overrides), file=sys.stderr)
         print_json(s)
     else:
         print(report.text(s))

@@ -62,7 +62,7 @@ def test_a_failing_seed_is_printed_with_its_step_and_reruns_alone(tmp_path: Path
     assert res.returncode == 1
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("seed ")]
     assert len(lines) == 2 and lines[1].startswith("seed 1: terminal violated at step ")
-    assert "r3: a second terminal state" in lines[1] and "--seeds 1 --first-seed 1 --requests 8" in lines[1]
+    assert "r3: a second terminal state" in lines[1] and "chaos mooncake-16te --set cluster.tes=3 --seeds 1 --first-seed 1 --requests 8" in lines[1]
     assert (tmp_path / "chaos-mooncake-16te-1.db").exists()
     again = in_process(*base, "--seeds", "1", "--first-seed", "1", cwd=tmp_path)
     assert again.returncode == 1
@@ -89,3 +89,12 @@ def test_an_unknown_scenario_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
     assert_one_line_error(in_process("chaos", "pd-1p1d", "--seeds", "1", "--log-dir", str(tmp_path / "f"),
                                      cwd=tmp_path), "--log-dir")  # fmt: skip
+
+
+def test_cluster_without_ray_is_one_line_naming_the_extra(tmp_path: Path, monkeypatch: Any) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as where it is not installed
+    res = in_process("chaos", "pd-1p1d", "--seeds", "1", "--requests", "2", "--cluster", "local",
+                     "--log-dir", str(tmp_path), cwd=tmp_path)  # fmt: skip
+    assert_one_line_error(res, "--cluster needs the ray package", "deepserve[ray]")

@@ -19,6 +19,7 @@ from deepserve.actors.flowserve.master.actor import DpMaster
 from deepserve.actors.flowserve.master.output import finished_message
 from deepserve.actors.flowserve.master.state import TaskEnded
 from deepserve.actors.gateway.actor import Gateway
+from deepserve.chaos.invariants import Checker
 from deepserve.chaos.platform import load_config
 from deepserve.chaos.runner import run_seed
 
@@ -28,8 +29,23 @@ SCENARIO = load_config("mooncake-16te", ["cluster.tes=3"])
 
 
 @pytest.fixture
-def seen() -> list[tuple[float, str]]:
-    return []  # (virtual time, actor) where the planted bug struck
+def seen(monkeypatch: Any) -> list[tuple[float, str]]:
+    """(virtual time, actor) where the planted bug struck, appended by the plant; `struck` gets
+    the step (the checker's count of deliveries) after which the first one was seen."""
+    out: list[tuple[float, str]] = []
+    real_call = Checker.__call__
+
+    def counting(self: Checker, driver: Any) -> None:
+        real_call(self, driver)
+        if out and not struck:
+            struck.append(self.step)
+
+    struck.clear()
+    monkeypatch.setattr(Checker, "__call__", counting)
+    return out
+
+
+struck: list[int] = []
 
 
 def _run(tmp_path: Any) -> Any:
@@ -50,6 +66,7 @@ def test_the_unplanted_seed_passes(tmp_path: Any, monkeypatch: Any) -> None:
     assert TARGET in completed  # the request the bugs are planted in completes (its task ends once)
     assert r.violations == 0 and r.first is None and r.log == ""
     assert r.requests == REQUESTS and r.faults_injected > 0
+    assert r.tokens_streamed >= r.completed > 0  # the token checker followed every stream
     assert os.listdir(tmp_path) == []  # a passing seed's log is dropped
 
 
@@ -67,7 +84,7 @@ def test_a_leaked_block_is_caught_as_kv_blocks(tmp_path: Any, monkeypatch: Any, 
     r = _run(tmp_path)
     v = r.first
     assert v is not None and v.invariant == "kv-blocks" and "left behind" in v.detail and TARGET in v.detail
-    assert (v.t_s, v.actor) == (round(seen[0][0], 6), seen[0][1])
+    assert (v.t_s, v.actor, v.step) == (round(seen[0][0], 6), seen[0][1], struck[0])
     assert r.log and os.path.exists(r.log)  # a failing seed keeps its log
     again = _run(tmp_path)  # the same seed: the same first violation, at the same step
     assert again.first == v and again.violations == r.violations
@@ -86,7 +103,7 @@ def test_a_duplicated_terminal_record_is_caught_as_terminal(tmp_path: Any, monke
     r = _run(tmp_path)
     v = r.first
     assert v is not None and v.invariant == "terminal" and "second terminal state" in v.detail
-    assert v.detail.startswith(f"{TARGET}:") and (v.t_s, v.actor) == (round(seen[0][0], 6), seen[0][1])
+    assert v.detail.startswith(f"{TARGET}:") and (v.t_s, v.actor, v.step) == (round(seen[0][0], 6), seen[0][1], struck[0])
 
 
 def test_a_skipped_token_is_caught_as_tokens(tmp_path: Any, monkeypatch: Any, seen: list) -> None:
@@ -103,4 +120,22 @@ def test_a_skipped_token_is_caught_as_tokens(tmp_path: Any, monkeypatch: Any, se
     v = r.first
     assert v is not None and v.invariant == "tokens" and "skipped" in v.detail and v.detail.startswith(f"{TARGET}:")
     # (seen twice: the run, then its replay, which re-executes the same code)
-    assert v.actor.endswith("/dp/0") and v.t_s == round(seen[0][0], 6)
+    assert v.actor.endswith("/dp/0") and v.t_s == round(seen[0][0], 6) and v.step == struck[0]
+
+
+def test_a_nondeterministic_handler_is_caught_as_replay(tmp_path: Any, monkeypatch: Any) -> None:
+    """A handler reading state outside the actor (here: whether it ran before in this process)
+    records what re-execution cannot reproduce: the log does not replay identically."""
+    calls: list[str] = []
+
+    def remembering(self: DpMaster, ctx: Any, r: Any, status: str, reason: str) -> None:
+        calls.append(r.task.task_id)  # the bug: process state, not the actor's
+        real_end(self, ctx, r, status, reason if len(calls) > 1 else reason + " (first in this process)")
+
+    real_end = DpMaster.end
+    monkeypatch.setattr(DpMaster, "end", remembering)
+    r = _run(tmp_path)
+    v = r.first
+    assert v is not None and v.invariant == "replay" and r.violations == 1
+    assert v.detail.startswith(f"the log does not replay identically: first divergence at {v.actor} seq ")
+    assert v.actor.endswith("/dp/0") and v.step > 0 and r.log
