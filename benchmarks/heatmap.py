@@ -21,8 +21,8 @@ from typing import Any
 import msgspec
 
 from deepserve.actors.scheduling import PdHeatmap
-from deepserve.adapters.scenario.run import run_scenario
 from deepserve.adapters.scenario.sched import Scheduling
+from deepserve.cluster.run import run_scenario
 
 from .policies import ClusterSpec, build_mixed, scenario_of
 

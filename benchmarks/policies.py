@@ -20,13 +20,14 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from deepserve.actors.workload.messages import RequestDone
-from deepserve.adapters.scenario.builder import WORKLOAD_ADDR, spawn_te
 from deepserve.adapters.scenario.loader import trace_path
 from deepserve.adapters.scenario.placement import Placement, TePlacement
-from deepserve.adapters.scenario.run import run_scenario
-from deepserve.adapters.scenario.sched import Forwarding, Scheduling, announce_tes, spawn_scheduling
+from deepserve.adapters.scenario.sched import Forwarding, Scheduling
 from deepserve.adapters.scenario.schema import NPUS_PER_SERVER, Cluster, Scenario, Workload, check
 from deepserve.adapters.traces import open_trace
+from deepserve.cluster.assembly import WORKLOAD_ADDR, announce_tes, spawn_scheduling
+from deepserve.cluster.run import run_scenario
+from deepserve.cluster.te import spawn_te
 
 PREFILL_SLOTS = 4  # on-demand: tasks a prefill DP group holds before it refuses
 DEFAULT_TRACES = ("builtin:azure_conv_500", "builtin:mooncake_conv_1k")
@@ -113,7 +114,7 @@ def build_mixed(c: ClusterSpec, prefill_slots: int = 0) -> Callable[[Any, Scenar
         from deepserve.actors.flowserve.te_shell import TeShell
         from deepserve.adapters.hardware.devices.topology import build as topo
         from deepserve.adapters.hardware.devices.topology import spawn_topology
-        from deepserve.adapters.scenario.builder import te_config
+        from deepserve.cluster.te import te_config
 
         placement = mixed_placement(c)
         spawn_topology(driver, topo(c.topology, placement.servers), variance=s.cluster.npu_variance)

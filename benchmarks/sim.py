@@ -3,7 +3,7 @@
 The run: the `mooncake-16te` scenario (16 colocated Llama-3-8B TEs on 910B, prefix caching on)
 over the full Mooncake conversation trace (12,031 requests) with the event log on (SQLite, the
 writer process `deepserve sim` uses), split by server over as many worker processes as this
-process may use cores (`deepserve sim --workers N`, adapters/scenario/parallel.py; the same
+process may use cores (`deepserve sim --workers N`, deepserve/cluster/parallel.py; the same
 per-request results; a split run has its TEs behind the workload dispatcher, no gateway, JE nor
 control plane). Baselines, measured in the same invocation: the same run in one process, log on
 (what the split buys) and log off (what logging costs). `platform_requests_per_wall_s` is what
@@ -48,7 +48,7 @@ def bench_trace() -> str:
 
 def _one_run(scenario: object, trace: str, requests: int | None, log: str | None,
              build: Callable | None = None) -> tuple[dict, float, float]:  # fmt: skip
-    from deepserve.adapters.scenario.run import run_scenario
+    from deepserve.cluster.run import run_scenario
     from deepserve.persistence import open_sink
 
     sink = open_sink(log, "async", writer="process") if log else None
@@ -82,12 +82,8 @@ def _platform_run(scenario_name: str, overrides: tuple[str, ...], trace: str, re
 
 
 def _split_run(scenario: object, trace: str, requests: int | None, log_dir: str) -> tuple[dict, float, int]:
-    from deepserve.adapters.scenario.parallel import (
-        cpu_count,
-        plan_partitions,
-        run_parallel,
-        worker_log_names,
-    )
+    from deepserve.adapters.scenario.partition import plan_partitions, worker_log_names
+    from deepserve.cluster.parallel import cpu_count, run_parallel
 
     parts = plan_partitions(scenario, cpu_count())  # type: ignore[arg-type]
     logs = [os.path.join(log_dir, name) for name in worker_log_names(parts)]
@@ -99,7 +95,8 @@ def _split_run(scenario: object, trace: str, requests: int | None, log_dir: str)
 def sim_bench(requests: int | None, progress: Callable[[str], None], scenario_name: str = "mooncake-16te",
               overrides: tuple[str, ...] = ()) -> tuple[str, list[Row]]:  # fmt: skip
     from deepserve.adapters.scenario.loader import load_scenario
-    from deepserve.adapters.scenario.parallel import cpu_count, plan_partitions
+    from deepserve.adapters.scenario.partition import plan_partitions
+    from deepserve.cluster.parallel import cpu_count
 
     scenario = load_scenario(scenario_name, overrides)
     plan_partitions(scenario, cpu_count())  # a scenario that cannot be split: refused before any run

@@ -46,16 +46,23 @@ def dynamo_version() -> str | None:
         return None
 
 
-def mocker_engine(scenario: Any, kv: str) -> dict[str, Any]:
-    """The mocker's engine config mirroring the scenario's TEs. `kv`: "cluster" (HBM blocks and the
-    DRAM tier as host blocks), "hbm" (HBM blocks only) or "default" (the mocker's KV and batch
-    defaults; only the block size and the features are set)."""
-    from deepserve.adapters.scenario.builder import kv_sizing
-
+def check_mirrorable(scenario: Any) -> None:
+    """The mocker mirrors colocated TEs of one DP group: anything else is refused, whether or not
+    the mocker is installed (the refusal is about the comparison, not the machine)."""
     c = scenario.cluster
     if c.mode != "colocated" or c.dp_groups != 1:
         raise DynamoBenchError(f"cluster.mode: the mocker comparison mirrors colocated TEs of one DP group, "
                                f"not mode={c.mode!r} with dp_groups={c.dp_groups}")  # fmt: skip
+
+
+def mocker_engine(scenario: Any, kv: str) -> dict[str, Any]:
+    """The mocker's engine config mirroring the scenario's TEs. `kv`: "cluster" (HBM blocks and the
+    DRAM tier as host blocks), "hbm" (HBM blocks only) or "default" (the mocker's KV and batch
+    defaults; only the block size and the features are set)."""
+    from deepserve.cluster.te import kv_sizing
+
+    c = scenario.cluster
+    check_mirrorable(scenario)
     engine: dict[str, Any] = {"block_size": c.kv_block_tokens, "enable_prefix_caching": c.prefix_caching,
                               "enable_chunked_prefill": c.scheduler.chunked_prefill}  # fmt: skip
     if kv == "default":
@@ -152,6 +159,7 @@ def dynamo_bench(requests: int | None, rounds: int, progress: Callable[[str], No
     from deepserve.benchmarks.sim import bench_trace
 
     scenario = load_scenario(scenario_name, overrides)
+    check_mirrorable(scenario)
     version = dynamo_version()
     engines = {suffix: mocker_engine(scenario, kv) for suffix, kv in MOCKER_RUNS} if version else {}
     if version is None:

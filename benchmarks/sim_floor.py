@@ -30,8 +30,8 @@ class InstantTe(Actor[None]):
 
 
 def build_instant(driver: Any, scenario: Any) -> None:
-    from deepserve.adapters.scenario.builder import spawn_workload
     from deepserve.adapters.scenario.placement import place
+    from deepserve.cluster.assembly import spawn_workload
 
     placement = place(scenario.cluster)
     for te in placement.tes:

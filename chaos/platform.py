@@ -20,8 +20,7 @@ from typing import Any
 
 import msgspec
 
-from deepserve.adapters.scenario.builder import WORKLOAD_ADDR
-from deepserve.cluster.assembly import Built, assemble
+from deepserve.cluster.assembly import WORKLOAD_ADDR, Built, assemble
 from deepserve.cluster.config import for_driver, load
 from deepserve.cluster.schema import PlatformConfig
 

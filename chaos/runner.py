@@ -16,8 +16,8 @@ from typing import Any
 
 import msgspec
 
-from deepserve.adapters.scenario.control import MANAGER_ADDR
-from deepserve.adapters.scenario.run import arrivals, run_scenario
+from deepserve.cluster.control import MANAGER_ADDR
+from deepserve.cluster.run import arrivals, run_scenario
 from deepserve.cluster.schema import PlatformConfig
 from deepserve.core import SimDriver
 

@@ -37,7 +37,7 @@ def _run_sim(args: argparse.Namespace) -> int:
         elif not args.json:
             print(f"measuring {label} ...", file=sys.stderr, flush=True)
 
-    from deepserve.adapters.scenario.parallel import ParallelError
+    from deepserve.adapters.scenario.partition import ParallelError
 
     try:
         _check_requests(args.requests)

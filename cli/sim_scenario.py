@@ -3,7 +3,7 @@
 config, one schema — deepserve.cluster.schema). One worker runs the whole platform
 (`deepserve.cluster.sim`: gateway, JEs, control plane, TEs); `--workers N` splits a colocated
 cluster by server over processes, each running its TEs behind the workload dispatcher (a split
-run shares no gateway, JE or cluster manager: adapters/scenario/parallel.py).
+run shares no gateway, JE or cluster manager: deepserve/cluster/parallel.py).
 
 The `sim` parser itself lives with the other commands (cli/sim.py); it calls `add_arguments` and hands
 every scenario that is not one of its own to `run`. Bad input — the scenario file, an override, the
@@ -43,11 +43,10 @@ def handles(name: str) -> bool:
 
 
 def run(args: argparse.Namespace, prepare_log: Callable[[Path], None]) -> int:
-    import msgspec
-
-    from deepserve.adapters.scenario.parallel import ParallelError, plan_partitions
+    from deepserve.adapters.scenario.partition import ParallelError, plan_partitions
     from deepserve.adapters.scenario.sched import Scheduling
     from deepserve.cluster.config import load
+    from deepserve.cluster.sim import dispatcher_scenario
 
     try:
         overrides = list(args.overrides)
@@ -55,10 +54,9 @@ def run(args: argparse.Namespace, prepare_log: Callable[[Path], None]) -> int:
             overrides.append(f"seed={args.seed}")
         cfg = load(args.scenario, overrides, "sim")
         scenario = cfg.scenario()
-        dispatcher = cfg.scheduling.entry == "dispatcher"
-        if dispatcher or (args.workers > 1 and cfg.scheduling == Scheduling()):
+        if cfg.scheduling.entry == "dispatcher" or (args.workers > 1 and cfg.scheduling == Scheduling()):
             # a split run has no gateway nor JE: its TEs stand behind the workload dispatcher
-            scenario = msgspec.structs.replace(scenario, scheduling=None)
+            scenario = dispatcher_scenario(cfg)
         trace = open_trace(trace_path(args.trace or scenario.workload.trace))
         parts = plan_partitions(scenario, args.workers) if args.workers > 1 else [None]
     except (ScenarioError, TraceError, ParallelError) as exc:
@@ -98,11 +96,12 @@ def run(args: argparse.Namespace, prepare_log: Callable[[Path], None]) -> int:
 
 def _run(cfg: Any, split: Any, trace: str, requests: int | None, parts: list[Any], sink: Any,
          logs: list[str] | None, bar: Any) -> Any:  # fmt: skip
-    from deepserve.adapters.scenario.parallel import WorkerError, run_parallel
-    from deepserve.adapters.scenario.run import run_scenario
+    from deepserve.cluster.parallel import WorkerError, run_parallel
+    from deepserve.cluster.run import run_scenario
     from deepserve.cluster.sim import run as run_platform
 
-    if len(parts) == 1 and split.scheduling is not None:
+    if len(parts) == 1 and (split.scheduling is not None or cfg.scheduling.entry == "dispatcher"):
+        # the assembly's variant for the config's `scheduling.entry` (cluster/sim.py `run`)
         return run_platform(cfg, trace=trace, requests=requests, sink=sink,
                             on_done=(lambda _d: bar.update(1)) if bar is not None else None)  # fmt: skip
     if len(parts) == 1:
@@ -121,7 +120,7 @@ def _worker_logs(args: argparse.Namespace, scenario: Any, parts: list[Any],
                  prepare_log: Callable[[Path], None]) -> tuple[str, list[str] | None]:  # fmt: skip
     """The run directory of a split run and its workers' log files (fresh: a previous run's
     worker logs in it are replaced, so that verify sees this run's files only)."""
-    from deepserve.adapters.scenario.parallel import is_worker_log, worker_log_names
+    from deepserve.adapters.scenario.partition import is_worker_log, worker_log_names
 
     target = args.log or scenario.log or f"runs/{scenario.name}-{scenario.seed}"
     if target == NO_LOG:
@@ -202,6 +201,8 @@ def _print(out: dict[str, Any]) -> None:
     for model, m in out.get("by_model", {}).items():
         rows.append((model, f"{m['requests']} requests ({m['completed']} completed, {m['failed']} failed), "
                             f"TTFT p99 {m['ttft_ms_p99']:.1f} ms, e2e p99 {m['e2e_ms_p99']:.1f} ms"))  # fmt: skip
+    for fault in out.get("faults", ()):  # the per-fault accounting (cluster/sim.py `_fault_report`)
+        rows.append(("fault", _fault_text(fault).removeprefix("fault ")))
     for reason, n in out["failure_reasons"].items():
         rows.append(("failed", f"{n} x {reason}"))
     width = max(len(k) for k, _ in rows)
@@ -209,6 +210,14 @@ def _print(out: dict[str, Any]) -> None:
     for k, v in rows:
         print(f"  {k:>{width}}  {v}")
     print(f"log: {out['log']}")
+
+
+def _fault_text(fault: dict[str, Any]) -> str:
+    import msgspec
+
+    from deepserve.actors.cluster.recovery_report import FaultLine
+
+    return msgspec.convert(fault, FaultLine).text()
 
 
 def _pcts(out: dict[str, Any], key: str, *stats: str) -> str:

@@ -4,6 +4,13 @@ launcher, which boots every TE group's TEs and each replacement), `scheduling.je
 gateway. `deepserve sim` hands it a `SimDriver` and feeds the gateway a trace; `deepserve up` an
 `AsyncDriver` and an HTTP frontend. Nothing else differs.
 
+`build_cluster` is the same assembly for a scenario run without the platform's front
+(`scheduling.entry = "dispatcher"`, `deepserve sim --workers N`, the policy benchmarks): the same
+topology and TEs (te.py), and in front of them either the workload stand-in's round robin (no JE
+nor control plane: a run ends when its last request does) or, for a scenario with a
+`[scheduling]` section, JEs behind a gateway at the workload's address with the issue-6 cluster
+manager (`CM_ADDR`: membership only, no pods nor heartbeats).
+
 Every request enters as the gateway's `ApiRequest` (both commands): the gateway draws a JE,
 the JE a TE; the answer, one `RequestDone` (or the gateway's `Refused`), goes to the request's
 `reply_to` outside. A live frontend also gets every forward pass's tokens straight from the DP
@@ -19,19 +26,20 @@ import msgspec
 
 from deepserve.actors.ports.pod import TeSlot
 from deepserve.adapters.hardware.devices.topology import build, spawn_topology
-from deepserve.adapters.scenario.control import (
-    MANAGER_ADDR,
-    MONITOR_ADDR,
-    PODS_ADDR,
-    spawn_control_plane,
-)
-from deepserve.adapters.scenario.sched import je_config
+from deepserve.adapters.scenario.placement import Placement, place
+from deepserve.adapters.scenario.sched import Scheduling, load_heatmap, load_predictor
+from deepserve.adapters.scenario.schema import Scenario
 
+from .control import MANAGER_ADDR, MONITOR_ADDR, PODS_ADDR, spawn_control_plane
 from .layout import Layout, plan
 from .schema import PlatformConfig
+from .te import spawn_te
 
 GATEWAY_ADDR = "gateway"
-__all__ = ["GATEWAY_ADDR", "MANAGER_ADDR", "MONITOR_ADDR", "PODS_ADDR", "Built", "assemble", "je_addrs"]
+WORKLOAD_ADDR = "workload"  # the dispatcher variant's entry (the workload stand-in)
+CM_ADDR = "cm"  # the scheduling variant's cluster manager (actors/je/cluster.py)
+__all__ = ["CM_ADDR", "GATEWAY_ADDR", "MANAGER_ADDR", "MONITOR_ADDR", "PODS_ADDR", "WORKLOAD_ADDR", "Built",
+           "assemble", "build_cluster", "je_addrs", "je_config"]  # fmt: skip
 
 
 class Built(msgspec.Struct, frozen=True):
@@ -83,3 +91,76 @@ def assemble(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR, s
     jes = spawn_front(driver, cfg, gateway=gateway, stream_to=stream_to, max_inflight=max_inflight)
     spawn_control(driver, cfg, layout, jes)
     return Built(layout, gateway, jes, cfg.control.heartbeats)
+
+
+def je_config(sch: Scheduling, kv_block_tokens: int = 128) -> dict[str, Any]:
+    """A JE's configuration from the `[scheduling]` section (its heatmap and predictor read)."""
+    return {
+        "kv_block_tokens": kv_block_tokens,
+        "policy": sch.policy, "params": dict(sch.params),
+        "heatmap": load_heatmap(sch.heatmap) if sch.heatmap else None,
+        "forwarding": msgspec.to_builtins(sch.forwarding), "max_attempts": sch.max_attempts,
+        "kv_fail_cooldown_s": sch.kv_fail_cooldown_s, "kv_events": sch.kv_events,
+        "predictor": load_predictor(sch.predictor) if sch.predictor else None,
+    }  # fmt: skip
+
+
+def build_cluster(driver: Any, scenario: Scenario) -> Placement:
+    """The dispatcher variant (module docstring): the hardware, every TE of the scenario and what
+    feeds them at `WORKLOAD_ADDR`; returns the placement."""
+    c = scenario.cluster
+    placement = place(c)
+    spawn_topology(driver, build(c.topology, placement.servers), variance=c.npu_variance)
+    if scenario.scheduling is not None:  # issue 6: gateway + JEs at the workload's address
+        spawn_scheduling(driver, scenario, placement, WORKLOAD_ADDR)
+    for te in placement.tes:
+        spawn_te(driver, scenario, te)
+    if scenario.scheduling is None:
+        spawn_workload(driver, scenario, placement, direct=c.dp_groups == 1)
+    else:
+        announce_tes(driver, scenario, placement)
+    return placement
+
+
+def spawn_workload(driver: Any, scenario: Scenario, placement: Placement, direct: bool = False) -> str:
+    """The workload actor, submitting to the TEs' shells; with `direct` (TEs of one DP group,
+    whose shell only forwards a task to `{te}/dp/0`, no balancing round) straight to that DP
+    master: one delivery a request less, the same master, the same task."""
+    from deepserve.actors.workload.actor import Workload
+
+    def entry(role: str) -> list[str]:
+        return [f"{te}/dp/0" if direct else te for te in placement.role(role)]
+
+    return driver.spawn(  # type: ignore[no-any-return]
+        WORKLOAD_ADDR, Workload, mode=scenario.cluster.mode, tes=entry("colocated"),
+        prefill_tes=entry("prefill"), decode_tes=entry("decode"),
+        stream=False,  # the run reads timings from TaskFinished: no per-pass TaskTokens
+    )  # fmt: skip
+
+
+def spawn_scheduling(driver: Any, scenario: Scenario, placement: Placement, gateway_addr: str) -> None:
+    """The issue-6 cluster manager, the JEs and the gateway (the TEs are spawned by the caller)."""
+    from deepserve.actors.gateway.actor import Gateway
+    from deepserve.actors.je.actor import JobExecutor
+    from deepserve.actors.je.cluster import ClusterManager
+
+    sch = scenario.scheduling
+    assert sch is not None
+    jes = [f"je/{k}" for k in range(sch.jes)]
+    driver.spawn(CM_ADDR, ClusterManager, jes=jes)
+    for je in jes:
+        driver.spawn(je, JobExecutor, config=je_config(sch, scenario.cluster.kv_block_tokens))
+    driver.spawn(gateway_addr, Gateway, config={"jes": jes, "max_inflight_per_model": sch.max_inflight_per_model})
+
+
+def announce_tes(driver: Any, scenario: Scenario, placement: Placement) -> None:
+    """Each TE's `RegisterTe` to the cluster manager at t=0 — what a TE shell configured with a
+    cluster manager sends on start. Injected here instead, because such a shell also reports
+    load on a timer forever, which the JE does not use (its load signal is its own open-task
+    count) and which would keep the simulated clock running after the last request."""
+    from deepserve.actors.flowserve.messages import RegisterTe
+
+    c = scenario.cluster
+    for te in placement.tes:
+        driver.inject(CM_ADDR, RegisterTe(te=te.addr, model=c.model, role=te.role, dp_groups=c.dp_groups,  # type: ignore[arg-type]
+                                          npus=te.npus), at=0.0, src="ext/builder")  # fmt: skip

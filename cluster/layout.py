@@ -14,11 +14,11 @@ from __future__ import annotations
 import msgspec
 
 from deepserve.actors.ports.pod import TeSlot
-from deepserve.adapters.scenario.control import te_slot
 from deepserve.adapters.scenario.placement import Placement, TePlacement, place
 from deepserve.adapters.scenario.schema import Scenario
 
 from .schema import PlatformConfig, roles
+from .te import te_slot
 
 
 class Layout(msgspec.Struct, frozen=True):

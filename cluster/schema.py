@@ -11,7 +11,7 @@ one prompt tree).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -155,7 +155,22 @@ def check(cfg: PlatformConfig, known_models: tuple[str, ...]) -> list[tuple[str,
         if m not in cfg.models():
             problems.append((f"workload.models.{i}", f"{m!r} is served by no group (served: {', '.join(cfg.models())})"))
     if cfg.faults and not problems:
+        from .assembly import je_addrs
         from .layout import plan
 
-        problems += check_faults(cfg.faults, first.topology, plan(cfg).servers)
+        layout = plan(cfg)
+        problems += check_faults(cfg.faults, first.topology, layout.servers, tes=started_tes(layout),
+                                 jes=je_addrs(cfg) if cfg.scheduling.entry == "gateway" else ())  # fmt: skip
     return problems
+
+
+def started_tes(layout: Any) -> tuple[str, ...]:
+    """The TEs the cluster starts with (a fault may target them): each group's first slots, not
+    the spare ones (`control.spare_tes`, launched only by `deepserve scale`)."""
+    left = dict(layout.groups)
+    out = []
+    for slot in layout.slots:
+        if left.get(slot.group, 0) > 0:
+            left[slot.group] -= 1
+            out.append(slot.te)
+    return tuple(out)

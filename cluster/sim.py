@@ -1,14 +1,17 @@
 """`deepserve sim` on the whole platform: the assembly in a `SimDriver`, a trace fed to the
 gateway as `ApiRequest`s at their arrival times, run until every injected request is terminal.
 
-Arrivals come in windows (adapters/scenario/run.py's `arrivals`, `WINDOW_REQUESTS`): a trace is
+Arrivals come in windows (run.py's `arrivals`, `WINDOW_REQUESTS`): a trace is
 read as the run goes, never whole in memory. The control plane's timers (heartbeats) keep the
 heap alive forever, so the loop watches the count of terminal requests, not the heap; a cluster
 that stops making progress for `drain_limit_s` of virtual time after the last arrival gets an
 `EndOfRun`, which fails what is left, recorded.
 
 At the end, each function of `REPORTERS` adds its keys to the summary from the final state
-(the cluster manager's TEs, the faults injected); a caller may pass its own list.
+(the cluster manager's TEs, the faults injected); a caller may pass its own list. A run with
+`[[faults]]` also keeps, as it goes, the few events the recovery accounting reads
+(actors/cluster/recovery_report.py `EVENT_TYPES`, off each step as it is delivered: the same
+whether a log is written or not), and reports a line per fault (`faults`).
 """
 
 from __future__ import annotations
@@ -20,16 +23,18 @@ from typing import Any
 import msgspec
 
 from deepserve.actors.cluster.heartbeat import HeartbeatWake
+from deepserve.actors.cluster.recovery_report import EVENT_TYPES, recovery_report
 from deepserve.actors.gateway.messages import REFUSED_429, ApiRequest, Refused
 from deepserve.actors.workload.messages import METRICS_ADDR, EndOfRun, RequestDone
 from deepserve.actors.workload.metrics import Collector, percentile
 from deepserve.adapters.scenario.faults import fault_inputs
-from deepserve.adapters.scenario.run import DRAIN_CHUNK, WINDOW_REQUESTS, RunResult, arrivals
+from deepserve.adapters.scenario.schema import Scenario
 from deepserve.core import Message, SimDriver
 from deepserve.core.records import LogSink
 
 from .assembly import MANAGER_ADDR, MONITOR_ADDR, Built, assemble
 from .config import for_driver
+from .run import DRAIN_CHUNK, WINDOW_REQUESTS, RunResult, arrivals, run_scenario
 from .schema import PlatformConfig
 
 # Where the DP masters stream each pass's tokens, as to the daemon's frontend (xDeepServe §4.2's
@@ -49,6 +54,8 @@ class SimEnd(msgspec.Struct, kw_only=True):
     cfg: PlatformConfig
     collector: Any  # the run's Collector (every terminal request)
     faults: list[tuple[float, str, Message]]  # every fault input scheduled
+    extra_faults: int = 0  # of which the first `extra_faults` came from the caller, not `[[faults]]`
+    recovery_events: list[tuple[float, str, Any]] = []  # (t, actor, event) the recovery report reads
     slo_attained: int
     by_model: dict[str, Any] = {}  # model -> its requests' Collector (several models only)
 
@@ -66,7 +73,22 @@ def _cluster_report(end: SimEnd, out: dict[str, Any]) -> None:
         + (r.generation > 1 and "registered" in r.steps)
         for r in tes.values()
     )  # fmt: skip
-    out["faults_injected"] = sum(1 for at, _, _ in end.faults if at <= end.driver.now)
+    # A fault is one scheduled fault, not its inputs (a kill-je or a link flap is several): each
+    # `[[faults]]` entry due by the end, and each input a caller passed
+    now = end.driver.now
+    out["faults_injected"] = (sum(1 for f in end.cfg.faults if f.at_s <= now)
+                              + sum(1 for at, _, _ in end.faults[:end.extra_faults] if at <= now))  # fmt: skip
+
+
+def _fault_report(end: SimEnd, out: dict[str, Any]) -> None:
+    """A line per `[[faults]]` entry injected: detected after, recovered after, the requests it
+    failed or had retried (actors/cluster/recovery_report.py)."""
+    if not end.cfg.faults:
+        return
+    npus_of = {s.te: s.npus for s in end.built.slots}
+    # (a frozen FaultSpec's fields are read-only; the report's FaultLike protocol only reads them)
+    report = recovery_report(end.cfg.faults, end.recovery_events, npus_of, until_s=end.driver.now)  # type: ignore[arg-type]
+    out["faults"] = [msgspec.to_builtins(line) for line in report.lines]
 
 
 def _latency_report(end: SimEnd, out: dict[str, Any]) -> None:
@@ -85,7 +107,26 @@ def _model_report(end: SimEnd, out: dict[str, Any]) -> None:
     out["by_model"] = {m: {k: getattr(s, k) for k in keys} for m, s in ((m, c.summary()) for m, c in end.by_model.items())}
 
 
-REPORTERS: list[Reporter] = [_cluster_report, _latency_report, _model_report]
+REPORTERS: list[Reporter] = [_cluster_report, _latency_report, _model_report, _fault_report]
+
+
+def recovery_tap(into: list[tuple[float, str, Any]]) -> Callable[[SimDriver], None]:
+    """A per-step checker (`SimDriver.invariants`) keeping the recovery report's events of each
+    delivery, as `recovery_events` reads them off a log."""
+
+    def tap(driver: SimDriver) -> None:
+        cell = driver.step_cell
+        for ev in cell.ctx.events:
+            if type(ev).__name__ in EVENT_TYPES:
+                into.append((driver.now, cell.addr, ev))
+
+    return tap
+
+
+def dispatcher_scenario(cfg: PlatformConfig) -> Scenario:
+    """The first group as the dispatcher variant runs it: no `[scheduling]` (no gateway, JE nor
+    control plane; what `--workers N` splits over processes)."""
+    return msgspec.structs.replace(cfg.scenario(), scheduling=None)
 
 
 def refused_done(m: Refused, now: float) -> RequestDone:
@@ -102,7 +143,11 @@ def run(
     on_end: Callable[[SimDriver], None] | None = None,
 ) -> RunResult:  # fmt: skip
     """Run `cfg`'s cluster on its workload to completion; `result.summary` holds the metrics and
-    every reporter's keys. `sink` is not closed."""
+    every reporter's keys (the platform's; `scheduling.entry = "dispatcher"` runs the assembly's
+    dispatcher variant, whose summary has the workload's metrics only). `sink` is not closed."""
+    if cfg.scheduling.entry == "dispatcher":  # TEs behind the workload stand-in (assembly.py `build_cluster`)
+        return run_scenario(dispatcher_scenario(cfg), trace=trace, requests=requests, sink=sink, on_done=on_done,
+                            faults=faults, drain_limit_s=drain_limit_s, on_end=on_end)  # fmt: skip
     cfg = for_driver(cfg, "sim")
     config = msgspec.to_builtins(cfg)
     if cfg.daemon.admin_token:  # a daemon file's secret never reaches the log (its run config)
@@ -137,6 +182,9 @@ def run(
             on_done(msg)
 
     driver.on_external = listen
+    recovery: list[tuple[float, str, Any]] = []
+    if cfg.faults:  # (a check a delivery: only where there are faults to account for)
+        driver.invariants.append(recovery_tap(recovery))
     built = assemble(driver, cfg, stream_to=STREAM_ADDR)
     # The initial deployment (resident TEs) registers at t=0 and its membership reaches every JE
     # before the first arrival, as a daemon is up before its first request.
@@ -156,7 +204,7 @@ def run(
     counters = {k: getattr(gw, k) for k in ("arrived", "completed", "failed", "cancelled", "duplicates", "refused")}
     summary = msgspec.to_builtins(collector.summary())
     end = SimEnd(driver=driver, built=built, cfg=cfg, collector=collector, faults=planned, slo_attained=attained,
-                 by_model=by_model)  # fmt: skip
+                 by_model=by_model, extra_faults=len(faults), recovery_events=recovery)  # fmt: skip
     for report in REPORTERS if reporters is None else reporters:
         report(end, summary)
     return RunResult(summary=summary, deliveries=driver.deliveries, virtual_time_s=driver.now, wall_s=wall,

@@ -18,7 +18,7 @@ from deepserve.actors.cluster.messages import ScaleGroup
 from deepserve.actors.ports.faults import HbmRegionFault, LinkDegrade, LinkDown, LinkUp, NpuHang
 from deepserve.actors.ports.npu import DEFAULT_REGIONS
 from deepserve.actors.ports.pod import KillPod
-from deepserve.adapters.scenario.control import MANAGER_ADDR, PODS_ADDR
+from deepserve.cluster.control import MANAGER_ADDR, PODS_ADDR
 
 from .api import error_body, route_error_body
 from .auth import bearer_ok

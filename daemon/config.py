@@ -51,11 +51,15 @@ def _check_daemon(cfg: DaemonConfig, labels: dict[str, str]) -> None:
     # an override asked for the opposite: a scenario file's defaults are not the user's words.
     said = {k for k in labels if k.endswith(("scheduler.aggregate", "scheduler.stream_token_ids"))}
     for key in sorted(said):
+        # (a `[[groups]]` table is set whole, from a file: its scheduler's keys are never said alone)
         table = cfg.cluster if key.startswith("cluster.") else None
         value = getattr(table.scheduler, key.rpartition(".")[2]) if table is not None else None
-        if key.endswith("aggregate") and value is True and cfg.control.heartbeats:
-            # an aggregated decode run is one long NPU request: its master would look stalled
-            raise Invalid(key, "must be false while control.heartbeats is on")
+        if key.endswith("aggregate") and value is True:
+            # Heartbeats are not the reason (a master inside an aggregated run says so and its NPU
+            # is probed: actors/cluster/liveness.py); streaming is: the frontend gets each pass's
+            # tokens as the pass ends, which an aggregated run (several passes, one NPU request) has not
+            raise Invalid(key, "must be false: the daemon steps every decode pass to stream its tokens "
+                               "(aggregated runs are the simulation's fast path)")  # fmt: skip
         if key.endswith("stream_token_ids") and value is False:
             raise Invalid(key, "the daemon needs token ids (true)")
 

@@ -360,7 +360,7 @@ class Metrics:
 def cache_info(cfg: Any) -> dict[str, str]:
     """`vllm:cache_config_info`'s labels: the KV cache as the daemon's config sizes it (per DP
     group of a colocated TE: HBM blocks after the weights, DRAM-tier blocks)."""
-    from deepserve.adapters.scenario.builder import kv_sizing
+    from deepserve.cluster.te import kv_sizing
 
     c = cfg.cluster
     size = kv_sizing(c)

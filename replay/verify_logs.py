@@ -20,7 +20,7 @@ from deepserve.persistence.run_dir import log_name
 from .common import ReplayError
 from .verifier import Divergence, VerifyResult, verify
 
-PODS = "pods"  # the daemon's pod launcher (adapters/scenario/control.PODS_ADDR)
+PODS = "pods"  # the daemon's pod launcher (deepserve/cluster/control.PODS_ADDR)
 
 
 class LogVerdict(msgspec.Struct):
@@ -72,7 +72,7 @@ def missing_logs(directory: str, files: list[str]) -> list[str]:
     (the `pods` actor's `SpawnProcess` outputs in `daemon.db`). A run directory missing one
     used to verify `identical` on what was left, and `replay log` dropped its lines."""
     # the split simulation's naming rule (imported here: only a run directory needs it)
-    from deepserve.adapters.scenario.parallel import worker_log_name
+    from deepserve.adapters.scenario.partition import worker_log_name
 
     names = {os.path.basename(f) for f in files}
     expected: set[str] = set()

@@ -8,6 +8,7 @@ the graph to show that each line of the table is enforced, and that the arrows i
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import os
 from collections.abc import Iterator
@@ -87,7 +88,8 @@ FORBIDDEN = [
     ("cluster.assembly", "daemon.runtime"),  # the one assembly sits below the daemon
     ("cluster.assembly", "benchmarks.sim"),  # ... and the benchmarks
     ("replay.why", "cluster.assembly"),  # ... and above replay
-    ("adapters.scenario.run", "cluster.assembly"),
+    ("adapters.scenario.faults", "cluster.assembly"),  # a config's data sits below its wiring
+    ("adapters.scenario.partition", "cluster.parallel"),
     ("platform.build", "daemon.runtime"),  # (its other name)
     ("cmdline", "core.actor"),  # the shared command-line pieces sit below everything
     ("newpkg.thing", "core.actor"),  # a top-level package in no layer
@@ -102,8 +104,10 @@ ALLOWED = [
     ("platform.build", "actors.je.actor"),
     ("chaos.run", "cluster.sim"),
     ("replay.why", "adapters.traces.reader"),
-    ("adapters.scenario.run", "actors.je.actor"),
-    ("adapters.scenario.run", "persistence.api"),
+    ("cluster.run", "actors.je.actor"),
+    ("cluster.run", "persistence.api"),
+    ("cluster.parallel", "adapters.scenario.partition"),
+    ("replay.verify_logs", "adapters.scenario.partition"),
     ("actors.je.actor", "core.actor"),
     ("persistence.api", "core.records"),
     ("adapters.scenario.cli", "cmdline"),
@@ -140,3 +144,15 @@ def test_an_arrow_up_the_table_breaks_it(graph: grimp.ImportGraph, importer: str
 def test_an_arrow_down_the_table_keeps_it(graph: grimp.ImportGraph, importer: str, imported: str) -> None:
     with _with_arrow(graph, importer, imported) as planted:
         assert _broken(_contract(), planted) == ""
+
+
+def test_adapters_scenario_is_data_only() -> None:
+    """One place assembles a cluster (issue 31 §6): the scenario package holds a config's data,
+    checks and pure plans; nothing in it spawns an actor or injects an input into a driver (the
+    wiring is deepserve/cluster/)."""
+    wiring = []
+    for path in sorted((ROOT / "adapters" / "scenario").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("spawn", "inject"):
+                wiring.append(f"{path.name}:{node.lineno} .{node.func.attr}(...)")
+    assert wiring == []

@@ -55,7 +55,7 @@ FLAP_FIELDS = ("down_s", "up_s", "count")
 MAX_FAULTS = 10_000
 FABRIC = "hw/fabric"
 FAULT_SRC = "ext/fault"
-# Where the platform's faults go (the assembly's addresses: adapters/scenario/control.py, cluster/assembly.py's
+# Where the platform's faults go (the assembly's addresses: cluster/control.py, cluster/assembly.py's
 # gateway): overridable per run through `Wiring`.
 PODS_ADDR, MONITOR_ADDR, GATEWAY_ADDR = "pods", "cluster/heartbeat", "gateway"
 _TE = re.compile(r"te/[0-9]+")

@@ -1,7 +1,6 @@
-"""A scenario's `scheduling` section: when present, the issue-6 request path replaces the
-workload stand-in's round robin — a gateway (spawned at the workload actor's address, so the run
-loop feeds it the same `Arrive`s), `jes` JEs running the named policy, and a cluster manager the
-TE shells register with, which pushes TE group membership to the JEs.
+"""A config's `scheduling` section, data and checks only (the wiring that spawns the gateway, JEs
+and cluster manager from it is deepserve/cluster/assembly.py): `entry` says how requests enter,
+`jes` JEs run the named policy.
 
     [scheduling]
     policy = "combined"            # round_robin, least_load, locality, load_aware (default), pd_aware, combined
@@ -21,8 +20,6 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from deepserve.actors.scheduling import DEFAULT_POLICY
-
-CM_ADDR = "cm"
 
 
 class Forwarding(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -102,41 +99,3 @@ def check_scheduling(s: Any) -> list[tuple[str, str]]:
         key, _, problem = str(exc).partition(": ")
         return [(key, problem)]
     return []
-
-
-def je_config(sch: Scheduling, kv_block_tokens: int = 128) -> dict[str, Any]:
-    return {
-        "kv_block_tokens": kv_block_tokens,
-        "policy": sch.policy, "params": dict(sch.params),
-        "heatmap": load_heatmap(sch.heatmap) if sch.heatmap else None,
-        "forwarding": msgspec.to_builtins(sch.forwarding), "max_attempts": sch.max_attempts,
-        "kv_fail_cooldown_s": sch.kv_fail_cooldown_s, "kv_events": sch.kv_events,
-        "predictor": load_predictor(sch.predictor) if sch.predictor else None,
-    }  # fmt: skip
-
-
-def spawn_scheduling(driver: Any, scenario: Any, placement: Any, gateway_addr: str) -> None:
-    """The cluster manager, the JEs and the gateway (the TEs are spawned by the builder)."""
-    from deepserve.actors.gateway.actor import Gateway
-    from deepserve.actors.je.actor import JobExecutor
-    from deepserve.actors.je.cluster import ClusterManager
-
-    sch: Scheduling = scenario.scheduling
-    jes = [f"je/{k}" for k in range(sch.jes)]
-    driver.spawn(CM_ADDR, ClusterManager, jes=jes)
-    for je in jes:
-        driver.spawn(je, JobExecutor, config=je_config(sch, scenario.cluster.kv_block_tokens))
-    driver.spawn(gateway_addr, Gateway, config={"jes": jes, "max_inflight_per_model": sch.max_inflight_per_model})
-
-
-def announce_tes(driver: Any, scenario: Any, placement: Any) -> None:
-    """Each TE's `RegisterTe` to the cluster manager at t=0 — what a TE shell configured with a
-    cluster manager sends on start. Injected by the builder instead, because such a shell also
-    reports load on a timer forever, which the JE does not use (its load signal is its own
-    open-task count) and which would keep the simulated clock running after the last request."""
-    from deepserve.actors.flowserve.messages import RegisterTe
-
-    c = scenario.cluster
-    for te in placement.tes:
-        driver.inject(CM_ADDR, RegisterTe(te=te.addr, model=c.model, role=te.role, dp_groups=c.dp_groups,
-                                          npus=te.npus), at=0.0, src="ext/builder")

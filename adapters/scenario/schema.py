@@ -2,7 +2,7 @@
 
 Every field has a type and bounds, so `msgspec.convert` rejects a bad value naming its path; the
 checks that span fields (TEs fit the servers, PD needs a link, ...) are in `check`. A scenario is
-data only: `builder.py` turns it into actors, `run.py` runs it.
+data only: deepserve/cluster/ turns it into actors (assembly.py) and runs it (run.py).
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ import structlog
 from deepserve.adapters.hardware.devices.fabric import Fabric
 from deepserve.adapters.hardware.devices.host import Host
 from deepserve.adapters.hardware.devices.topology import FABRIC, build, host_addr
-from deepserve.adapters.scenario.control import MONITOR_ADDR, PODS_ADDR, spawn_control_plane
 from deepserve.adapters.zmq import Limits, ZmqTransport
+from deepserve.cluster.control import MONITOR_ADDR, PODS_ADDR, spawn_control_plane
 from deepserve.core.asyncdriver import AsyncDriver
 from deepserve.core.messages import Message
 from deepserve.persistence import open_sink

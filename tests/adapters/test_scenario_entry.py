@@ -7,15 +7,11 @@ from typing import Any
 
 from deepserve.adapters.hardware.devices.topology import build as build_topology
 from deepserve.adapters.hardware.devices.topology import spawn_topology
-from deepserve.adapters.scenario.builder import (
-    WORKLOAD_ADDR,
-    build_cluster,
-    spawn_te,
-    spawn_workload,
-)
 from deepserve.adapters.scenario.loader import load_scenario
 from deepserve.adapters.scenario.placement import place
-from deepserve.adapters.scenario.run import run_scenario
+from deepserve.cluster.assembly import WORKLOAD_ADDR, build_cluster, spawn_workload
+from deepserve.cluster.run import run_scenario
+from deepserve.cluster.te import spawn_te
 from deepserve.core import SimDriver
 
 

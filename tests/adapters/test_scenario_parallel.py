@@ -1,4 +1,4 @@
-"""A simulation split by server across worker processes (adapters/scenario/parallel.py): the
+"""A simulation split by server across worker processes (deepserve/cluster/parallel.py): the
 partition plan, and the split run's per-request results against the whole run's, bit for bit."""
 
 from __future__ import annotations
@@ -7,13 +7,9 @@ import pytest
 
 from deepserve.actors.workload.messages import RequestDone
 from deepserve.adapters.scenario.loader import load_scenario
-from deepserve.adapters.scenario.parallel import (
-    ParallelError,
-    plan_partitions,
-    run_parallel,
-    selector,
-)
-from deepserve.adapters.scenario.run import run_scenario
+from deepserve.adapters.scenario.partition import ParallelError, plan_partitions, selector
+from deepserve.cluster.parallel import run_parallel
+from deepserve.cluster.run import run_scenario
 
 
 def _servers(workers: int, *overrides: str) -> list[tuple[int, ...]]:

@@ -9,9 +9,9 @@ from deepserve.adapters.hardware.batch import Parallel
 from deepserve.adapters.hardware.memory import kv_capacity_tokens
 from deepserve.adapters.hardware.models import model_profile
 from deepserve.adapters.hardware.specs import npu_spec
-from deepserve.adapters.scenario.builder import kv_sizing, master_config
 from deepserve.adapters.scenario.loader import load_scenario
 from deepserve.adapters.scenario.placement import place
+from deepserve.cluster.te import kv_sizing, master_config
 
 
 def test_mooncake_16te_fills_two_servers() -> None:

@@ -316,7 +316,7 @@ def test_a_bad_row_raises_after_the_rows_before_it(tmp_path) -> None:
     """`arrivals` reads rows in chunks: a malformed row still comes after every good row
     before it has been yielded."""
     from deepserve.adapters.scenario.loader import load_scenario
-    from deepserve.adapters.scenario.run import arrivals
+    from deepserve.cluster.run import arrivals
 
     good = '{"timestamp": %d, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}\n'
     path = tmp_path / "t.jsonl"

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from cliproc import assert_one_line_error, deepserve, in_process
 
-from deepserve.adapters.scenario.builder import kv_sizing
 from deepserve.adapters.scenario.loader import load_scenario
 from deepserve.benchmarks import sim_dynamo
 from deepserve.benchmarks.sim_dynamo import NOT_INSTALLED, dynamo_version, mocker_engine
+from deepserve.cluster.te import kv_sizing
 
 SMALL = ("--requests", "20", "--set", "cluster.tes=2")
 

@@ -18,11 +18,27 @@ from deepserve.daemon.config import load_config
     ("control.heartbeat_timeout_s=2.0", "heartbeat_timeout_s: must be >= 0 and below heartbeat_interval_s"),
     ("control.spare_tes=-1", "spare_tes"),
     ("control.pods=1", "control.pods: unknown key"),
-    ("cluster.scheduler.aggregate=true", "cluster.scheduler.aggregate: must be false while control.heartbeats is on"),
+    ("cluster.scheduler.aggregate=true", "cluster.scheduler.aggregate: must be false: the daemon steps every "
+                                         "decode pass"),
 ])  # fmt: skip
 def test_bad_control_settings_name_the_key(setting: str, key: str, tmp_path: Path) -> None:
     r = in_process("config", "show", "--set", setting, cwd=tmp_path)  # `main()` here: no process start
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and key in r.stderr, r.stderr
+
+
+def test_aggregate_is_refused_for_streaming_not_heartbeats() -> None:
+    """The daemon streams each decode pass's tokens, so it runs no aggregated decode whatever the
+    heartbeats (which work beside aggregated runs): asked for one with heartbeats off, it still
+    says so naming the key (it was taken and quietly turned off before)."""
+    with pytest.raises(ScenarioError) as exc:
+        load_config(None, ("control.heartbeats=false", "cluster.scheduler.aggregate=true"))
+    assert ("--set cluster.scheduler.aggregate=true: cluster.scheduler.aggregate: must be false: the daemon "
+            "steps every decode pass") in str(exc.value)  # fmt: skip
+
+
+def test_the_daemon_sets_aggregate_false_itself_with_heartbeats_on() -> None:
+    cfg = load_config(None, ("control.heartbeats=true", "groups=[{model = 'llama2-7b', tes = 1, kv_block_tokens = 16}]"))
+    assert not cfg.cluster.scheduler.aggregate and not cfg.groups[0].scheduler.aggregate
 
 
 def test_the_resolved_config_shows_the_control_plane(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from inproc import FAST, load, quiet, started
 
-from deepserve.adapters.scenario.control import MONITOR_ADDR
+from deepserve.cluster.control import MONITOR_ADDR
 from deepserve.persistence import open_log
 from deepserve.replay import verify
 

@@ -93,7 +93,7 @@ def test_a_simulation_writes_its_log_without_importing_sqlalchemy(tmp_path: Path
     code = (
         "import sys\n"
         "from deepserve.adapters.scenario.loader import load_scenario\n"
-        "from deepserve.adapters.scenario.run import run_scenario\n"
+        "from deepserve.cluster.run import run_scenario\n"
         "from deepserve.persistence import open_sink\n"
         f"sink = open_sink({str(log)!r}, 'async', writer='process')\n"
         "r = run_scenario(load_scenario('mooncake-16te', ()), requests=20, sink=sink)\n"

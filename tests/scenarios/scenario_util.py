@@ -7,7 +7,7 @@ from typing import Any
 
 from deepserve.actors.flowserve import rtc
 from deepserve.adapters.scenario.loader import load_scenario
-from deepserve.adapters.scenario.run import RunResult, run_scenario
+from deepserve.cluster.run import RunResult, run_scenario
 from deepserve.core import SimDriver
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from scenario_util import masters, run, scenario, show
 
 from deepserve.actors.flowserve import rtc
-from deepserve.adapters.scenario import run as run_mod
+from deepserve.cluster import run as run_mod
 
 N = 300
 

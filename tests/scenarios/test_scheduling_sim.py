@@ -10,7 +10,7 @@ import pytest
 from scenario_util import run, scenario, show
 
 from deepserve.adapters.scenario.loader import ScenarioError
-from deepserve.adapters.scenario.run import run_scenario
+from deepserve.cluster.run import run_scenario
 
 N = 200
 

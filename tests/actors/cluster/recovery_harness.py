@@ -12,7 +12,7 @@ from deepserve.actors.gateway.actor import Gateway
 from deepserve.actors.gateway.messages import ApiRequest
 from deepserve.actors.je.actor import JobExecutor
 from deepserve.adapters.hardware.devices.topology import build, spawn_topology
-from deepserve.adapters.scenario.control import ControlPlane, spawn_control_plane, te_slot
+from deepserve.adapters.scenario.control import ControlPlane
 from deepserve.adapters.scenario.faults import (
     FAULT_SRC,
     FaultSpec,
@@ -22,6 +22,8 @@ from deepserve.adapters.scenario.faults import (
 )
 from deepserve.adapters.scenario.placement import place
 from deepserve.adapters.scenario.schema import Cluster, Scenario, Scheduler
+from deepserve.cluster.control import spawn_control_plane
+from deepserve.cluster.te import te_slot
 from deepserve.core import SimDriver
 from deepserve.core.codec import decode
 from deepserve.persistence.memory import MemorySink

@@ -19,15 +19,11 @@ from deepserve.actors.je.messages import JobRequest, RouteDecided, TaskStreamed
 from deepserve.actors.ports.faults import HbmRegionFault, NpuHang
 from deepserve.actors.workload.messages import RequestDone
 from deepserve.adapters.hardware.devices.topology import build, spawn_topology
-from deepserve.adapters.scenario.control import (
-    MANAGER_ADDR,
-    MONITOR_ADDR,
-    ControlPlane,
-    spawn_control_plane,
-    te_slot,
-)
+from deepserve.adapters.scenario.control import ControlPlane
 from deepserve.adapters.scenario.placement import place
 from deepserve.adapters.scenario.schema import Cluster, Scenario, Scheduler
+from deepserve.cluster.control import MANAGER_ADDR, MONITOR_ADDR, spawn_control_plane
+from deepserve.cluster.te import te_slot
 from deepserve.core import Message, SimDriver
 from deepserve.core.codec import decode
 from deepserve.persistence.memory import MemoryLog, MemorySink

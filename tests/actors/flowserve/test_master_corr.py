@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 from deepserve.adapters.scenario.loader import load_scenario
-from deepserve.adapters.scenario.run import run_scenario
+from deepserve.cluster.run import run_scenario
 from deepserve.core import MemorySink, decode
 
 

@@ -34,7 +34,7 @@ from deepserve.actors.flowserve.master.evolve import (
 from deepserve.actors.flowserve.master.state import MASTER_EVENTS, BatchEnded, MasterState
 from deepserve.actors.flowserve.messages import CancelTask
 from deepserve.adapters.scenario.loader import load_scenario
-from deepserve.adapters.scenario.run import run_scenario
+from deepserve.cluster.run import run_scenario
 from deepserve.core import Event
 
 M = "te/0/dp/0"

@@ -12,7 +12,7 @@ import pytest
 from deepserve.actors.flowserve.master.actor import DpMaster
 from deepserve.adapters.hardware.devices.npu import Npu
 from deepserve.adapters.scenario.loader import load_scenario
-from deepserve.adapters.scenario.run import run_scenario
+from deepserve.cluster.run import run_scenario
 from deepserve.core import MemorySink, decode, encode
 
 

@@ -18,7 +18,7 @@ from deepserve.actors.flowserve.master.kv_publish import (
 from deepserve.actors.flowserve.rtc.kv_events import index_view
 from deepserve.actors.scheduling.locality import DRAM, HBM, ROUTED, PromptTree, rank_shift
 from deepserve.adapters.scenario.loader import load_scenario
-from deepserve.adapters.scenario.run import RunResult, run_scenario
+from deepserve.cluster.run import RunResult, run_scenario
 
 
 class KvCounter:

@@ -1,4 +1,4 @@
-"""The scenario run loop (adapters/scenario/run.py) with test-double TEs: windowed injection of
+"""The scenario run loop (deepserve/cluster/run.py) with test-double TEs: windowed injection of
 a streamed trace, every request terminal, the summary computed from the terminal records."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from typing import Any
 
 from fake_te import FakeTe
 
-from deepserve.adapters.scenario import run as run_mod
-from deepserve.adapters.scenario.builder import spawn_workload
 from deepserve.adapters.scenario.loader import load_scenario
 from deepserve.adapters.scenario.placement import place
+from deepserve.cluster import run as run_mod
+from deepserve.cluster.assembly import spawn_workload
 
 
 def _fake_cluster(**fake: Any):

@@ -1,4 +1,6 @@
-"""Run a scenario: build the cluster in a SimDriver, feed the trace in, collect the metrics.
+"""Run a scenario behind the dispatcher (assembly.py `build_cluster`): build the cluster in a
+SimDriver, feed the trace in, collect the metrics. `arrivals` is also the platform run's feed
+(sim.py).
 
 Arrivals are external inputs injected at their trace times (`Arrive` to the workload actor), read
 from the trace as the run goes (streaming: a whole trace is never in memory). They are injected in
@@ -24,15 +26,16 @@ from deepserve.actors.flowserve.messages import Sampling
 from deepserve.actors.flowserve.tokens import combine
 from deepserve.actors.workload.messages import Arrive, EndOfRun, RequestDone
 from deepserve.actors.workload.metrics import Collector
+from deepserve.adapters.scenario.faults import fault_inputs
+from deepserve.adapters.scenario.loader import trace_path
+from deepserve.adapters.scenario.schema import Scenario
 from deepserve.adapters.traces import TraceError, TraceRequest, open_trace
 from deepserve.adapters.traces.prompts import prompts_of
 from deepserve.core import Message, SimDriver
 from deepserve.core.records import LogSink
 
-from .builder import WORKLOAD_ADDR, build_cluster, max_prompt_tokens
-from .faults import fault_inputs
-from .loader import trace_path
-from .schema import Scenario
+from .assembly import WORKLOAD_ADDR, build_cluster
+from .te import max_prompt_tokens
 
 WINDOW_REQUESTS = 512
 DRAIN_CHUNK = 20_000  # deliveries between progress checks while draining

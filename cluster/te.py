@@ -1,7 +1,7 @@
-"""The cluster builder: a scenario's topology, NPUs, fabric and TEs, spawned in a driver, plus the
-workload actor that drives them.
+"""One TE's wiring: its configuration (shell and DP-group masters, as fs-engine's `TeConfig` and
+`MasterConfig` dicts), its slot for the control plane, and its spawn in a driver.
 
-Sizes come from the performance model (actors never import adapters, so the builder hands them
+Sizes come from the performance model (actors never import adapters, so the assembly hands them
 in): a block's KV bytes on one NPU from the model's shape and TP, and the HBM block pool from the
 NPU's HBM minus the reserve minus the weights (`adapters/hardware/memory.py`).
 """
@@ -13,17 +13,14 @@ from typing import Any
 import msgspec
 
 from deepserve.actors.flowserve.master.state import MasterConfig
-from deepserve.actors.workload.actor import Workload
+from deepserve.actors.ports.pod import TeSlot
 from deepserve.adapters.hardware.batch import Parallel
-from deepserve.adapters.hardware.devices.topology import build, host_addr, spawn_topology
+from deepserve.adapters.hardware.devices.topology import host_addr
 from deepserve.adapters.hardware.memory import kv_bytes_per_token_per_npu, kv_capacity_tokens
 from deepserve.adapters.hardware.models import model_profile
 from deepserve.adapters.hardware.specs import npu_spec
-
-from .placement import Placement, TePlacement, place
-from .schema import Cluster, Scenario
-
-WORKLOAD_ADDR = "workload"
+from deepserve.adapters.scenario.placement import TePlacement
+from deepserve.adapters.scenario.schema import Cluster, Scenario
 
 
 class KvSizing(msgspec.Struct, frozen=True):
@@ -85,41 +82,6 @@ def master_config(scenario: Scenario, te: TePlacement, dp: int) -> dict[str, Any
     return cfg
 
 
-def build_cluster(driver: Any, scenario: Scenario) -> Placement:
-    """Spawn the hardware, every TE of the scenario and the workload actor; returns the placement."""
-    c = scenario.cluster
-    placement = place(c)
-    spawn_topology(driver, build(c.topology, placement.servers), variance=c.npu_variance)
-    if scenario.scheduling is not None:  # issue 6: gateway + JEs at the workload's address
-        from .sched import spawn_scheduling
-
-        spawn_scheduling(driver, scenario, placement, WORKLOAD_ADDR)
-    for te in placement.tes:
-        spawn_te(driver, scenario, te)
-    if scenario.scheduling is None:
-        spawn_workload(driver, scenario, placement, direct=c.dp_groups == 1)
-    else:
-        from .sched import announce_tes
-
-        announce_tes(driver, scenario, placement)
-    return placement
-
-
-def spawn_workload(driver: Any, scenario: Scenario, placement: Placement, direct: bool = False) -> str:
-    """The workload actor, submitting to the TEs' shells; with `direct` (TEs of one DP group,
-    whose shell only forwards a task to `{te}/dp/0`, no balancing round) straight to that DP
-    master: one delivery a request less, the same master, the same task."""
-
-    def entry(role: str) -> list[str]:
-        return [f"{te}/dp/0" if direct else te for te in placement.role(role)]
-
-    return driver.spawn(
-        WORKLOAD_ADDR, Workload, mode=scenario.cluster.mode, tes=entry("colocated"),
-        prefill_tes=entry("prefill"), decode_tes=entry("decode"),
-        stream=False,  # the run reads timings from TaskFinished: no per-pass TaskTokens
-    )  # fmt: skip
-
-
 def te_config(scenario: Scenario, te: TePlacement) -> dict[str, Any]:
     """The TE shell's configuration (fs-engine's `TeConfig`, as a dict)."""
     c = scenario.cluster
@@ -134,3 +96,11 @@ def spawn_te(driver: Any, scenario: Scenario, te: TePlacement) -> str:
     from deepserve.actors.flowserve.te_shell import TeShell
 
     return driver.spawn(te.addr, TeShell, config=te_config(scenario, te))  # type: ignore[no-any-return]
+
+
+def te_slot(scenario: Scenario, te: TePlacement) -> TeSlot:
+    """The TE's slot: what the cluster manager hands the pod launcher to boot (and re-boot) it."""
+    c = scenario.cluster
+    return TeSlot(te=te.addr, group=f"{c.model}/{te.role}", model=c.model, role=te.role,  # type: ignore[arg-type]
+                  server=te.server, host=host_addr(te.server), npus=te.npus, tp=c.tp, dp_groups=c.dp_groups,
+                  te_config=te_config(scenario, te))  # fmt: skip

@@ -9,7 +9,8 @@ trace's requests that the whole run's round-robin gives those TEs. Every actor k
 and its random stream is seeded from the run seed, its address and its own delivery count, so it
 sees the same inputs at the same times as in the whole run and answers the same: the per-request
 results are the whole run's, bit for bit (tests/adapters/test_scenario_parallel.py), and so are
-the metrics, computed over the union of the workers' terminal records.
+the metrics, computed over the union of the workers' terminal records. The plan (which servers
+each worker takes, its requests, its log's name) is data: adapters/scenario/partition.py.
 
 Injection windows are kept at the whole run's points of the trace (`run.arrivals(select=...)`), so
 that ties in virtual time resolve in the same order. Each worker writes its own log, one file per
@@ -26,7 +27,6 @@ import contextlib
 import gc
 import multiprocessing
 import os
-import re
 import signal
 import threading
 import time
@@ -40,19 +40,17 @@ import msgspec
 from deepserve.actors.workload.messages import RequestDone
 from deepserve.actors.workload.metrics import Collector
 from deepserve.adapters.hardware.devices.topology import build
+from deepserve.adapters.scenario.partition import Partition, selector
+from deepserve.adapters.scenario.placement import Placement, place
+from deepserve.adapters.scenario.schema import Scenario
 
-from .builder import spawn_te, spawn_workload
-from .placement import Placement, place
+from .assembly import spawn_workload
 from .run import RunResult, run_scenario
-from .schema import Scenario
+from .te import spawn_te
 
 WORKER_GC_GEN0_THRESHOLD = 100_000  # the cyclic GC's first threshold in a worker (`_worker`)
 PROGRESS_EVERY = 64  # terminal requests between a worker's progress messages
 WORKLOAD_COUNTERS = ("arrived", "completed", "failed", "cancelled", "duplicates")
-
-
-class ParallelError(ValueError):
-    """A scenario that cannot be split as asked (the message names why)."""
 
 
 class WorkerError(RuntimeError):
@@ -62,54 +60,6 @@ class WorkerError(RuntimeError):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
-
-
-class Partition(msgspec.Struct, frozen=True):
-    index: int
-    of: int
-    servers: tuple[int, ...]
-    tes: tuple[str, ...]  # the TEs on those servers, in placement order
-
-
-def plan_partitions(scenario: Scenario, workers: int) -> list[Partition]:
-    """The servers grouped into at most `workers` contiguous groups of about equal TE counts (a
-    pure function; one group when the cluster has one server or `workers` is 1)."""
-    if workers < 1:
-        raise ParallelError(f"--workers: must be >= 1, got {workers}")
-    c = scenario.cluster
-    if workers > 1 and c.mode != "colocated":
-        raise ParallelError("--workers: a pd scenario's KV crosses servers (prefill -> decode); "
-                            "run it with --workers 1")  # fmt: skip
-    if workers > 1 and scenario.scheduling is not None:
-        raise ParallelError("--workers: the [scheduling] section's JE routes by every TE's load; "
-                            "run it with --workers 1")  # fmt: skip
-    placement = place(c)
-    used = sorted({t.server for t in placement.tes})
-    k = min(workers, len(used))
-    target = len(placement.tes) / k
-    # Each server joins the group its TEs' midpoint falls in (contiguous, about equal TE counts).
-    groups: dict[int, list[int]] = {}
-    taken = 0
-    for s in used:
-        on_s = sum(t.server == s for t in placement.tes)
-        g = min(k - 1, int((taken + on_s / 2) / target))
-        groups.setdefault(g, []).append(s)
-        taken += on_s
-    assert sum(len(g) for g in groups.values()) == len(used) and len(groups) <= k
-    ordered = [groups[g] for g in sorted(groups)]
-    return [
-        Partition(i, len(ordered), tuple(g), tuple(t.addr for t in placement.tes if t.server in g))
-        for i, g in enumerate(ordered)
-    ]
-
-
-def selector(scenario: Scenario, part: Partition) -> Callable[[int], bool]:
-    """Which requests (by 0-based position in the trace) the partition's TEs get from the whole
-    run's workload actor: position k goes to the k-th TE round-robin (colocated mode)."""
-    tes = place(scenario.cluster).role("colocated")
-    mine = [te in part.tes for te in tes]
-    n = len(tes)
-    return lambda k: mine[k % n]
 
 
 def build_partition(part: Partition) -> Callable[[Any, Scenario], Placement]:
@@ -322,20 +272,6 @@ def _merge(results: dict[int, WorkerResult], wall_s: float) -> RunResult:
         injected=sum(r.injected for r in results.values()),
         workload={k: sum(r.workload[k] for r in results.values()) for k in WORKLOAD_COUNTERS},
     )
-
-
-def worker_log_names(parts: list[Partition]) -> list[str]:
-    """The log file of each partition inside the run directory."""
-    return [worker_log_name(p.index) for p in parts]
-
-
-def worker_log_name(index: int) -> str:
-    return f"w{index}.db"
-
-
-def is_worker_log(name: str) -> bool:
-    """Whether a file name in a run directory is a worker's log (`worker_log_names`)."""
-    return re.fullmatch(r"w\d+\.db", name) is not None
 
 
 def cpu_count() -> int:
