@@ -9,8 +9,9 @@ changed module and everything runs pure until `make` rebuilds. `DEEPSERVE_PURE=1
 
 Both builds write the same log byte for byte, a failed handler's traceback text aside
 (tests/core/test_compiled.py); `BUILD` says which
-one runs, and the benchmarks print it. Why mypyc, and what it buys: docs/decisions.md
-(2026-11-26). Build: `python -c 'import deepserve.compiled as c; c.main()'` (what `make` runs).
+one runs, and the benchmarks print it. Why mypyc, and what it buys: docs/decisions.md ("The
+kernel is compiled with mypyc"). Build: `python -c 'import deepserve.compiled as c; c.main()'`
+(what `make` runs).
 """
 
 from __future__ import annotations
@@ -30,11 +31,11 @@ from types import ModuleType
 # Groups of modules, one shared library each (groups compile in parallel; a call between two
 # groups is an ordinary Python call). Message, event and state types stay pure: they are msgspec
 # Structs, C already. FlowServe's and the NPU's hottest modules were tried as further groups and
-# left out: the whole-trace simulation got no faster (docs/decisions.md, 2026-11-26). The NPU's
-# run-chunk loop is a group of its own: plain float arithmetic, which mypyc turns into C doubles
-# (docs/decisions.md, 2026-11-27). The ZeroMQ transport is one too: its wall-clock gain was lost
-# in the machine's noise when first tried (2026-11-26), but it takes ~12k instructions off each
-# side of a round trip (2026-11-27).
+# left out: the whole-trace simulation got no faster (docs/decisions.md, "Beyond the kernel, a
+# module group is compiled only where instructions show a gain"). The NPU's run-chunk loop is a
+# group of its own: plain float arithmetic, which mypyc turns into C doubles (the same entry).
+# The ZeroMQ transport is one too: its wall-clock gain was lost in the machine's noise when first
+# tried (2026-11-26), but it takes ~12k instructions off each side of a round trip (2026-11-27).
 GROUPS: dict[str, tuple[str, ...]] = {
     # The kernel: every delivery runs through these.
     "kernel": ("core.codec", "core.envelope", "core.mailbox", "core.cell", "core.pagewriter", "core.steps", "core.context",
@@ -46,7 +47,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # (In the kernel's group instead, measured the same: its calls into the kernel are few.)
     "zmq": ("adapters.zmq.peer", "adapters.zmq.transport"),
     # The DP master's per-batch decisions and fold: plain int bookkeeping over the state's
-    # Structs once their Python overhead was cut (docs/decisions.md, 2026-11-27 eleventh session).
+    # Structs once their Python overhead was cut (docs/decisions.md, "Beyond the kernel ...", the
+    # "master" group).
     # With its per-pass output: each streamed chunk's emulated tokens (sampling, tokens: 64-bit
     # mixing and the Zipf inversion a token) and the chunk itself (output) — in the daemon a
     # pass's tokens are a few % of its CPU (issue 30 §1, py-spy).

@@ -9,7 +9,7 @@ back into `Step`s in one msgspec call.
 
 Since schema v6 the writer process stores a page as a zstd frame (`sqlite/child.py`): a
 Mooncake run's pages shrink ~4.5x, and writing 4.5x fewer bytes costs the writer less than
-compressing them does (docs/decisions.md, twelfth session). A body is a zstd frame if it begins
+compressing them does (docs/decisions.md, "Pages are zstd frames"). A body is a zstd frame if it begins
 with zstd's magic number, which no msgpack array (a page before v6) can begin with.
 
 Each page carries a CRC-32 of its stored bytes, checked whenever it is read and by

@@ -53,7 +53,7 @@ CONFIG, RUN, STEPS, ACK, ERROR, END, PAGE, SYNC, FINISH = b"CRSAEZPYF"
 # A page is stored as a zstd frame at this level (pages.py reads it back): zstd's fast levels
 # make Mooncake pages ~4.5x smaller at ~700 MB/s (level 1: 4.9x at 430 MB/s; zlib's fastest:
 # 3.4x at 90 MB/s; measured on a sim run's pages). Fewer bytes to store cost the writer less
-# CPU than compressing them does (docs/decisions.md, twelfth session).
+# CPU than compressing them does (docs/decisions.md, "Pages are zstd frames").
 PAGE_ZSTD_LEVEL = -1
 PIPE_BYTES = 1 << 20  # Linux's default limit for an unprivileged F_SETPIPE_SZ
 OTHER, FROM_SQLITE, DAMAGED = 0, 1, 2  # what a reader's ERROR is (its first item)

@@ -9,7 +9,7 @@ batch with msgpack and writes it to a pipe as one page (`pages.py`); the writer 
 and one transaction per page, and acknowledges every `max_frames // 2` frames, or at
 once when the driver waits (it sends a SYNC). A reader thread takes the
 acknowledgements (it wakes once per acknowledgement). Where it is used and why pages:
-docs/decisions.md (2026-11-23, 2026-11-26 third session).
+docs/decisions.md ("Simulations log through a writer process that stores pages of steps").
 
 Contract, as `GroupCommitSink` in `async` mode: `flush()` returns once everything
 appended is committed; `close()` flushes and waits for the process to exit; at most

@@ -243,7 +243,7 @@ class _Step:
         if st.rtc.config.dram_blocks:
             # The DRAM tier's swap-out and prefetch are planned after each batch: stepwise
             # after every chunk, in a run only at its end, and a lead would move them
-            # (docs/decisions.md, 2026-11-26 ninth session).
+            # (docs/decisions.md, "A run takes a head and a lead").
             return SINGLE
         c0 = [a - e.n for a, e in zip(self.after, entries, strict=True)]  # computed before pass 0
         lead = _Lead(entries, tasks, c0, self._run_order(admitted), cfg)  # prompts left

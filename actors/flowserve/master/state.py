@@ -61,7 +61,7 @@ class MasterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_run_iterations: int = 4_096
     # RTC background swap-out: copies of at least this many cold blocks (unless one is about to
     # be evicted). 32 of the default 64-block batch halves the copies of a Mooncake replay at
-    # the same hit rate (docs/decisions.md, 2026-11-23 sim-master).
+    # the same hit rate (docs/decisions.md, "Background swap-out copies at least 32 blocks").
     swap_min_blocks: int = 32
     max_waiting: int = 100_000
     npu_timeout_s: float = 120.0
