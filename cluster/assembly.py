@@ -71,7 +71,13 @@ def spawn_front(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR
     for addr in jes:
         driver.spawn(addr, JobExecutor, config=je)
     limit = max_inflight if max_inflight is not None else cfg.scheduling.max_inflight_per_model
-    driver.spawn(gateway, Gateway, config={"jes": list(jes), "max_inflight_per_model": limit})
+    gw: dict[str, Any] = {"jes": list(jes), "max_inflight_per_model": limit}
+    c = cfg.control
+    if c.heartbeats and c.heartbeat_idle_max_interval_s > 0:
+        # a request after a quiet spell wakes a monitor backed off while idle: one message a
+        # spell, none under load (actors/gateway/actor.py `wake`)
+        gw.update(wake=MONITOR_ADDR, wake_after_s=c.heartbeat_interval_s)
+    driver.spawn(gateway, Gateway, config=gw)
     return jes
 
 
