@@ -137,7 +137,8 @@ class HbResponder(Actor[HbState]):
             self._end(ctx, False, why, (), HUNG)
         elif isinstance(msg, AskFailed) and st.seq and str(msg.request_id) in st.probes:
             dp = st.probes[str(msg.request_id)]
-            why = f"{self.masters[dp]} is inside a run its NPU {msg.target} does not answer: {msg.reason}"
+            where = "answered, but" if str(dp) in st.probe_steps else "is inside a run"  # a leased round's probe
+            why = f"{self.masters[dp]} {where} its NPU {msg.target} does not answer: {msg.reason}"
             self._end(ctx, False, why, (), HUNG)
 
     def _answered(self, ctx: Context, dp: int, step: int) -> None:
