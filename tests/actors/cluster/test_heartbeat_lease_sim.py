@@ -12,7 +12,7 @@ from typing import Any
 
 from recovery_harness import build_run, events
 
-from deepserve.actors.cluster.heartbeat import HbLeaseBroken, HbTicked
+from deepserve.actors.cluster.heartbeat import HbLeaseBroken, HbTicked, HbWatch, HbWoken
 from deepserve.actors.cluster.state import TeDeclaredFailed
 from deepserve.actors.workload.messages import RequestDone
 from deepserve.persistence.memory import MemoryLog
@@ -74,3 +74,12 @@ def test_heartbeat_loss_breaks_the_lease_and_the_rules_decide() -> None:
     d, _ = build_run([{"at_s": 20.0, "kind": "heartbeat-loss", "target": "te/1", "duration_s": 10.0}], **RUN)
     assert [(t, e.te) for t, e in events(d, "cluster/heartbeat", HbLeaseBroken)] == [(20.0, "te/1")]
     assert declared(d) == [(24.0, "te/1", 1, "silent")]
+
+
+def test_a_replacement_watched_while_the_others_are_leased_is_asked_within_an_interval() -> None:
+    d, _ = build_run([{"at_s": 20.0, "kind": "kill-te-process", "target": "te/1"}], **RUN)
+    assert declared(d) == [(20.0, "te/1", 1, "exited")]
+    watched = [t for t, e in events(d, "cluster/heartbeat", HbWatch) if e.te == "te/1" and e.generation == 2]
+    first = next(t for t, e in events(d, "cluster/heartbeat", HbTicked) if t >= watched[0] and "te/1" in e.pinged)
+    assert first <= watched[0] + 1.0  # not at the others' lease end (the far tick)
+    assert events(d, "cluster/heartbeat", HbWoken)[-1][0] == watched[0]
