@@ -102,7 +102,7 @@ class HbTicked(Event, frozen=True, kw_only=True):
     missed: tuple[tuple[str, int, str], ...]
     failed: tuple[str, ...]
     pinged: tuple[str, ...]
-    next_s: float = 0.0  # idle backoff: the interval to the next tick (0: no backoff)
+    next_s: float = 0.0  # the interval to the next tick when not the configured one (idle backoff, leases)
 
 
 class HbAcked(Event, frozen=True, kw_only=True):
