@@ -165,8 +165,8 @@ class Npu(Actor[NpuState]):
         elif isinstance(msg, NpuFree):
             self._free(ctx, msg)
         else:
-            if msg.lease_s > 0 and msg.lease_to:  # type: ignore[union-attr]
-                self._lease(ctx, msg)  # type: ignore[arg-type]
+            if isinstance(msg, NpuProbe) and msg.lease_s > 0 and msg.lease_to:
+                self._lease(ctx, msg)
             respond(ctx, self._status(ctx, msg.req_id))
 
     # ---- heartbeat leases ----------------------------------------------------
