@@ -60,9 +60,11 @@ def je_addrs(cfg: PlatformConfig) -> tuple[str, ...]:
 
 
 def spawn_front(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR, stream_to: str = "",
-                max_inflight: int | None = None) -> tuple[str, ...]:  # fmt: skip
+                max_inflight: int | None = None, wake_heartbeats: bool = False) -> tuple[str, ...]:  # fmt: skip
     """The JEs (each with its own view of load; membership and KV events come to each) and the
-    gateway, which spreads jobs over them. Returns the JEs' addresses."""
+    gateway, which spreads jobs over them. Returns the JEs' addresses. `wake_heartbeats`: the
+    gateway wakes a monitor backed off while idle (`assemble`'s runs; the daemon's frontend
+    still sends its own wake, daemon/runtime.py `_wake_heartbeats`)."""
     from deepserve.actors.gateway.actor import Gateway
     from deepserve.actors.je.actor import JobExecutor
 
@@ -71,7 +73,13 @@ def spawn_front(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR
     for addr in jes:
         driver.spawn(addr, JobExecutor, config=je)
     limit = max_inflight if max_inflight is not None else cfg.scheduling.max_inflight_per_model
-    driver.spawn(gateway, Gateway, config={"jes": list(jes), "max_inflight_per_model": limit})
+    gw: dict[str, Any] = {"jes": list(jes), "max_inflight_per_model": limit}
+    c = cfg.control
+    if wake_heartbeats and c.heartbeats and c.heartbeat_idle_max_interval_s > 0:
+        # a request after a quiet spell wakes a monitor backed off while idle: one message a
+        # spell, none under load (actors/gateway/actor.py `wake`)
+        gw.update(wake=MONITOR_ADDR, wake_after_s=c.heartbeat_interval_s)
+    driver.spawn(gateway, Gateway, config=gw)
     return jes
 
 
@@ -88,7 +96,8 @@ def assemble(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR, s
     layout = plan(cfg)
     c = cfg.cluster
     spawn_topology(driver, build(c.topology, layout.servers), variance=c.npu_variance)
-    jes = spawn_front(driver, cfg, gateway=gateway, stream_to=stream_to, max_inflight=max_inflight)
+    jes = spawn_front(driver, cfg, gateway=gateway, stream_to=stream_to, max_inflight=max_inflight,
+                     wake_heartbeats=True)  # fmt: skip
     spawn_control(driver, cfg, layout, jes)
     return Built(layout, gateway, jes, cfg.control.heartbeats)
 

@@ -34,7 +34,8 @@ def spawn_control_plane(driver: Any, slots: tuple[TeSlot, ...], groups: dict[str
     if control.heartbeats:
         driver.spawn(MONITOR_ADDR, HeartbeatMonitor, config={
             "manager": MANAGER_ADDR, "interval_s": control.heartbeat_interval_s,
-            "misses": control.heartbeat_misses, "idle_max_interval_s": control.heartbeat_idle_max_interval_s})  # fmt: skip
+            "misses": control.heartbeat_misses, "idle_max_interval_s": control.heartbeat_idle_max_interval_s,
+            "lease_s": control.heartbeat_lease_s})  # fmt: skip
     driver.spawn(MANAGER_ADDR, ClusterManager, config={
         "jes": jes, "pods": pods_addr, "monitor": MONITOR_ADDR if control.heartbeats else "",
         "slots": [msgspec.to_builtins(s) for s in slots], "groups": groups,

@@ -22,7 +22,6 @@ from typing import Any
 
 import msgspec
 
-from deepserve.actors.cluster.heartbeat import HeartbeatWake
 from deepserve.actors.cluster.recovery_report import EVENT_TYPES, recovery_report
 from deepserve.actors.gateway.messages import REFUSED_429, ApiRequest, Refused
 from deepserve.actors.workload.messages import METRICS_ADDR, EndOfRun, RequestDone
@@ -32,7 +31,7 @@ from deepserve.adapters.scenario.schema import Scenario
 from deepserve.core import Message, SimDriver
 from deepserve.core.records import LogSink
 
-from .assembly import MANAGER_ADDR, MONITOR_ADDR, Built, assemble
+from .assembly import MANAGER_ADDR, Built, assemble
 from .config import for_driver
 from .run import DRAIN_CHUNK, WINDOW_REQUESTS, RunResult, arrivals, run_scenario
 from .schema import PlatformConfig
@@ -221,11 +220,6 @@ def _feed(driver: SimDriver, cfg: PlatformConfig, gateway: str, trace: str | Non
     pending: tuple[float, Any] | None = None
     feed = arrivals(cfg.scenario(), trace, requests)
 
-    # The daemon's frontend wakes a heartbeat monitor backed off while idle when a request comes
-    # (daemon/runtime.py `_wake_heartbeats`); it reads the monitor's state to send one a tick,
-    # which a run injecting its arrivals ahead cannot: a wake with each arrival (a no-op, not
-    # recorded, unless backed off), only where idle backoff is on.
-    wake = cfg.control.heartbeats and cfg.control.heartbeat_idle_max_interval_s > 0
 
     def inject(at: float, a: Any) -> None:
         nonlocal injected, last_arrival
@@ -236,8 +230,6 @@ def _feed(driver: SimDriver, cfg: PlatformConfig, gateway: str, trace: str | Non
         driver.inject(gateway, msg, at=at, corr=a.request_id, src="ext/client")
         if model_of is not None:
             model_of[a.request_id] = msg.model
-        if wake:
-            driver.inject(MONITOR_ADDR, HeartbeatWake(), at=at, src="ext/client")
         injected, last_arrival = injected + 1, at
 
     while True:

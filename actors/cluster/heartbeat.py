@@ -16,12 +16,28 @@ daemon otherwise logs a heartbeat round a second (~13 KB/s, ~1 GB a day, measure
 sends `HeartbeatWake` when a request arrives while the interval is backed off: the next tick is
 then one `interval_s` away, so a TE that died while idle is found as fast as under load once
 traffic is back. Every decision is a recorded event (`HbTicked.next_s`, `HbAcked.busy`, `HbWoken`).
+
+Leases (`lease_s` > 0): asking every TE every interval costs a simulation as many deliveries as
+its requests (16 TEs, an hour: ~57,000 rounds of 5 deliveries). A leased round probes each DP
+group's NPU with a promise: the device tells the monitor (`NpuLeaseBroken`) if it crashes,
+hangs, is reset or faults within `lease_s`, and the pod launcher voids the TE's leases when it
+kills the pod; the monitor then leaves the TE alone until the lease ends. Only those events can
+make a healthy device's TE stop answering (a master's loop waits on nothing else), so every round
+skipped would have been answered ok. A broken lease is no verdict: it brings the next tick within
+one interval and the TE is asked again, so a hang is still found within (misses + 1) x interval
+and a crash at the first round after it — the verdicts come from answers and silence as before.
+A heartbeat-loss fault breaks the lease too. A lease also ends on its own after `lease_s` (a
+stall no device reports — a stopped process in the daemon — is found within `lease_s` plus the
+misses). When every TE is leased the next tick is at the first lease's end, not each interval.
 """
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
+from deepserve.actors.ports.npu import NpuLeaseBroken
 from deepserve.core import Actor, Context, Event, Message
 
 from .messages import (
@@ -46,6 +62,7 @@ class MonitorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     interval_s: float = 1.0
     misses: int = 3
     idle_max_interval_s: float = 0.0  # 0: no idle backoff (simulations)
+    lease_s: float = 0.0  # 0: no leases (every TE asked every interval)
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
@@ -55,6 +72,9 @@ class MonitorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
         if self.idle_max_interval_s and not self.interval_s <= self.idle_max_interval_s <= 86_400:
             raise ValueError(f"control.heartbeat_idle_max_interval_s: must be 0 (off) or in "
                              f"[heartbeat_interval_s, 86400], got {self.idle_max_interval_s}")  # fmt: skip
+        if self.lease_s and not self.interval_s <= self.lease_s <= 86_400:
+            raise ValueError(f"control.heartbeat_lease_s: must be 0 (off) or in [heartbeat_interval_s, 86400], "
+                             f"got {self.lease_s}")  # fmt: skip
 
 
 class MonitorState(msgspec.Struct, kw_only=True):
@@ -82,7 +102,7 @@ class HbTicked(Event, frozen=True, kw_only=True):
     missed: tuple[tuple[str, int, str], ...]
     failed: tuple[str, ...]
     pinged: tuple[str, ...]
-    next_s: float = 0.0  # idle backoff: the interval to the next tick (0: no backoff)
+    next_s: float = 0.0  # the interval to the next tick when not the configured one (idle backoff, leases)
 
 
 class HbAcked(Event, frozen=True, kw_only=True):
@@ -92,6 +112,16 @@ class HbAcked(Event, frozen=True, kw_only=True):
     reason: str = ""
     busy: bool = False  # a DP master had a forward pass outstanding
     diagnosis: str = ""
+    lease_until_s: float = 0.0  # ok and leased: left alone until then
+
+
+class HbLeaseBroken(Event, frozen=True, kw_only=True):
+    """A TE's lease is off (a device's fault, its pod killed, heartbeat loss): asked again at the
+    next tick, which `soon` brings within one interval."""
+
+    te: str
+    reason: str
+    soon: bool = False
 
 
 class HbDeclared(Event, frozen=True, kw_only=True):
@@ -102,7 +132,8 @@ class HbDeclared(Event, frozen=True, kw_only=True):
 
 
 class HbWoken(Event, frozen=True, kw_only=True):
-    """A request arrived while backed off: the next tick is one base interval away."""
+    """A request arrived while backed off (or a TE is watched while every other one is leased):
+    the next tick is one base interval away."""
 
 
 class HeartbeatWake(Message, frozen=True, kw_only=True):
@@ -138,7 +169,7 @@ def _evolve(s: MonitorState, e: Event) -> MonitorState:
     elif isinstance(e, HbAcked):
         w = s.watched[e.te]
         if e.ok:
-            w.acked, w.misses = e.seq, 0
+            w.acked, w.misses, w.lease_until = e.seq, 0, e.lease_until_s
         else:
             w.reason, w.diagnosis = e.reason, e.diagnosis
         s.busy = s.busy or e.busy
@@ -149,6 +180,10 @@ def _evolve(s: MonitorState, e: Event) -> MonitorState:
         s.lost_until[e.te] = e.until_s
     elif isinstance(e, HbWoken):
         s.interval_s = 0.0
+    elif isinstance(e, HbLeaseBroken):
+        s.watched[e.te].lease_until = 0.0
+        if e.soon:
+            s.interval_s = 0.0
     elif isinstance(e, HbTicking):
         s.ticking = e.on
         s.stopped = s.stopped or e.stopped
@@ -174,12 +209,19 @@ class HeartbeatMonitor(Actor[MonitorState]):
             if not st.ticking:
                 ctx.record(HbTicking(on=True))
                 ctx.after(self.cfg.interval_s, HeartbeatTick(), key=TICK)
+            elif self.cfg.lease_s and st.interval_s > self.cfg.interval_s:  # the far tick of leased TEs
+                ctx.record(HbWoken())
+                ctx.after(self.cfg.interval_s, HeartbeatTick(), key=TICK)
         elif isinstance(msg, UnwatchTe) and msg.te in st.watched:
             ctx.record(HbUnwatch(te=msg.te))
         elif isinstance(msg, HeartbeatTick):
             self._tick(ctx)
         elif isinstance(msg, LoseHeartbeats):
             ctx.record(HbLossStarted(te=msg.te, until_s=ctx.now() + msg.duration_s))
+            self._break_lease(ctx, msg.te, -1, "heartbeat loss")
+        elif isinstance(msg, NpuLeaseBroken):
+            te, _, gen = msg.key.rpartition("#")
+            self._break_lease(ctx, te, int(gen) if gen.isdigit() else -2, msg.reason)
         elif isinstance(msg, HeartbeatAck):
             if ctx.now() < st.lost_until.get(msg.te, -1.0):
                 return  # lost on the way (a fault): as if never sent
@@ -189,7 +231,7 @@ class HeartbeatMonitor(Actor[MonitorState]):
             if w is not None and w.generation == msg.generation and w.acked < msg.seq <= w.sent:
                 busy = any(step >= 0 for step in msg.steps)
                 ctx.record(HbAcked(te=msg.te, seq=msg.seq, ok=msg.ok, reason=msg.reason, busy=busy,
-                                   diagnosis=msg.diagnosis))  # fmt: skip
+                                   diagnosis=msg.diagnosis, lease_until_s=msg.lease_until_s))  # fmt: skip
                 if msg.diagnosis == DEVICE_LOST:
                     self._declare_lost(ctx, msg)
         elif isinstance(msg, HeartbeatWake):
@@ -204,23 +246,41 @@ class HeartbeatMonitor(Actor[MonitorState]):
         st, cfg = self.state, self.cfg
         if st.stopped:
             return
-        out = heartbeat_tick(st.watched, cfg.misses, cfg.interval_s)
+        now = ctx.now()
+        out = heartbeat_tick(st.watched, cfg.misses, cfg.interval_s, now)
         seq = st.seq + 1
         gens = {te: st.watched[te].generation for te, _, _ in out.failed}
         diagnoses = {te: st.watched[te].diagnosis or SILENT for te, _, _ in out.failed}
         nxt = self._next_interval(out)
+        if not out.ping and not out.missed and not out.failed and st.watched:
+            # every TE leased: the next tick at the first lease's end (a whole number of intervals)
+            first = min(w.lease_until for w in st.watched.values())
+            nxt = max(nxt, cfg.interval_s * math.ceil((first - now) / cfg.interval_s - 1e-9))
         ctx.record(HbTicked(seq=seq, missed=out.missed, failed=tuple(te for te, _, _ in out.failed), pinged=out.ping,
-                            next_s=nxt if cfg.idle_max_interval_s else 0.0))  # fmt: skip
+                            next_s=nxt if cfg.idle_max_interval_s or nxt != cfg.interval_s else 0.0))  # fmt: skip
         for te, gen, reason in out.failed:
             ctx.send(cfg.manager, TeFailed(te=te, generation=gens.get(te, gen), reason=reason, diagnosis=diagnoses[te]))
         for te in out.ping:
             # Straight to the TE shell's fan-out (`{te}/hb`, responder.py): through the shell it
             # was one more delivery per TE and round, for a forward.
-            ctx.send(f"{te}/hb", Heartbeat(te=te, generation=st.watched[te].generation, seq=seq, reply_to=ctx.self))
+            ctx.send(f"{te}/hb", Heartbeat(te=te, generation=st.watched[te].generation, seq=seq, reply_to=ctx.self,
+                                           lease_s=cfg.lease_s))  # fmt: skip
         if st.watched:
             ctx.after(nxt, HeartbeatTick(), key=TICK)
         else:
             ctx.record(HbTicking(on=False))
+
+    def _break_lease(self, ctx: Context, te: str, generation: int, reason: str) -> None:
+        """`generation` -1: whichever is watched. A far tick (every TE was leased) is brought
+        within one interval, as a wake does; otherwise the next tick asks the TE anyway."""
+        st, cfg = self.state, self.cfg
+        w = st.watched.get(te)
+        if w is None or w.lease_until <= ctx.now() or generation not in (-1, w.generation) or st.stopped:
+            return
+        soon = st.ticking and st.interval_s > cfg.interval_s
+        ctx.record(HbLeaseBroken(te=te, reason=reason, soon=soon))
+        if soon:
+            ctx.after(cfg.interval_s, HeartbeatTick(), key=TICK)  # replaces the far one
 
     def _declare_lost(self, ctx: Context, msg: HeartbeatAck) -> None:
         """A master whose loop runs said its device is lost (crashed, reset, HBM faulted): no

@@ -87,6 +87,9 @@ class Heartbeat(Message, frozen=True, kw_only=True):
     generation: int
     seq: int
     reply_to: str  # the monitor
+    # > 0: lease the answer (heartbeat.py): each DP group's NPU is probed for a promise to tell
+    # the monitor of any fault within `lease_s`, and the ack says until when it holds
+    lease_s: float = 0.0
 
 
 class HeartbeatAck(Message, frozen=True, kw_only=True):
@@ -97,6 +100,7 @@ class HeartbeatAck(Message, frozen=True, kw_only=True):
     reason: str = ""  # ok=False: which master did not answer, and why
     diagnosis: str = ""  # ok=False: DEVICE_LOST or HUNG
     steps: tuple[int, ...] = ()  # per DP group: the forward pass outstanding (-1: none)
+    lease_until_s: float = 0.0  # ok and leased: no need to ask again before then (0: no lease)
 
 
 class DpHeartbeat(Message, frozen=True, kw_only=True):

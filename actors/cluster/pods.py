@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from deepserve.actors.ports.faults import NpuReset
+from deepserve.actors.ports.npu import NpuVoidLeases
 from deepserve.actors.ports.pod import (
     BootSpec,
     KillPod,
@@ -111,6 +112,8 @@ class InProcessPods(Actor[PodsState]):
             for pid in [p for p, pod in st.pods.items() if pod.launch.te == msg.te]:
                 launch, reply_to = st.pods[pid].launch, st.pods[pid].reply_to
                 self._end(ctx, pid, True, msg.reason)
+                for npu in launch.slot.npus:  # its devices' heartbeat leases (heartbeat.py) are off
+                    ctx.send(npu, NpuVoidLeases(key_prefix=f"{launch.te}#", reason=f"pod {pid} killed"))
                 if msg.exited:  # a process kill: the launcher reaps it and says so
                     ctx.send(reply_to, PodExited(pod_id=pid, te=launch.te, generation=launch.generation,
                                                  reason=msg.reason))  # fmt: skip

@@ -175,6 +175,7 @@ class Watched(msgspec.Struct, kw_only=True):
     misses: int = 0  # consecutive
     reason: str = ""  # the last nack's reason
     diagnosis: str = ""  # the last nack's diagnosis (messages.DIAGNOSES)
+    lease_until: float = 0.0  # leased (heartbeat.py): not asked before then, unless broken
 
 
 class TickOutcome(msgspec.Struct, frozen=True):
@@ -183,12 +184,17 @@ class TickOutcome(msgspec.Struct, frozen=True):
     ping: tuple[str, ...]  # TEs to send the next heartbeat to
 
 
-def heartbeat_tick(watched: dict[str, Watched], misses_limit: int, interval_s: float) -> TickOutcome:
+def heartbeat_tick(watched: dict[str, Watched], misses_limit: int, interval_s: float,
+                   now: float = 0.0) -> TickOutcome:  # fmt: skip
     """At a tick: a TE whose last heartbeat is unanswered missed one; `misses_limit` in a row
-    and it is declared failed (and no longer pinged); every other TE gets the next heartbeat."""
+    and it is declared failed (and no longer pinged); a TE whose lease runs past `now` is left
+    alone (its last answer was ok and its devices promised word of any fault); every other TE
+    gets the next heartbeat."""
     missed, failed, ping = [], [], []
     for te in sorted(watched):
         w = watched[te]
+        if w.lease_until > now:
+            continue
         if w.sent and w.acked < w.sent:
             n = w.misses + 1
             why = w.reason or f"no answer within {interval_s:g}s"

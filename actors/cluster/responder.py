@@ -5,6 +5,10 @@ own state and dispatch stay untouched; a `Heartbeat` sent to the shell is forwar
 timeout and acks the monitor once all answered — or nacks naming the master that did not. It
 remembers, per master, the forward pass outstanding at the last answer, which the master uses
 to tell a stalled loop from a busy one (`liveness.py`).
+
+A leased round (`Heartbeat.lease_s` > 0, heartbeat.py): every master that answered has its NPU
+probed with a lease — the device promises the monitor word of any fault within `lease_s` — and
+the ack says until when the answer holds (`lease_until_s`).
 """
 
 from __future__ import annotations
@@ -22,16 +26,21 @@ class HbState(msgspec.Struct, kw_only=True):
     reply_to: str = ""
     asks: list[int] = []  # request id of each master's ask, by DP group
     probes: dict[str, int] = {}  # str(request id) of an NPU probe -> its DP group (masters in a run)
+    probe_steps: dict[str, int] = {}  # str(dp) -> the step its master answered (a leased round's probe)
     answers: dict[str, int] = {}  # str(dp) -> the step it reported this round
     last_steps: list[int] = []  # per DP group: the step reported at its last answer (-1: none)
     rounds: int = 0
     failed_rounds: int = 0
+    lease_s: float = 0.0  # the round in flight's lease (0: none)
+    lease_until_s: float = 0.0
 
 
 class HbRound(Event, frozen=True, kw_only=True):
     seq: int
     reply_to: str
     asks: tuple[int, ...]
+    lease_s: float = 0.0
+    lease_until_s: float = 0.0  # the round's start plus its lease: no device's promise ends sooner
 
 
 class HbAnswer(Event, frozen=True, kw_only=True):
@@ -51,6 +60,7 @@ class HbProbing(Event, frozen=True, kw_only=True):
 
     dp: int
     ask: int
+    step: int = -2  # the step the master answered with (-2: as at its last answer, inside a run)
 
 
 class HbResponder(Actor[HbState]):
@@ -70,16 +80,20 @@ class HbResponder(Actor[HbState]):
     def evolve(self, s: HbState, e: Event) -> HbState:
         if isinstance(e, HbRound):
             s.seq, s.reply_to, s.asks, s.answers, s.probes = e.seq, e.reply_to, list(e.asks), {}, {}
+            s.probe_steps = {}
+            s.lease_s, s.lease_until_s = e.lease_s, e.lease_until_s
             s.rounds += 1
         elif isinstance(e, HbProbing):
             s.probes[str(e.ask)] = e.dp
+            if e.step != -2:
+                s.probe_steps[str(e.dp)] = e.step
         elif isinstance(e, HbAnswer):
             s.answers[str(e.dp)] = e.step
             s.last_steps[e.dp] = e.step
         elif isinstance(e, HbRoundEnded):
             for dp, step in enumerate(e.steps):
                 s.last_steps[dp] = step
-            s.seq, s.asks, s.answers, s.probes = 0, [], {}, {}
+            s.seq, s.asks, s.answers, s.probes, s.probe_steps = 0, [], {}, {}, {}
             s.failed_rounds += not e.ok
         return s
 
@@ -89,16 +103,21 @@ class HbResponder(Actor[HbState]):
             # A round still open is superseded: the monitor counted it as a miss already.
             asks = tuple(ctx.ask(m, DpHeartbeat(seq=msg.seq, last_step=st.last_steps[i]), self.timeout_s)
                          for i, m in enumerate(self.masters))  # fmt: skip
-            ctx.record(HbRound(seq=msg.seq, reply_to=msg.reply_to, asks=asks))
+            lease = msg.lease_s if self.npus else 0.0  # no NPU to promise: no lease
+            ctx.record(HbRound(seq=msg.seq, reply_to=msg.reply_to, asks=asks, lease_s=lease,
+                               lease_until_s=ctx.now() + lease if lease else 0.0))  # fmt: skip
         elif isinstance(msg, DpHeartbeatAck):
             if msg.seq != st.seq or str(msg.dp) in st.answers:
                 return
             if msg.failed:
                 self._end(ctx, False, f"{self.masters[msg.dp]}: {msg.failed}", (), DEVICE_LOST)
                 return
-            if msg.in_run and self.npus:
-                ask = ctx.ask(self.npus[msg.dp], NpuProbe(req_id=f"hb:{msg.seq}:{msg.dp}"), self.timeout_s)
-                ctx.record(HbProbing(dp=msg.dp, ask=ask))
+            if (msg.in_run or st.lease_s) and self.npus:
+                probe = NpuProbe(req_id=f"hb:{msg.seq}:{msg.dp}", lease_s=st.lease_s,
+                                 lease_to=st.reply_to if st.lease_s else "",
+                                 lease_key=lease_key(self.te, self.generation) if st.lease_s else "")  # fmt: skip
+                ask = ctx.ask(self.npus[msg.dp], probe, self.timeout_s)
+                ctx.record(HbProbing(dp=msg.dp, ask=ask, step=-2 if msg.in_run else msg.step))
                 return
             if msg.in_run:  # no NPU to probe (a responder built without them): as before, silence
                 return
@@ -111,13 +130,15 @@ class HbResponder(Actor[HbState]):
                 self._end(ctx, False, f"{self.masters[dp]}: device lost: {msg.device}: {msg.kind}: {msg.reason}", (),
                           DEVICE_LOST)  # fmt: skip
                 return
-            self._answered(ctx, dp, st.last_steps[dp])  # the device works through the run
+            # inside a run: the device works through it (the step as at the last answer)
+            self._answered(ctx, dp, st.probe_steps.get(str(dp), st.last_steps[dp]))
         elif isinstance(msg, AskFailed) and st.seq and msg.request_id in st.asks:
             why = f"{msg.target} did not answer the heartbeat: {msg.reason}"
             self._end(ctx, False, why, (), HUNG)
         elif isinstance(msg, AskFailed) and st.seq and str(msg.request_id) in st.probes:
             dp = st.probes[str(msg.request_id)]
-            why = f"{self.masters[dp]} is inside a run its NPU {msg.target} does not answer: {msg.reason}"
+            where = "answered, but" if str(dp) in st.probe_steps else "is inside a run"  # a leased round's probe
+            why = f"{self.masters[dp]} {where} its NPU {msg.target} does not answer: {msg.reason}"
             self._end(ctx, False, why, (), HUNG)
 
     def _answered(self, ctx: Context, dp: int, step: int) -> None:
@@ -130,7 +151,13 @@ class HbResponder(Actor[HbState]):
 
     def _end(self, ctx: Context, ok: bool, reason: str, steps: tuple[int, ...], diagnosis: str = "") -> None:
         st = self.state
-        seq, to = st.seq, st.reply_to
+        seq, to, lease = st.seq, st.reply_to, st.lease_until_s if ok else 0.0
         ctx.record(HbRoundEnded(ok=ok, steps=steps if ok else ()))
         ctx.send(to, HeartbeatAck(te=self.te, generation=self.generation, seq=seq, ok=ok, reason=reason, steps=steps,
-                                  diagnosis=diagnosis))  # fmt: skip
+                                  diagnosis=diagnosis, lease_until_s=lease))  # fmt: skip
+
+
+def lease_key(te: str, generation: int) -> str:
+    """What a device's lease names: the TE's generation (`te#generation`); a killed pod voids
+    every lease of its TE by the prefix `te#`."""
+    return f"{te}#{generation}"

@@ -107,9 +107,33 @@ class NpuFreeOk(Message, frozen=True, kw_only=True):
 
 class NpuProbe(Message, frozen=True, kw_only=True):
     """A health probe: answered with the device's status; not at all when hung (until a reset,
-    or with "queue_full" beyond the hung device's queue bound)."""
+    or with "queue_full" beyond the hung device's queue bound).
+
+    `lease_s` > 0 (the simulator's heartbeat lease, actors/cluster/heartbeat.py): a healthy
+    device also promises to tell `lease_to` (`NpuLeaseBroken`, naming `lease_key`) if it crashes,
+    hangs, is reset or faults within `lease_s` — or if the pod using it is killed
+    (`NpuVoidLeases`). Until then its user's heartbeats would all have been answered."""
 
     req_id: str
+    lease_s: float = 0.0
+    lease_to: str = ""
+    lease_key: str = ""
+
+
+class NpuLeaseBroken(Message, frozen=True, kw_only=True):
+    """Device → a lease's holder: the promise of `NpuProbe.lease_s` no longer holds."""
+
+    device: str
+    key: str
+    reason: str
+
+
+class NpuVoidLeases(Message, frozen=True, kw_only=True):
+    """Pod launcher → each NPU of a killed pod: break the leases given for `key_prefix` (the
+    TE's) — its heartbeats go unanswered from now on; the monitor must ask again to see it."""
+
+    key_prefix: str
+    reason: str
 
 
 class NpuStatus(Message, frozen=True, kw_only=True):

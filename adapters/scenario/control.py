@@ -16,6 +16,9 @@ class ControlPlane(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     heartbeat_timeout_s: float = 0.0  # TE shell → DP masters ask timeout; 0: half the interval
     # idle backoff: quiet rounds double the interval up to this (0: off; actors/cluster/heartbeat.py)
     heartbeat_idle_max_interval_s: float = 0.0
+    # leases: a TE whose devices promised word of any fault is not asked for this long (0: off;
+    # actors/cluster/heartbeat.py)
+    heartbeat_lease_s: float = 0.0
     pod_start_s: float = 1.0  # Scaler-Pre of the in-process launcher (assumption)
     te_preload_s: float = 2.0  # TE-Pre-Load (assumption)
     drain_timeout_s: float = 60.0
@@ -33,6 +36,9 @@ class ControlPlane(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
         if idle and not self.heartbeat_interval_s <= idle <= 86_400:
             raise ValueError(f"heartbeat_idle_max_interval_s: must be 0 (off) or in [heartbeat_interval_s, 86400], "
                              f"got {idle}")  # fmt: skip
+        lease = self.heartbeat_lease_s
+        if lease and not self.heartbeat_interval_s <= lease <= 86_400:
+            raise ValueError(f"heartbeat_lease_s: must be 0 (off) or in [heartbeat_interval_s, 86400], got {lease}")
         for key in ("pod_start_s", "te_preload_s"):
             if not 0 <= getattr(self, key) <= 3600:
                 raise ValueError(f"{key}: must be in [0, 3600], got {getattr(self, key)}")

@@ -7,7 +7,7 @@ data only: deepserve/cluster/ turns it into actors (assembly.py) and runs it (ru
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -93,6 +93,9 @@ class Scenario(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     # Issue 6: gateway + JEs + a routing policy instead of the workload stand-in (sched.py).
     scheduling: Scheduling | None = None
     faults: tuple[FaultSpec, ...] = ()  # hardware faults at virtual times (faults.py)
+    # The platform's `[control]` (cluster/schema.py reads it: `deepserve sim`); this runner has
+    # no control plane, so a scenario file that sets it (mooncake-16te's heartbeat leases) loads here too
+    control: dict[str, Any] = {}
 
 
 HARDWARE_OF_TOPOLOGY = {"gen1": "910b", "cm384": "910c"}

@@ -31,8 +31,10 @@ from deepserve.actors.ports.npu import (
     NpuForwardTruncate,
     NpuFree,
     NpuFreeOk,
+    NpuLeaseBroken,
     NpuProbe,
     NpuStatus,
+    NpuVoidLeases,
 )
 from deepserve.adapters.hardware.calibration import DP_COMPUTE_CV
 from deepserve.adapters.hardware.devices.common import (
@@ -67,6 +69,7 @@ from deepserve.adapters.hardware.devices.npu_state import (
     NpuHbmGrown,
     NpuHbmShrunk,
     NpuHung,
+    NpuLeases,
     NpuOverflowed,
     NpuReqIgnored,
     NpuResetSkipped,
@@ -146,6 +149,8 @@ class Npu(Actor[NpuState]):
             self._fault(ctx, msg)
         elif isinstance(msg, NpuForwardTruncate):
             self._truncate(ctx, msg)
+        elif isinstance(msg, NpuVoidLeases):
+            self._break_leases(ctx, msg.reason, msg.key_prefix)
         elif not isinstance(msg, _REQUESTS):
             return
         elif st.status == HUNG:
@@ -160,7 +165,28 @@ class Npu(Actor[NpuState]):
         elif isinstance(msg, NpuFree):
             self._free(ctx, msg)
         else:
+            if isinstance(msg, NpuProbe) and msg.lease_s > 0 and msg.lease_to:
+                self._lease(ctx, msg)
             respond(ctx, self._status(ctx, msg.req_id))
+
+    # ---- heartbeat leases ----------------------------------------------------
+    def _lease(self, ctx: Context, msg: NpuProbe) -> None:
+        """Promise `msg.lease_to` word of any fault within `lease_s` (replacing its earlier
+        promise for the same key; expired ones are dropped here)."""
+        now = ctx.now()
+        keep = tuple(le for le in self.state.leases if le[2] > now and (le[0], le[1]) != (msg.lease_to, msg.lease_key))
+        ctx.record(NpuLeases((*keep, (msg.lease_to, msg.lease_key, now + msg.lease_s))))
+
+    def _break_leases(self, ctx: Context, reason: str, prefix: str = "") -> None:
+        """Tell every holder of a lease still running (whose key starts with `prefix`) that it
+        no longer holds; the device keeps the others."""
+        now, leases = ctx.now(), self.state.leases
+        if not leases:
+            return
+        broken = [le for le in leases if le[2] > now and le[1].startswith(prefix)]
+        ctx.record(NpuLeases(tuple(le for le in leases if le[2] > now and not le[1].startswith(prefix))))
+        for holder, key, _ in broken:
+            ctx.send(holder, NpuLeaseBroken(device=ctx.self, key=key, reason=reason))
 
     # ---- memory ------------------------------------------------------------
     def _free_bytes(self) -> int:
@@ -378,6 +404,10 @@ class Npu(Actor[NpuState]):
         st = self.state
         if isinstance(msg, NpuCrash | NpuHang) and st.status != HEALTHY:
             return  # already down: a second crash or hang changes nothing
+        skipped = isinstance(msg, NpuReset) and msg.repair and st.status == HEALTHY and not st.faulted
+        if not skipped:  # whatever the fault, a promise of answered heartbeats is off
+            self._break_leases(ctx, f"{type(msg).__name__} on {ctx.self}")
+            st = self.state
         if isinstance(msg, NpuCrash):
             ctx.record(NpuCrashed(msg.reason))
             self._fail_pending(ctx, st, CRASHED, f"{ctx.self} crashed: {msg.reason}")

@@ -42,6 +42,8 @@ class NpuState(msgspec.Struct, frozen=True):
     completed: int = 0
     overflowed: int = 0  # requests dropped while hung because the bound was reached
     hbm_bytes_lost: int = 0  # HBM contents discarded by resets, cumulative
+    # heartbeat leases promised (`NpuProbe.lease_s`): (holder, key, until_s)
+    leases: tuple[tuple[str, str, float], ...] = ()
 
 
 class NpuForwardQueued(Event, frozen=True):
@@ -119,6 +121,12 @@ class NpuOverflowed(Event, frozen=True):
 class NpuReqIgnored(Event, frozen=True):
     req_id: str
     to: ReplyTo
+
+
+class NpuLeases(Event, frozen=True):
+    """The heartbeat leases the device now holds (a probe added one; a fault broke them)."""
+
+    leases: tuple[tuple[str, str, float], ...]
 
 
 class NpuWasReset(Event, frozen=True):
@@ -211,6 +219,8 @@ def evolve_npu(st: NpuState, e: Event) -> NpuState:
         return replace(st, ignored=(*st.ignored, (e.req_id, e.to)))
     if isinstance(e, NpuResetSkipped):
         return st
+    if isinstance(e, NpuLeases):
+        return replace(st, leases=e.leases)
     if isinstance(e, NpuWasReset):
         return NpuState(
             faulted=() if e.clear_faults else st.faulted, completed=st.completed,

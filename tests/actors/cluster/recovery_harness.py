@@ -36,7 +36,7 @@ GATEWAY = "gw"
 def build_run(faults: list[dict[str, Any]], *, seed: int = 3, jes: int = 1, requests: int = 36, gap_s: float = 0.05,
               output_tokens: int = 400, stream: bool = True, until_s: float = 45.0, interval_s: float = 0.5,
               misses: int = 3, aggregate: bool = False, idle_max_s: float = 0.0, wake: bool = False,
-              again_at_s: float | None = None) -> tuple[SimDriver, list[Any]]:  # fmt: skip
+              again_at_s: float | None = None, lease_s: float = 0.0) -> tuple[SimDriver, list[Any]]:  # fmt: skip
     """`again_at_s`: as many requests again from then on; `idle_max_s`: heartbeat idle backoff;
     `wake`: the gateway wakes the monitor when requests come back."""
     sched = Scheduler(max_running=4, aggregate=aggregate)
@@ -55,7 +55,7 @@ def build_run(faults: list[dict[str, Any]], *, seed: int = 3, jes: int = 1, requ
         gw.update(wake="cluster/heartbeat", wake_after_s=interval_s)
     d.spawn(GATEWAY, Gateway, config=gw)
     control = ControlPlane(heartbeat_interval_s=interval_s, heartbeat_misses=misses, pod_start_s=1.0, te_preload_s=2.0,
-                           heartbeat_idle_max_interval_s=idle_max_s)  # fmt: skip
+                           heartbeat_idle_max_interval_s=idle_max_s, heartbeat_lease_s=lease_s)  # fmt: skip
     slots = tuple(te_slot(scenario, te) for te in placement.tes)
     spawn_control_plane(d, slots, {GROUP: 3}, je_addrs, control)
     specs = tuple(FaultSpec(**f) for f in faults)
