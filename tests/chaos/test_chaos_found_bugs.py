@@ -27,3 +27,10 @@ def test_a_slot_whose_boots_failed_during_a_link_fault_boots_again(tmp_path: Pat
     assert (r.violations, r.first) == (0, None)
     assert any("link" in f for f in r.faults)  # the seed's schedule still has its link fault
 
+
+def test_a_kill_je_notice_reaches_the_gateway_where_chaos_put_it(tmp_path: Path) -> None:
+    # Seed 1757 kills je/1; its notice went to "gateway" (a dead letter: chaos puts the gateway at
+    # the workload's address), so the 9 requests of je/1 never reached a terminal state.
+    r = run_seed(load_config(MOONCAKE[0], MOONCAKE[1]), 1757, 30, str(tmp_path))
+    assert any("kill-je je/1" in f for f in r.faults)
+    assert (r.violations, r.first, r.completed + r.failed) == (0, None, 30)
