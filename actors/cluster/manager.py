@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from deepserve.actors.flowserve.master.messages import DpStatus, DpStatusQuery
-from deepserve.actors.flowserve.messages import RegisterTe
+from deepserve.actors.flowserve.messages import CancelOwner, RegisterTe
 from deepserve.actors.je.messages import TeGroupMembership
 from deepserve.actors.ports.pod import (
     LaunchPod,
@@ -55,6 +55,7 @@ from .state import (
     DrainProbed,
     GroupTarget,
     MembershipPushed,
+    OwnerCancelled,
     ScaleRefused,
     TeBootBackoff,
     TeDeclaredFailed,
@@ -161,6 +162,8 @@ class ClusterManager(Actor[CmState]):
             self._drain_poll(ctx, msg)
         elif isinstance(msg, DpStatus) and msg.req_id.startswith("drain:"):
             self._drain_answer(ctx, msg)
+        elif isinstance(msg, CancelOwner):
+            self._cancel_owner(ctx, msg)
         elif isinstance(msg, ClusterStatusQuery):
             ctx.reply(ClusterStatus(req_id=msg.req_id, state=msgspec.to_builtins(st)))
 
@@ -230,6 +233,14 @@ class ClusterManager(Actor[CmState]):
         self._do(ctx, P.Drain(te, reason) if r.state == "ready" else P.Stop(te, reason))
         if r.state == "ready":
             self._do(ctx, P.Push(r.group))
+
+    def _cancel_owner(self, ctx: Context, msg: CancelOwner) -> None:
+        """A JE is lost (the gateway saw it go): every TE with a shell cancels its tasks, which
+        would otherwise run to their end for nobody, holding KV blocks and batch slots."""
+        tes = tuple(sorted(te for te, r in self.state.tes.items() if r.state in ("ready", "draining")))
+        ctx.record(OwnerCancelled(owner=msg.owner, reason=msg.reason, tes=tes))
+        for te in tes:
+            ctx.send(te, msg)
 
     # ---- draining ----------------------------------------------------------------------------
     def _drain_poll(self, ctx: Context, msg: DrainPoll) -> None:

@@ -85,6 +85,14 @@ class DrainProbed(Event, frozen=True, kw_only=True):
     busy: int
 
 
+class OwnerCancelled(Event, frozen=True, kw_only=True):
+    """A lost JE's tasks: `CancelOwner` sent to each TE that may run some (ready or draining)."""
+
+    owner: str
+    reason: str
+    tes: tuple[str, ...]
+
+
 class GroupTarget(Event, frozen=True, kw_only=True):
     group: str
     model: str
@@ -144,6 +152,7 @@ class CmState(msgspec.Struct, kw_only=True):
     launches: int = 0
     failures: int = 0
     refusals: int = 0
+    owners_cancelled: int = 0  # lost JEs whose tasks the TEs were told to cancel
 
 
 def evolve(s: CmState, e: Event) -> CmState:
@@ -184,6 +193,8 @@ def evolve(s: CmState, e: Event) -> CmState:
         g.target = e.size  # type: ignore[attr-defined]
     elif t is DrainProbed:
         s.tes[e.te].drain_busy[str(e.dp)] = e.busy  # type: ignore[attr-defined]
+    elif t is OwnerCancelled:
+        s.owners_cancelled += 1
     elif t is ScaleRefused:
         s.refusals += 1
     elif t is MembershipPushed:

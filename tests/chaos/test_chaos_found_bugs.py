@@ -34,3 +34,6 @@ def test_a_kill_je_notice_reaches_the_gateway_where_chaos_put_it(tmp_path: Path)
     r = run_seed(load_config(MOONCAKE[0], MOONCAKE[1]), 1757, 30, str(tmp_path))
     assert any("kill-je je/1" in f for f in r.faults)
     assert (r.violations, r.first, r.completed + r.failed) == (0, None, 30)
+    # and its tasks are cancelled on the TEs (the cluster manager's CancelOwner): before, they ran on
+    # to their end and streamed 3,452 token chunks for requests the gateway had already failed
+    assert r.late_chunks == 0
