@@ -78,7 +78,7 @@ def run_seed(config: PlatformConfig, seed: int, requests: int | None, log_dir: s
         start = warm_up(driver, groups)
         targets = schedule.targets_of(cfg.cluster.topology, built.layout.placement, built.jes)
         faults = schedule.draw(seed, targets, window_s)
-        for at, dst, msg in schedule.injections(faults, start):
+        for at, dst, msg in schedule.injections(faults, start, built.gateway):
             driver.inject(dst, msg, at=at, src="ext/fault")
             injected += 1
         return built.layout.placement

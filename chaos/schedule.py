@@ -26,6 +26,7 @@ from deepserve.adapters.scenario.faults import (
     NPU_KINDS,
     TE_KINDS,
     FaultSpec,
+    Wiring,
     fault_inputs,
 )
 from deepserve.adapters.scenario.placement import Placement
@@ -121,9 +122,11 @@ def _one(rng: random.Random, kind: str, target: str, at: float, window_s: float)
     return [FaultSpec(at_s=at, kind=kind, target=target)]  # type: ignore[arg-type]
 
 
-def injections(faults: tuple[FaultSpec, ...], start_s: float) -> list[tuple[float, str, Any]]:
-    """(time, address, message) of each fault, `start_s` added: what the runner injects."""
-    return [(start_s + t, dst, msg) for t, dst, msg in fault_inputs(faults)]
+def injections(faults: tuple[FaultSpec, ...], start_s: float, gateway: str = "") -> list[tuple[float, str, Any]]:
+    """(time, address, message) of each fault, `start_s` added: what the runner injects. A
+    `kill-je`'s notice goes to `gateway`, where the platform put it (chaos: the workload's address)."""
+    wiring = Wiring(gateway=gateway) if gateway else None
+    return [(start_s + t, dst, msg) for t, dst, msg in fault_inputs(faults, wiring=wiring)]
 
 
 def describe(f: FaultSpec) -> str:

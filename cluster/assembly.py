@@ -73,7 +73,8 @@ def spawn_front(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR
     for addr in jes:
         driver.spawn(addr, JobExecutor, config=je)
     limit = max_inflight if max_inflight is not None else cfg.scheduling.max_inflight_per_model
-    gw: dict[str, Any] = {"jes": list(jes), "max_inflight_per_model": limit}
+    # the manager: told of a lost JE, it has the TEs cancel that JE's tasks
+    gw: dict[str, Any] = {"jes": list(jes), "max_inflight_per_model": limit, "manager": MANAGER_ADDR}
     c = cfg.control
     if wake_heartbeats and c.heartbeats and c.heartbeat_idle_max_interval_s > 0:
         # a request after a quiet spell wakes a monitor backed off while idle: one message a

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from deepserve.actors.flowserve.master.messages import DpStatus, DpStatusQuery
-from deepserve.actors.flowserve.messages import RegisterTe
+from deepserve.actors.flowserve.messages import CancelOwner, RegisterTe
 from deepserve.actors.je.messages import TeGroupMembership
 from deepserve.actors.ports.pod import (
     LaunchPod,
@@ -40,6 +40,7 @@ from .messages import (
     DirectoryUpdate,
     DrainPoll,
     DrainTe,
+    RelaunchTe,
     RemoveTe,
     ScaleGroup,
     TeBootFailed,
@@ -54,7 +55,9 @@ from .state import (
     DrainProbed,
     GroupTarget,
     MembershipPushed,
+    OwnerCancelled,
     ScaleRefused,
+    TeBootBackoff,
     TeDeclaredFailed,
     TeDraining,
     TeLaunching,
@@ -79,7 +82,10 @@ class ManagerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     drain_poll_s: float = 0.5
     drain_timeout_s: float = 120.0
     boot_timeout_s: float = 600.0
-    max_boot_failures: int = 3  # consecutive failed boots of a TE before it is left stopped
+    # A failed boot's slot boots again at once, then after 1, 2, 4 … s up to the cap, for as long
+    # as its group wants it (policy.BootBackoff): a link down for a while uses no budget up.
+    boot_backoff_s: float = 1.0
+    boot_backoff_max_s: float = 30.0
 
     def __post_init__(self) -> None:
         names = [s.te for s in self.slots]
@@ -91,6 +97,9 @@ class ManagerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
                 raise ValueError(f"cluster.groups.{g}: initial size {n} but {have} slots")
         if not (self.drain_poll_s > 0 and self.drain_timeout_s > 0 and self.boot_timeout_s > 0):
             raise ValueError("cluster: drain_poll_s, drain_timeout_s, boot_timeout_s must be > 0")
+        if not 0 <= self.boot_backoff_s <= self.boot_backoff_max_s <= 86_400:
+            raise ValueError("cluster: boot_backoff_s, boot_backoff_max_s: 0 <= boot_backoff_s <= "
+                             f"boot_backoff_max_s <= 86400, got {self.boot_backoff_s}, {self.boot_backoff_max_s}")
 
 
 class ClusterManager(Actor[CmState]):
@@ -102,6 +111,7 @@ class ClusterManager(Actor[CmState]):
             cfg["jes"] = list(jes)
         self.cfg = msgspec.convert(cfg, ManagerConfig)
         self.slots = {s.te: s for s in self.cfg.slots}
+        self.backoff = P.BootBackoff(base_s=self.cfg.boot_backoff_s, max_s=self.cfg.boot_backoff_max_s)
 
     def initial_state(self) -> CmState:
         return CmState()
@@ -141,6 +151,9 @@ class ClusterManager(Actor[CmState]):
             r = st.tes.get(msg.te)
             if r is not None and r.generation == msg.generation and r.state in ("starting", "replacing"):
                 self._failed(ctx, msg.te, msg.generation, f"not registered within {self.cfg.boot_timeout_s:g}s", BOOT)
+        elif isinstance(msg, RelaunchTe):
+            for a in P.on_relaunch(st, msg.te, msg.generation, self.cfg.replace_source):
+                self._do(ctx, a)
         elif isinstance(msg, ScaleGroup):
             self._scale(ctx, msg)
         elif isinstance(msg, DrainTe | RemoveTe):
@@ -149,6 +162,8 @@ class ClusterManager(Actor[CmState]):
             self._drain_poll(ctx, msg)
         elif isinstance(msg, DpStatus) and msg.req_id.startswith("drain:"):
             self._drain_answer(ctx, msg)
+        elif isinstance(msg, CancelOwner):
+            self._cancel_owner(ctx, msg)
         elif isinstance(msg, ClusterStatusQuery):
             ctx.reply(ClusterStatus(req_id=msg.req_id, state=msgspec.to_builtins(st)))
 
@@ -189,15 +204,8 @@ class ClusterManager(Actor[CmState]):
             self._failed(ctx, msg.te, msg.generation, f"its pod exited: {msg.reason}", EXITED)
 
     def _failed(self, ctx: Context, te: str, generation: int, reason: str, diagnosis: str = "") -> None:
-        r = self.state.tes.get(te)
-        booting = r is not None and r.state in ("starting", "replacing")
         source = self.cfg.replace_source
-        actions = P.on_te_failed(self.state, te, generation, reason, source, diagnosis)
-        if booting and r is not None and r.boot_failures + 1 >= self.cfg.max_boot_failures:
-            actions = [a for a in actions if not isinstance(a, P.Launch | P.StopPodOnly)]
-            if actions:
-                actions.append(P.Stop(te, f"{self.cfg.max_boot_failures} boots failed in a row; last: {reason}"))
-        for a in actions:
+        for a in P.on_te_failed(self.state, te, generation, reason, source, diagnosis, self.backoff):
             self._do(ctx, a)
 
     def _scale(self, ctx: Context, msg: ScaleGroup) -> None:
@@ -214,16 +222,25 @@ class ClusterManager(Actor[CmState]):
 
     def _remove(self, ctx: Context, te: str, reason: str) -> None:
         r = self.state.tes.get(te)
-        if r is None or r.state in ("stopped", "failed", "draining"):
+        if r is None or r.state in ("stopped", "draining") or (r.state == "failed" and r.retry_at_s is None):
             return
         g = self.state.groups[r.group]
         ctx.record(GroupTarget(group=r.group, model=g.model, role=g.role, size=max(g.target - 1, 0)))
         if not self.cfg.pods:  # the stand-in's behaviour: out of the group at once
             self._do(ctx, P.Stop(te, reason))
             return
+        # a failed TE waiting out a boot backoff is stopped: its relaunch is off
         self._do(ctx, P.Drain(te, reason) if r.state == "ready" else P.Stop(te, reason))
         if r.state == "ready":
             self._do(ctx, P.Push(r.group))
+
+    def _cancel_owner(self, ctx: Context, msg: CancelOwner) -> None:
+        """A JE is lost (the gateway saw it go): every TE with a shell cancels its tasks, which
+        would otherwise run to their end for nobody, holding KV blocks and batch slots."""
+        tes = tuple(sorted(te for te, r in self.state.tes.items() if r.state in ("ready", "draining")))
+        ctx.record(OwnerCancelled(owner=msg.owner, reason=msg.reason, tes=tes))
+        for te in tes:
+            ctx.send(te, msg)
 
     # ---- draining ----------------------------------------------------------------------------
     def _drain_poll(self, ctx: Context, msg: DrainPoll) -> None:
@@ -276,6 +293,7 @@ class ClusterManager(Actor[CmState]):
             ctx.cancel(f"drain/{a.te}")
             ctx.cancel(f"boot/{a.te}")
             if isinstance(a, P.Stop):
+                ctx.cancel(f"relaunch/{a.te}")
                 ctx.record(TeStopped(te=a.te, generation=r.generation, reason=a.reason, at_s=ctx.now()))
                 self._do(ctx, P.Unwatch(a.te))
                 if was_member:
@@ -286,6 +304,10 @@ class ClusterManager(Actor[CmState]):
             r = st.tes[a.te]
             ctx.record(TeDraining(te=a.te, generation=r.generation, reason=a.reason, at_s=ctx.now()))
             ctx.after(cfg.drain_poll_s, DrainPoll(te=a.te, generation=r.generation), key=f"drain/{a.te}")
+        elif isinstance(a, P.Backoff):
+            ctx.record(TeBootBackoff(te=a.te, generation=a.generation, failures=a.failures, delay_s=a.delay_s,
+                                     retry_at_s=ctx.now() + a.delay_s))  # fmt: skip
+            ctx.after(a.delay_s, RelaunchTe(te=a.te, generation=a.generation), key=f"relaunch/{a.te}")
         elif isinstance(a, P.Push):
             self._push(ctx, a.group)
         elif isinstance(a, P.Watch):

@@ -184,6 +184,13 @@ class BootTimeout(Message, frozen=True, kw_only=True):
     generation: int
 
 
+class RelaunchTe(Message, frozen=True, kw_only=True):
+    """The manager's timer: a failed boot's backoff is over, boot the slot's next generation."""
+
+    te: str
+    generation: int  # the failed one
+
+
 class ClusterStatusQuery(Message, frozen=True, kw_only=True):
     req_id: str = ""
 

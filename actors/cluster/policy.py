@@ -72,7 +72,35 @@ class Refuse(msgspec.Struct, frozen=True):
     reason: str
 
 
-Action = Launch | Fail | Stop | StopPodOnly | Drain | Push | Watch | Unwatch | Ready | Refuse
+class Backoff(msgspec.Struct, frozen=True):
+    """Relaunch the slot of a generation whose boot failed, after `delay_s` (`on_relaunch`)."""
+
+    te: str
+    generation: int  # the failed generation
+    failures: int  # consecutive failed boots, this one included
+    delay_s: float
+
+
+Action = Launch | Fail | Stop | StopPodOnly | Drain | Push | Watch | Unwatch | Ready | Refuse | Backoff
+
+
+class BootBackoff(msgspec.Struct, frozen=True):
+    """The wait between a failed boot and the next one on the slot (Kubernetes' CrashLoopBackOff):
+    the first retry at once (a one-off — a killed process, a read error — costs nothing), then
+    `base_s`, doubled per further failure, capped at `max_s`. Retries never end while the group
+    wants the TE (the cause — a link down, a flapping PCIe — may clear at any time and nobody
+    tells the manager), but a slot that can never boot costs one boot every `max_s`, no more."""
+
+    base_s: float = 1.0
+    max_s: float = 30.0
+
+    def delay_s(self, failures: int) -> float:
+        if failures <= 1 or self.max_s <= 0:
+            return 0.0
+        return min(self.base_s * 2.0 ** min(failures - 2, 62), self.max_s)
+
+
+NO_BACKOFF = BootBackoff(base_s=0.0, max_s=0.0)
 
 
 def group_of(model: str, role: str) -> str:
@@ -101,9 +129,10 @@ def next_generation(st: CmState, te: str) -> int:
 
 
 def on_te_failed(st: CmState, te: str, generation: int, reason: str, replace_source: LoadSource = "cold",
-                 diagnosis: str = "") -> list[Action]:  # fmt: skip
+                 diagnosis: str = "", backoff: BootBackoff = NO_BACKOFF) -> list[Action]:  # fmt: skip
     """A TE generation is declared failed: out of its group (a push, so the JEs fail over its
-    open tasks), its pod stopped, and a replacement launched when the group still wants it."""
+    open tasks), its pod stopped, and a replacement launched when the group still wants it —
+    at once, or, when this generation failed to boot, after `backoff`'s wait (`Backoff`)."""
     r = st.tes.get(te)
     if r is None or r.generation != generation or r.state in ("failed", "stopped"):
         return []  # stale: an older generation, or already handled
@@ -116,8 +145,25 @@ def on_te_failed(st: CmState, te: str, generation: int, reason: str, replace_sou
         out.append(Stop(te, f"generation {generation} failed: {reason}"))
         return out
     out.append(StopPodOnly(te, f"generation {generation} failed: {reason}"))
-    out.append(Launch(te, generation + 1, replace_source, replacing=True))
+    booting = r.state in ("starting", "replacing")
+    delay_s = backoff.delay_s(r.boot_failures + 1) if booting else 0.0
+    if delay_s > 0:
+        out.append(Backoff(te, generation, r.boot_failures + 1, delay_s))
+    else:
+        out.append(Launch(te, generation + 1, replace_source, replacing=True))
     return out
+
+
+def on_relaunch(st: CmState, te: str, generation: int, replace_source: LoadSource = "cold") -> list[Action]:
+    """A failed boot's wait is over: the next generation boots if the group still wants it
+    (a scale-down in between, or another slot launched, may have made it surplus)."""
+    r = st.tes.get(te)
+    if r is None or r.generation != generation or r.state != "failed":
+        return []  # stale: stopped, removed or relaunched meanwhile
+    g = st.groups.get(r.group)
+    if g is None or len(active(st, r.group)) >= g.target:
+        return [Stop(te, f"not relaunched: its group {r.group} is at its target")]
+    return [Launch(te, generation + 1, replace_source, replacing=True)]
 
 
 def on_registered(st: CmState, te: str) -> list[Action]:

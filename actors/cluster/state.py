@@ -52,6 +52,17 @@ class TeDeclaredFailed(Event, frozen=True, kw_only=True):
     diagnosis: str = ""  # messages.DIAGNOSES: crash (device lost) vs hang vs silent vs exited vs boot
 
 
+class TeBootBackoff(Event, frozen=True, kw_only=True):
+    """The failed generation's slot boots again at `retry_at_s` (policy.BootBackoff), not at once:
+    its boot failed `failures` times in a row."""
+
+    te: str
+    generation: int
+    failures: int
+    delay_s: float
+    retry_at_s: float
+
+
 class TeDraining(Event, frozen=True, kw_only=True):
     te: str
     generation: int
@@ -72,6 +83,14 @@ class DrainProbed(Event, frozen=True, kw_only=True):
     te: str
     dp: int
     busy: int
+
+
+class OwnerCancelled(Event, frozen=True, kw_only=True):
+    """A lost JE's tasks: `CancelOwner` sent to each TE that may run some (ready or draining)."""
+
+    owner: str
+    reason: str
+    tes: tuple[str, ...]
 
 
 class GroupTarget(Event, frozen=True, kw_only=True):
@@ -113,6 +132,7 @@ class TeRecord(msgspec.Struct, kw_only=True):
     reason: str = ""
     failures: int = 0  # generations declared failed so far
     boot_failures: int = 0  # consecutive generations that failed before registering
+    retry_at_s: float | None = None  # failed, waiting out a boot backoff: when the next boot starts
     drain_busy: dict[str, int] = {}  # draining: str(dp) -> tasks left at its last probe
     history: list[dict[str, object]] = []  # past generations: {generation, state, reason, steps}
 
@@ -132,6 +152,7 @@ class CmState(msgspec.Struct, kw_only=True):
     launches: int = 0
     failures: int = 0
     refusals: int = 0
+    owners_cancelled: int = 0  # lost JEs whose tasks the TEs were told to cancel
 
 
 def evolve(s: CmState, e: Event) -> CmState:
@@ -160,15 +181,20 @@ def evolve(s: CmState, e: Event) -> CmState:
         _enter(r, "failed", e.at_s, e.reason)  # type: ignore[attr-defined]
         r.failures += 1
         s.failures += 1
+    elif t is TeBootBackoff:
+        s.tes[e.te].retry_at_s = e.retry_at_s  # type: ignore[attr-defined]
     elif t is TeDraining:
         _enter(s.tes[e.te], "draining", e.at_s, e.reason)  # type: ignore[attr-defined]
     elif t is TeStopped:
         _enter(s.tes[e.te], "stopped", e.at_s, e.reason)  # type: ignore[attr-defined]
+        s.tes[e.te].retry_at_s = None  # type: ignore[attr-defined]
     elif t is GroupTarget:
         g = s.groups.setdefault(e.group, GroupRecord(model=e.model, role=e.role))  # type: ignore[attr-defined]
         g.target = e.size  # type: ignore[attr-defined]
     elif t is DrainProbed:
         s.tes[e.te].drain_busy[str(e.dp)] = e.busy  # type: ignore[attr-defined]
+    elif t is OwnerCancelled:
+        s.owners_cancelled += 1
     elif t is ScaleRefused:
         s.refusals += 1
     elif t is MembershipPushed:

@@ -97,6 +97,16 @@ class CancelTask(Message, frozen=True, kw_only=True):
     reason: str = "cancelled by the requester"
 
 
+class CancelOwner(Message, frozen=True, kw_only=True):
+    """Cancel every task whose requester (`SubmitTask.reply_to`) is `owner`: the owner is gone
+    (a lost JE), so its tasks are zombies (P/D-Serve §3.4) — nobody reads their tokens, and they
+    hold KV blocks and batch slots. Sent by the cluster manager to each TE shell, which passes
+    it to its DP masters."""
+
+    owner: str
+    reason: str
+
+
 class TaskAccepted(Message, frozen=True, kw_only=True):
     task_id: str
     te: str

@@ -29,6 +29,7 @@ from deepserve.actors.flowserve.master.messages import (
 )
 from deepserve.actors.flowserve.master.state import MasterConfig
 from deepserve.actors.flowserve.messages import (
+    CancelOwner,
     CancelTask,
     ContextInfo,
     CreateContext,
@@ -179,7 +180,7 @@ class TeShell(Actor[ShellState]):
             self._answer(ctx, msg.req_id, msg)
         elif isinstance(msg, AskFailed) and msg.target in self.dp_addrs:
             self._ask_failed(ctx, msg)
-        elif isinstance(msg, CancelTask | CorruptKvBlock | SubscribeKvEvents):
+        elif isinstance(msg, CancelTask | CancelOwner | CorruptKvBlock | SubscribeKvEvents):
             for addr in self.dp_addrs:  # the group that has it acts; the others ignore it
                 ctx.send(addr, msg)
         elif isinstance(msg, CreateContext | GetContext | DeleteContext):

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from deepserve.actors.cluster.heartbeat import HeartbeatWake
+from deepserve.actors.flowserve.messages import CancelOwner
 from deepserve.actors.je.messages import JobRequest
 from deepserve.actors.workload.messages import METRICS_ADDR, Arrive, EndOfRun, RequestDone
 from deepserve.core import Actor, Context, Event, Message
@@ -47,6 +48,9 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # wakes it itself). One message an idle spell, none under load.
     wake: str = ""
     wake_after_s: float = 1.0
+    # The cluster manager, told when a JE is lost (`CancelOwner`) so that the TEs cancel the lost
+    # JE's tasks ("": nobody is told; its tasks run to their end for nobody).
+    manager: str = ""
 
     def __post_init__(self) -> None:
         if not self.jes:
@@ -168,6 +172,8 @@ class Gateway(Actor[GatewayState]):
             else:
                 failed.append(rid)
         ctx.record(GatewayJeDown(je=m.je, reason=m.reason, retried=tuple(retried), failed=tuple(failed)))
+        if self.cfg.manager:  # its tasks on the TEs: failed or sent again here, so nobody's any more
+            ctx.send(self.cfg.manager, CancelOwner(owner=m.je, reason=why))
         for rid, je in retried:
             c = s.clients[rid]
             r = c.resubmit

@@ -56,6 +56,7 @@ from deepserve.actors.flowserve.master.state import (
 from deepserve.actors.flowserve.master.status import dp_load
 from deepserve.actors.flowserve.messages import (
     MAX_OUTPUT_TOKENS,
+    CancelOwner,
     CancelTask,
     CreateContext,
     DeleteContext,
@@ -132,6 +133,9 @@ class DpMaster(Actor[MasterState]):
             self._copy_done(ctx, msg)
         elif isinstance(msg, CancelTask):
             self._cancel(ctx, msg)
+        elif isinstance(msg, CancelOwner):  # its JE is gone: each of its tasks, as if cancelled
+            for tid in [t for t, r in self.state.reqs.items() if r.task.reply_to == msg.owner]:
+                self._cancel(ctx, CancelTask(task_id=tid, reason=msg.reason))
         elif isinstance(msg, NpuError):
             reason = f"{msg.device}: {msg.kind}: {msg.reason}"
             if msg.kind in DEVICE_LOST and not self.state.device_lost:

@@ -50,7 +50,7 @@ def build_run(faults: list[dict[str, Any]], *, seed: int = 3, jes: int = 1, requ
     je_addrs = [f"je/{i}" for i in range(jes)]
     for je in je_addrs:
         d.spawn(je, JobExecutor, config={"kv_block_tokens": 16})
-    gw: dict[str, Any] = {"jes": je_addrs}
+    gw: dict[str, Any] = {"jes": je_addrs, "manager": "cluster"}  # as the assembly wires it  # as the assembly wires it
     if wake:
         gw.update(wake="cluster/heartbeat", wake_after_s=interval_s)
     d.spawn(GATEWAY, Gateway, config=gw)

@@ -11,7 +11,8 @@ import pytest
 from recovery_harness import build_run, events
 
 from deepserve.actors.cluster.heartbeat import HbLossStarted
-from deepserve.actors.cluster.state import TeDeclaredFailed
+from deepserve.actors.cluster.state import OwnerCancelled, TeDeclaredFailed
+from deepserve.actors.flowserve.master.state import TaskEnded
 from deepserve.actors.gateway.messages import GatewayJeDown
 from deepserve.actors.workload.messages import RequestDone
 from deepserve.adapters.scenario.faults import FaultSpec, check_faults
@@ -76,6 +77,26 @@ def test_kill_je_retries_its_unstreamed_jobs_on_another_je_and_fails_streaming_o
     reasons = {m.reason for m in streaming[1] if isinstance(m, RequestDone) and m.status == "failed"}
     assert reasons == {"its JE je/0 was lost (scenario fault at 2 s: kill-je je/0); "
                        "a streaming response cannot be resumed"}  # fmt: skip
+
+
+def test_a_lost_je_s_tasks_are_cancelled_on_the_tes_not_run_to_their_end_for_nobody() -> None:
+    # P/D-Serve §3.4's zombies: before, the 10 tasks of je/0 ran on to their 400th token for a JE
+    # that was gone (and for requests the gateway had failed or sent again elsewhere).
+    for stream in (True, False):
+        d, _ = build_run([{"at_s": 2.0, "kind": "kill-je", "target": "je/0"}], jes=2, stream=stream)
+        (down,) = events(d, "gw", GatewayJeDown)
+        lost = {rid for rid, _ in down[1].retried} | set(down[1].failed)
+        (told,) = events(d, "cluster", OwnerCancelled)
+        assert told[0] == 2.0 and (told[1].owner, told[1].tes) == ("je/0", ("te/0", "te/1", "te/2"))
+        ended = [(t, e) for te in ("te/0", "te/1", "te/2") for t, e in events(d, f"{te}/dp/0", TaskEnded)]
+        first = {}  # request -> how its first task (je/0's) ended
+        for t, e in sorted(ended, key=lambda x: x[0]):
+            first.setdefault(e.task_id.split("/")[0], (t, e.status))
+        zombies = {rid: first[rid] for rid in lost if rid in first}
+        assert len(zombies) == 10 and {status for _, status in zombies.values()} == {"cancelled"}
+        # at once when waiting, at the end of its forward pass when in one (the next pass boundary)
+        assert 2.0 == min(t for t, _ in zombies.values()) and max(t for t, _ in zombies.values()) < 2.02
+        assert verify(MemoryLog(d.sink)).identical  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("fault", "key", "says"), [

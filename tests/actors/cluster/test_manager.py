@@ -1,5 +1,5 @@
 """The cluster manager against a scripted pod launcher: the directory published on every change,
-failed boots retried up to the cap, a boot that never registers timed out, and the stand-in
+failed boots retried with a bounded backoff for as long as the group wants the TE, a boot that never registers timed out, and the stand-in
 behaviour (no pods: TEs register themselves) kept for `deepserve sim`."""
 
 from __future__ import annotations
@@ -28,17 +28,20 @@ G = "m/colocated"
 
 class ScriptedPods(Actor[dict]):
     """Answers LaunchPod at once; the TE then boots ("ok"), fails its boot ("fail"), or stays
-    silent ("silent"); `fail_first` boots fail before the script applies."""
+    silent ("silent"); `fail_first` boots fail before the script applies, and every boot before
+    `fail_until_s` (a link down until then)."""
 
-    def __init__(self, script: str = "ok", fail_first: int = 0) -> None:
-        self.script, self.fail_first, self.launches = script, fail_first, 0
+    def __init__(self, script: str = "ok", fail_first: int = 0, fail_until_s: float = 0.0) -> None:
+        self.script, self.fail_first, self.fail_until_s, self.launches = script, fail_first, fail_until_s, 0
+        self.launched_at: dict[str, list[float]] = {}  # TE -> when each generation was launched
 
     def handle(self, ctx: Context, msg: Message) -> None:
         if isinstance(msg, LaunchPod):
             self.launches += 1
+            self.launched_at.setdefault(msg.te, []).append(ctx.now())
             ctx.send(msg.reply_to, PodLaunched(pod_id=msg.pod_id, te=msg.te, generation=msg.generation,
                                                endpoint=f"ipc:///run/{msg.te.replace('/', '-')}", duration_s=0.5))  # fmt: skip
-            fail = self.launches <= self.fail_first or self.script == "fail"
+            fail = self.launches <= self.fail_first or self.script == "fail" or ctx.now() < self.fail_until_s
             if fail:
                 ctx.send(msg.manager, TeBootFailed(te=msg.te, generation=msg.generation, pod_id=msg.pod_id,
                                                    reason="HostLoadFailed: ssd read error"))  # fmt: skip
@@ -65,11 +68,12 @@ def slots(n: int) -> list[dict[str, Any]]:
                                        npus=(f"hw/s0/npu{i}",), tp=1, dp_groups=1, te_config={})) for i in range(n)]  # fmt: skip
 
 
-def run(script: str, fail_first: int = 0, extra: tuple[tuple[float, Message], ...] = (), **cfg: Any) -> tuple[SimDriver, list[Any]]:
+def run(script: str, fail_first: int = 0, extra: tuple[tuple[float, Message], ...] = (), fail_until_s: float = 0.0,
+        **cfg: Any) -> tuple[SimDriver, list[Any]]:  # fmt: skip
     d = SimDriver(1, sink=MemorySink())
     out: list[Any] = []
     d.on_external = lambda _t, env: out.append((env.dst, env.msg))
-    d.spawn("pods", ScriptedPods, script=script, fail_first=fail_first)
+    d.spawn("pods", ScriptedPods, script=script, fail_first=fail_first, fail_until_s=fail_until_s)
     config = {"jes": ["ext/je"], "pods": "pods", "slots": slots(2), "groups": {G: 2}, "initial_source": "cold",
               "directory_subscribers": ["ext/dir"], **cfg}  # fmt: skip
     d.spawn("cluster", ClusterManager, config=config)
@@ -94,20 +98,44 @@ def test_directory_is_published_on_every_change_and_membership_pushed() -> None:
     assert verify(MemoryLog(d.sink)).identical  # type: ignore[arg-type]
 
 
-def test_failed_boots_are_retried_up_to_the_cap_then_left_stopped() -> None:
-    d, _ = run("ok", fail_first=2)  # te/0 gen 1 and te/1 gen 1 fail, their gen 2 boot
+def test_a_failed_boot_is_retried_at_once_then_backs_off_doubling_to_the_cap() -> None:
+    d, _ = run("ok", fail_first=2)  # te/0 gen 1 and te/1 gen 1 fail, their gen 2 boot (at once)
     st = d.actor("cluster").state
     assert {te: (r.generation, r.state) for te, r in st.tes.items()} == {"te/0": (2, "ready"), "te/1": (2, "ready")}
-    d, _ = run("fail", max_boot_failures=3)
+    assert d.actor("pods").launched_at == {"te/0": [0.0, 0.0], "te/1": [0.0, 0.0]}
+    d, _ = run("fail")  # a slot that can never boot: retried for good, at a bounded cadence
     st = d.actor("cluster").state
-    assert {te: (r.generation, r.state) for te, r in st.tes.items()} == {"te/0": (3, "stopped"), "te/1": (3, "stopped")}
-    assert "3 boots failed in a row" in st.tes["te/0"].reason and d.actor("pods").launches == 6
+    # waits 0, 1, 2, 4, 8, 16, then the 30 s cap (boot_backoff_s=1, boot_backoff_max_s=30)
+    assert d.actor("pods").launched_at["te/0"] == [0.0, 0.0, 1.0, 3.0, 7.0, 15.0, 31.0, 61.0, 91.0]
+    r = st.tes["te/0"]
+    assert (r.generation, r.state, r.boot_failures, r.retry_at_s) == (9, "failed", 9, 121.0)
+    assert verify(MemoryLog(d.sink)).identical  # type: ignore[arg-type]
+
+
+def test_a_slot_whose_boots_fail_while_its_link_is_down_boots_once_it_is_back() -> None:
+    # before: three failed boots in 3 s (at 0, 0, 0) and the TE was left stopped for good
+    d, _ = run("ok", fail_until_s=10.0)
+    st = d.actor("cluster").state
+    assert d.actor("pods").launched_at["te/0"] == [0.0, 0.0, 1.0, 3.0, 7.0, 15.0]
+    r = st.tes["te/0"]
+    assert (r.generation, r.state, r.boot_failures, r.since_s) == (6, "ready", 0, 15.0)
+    assert [h["state"] for h in r.history] == ["failed"] * 5
+
+
+def test_a_te_removed_while_it_waits_out_a_backoff_is_stopped_and_not_relaunched() -> None:
+    d, _ = run("fail", extra=((5.0, RemoveTe(te="te/0")),))
+    st = d.actor("cluster").state
+    assert d.actor("pods").launched_at["te/0"] == [0.0, 0.0, 1.0, 3.0]  # the wait 3 -> 7 s was cut short
+    assert (st.tes["te/0"].state, st.groups[G].target, st.tes["te/0"].retry_at_s) == ("stopped", 1, None)
+    assert len(d.actor("pods").launched_at["te/1"]) == 9  # the other slot goes on
 
 
 def test_a_boot_that_never_registers_times_out() -> None:
-    d, _ = run("silent", boot_timeout_s=10.0, max_boot_failures=2)
+    d, _ = run("silent", boot_timeout_s=10.0)
     st = d.actor("cluster").state
-    assert st.tes["te/0"].state == "stopped" and st.tes["te/0"].generation == 2
+    # timed out at 10, 20, 31, 43, 57, 75 s; relaunched after 0, 1, 2, 4, 8, 16 s
+    assert d.actor("pods").launched_at["te/0"] == [0.0, 10.0, 21.0, 33.0, 47.0, 65.0, 91.0]
+    assert (st.tes["te/0"].state, st.tes["te/0"].generation) == ("replacing", 7)
     assert st.tes["te/0"].history[-1]["reason"] == "not registered within 10s"
 
 

@@ -55,6 +55,30 @@ def test_a_te_failing_while_booting_is_not_pushed() -> None:
     assert P.Push(G) not in out and P.Launch("te/0", 2, "cold", replacing=True) in out
 
 
+def test_a_failed_boot_backs_off_doubling_to_the_cap_and_never_gives_up() -> None:
+    b = P.BootBackoff(base_s=1.0, max_s=30.0)
+    assert [b.delay_s(n) for n in range(1, 10)] == [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0, 30.0]
+    assert b.delay_s(10_000) == 30.0  # bounded however long the slot keeps failing
+    assert P.NO_BACKOFF.delay_s(5) == 0.0
+    s = cm({"te/0": "replacing"}, target=1)
+    s.tes["te/0"].boot_failures = 3  # this is the 4th failed boot in a row: wait 4 s
+    out = P.on_te_failed(s, "te/0", 1, "boot failed: link s0/ssd is down", backoff=b)
+    assert out[-1] == P.Backoff("te/0", 1, 4, 4.0) and not any(isinstance(a, P.Launch) for a in out)
+    s = cm({"te/0": "ready"}, target=1)
+    s.tes["te/0"].boot_failures = 3  # a serving TE that fails: replaced at once, no backoff
+    assert P.on_te_failed(s, "te/0", 1, "crash", backoff=b)[-1] == P.Launch("te/0", 2, "cold", replacing=True)
+
+
+def test_relaunch_after_a_backoff_only_while_the_group_wants_the_te() -> None:
+    s = cm({"te/0": "failed", "te/1": "ready"}, target=2)
+    assert P.on_relaunch(s, "te/0", 1) == [P.Launch("te/0", 2, "cold", replacing=True)]
+    assert P.on_relaunch(s, "te/0", 0) == []  # a stale timer
+    s.groups[G].target = 1  # scaled down during the wait
+    assert P.on_relaunch(s, "te/0", 1) == [P.Stop("te/0", f"not relaunched: its group {G} is at its target")]
+    s.tes["te/0"].state = "stopped"
+    assert P.on_relaunch(s, "te/0", 1) == []
+
+
 def test_registration_makes_a_booting_te_ready_pushed_and_watched() -> None:
     s = cm({"te/0": "starting"}, target=1)
     assert P.on_registered(s, "te/0") == [P.Ready("te/0", 1), P.Push(G), P.Watch("te/0", 1)]

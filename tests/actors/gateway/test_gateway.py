@@ -104,3 +104,16 @@ def test_simulator_arrivals_answer_the_metrics_collector_even_when_refused() -> 
     d.run(until=60.0)
     done = sorted((m.request_id, m.status, m.reason[:3]) for m in d.out if isinstance(m, RequestDone))  # type: ignore[attr-defined]
     assert done == [("r0", "completed", "tar"), ("r1", "failed", "429")]
+
+
+def test_a_lost_je_is_reported_to_the_cluster_manager_so_its_tasks_are_cancelled() -> None:
+    from deepserve.actors.flowserve.messages import CancelOwner
+    from deepserve.actors.gateway.messages import JeLost
+
+    for manager in ("ext/cluster", ""):
+        d = cluster(1, {"te/0": {"tpot_s": 0.1}}, {"colocated": ["te/0"]}, jes=2, gw={"manager": manager})
+        d.inject("gw", JeLost(je="je/1", reason="crashed"), at=1.0)
+        d.inject("gw", JeLost(je="je/1", reason="crashed again"), at=2.0)  # known already: nothing new
+        d.run(until=5.0)
+        told = [m for m in d.out if isinstance(m, CancelOwner)]  # type: ignore[attr-defined]
+        assert told == ([CancelOwner(owner="je/1", reason="its JE je/1 was lost (crashed)")] if manager else [])
