@@ -231,3 +231,15 @@ def test_without_token_ids_the_stream_carries_times_only() -> None:
     for tid in ("t0", "t1"):
         assert sum(len(m.times_s) for m in streams if m.task_id == tid) == fin[tid].output_tokens
     assert_replays(d)
+
+
+def test_tokens_false_keeps_the_accept_and_the_terminal_message_but_sends_no_chunk() -> None:
+    # a JE's non-streaming job in a simulation: it needs the accept (its timeout) and the end
+    ts = [task(0, 300, 25, tokens=False), task(1, 700, 9)]
+    d = run(ts, token_ids=False, aggregate=True)
+    fin = finished(d)
+    assert fin["t0"].status == fin["t1"].status == "completed" and fin["t0"].output_tokens == 25
+    assert fin["t0"].first_token_s is not None
+    assert {m.task_id for _, m in out_to(d, REQ) if isinstance(m, TaskTokens)} == {"t1"}
+    assert {m.task_id for _, m in out_to(d, REQ) if isinstance(m, TaskAccepted)} == {"t0", "t1"}
+    assert_replays(d)
