@@ -152,9 +152,9 @@ class JobFlow:
         fx.send(decision.chosen, SubmitTask(
             task_id=tid, request_id=rid, kind=phase, model=j.model, prompt=j.prompt, sampling=j.sampling,
             reply_to=self.me, arrival_s=j.arrival_s, kv_source=j.kv if phase == "decode" else None,
-            # a non-streaming client sees nothing before the end: without a frontend
-            # (`stream_to`), the JE needs no chunk (its retries restart such a job anyway)
-            stream_to=self.cfg.stream_to, tokens=j.stream or bool(self.cfg.stream_to),
+            # a non-streaming client sees nothing before the end: the JE needs no chunk of its
+            # tasks (a failed one is retried from scratch whatever it produced)
+            stream_to=self.cfg.stream_to, tokens=j.stream,
         ), corr=rid)  # fmt: skip
         fx.after(self.cfg.forwarding.accept_timeout_s, AcceptTimeout(task_id=tid), key=f"acc/{tid}")
 
