@@ -117,6 +117,9 @@ class TaskAccepted(Message, frozen=True, kw_only=True):
     te: str
     dp: int  # the DP group the shell dispatched it to
     master: str  # the DP master's address (cancel may be sent there directly)
+    # the TE has no other DP group: its shell only forwards, so the requester may send the TE's
+    # next tasks to `master` directly (one delivery a task less)
+    solo: bool = False
 
 
 class TaskRejected(Message, frozen=True, kw_only=True):

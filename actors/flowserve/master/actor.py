@@ -176,7 +176,7 @@ class DpMaster(Actor[MasterState]):
         s = msg.sampling
         out_len, stop = output_length_of(s, cfg.eos_rate, cfg.eos_lognormal)
         if msg.stream:
-            accepted = TaskAccepted(task_id=msg.task_id, te=cfg.te, dp=cfg.dp, master=ctx.self)
+            accepted = TaskAccepted(task_id=msg.task_id, te=cfg.te, dp=cfg.dp, master=ctx.self, solo=cfg.solo)
             ctx.send(msg.reply_to, accepted)
         if msg.kind == "decode":
             pd.submit_decode(self, ctx, msg, out_len, stop)
