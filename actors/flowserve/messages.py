@@ -90,6 +90,11 @@ class SubmitTask(Message, frozen=True, kw_only=True):
     # requester gets only the first chunk of the task (it learns that output went out) and the
     # terminal message. "": every chunk to `reply_to` (simulations, the workload stand-in).
     stream_to: str = ""
+    # False: no `TaskTokens` to `reply_to` (`TaskAccepted` and the terminal message still come;
+    # `stream_to` is unaffected): a requester whose client sees output only at the end (a JE's
+    # non-streaming job in a simulation) needs nothing from the chunks, and each would be a
+    # delivery and a record.
+    tokens: bool = True
 
 
 class CancelTask(Message, frozen=True, kw_only=True):
@@ -112,6 +117,9 @@ class TaskAccepted(Message, frozen=True, kw_only=True):
     te: str
     dp: int  # the DP group the shell dispatched it to
     master: str  # the DP master's address (cancel may be sent there directly)
+    # the TE has no other DP group: its shell only forwards, so the requester may send the TE's
+    # next tasks to `master` directly (one delivery a task less)
+    solo: bool = False
 
 
 class TaskRejected(Message, frozen=True, kw_only=True):

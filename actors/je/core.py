@@ -80,7 +80,9 @@ class JeCore(JobFlow):
     def acked(self, s: JeState, now: float, fx: Effects, m: TaskAccepted) -> None:
         cur = self.current(s, fx, m.task_id, "TaskAccepted")
         if cur is not None and not cur[1].acked:
-            fx.record(TaskAcked(task_id=m.task_id))
+            te = cur[1].te
+            direct = m.master if m.solo and s.direct.get(te) != m.master else ""
+            fx.record(TaskAcked(task_id=m.task_id, direct=direct))
             fx.cancel(f"acc/{m.task_id}")
             if cur[1].phase == "prefill" and self.on_demand:
                 self.feed(s, now, fx, cur[1].te)  # it took one: offer it the next, until it refuses

@@ -144,15 +144,19 @@ class JobFlow:
         if decision is None:
             self.finish(s, now, fx, rid, j, "failed", D.no_te_why(j, phase, last))
             return
-        self.send_task(fx, rid, j, phase, attempt, decision)
+        self.send_task(s, fx, rid, j, phase, attempt, decision)
 
-    def send_task(self, fx: Effects, rid: str, j: Job, phase: Phase, attempt: int, decision: Decision) -> None:
+    def send_task(self, s: JeState, fx: Effects, rid: str, j: Job, phase: Phase, attempt: int,
+                  decision: Decision) -> None:  # fmt: skip
         tid = D.task_id(rid, phase, attempt)
         fx.record(RouteDecided(request_id=rid, task_id=tid, phase=phase, attempt=attempt, decision=decision))
-        fx.send(decision.chosen, SubmitTask(
+        te = decision.chosen  # a single-DP TE's master directly (TaskAcked.direct): its shell only forwards
+        fx.send(s.direct.get(te, te), SubmitTask(
             task_id=tid, request_id=rid, kind=phase, model=j.model, prompt=j.prompt, sampling=j.sampling,
             reply_to=self.me, arrival_s=j.arrival_s, kv_source=j.kv if phase == "decode" else None,
-            stream_to=self.cfg.stream_to,
+            # a non-streaming client sees nothing before the end: the JE needs no chunk of its
+            # tasks (a failed one is retried from scratch whatever it produced)
+            stream_to=self.cfg.stream_to, tokens=j.stream,
         ), corr=rid)  # fmt: skip
         fx.after(self.cfg.forwarding.accept_timeout_s, AcceptTimeout(task_id=tid), key=f"acc/{tid}")
 
@@ -189,7 +193,7 @@ class JobFlow:
         rid, j = oldest
         decision = D.feed(s, j, te, now)
         if decision is not None:
-            self.send_task(fx, rid, j, "prefill", j.attempt + 1, decision)
+            self.send_task(s, fx, rid, j, "prefill", j.attempt + 1, decision)
 
     def sweep(self, s: JeState, now: float, fx: Effects) -> None:
         """The fallback when no prefill state change was seen (another JE's task ended): offer
@@ -204,7 +208,7 @@ class JobFlow:
         elif isinstance(offered, D.OfferWait):
             self.wait(s, now, fx, rid, j, "every prefill refused", front=j.waited, missed=j.waited)
         else:
-            self.send_task(fx, rid, j, offered.phase, j.attempt + 1, offered.decision)
+            self.send_task(s, fx, rid, j, offered.phase, j.attempt + 1, offered.decision)
 
     def oldest_waiting(self, s: JeState, now: float, fx: Effects) -> tuple[str, Job] | None:
         """The oldest waiting prefill task still inside its TTFT deadline; the ones past it are

@@ -158,6 +158,8 @@ class RouteDecided(Event, frozen=True, kw_only=True):
 
 class TaskAcked(Event, frozen=True, kw_only=True):
     task_id: str
+    # the TE's only DP master (TaskAccepted.solo): the TE's next tasks go there, past its shell
+    direct: str = ""
 
 
 class TaskStreamed(Event, frozen=True, kw_only=True):
@@ -306,6 +308,7 @@ class JeState(msgspec.Struct, kw_only=True):
     draining: dict[str, list[str]] = {}  # "model/role" -> TEs draining (no new tasks, not failed over)
     trees: dict[str, PromptTree] = {}  # model -> the global prompt tree of its TE group
     publishing: list[str] = []  # TEs whose KV events arrived (no ROUTED guesses for them)
+    direct: dict[str, str] = {}  # TE -> its only DP master (TaskAcked.direct), until it leaves
     jobs: dict[str, Job] = {}
     open: dict[str, int] = {}  # TE -> current tasks on it from this JE
     parked: list[str] = []  # jobs waiting for their model's first membership push

@@ -84,6 +84,8 @@ def _task_ended(s: JeState, e: JeTaskEnded, _: int) -> None:
 def _acked(s: JeState, e: TaskAcked, _: int) -> None:
     j = s.jobs[e.task_id.rpartition("/")[0]]
     j.acked = True
+    if e.direct:
+        s.direct[j.te] = e.direct
     if j.phase == "prefill":  # a prefill took work: idle ones exist, sweep eagerly again
         s.sweep_misses = 0
 
@@ -185,6 +187,7 @@ def _membership(s: JeState, e: MembershipChanged, max_tree_blocks: int) -> None:
     for te in sorted(left):  # gone from the group: a TE that comes back starts with an empty cache
         if not any(te in tes for tes in groups.values()):
             tree.forget(te)
+            s.direct.pop(te, None)  # a TE that comes back may come back otherwise
             if te in s.publishing:
                 s.publishing.remove(te)
 

@@ -176,7 +176,7 @@ class DpMaster(Actor[MasterState]):
         s = msg.sampling
         out_len, stop = output_length_of(s, cfg.eos_rate, cfg.eos_lognormal)
         if msg.stream:
-            accepted = TaskAccepted(task_id=msg.task_id, te=cfg.te, dp=cfg.dp, master=ctx.self)
+            accepted = TaskAccepted(task_id=msg.task_id, te=cfg.te, dp=cfg.dp, master=ctx.self, solo=cfg.solo)
             ctx.send(msg.reply_to, accepted)
         if msg.kind == "decode":
             pd.submit_decode(self, ctx, msg, out_len, stop)
@@ -355,7 +355,7 @@ class DpMaster(Actor[MasterState]):
             task = r.task
             chunk = chunks.get(tid)
             # the short-circuit (`stream_to`, sent above): the requester hears of the first only
-            if chunk is not None and (not task.stream_to or first == (1 if task.kind == "decode" else 0)):
+            if chunk is not None and task.tokens and (not task.stream_to or first == (1 if task.kind == "decode" else 0)):
                 ctx.send(task.reply_to, chunk, corr=task.request_id)
             prompt = task.prompt
             c, p = r.num_computed, prompt.num_tokens
@@ -391,7 +391,8 @@ class DpMaster(Actor[MasterState]):
             if r is None:
                 continue
             got = r.emitted - first
-            if not got or not r.task.stream:
+            task = r.task
+            if not got or not task.stream or not (task.tokens or task.stream_to):
                 continue
             if emit_from is None:  # once a batch, and only when a token is streamed
                 emit_from = fl.first_emits()

@@ -58,6 +58,7 @@ class MasterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     vocab: int = 32_000
     aggregate: bool = False  # the simulation fast path (NpuForwardRun); False: step every pass
     token_ids: bool = True  # False (simulation): TaskTokens carry times only, ids left empty
+    solo: bool = False  # the TE's only DP group (set by its shell): TaskAccepted.solo
     max_run_iterations: int = 4_096
     # RTC background swap-out: copies of at least this many cold blocks (unless one is about to
     # be evicted). 32 of the default 64-block batch halves the copies of a Mooncake replay at

@@ -231,3 +231,18 @@ def test_without_token_ids_the_stream_carries_times_only() -> None:
     for tid in ("t0", "t1"):
         assert sum(len(m.times_s) for m in streams if m.task_id == tid) == fin[tid].output_tokens
     assert_replays(d)
+
+
+def test_tokens_false_keeps_the_accept_and_the_terminal_message_but_sends_no_chunk() -> None:
+    # a JE's non-streaming job in a simulation: it needs the accept (its timeout) and the end
+    # (and a frontend, `stream_to`, still gets every chunk)
+    ts = [task(0, 300, 25, tokens=False), task(1, 700, 9), task(2, 400, 7, tokens=False, stream_to="ext/stream")]
+    d = run(ts, token_ids=False, aggregate=True)
+    fin = finished(d)
+    assert fin["t0"].status == fin["t1"].status == fin["t2"].status == "completed"
+    assert fin["t0"].output_tokens == 25 and fin["t0"].first_token_s is not None
+    assert {m.task_id for _, m in out_to(d, REQ) if isinstance(m, TaskTokens)} == {"t1"}
+    assert {m.task_id for _, m in out_to(d, REQ) if isinstance(m, TaskAccepted)} == {"t0", "t1", "t2"}
+    front = [c for _, m in out_to(d, "ext/stream") for c in m.chunks]
+    assert {c.task_id for c in front} == {"t2"} and sum(len(c.times_s) for c in front) == 7
+    assert_replays(d)

@@ -17,6 +17,7 @@ from deepserve.actors.flowserve.messages import (
     DpLoad,
     GetContext,
     RegisterTe,
+    TaskAccepted,
     TaskFinished,
     TeLoadReport,
 )
@@ -142,3 +143,15 @@ def test_tasks_arriving_during_a_gather_round_wait_for_the_next_one() -> None:
     assert {f.dp for f in fin} == {0, 1}
     assert d.actor(TE).state.rounds == 2
     assert_replays(d)
+
+
+def test_only_a_single_dp_tes_master_says_it_may_be_sent_tasks_directly() -> None:
+    # its shell only forwards: TaskAccepted.solo lets the JE send the TE's next tasks past it
+    for groups, solo in ((1, True), (2, False)):
+        d = driver()
+        hardware(d)
+        d.spawn(TE, TeShell, config=shell_config(groups, cm=None))
+        d.inject(TE, task(0, 300, 4), at=0.0, src=REQ)
+        d.run()
+        (acc,) = [m for _, m in out_to(d, REQ) if isinstance(m, TaskAccepted)]
+        assert (acc.solo, acc.master) == (solo, f"{TE}/dp/{acc.dp}")

@@ -11,9 +11,9 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from je_harness import CLIENT, Harness, request
+from je_harness import CLIENT, MODEL, Harness, request
 
-from deepserve.actors.flowserve.messages import Prompt, Sampling, SubmitTask
+from deepserve.actors.flowserve.messages import Prompt, Sampling, SubmitTask, TaskAccepted
 from deepserve.actors.je import decide as D
 from deepserve.actors.je.effects import After, Cancel, Send
 from deepserve.actors.je.messages import (
@@ -102,6 +102,34 @@ def test_a_streamed_task_is_never_retried_but_a_non_streaming_clients_is() -> No
     assert kinds(steps)[2] == "RouteDecided"  # the client saw nothing: started again, elsewhere
     j = h.state.jobs["r2"]
     assert (j.attempt, j.output_tokens, j.first_token_s, j.streamed) == (2, 0, None, False)
+
+
+def test_only_a_streaming_clients_tasks_send_the_je_token_chunks() -> None:
+    # a non-streaming job: no TaskTokens to the JE (the accept and the end still come), with or
+    # without a frontend streaming the output (`stream_to`: the sim's and the daemon's)
+    for cfg in (QUIET, {**QUIET, "stream_to": "ext/stream"}):
+        h = Harness(cfg, COLO)
+        h.deliver(request(1))
+        h.deliver(request(2, stream=False))
+        assert (h.sent["r1/chat.1"].tokens, h.sent["r2/chat.1"].tokens) == (True, False)
+
+
+def test_a_single_dp_tes_next_tasks_go_to_its_master_until_it_leaves_the_group() -> None:
+    h = Harness(QUIET, {"colocated": ["te/0"]})
+    h.deliver(request(1))
+    assert h.te_of["r1/chat.1"] == "te/0"  # nothing known yet: through the shell
+    h.deliver(TaskAccepted(task_id="r1/chat.1", te="te/0", dp=0, master="te/0/dp/0", solo=True))
+    h.deliver(request(2))
+    assert h.te_of["r2/chat.1"] == "te/0/dp/0" and h.state.jobs["r2"].te == "te/0"  # past the shell
+    h.deliver(TeGroupMembership(model=MODEL, role="colocated", tes=(), version=1))
+    h.deliver(TeGroupMembership(model=MODEL, role="colocated", tes=("te/0",), version=2))  # replaced
+    h.deliver(request(3))
+    assert h.te_of["r3/chat.1"] == "te/0"  # a TE back in the group is asked through its shell again
+    many = Harness(QUIET, {"colocated": ["te/0"]})  # several DP groups: the shell balances them
+    many.deliver(request(1))
+    many.deliver(TaskAccepted(task_id="r1/chat.1", te="te/0", dp=1, master="te/0/dp/1", solo=False))
+    many.deliver(request(2))
+    assert many.te_of["r2/chat.1"] == "te/0"
 
 
 def test_a_prefill_hands_its_kv_to_the_least_loaded_decode() -> None:
