@@ -14,8 +14,8 @@ manager (`CM_ADDR`: membership only, no pods nor heartbeats).
 Every request enters as the gateway's `ApiRequest` (both commands): the gateway draws a JE,
 the JE a TE; the answer, one `RequestDone` (or the gateway's `Refused`), goes to the request's
 `reply_to` outside. A live frontend also gets every forward pass's tokens straight from the DP
-master (`stream_to`, xDeepServe §4.2's output short-circuit); a simulation reads the timings from
-each task's `TaskFinished` and streams nothing.
+master (`stream_to`, xDeepServe §4.2's output short-circuit); so does a simulation (`cluster/sim.py`
+passes `ext/stream`), which reads the request's timings from its one `RequestDone`.
 """
 
 from __future__ import annotations
