@@ -34,13 +34,13 @@ from deepserve.adapters.scenario.loader import (
     builtin_names,
     parse_override,
     parse_toml,
+    read_text_file,
     source_of,
 )
 
 from .schema import PlatformConfig, check
 
 Command = Literal["sim", "up"]
-MAX_FILE_BYTES = 1 << 20
 DEFAULT_SOURCE = "configs/daemon/default.toml"
 Override = str | tuple[str, str]  # KEY=VALUE, or (KEY=VALUE, the flag that set it)
 
@@ -63,15 +63,7 @@ def is_scenario(doc: dict[str, Any]) -> bool:
 
 def read_file(path: str) -> tuple[str, str]:
     """(source, text) of a config file named by path (the daemon's messages)."""
-    p = Path(path)
-    try:
-        if p.stat().st_size > MAX_FILE_BYTES:
-            raise ScenarioError(path, "", f"larger than {MAX_FILE_BYTES} bytes")
-        return path, p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError(path, "", exc.strerror or str(exc)) from None
-    except UnicodeDecodeError as exc:
-        raise ScenarioError(path, "", f"not UTF-8 text ({exc.reason})") from None
+    return path, read_text_file(path)
 
 
 def layer(base: dict[str, Any], top: dict[str, Any], prefix: str = "") -> list[str]:

@@ -24,7 +24,7 @@ import msgspec
 
 from deepserve.actors.cluster.recovery_report import EVENT_TYPES, recovery_report
 from deepserve.actors.gateway.messages import REFUSED_429, ApiRequest, Refused
-from deepserve.actors.workload.messages import METRICS_ADDR, EndOfRun, RequestDone
+from deepserve.actors.workload.messages import METRICS_ADDR, RequestDone
 from deepserve.actors.workload.metrics import Collector, percentile
 from deepserve.adapters.scenario.faults import fault_inputs
 from deepserve.adapters.scenario.schema import Scenario
@@ -33,7 +33,7 @@ from deepserve.core.records import LogSink
 
 from .assembly import MANAGER_ADDR, Built, assemble
 from .config import for_driver
-from .run import DRAIN_CHUNK, WINDOW_REQUESTS, RunResult, arrivals, run_scenario
+from .run import WINDOW_REQUESTS, RunResult, arrivals, drain, run_scenario
 from .schema import PlatformConfig
 
 # Where the DP masters stream each pass's tokens, as to the daemon's frontend (xDeepServe §4.2's
@@ -193,7 +193,7 @@ def run(
         driver.inject(dst, fault, at=at, src="ext/fault")
     t0 = time.perf_counter()
     injected, last_arrival = _feed(driver, cfg, built.gateway, trace, requests, model_of if by_model else None)
-    _drain(driver, collector, injected, last_arrival + drain_limit_s, built.gateway)
+    drain(driver, collector, injected, last_arrival + drain_limit_s, built.gateway)
     if driver.pending():  # timers (heartbeats) never let the heap empty: the run ends here, so
         driver.snapshot_live()  # every actor's final state goes to the log for verify to compare
     if on_end is not None:
@@ -247,18 +247,3 @@ def _feed(driver: SimDriver, cfg: PlatformConfig, gateway: str, trace: str | Non
         if pending is None:
             return injected, last_arrival
         driver.run(until=pending[0])
-
-
-def _drain(driver: SimDriver, collector: Collector, injected: int, deadline_s: float, gateway: str) -> None:
-    """Deliver until every injected request is terminal (or give up at `deadline_s`)."""
-    if not injected:  # the cluster still starts, recorded
-        driver.run(until=driver.now)
-        return
-    while collector.terminal < injected:
-        if not driver.pending() or driver.now >= deadline_s:
-            driver.inject(gateway, EndOfRun(), src="ext/operator")
-            driver.run(until=driver.now)  # everything due now, the EndOfRun included
-            return
-        # Chunks shrink with the requests left: the control plane's timers never run out, and
-        # each delivery past the last terminal request is a heartbeat nobody needed.
-        driver.run(max_deliveries=min(DRAIN_CHUNK, 64 + 16 * (injected - collector.terminal)))

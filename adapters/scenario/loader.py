@@ -48,14 +48,20 @@ def _read(spec: str) -> tuple[str, str]:
     if not path.suffix and not path.exists():
         known = ", ".join(builtin_names())
         raise ScenarioError(spec, "", f"not a built-in scenario ({known}) nor a file")
+    return spec, read_text_file(spec)
+
+
+def read_text_file(path: str) -> str:
+    """A config file's text, bounded; every failure a `ScenarioError` naming the path."""
+    p = Path(path)
     try:
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise ScenarioError(spec, "", f"larger than {MAX_FILE_BYTES} bytes")
-        return spec, path.read_text(encoding="utf-8")
+        if p.stat().st_size > MAX_FILE_BYTES:
+            raise ScenarioError(path, "", f"larger than {MAX_FILE_BYTES} bytes")
+        return p.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ScenarioError(spec, "", exc.strerror or str(exc)) from None
+        raise ScenarioError(path, "", exc.strerror or str(exc)) from None
     except UnicodeDecodeError as exc:
-        raise ScenarioError(spec, "", f"not UTF-8 text ({exc.reason})") from None
+        raise ScenarioError(path, "", f"not UTF-8 text ({exc.reason})") from None
 
 
 def parse_toml(source: str, text: str) -> dict[str, Any]:

@@ -7,6 +7,7 @@ A layout says only how a run's record and a part's steps are stored (`_insert_ru
 from __future__ import annotations
 
 import sqlite3
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ from .fresh import max_id_sql, writer_pragmas
 from .sql import RUN_EXISTS, transaction
 
 
-class SqliteThreadStore:
+class SqliteThreadStore(ABC):
     """Writes one batch per transaction. Lives in (and only touches) the writer thread."""
 
     def __init__(self, path: str, durability: str, synchronous: str | None = None,
@@ -65,16 +66,18 @@ class SqliteThreadStore:
             next_id += len(part)
         return next_id - first_id, (run_id, process)  # the run switches once committed
 
+    @abstractmethod
     def _insert_run(self, c: sqlite3.Connection, row: list[Any]) -> None:
-        raise NotImplementedError
+        """Store the run's row (each layout has its own runs table)."""
 
+    @abstractmethod
     def _insert_steps(self, c: sqlite3.Connection, run_id: str, first: int, part: list[Step],
                       sums: RunningDigest) -> None:  # fmt: skip
         """Store `part`'s steps as ids `first`, `first + 1`, ... and add them to `sums`."""
-        raise NotImplementedError
 
+    @abstractmethod
     def end_runs(self) -> None:
-        raise NotImplementedError
+        """Write each open run's closing record (schema v7)."""
 
     def close(self) -> None:
         self.conn.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from recovery_harness import events
 
 from deepserve.actors.cluster.heartbeat import HbDeclared, HbTicked
 from deepserve.actors.cluster.state import MembershipPushed, TeDeclaredFailed
@@ -25,7 +26,6 @@ from deepserve.adapters.scenario.schema import Cluster, Scenario, Scheduler
 from deepserve.cluster.control import MANAGER_ADDR, MONITOR_ADDR, spawn_control_plane
 from deepserve.cluster.te import te_slot
 from deepserve.core import Message, SimDriver
-from deepserve.core.codec import decode
 from deepserve.persistence.memory import MemoryLog, MemorySink
 from deepserve.replay import verify
 
@@ -57,17 +57,6 @@ def build_run(seed: int = 3, fault: Message | None = None, until_s: float = 40.0
     d.inject(npu, fault or NpuHang(reason="test: te/1's NPU hangs"), at=HANG_AT_S)
     d.run(until=until_s)
     return d, out
-
-
-def events(d: SimDriver, addr: str, cls: type) -> list[tuple[float, Any]]:
-    found = []
-    for step in d.sink.steps:  # type: ignore[attr-defined]
-        if step.input.actor != addr:
-            continue
-        for ev in step.events:
-            if ev.type == cls.__name__:
-                found.append((step.input.t, decode(ev.type, ev.payload)))
-    return found
 
 
 @pytest.fixture(scope="module")
