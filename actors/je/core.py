@@ -100,7 +100,10 @@ class JeCore(JobFlow):
             return
         rid, j = cur
         fx.cancel(f"acc/{m.task_id}")
-        if not (j.phase == "prefill" and self.on_demand):
+        # A refusal re-offers the prefill (on-demand forwarding) only while nothing came out of it:
+        # after output it is the task's failure, and the retry rule decides (a streaming client
+        # never sees its request restarted)
+        if not (j.phase == "prefill" and self.on_demand) or j.streamed:
             self.task_failed(s, now, fx, rid, j, f"rejected by {j.te}: {m.reason}")
             return
         # on-demand forwarding: a refusal is not a failure — the next prefill is asked

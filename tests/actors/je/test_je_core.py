@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from je_harness import CLIENT, MODEL, Harness, request
 
@@ -301,6 +301,20 @@ def _check(h: Harness, jobs: list[str], max_attempts: int) -> None:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Found by this property (2026-11-29): a streaming PD job's prefill refused after its first token
+# reached the client was re-offered on demand, restarting the request the client was reading.
+@example(shape='mixed', forwarding='on_demand', policy='round_robin', max_attempts=1, actions=[
+    ('job', 0, False, 'queue full: no free slot'),
+    ('job', 0, False, 'queue full: no free slot'),
+    ('job', 0, False, 'queue full: no free slot'),
+    ('job', 0, True, 'queue full: no free slot'),
+    ('accept', 0, False, 'queue full: no free slot'),
+    ('stream', 0, False, 'queue full: no free slot'),
+    ('reject', 0, False, 'queue full: no free slot'),
+    ('job', 0, False, 'queue full: no free slot'),
+    ('job', 0, False, 'queue full: no free slot'),
+    ('job', 0, False, 'queue full: no free slot'),
+])
 @given(
     shape=st.sampled_from(sorted(GROUPS)),
     forwarding=st.sampled_from(["on_demand", "local_queue"]),
