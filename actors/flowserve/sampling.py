@@ -64,7 +64,11 @@ def ranks_allowed(s: Sampling, vocab: int) -> int:
     if s.min_p > 0.0:
         a = ZIPF_EXPONENT / s.temperature
         # p(r) / p(0) = (r + 1)^-a >= min_p  <=>  r + 1 <= min_p^(-1/a)
-        ranks = min(ranks, max(1, int(min(math.pow(s.min_p, -1.0 / a), 1e18))))
+        try:
+            bound = min(math.pow(s.min_p, -1.0 / a), 1e18)
+        except OverflowError:  # a tiny min_p (1e-300) at a high temperature: no rank is cut
+            bound = 1e18
+        ranks = min(ranks, max(1, int(bound)))
     return max(1, ranks)
 
 

@@ -54,3 +54,11 @@ def test_the_build_samples_as_the_source(s: Sampling, start: int, count: int, vo
     assert tokens.eos_index(key, 0.01) == _TOKENS.eos_index(key, 0.01)
     ids = list(range(start % 97))
     assert tokens.chain_hashes_from_tokens(ids, 16) == _TOKENS.chain_hashes_from_tokens(ids, 16)
+
+
+def test_a_tiny_min_p_at_a_high_temperature_cuts_no_rank_instead_of_overflowing() -> None:
+    """Found by the property above (2026-11-29): min_p=1e-300 at temperature 3 overflowed
+    `min_p ** (-1/a)`, an OverflowError in the master's pass for a request the API accepts."""
+    s = Sampling(max_tokens=4, temperature=3.0, min_p=1e-300, seed=1)
+    assert _SAMPLING.ranks_allowed(s, 32_000) == sampling.ranks_allowed(s, 32_000) == 31_999
+    assert sampling.sampled_tokens(s, 0, 3, 32_000) == _SAMPLING.sampled_tokens(s, 0, 3, 32_000)
