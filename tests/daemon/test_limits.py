@@ -62,7 +62,12 @@ def test_504_on_ttft_deadline_and_429_when_full(tmp_path: Path) -> None:
         metrics = httpx.get(info["url"] + "/metrics", timeout=10).text
         assert 'deepserve_requests_total{status="rejected_429"} 1.0' in metrics
         assert httpx.get(info["admin_url"] + "/admin/status", timeout=10).json()["requests"]["rejected_429"] == 1
-        faults = httpx.get(info["admin_url"] + "/admin/faults", timeout=10).json()["inputs"]
+        # /admin/faults reads the log, whose writer commits a page per flush window (0.25 s): wait
+        # for the page holding the fault rather than expecting it already written
+        end = time.monotonic() + 30
+        while not (faults := httpx.get(info["admin_url"] + "/admin/faults", timeout=10).json()["inputs"]):
+            assert time.monotonic() < end, "the injected fault never showed in /admin/faults"
+            time.sleep(0.05)
         assert {"to": "hw/s0/npu0", "from": "ext/admin", "input": "NpuHang"}.items() <= faults[0].items()
         t.join(30)
         assert first["r"].status_code == 504 and "first token" in first["r"].json()["error"]["message"]
