@@ -43,8 +43,11 @@ def register(subparsers: Any) -> None:
                 "after its end was written), 3 identical as far as the log goes, but it has no closing "
                 "record (its process died, or still runs)")
 
-    p = _command(sub, "state", _state, "an actor's state at a clock time, folded from its events")
-    p.add_argument("--actor", required=True, metavar="A", help="actor address, e.g. worker/1")
+    p = _command(sub, "state", _state, "an actor's state (or the whole cluster's) at a clock time, folded from its events")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--actor", metavar="A", help="actor address, e.g. worker/1")
+    which.add_argument("--cluster", action="store_true", help="every TE (role, generation, state, DP queues, "
+                       "running batch, KV usage) and every JE (open jobs) in one table")
     p.add_argument("--at", type=seconds, metavar="T", help="clock time in seconds (default: end)")
 
     p = _command(sub, "log", _log, "list inputs with their events and outputs")
@@ -63,12 +66,16 @@ def register(subparsers: Any) -> None:
     )
     p.epilog = "every *.db file of a run directory is migrated; running it again changes nothing"
 
+    from deepserve.cli import replay_bundle
+
+    replay_bundle.register(sub)
+
 
 def _command(sub: Any, name: str, func: Any, help_text: str, *, reads: bool = True) -> CliParser:
     """A replay command's parser. `reads`: it answers from one run, so it takes `--run`
     and the user's code (`--path`, `--import`); `migrate` rewrites every run and takes neither."""
     p: CliParser = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
-    p.add_argument("log", metavar="LOG", help="the log: a file, a run directory or a PostgreSQL URL")
+    p.add_argument("log", metavar="LOG", help="the log: a file, a run directory, an incident bundle (replay bundle) or a PostgreSQL URL")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     if reads:
         p.add_argument(
@@ -76,8 +83,21 @@ def _command(sub: Any, name: str, func: Any, help_text: str, *, reads: bool = Tr
             help="which run of the log (default: the last; required for a directory holding several)",
         )
         add_user_code_arguments(p)
+        func = _opening_bundles(func)
     p.set_defaults(func=func)
     return p
+
+
+def _opening_bundles(func: Any) -> Any:
+    """`func` with its LOG argument unpacked first when it is an incident bundle."""
+
+    def run(args: argparse.Namespace) -> int:
+        from deepserve.cli.replay_bundle import resolve_log
+
+        args.log = resolve_log(args.log)
+        return func(args)
+
+    return run
 
 
 def _read(args: argparse.Namespace, *, note: bool = True) -> LogReader:
@@ -253,6 +273,8 @@ def _state(args: argparse.Namespace) -> int:
     if args.at is not None and args.at < 0:  # clocks start at 0 (virtual) or the epoch (wall)
         raise CliError(f"--at {args.at:g}: a clock time is never negative (seconds; a simulation's "
                        "clock starts at 0)")  # fmt: skip
+    if args.cluster:
+        return _cluster_state(args)
     st = state_at(_read(args), args.actor, args.at, args.run)
     data = st.state_data()
     if args.json:
@@ -267,6 +289,17 @@ def _state(args: argparse.Namespace) -> int:
     when = "end of log" if st.at is None else f"t={st.at:g}"
     print(f"{st.actor} at {when}: after #{st.seq} (t={st.t:.6f}), {status}, {st.events} events folded")
     print_pretty_json(data)
+    return 0
+
+
+def _cluster_state(args: argparse.Namespace) -> int:
+    from deepserve.replay.cluster_state import cluster_lines, cluster_state_at
+
+    view = cluster_state_at(_read(args), args.at, args.run)
+    if args.json:
+        print_json(msgspec.to_builtins(view))
+    else:
+        print("\n".join(cluster_lines(view)))
     return 0
 
 
