@@ -24,7 +24,7 @@ hangs, is reset or faults within `lease_s`, and the pod launcher voids the TE's 
 kills the pod; the monitor then leaves the TE alone until the lease ends. Only those events can
 make a healthy device's TE stop answering (a master's loop waits on nothing else), so every round
 skipped would have been answered ok. A broken lease is no verdict: it brings the next tick within
-one interval and the TE is asked again, so a hang is still found within (misses + 1) x interval
+one interval and the TE is asked again, so a hang is still found within misses x interval (liveness.stalled_past_limit)
 and a crash at the first round after it — the verdicts come from answers and silence as before.
 A heartbeat-loss fault breaks the lease too. A lease also ends on its own after `lease_s` (a
 stall no device reports — a stopped process in the daemon — is found within `lease_s` plus the
@@ -40,6 +40,7 @@ import msgspec
 from deepserve.actors.ports.npu import NpuLeaseBroken
 from deepserve.core import Actor, Context, Event, Message
 
+from .liveness import stalled_past_limit
 from .messages import (
     DEVICE_LOST,
     SILENT,
@@ -86,6 +87,10 @@ class MonitorState(msgspec.Struct, kw_only=True):
     interval_s: float = 0.0  # the current tick interval under idle backoff (0: the configured one)
     busy: bool = False  # an answer since the last tick had a forward pass outstanding
     lost_until: dict[str, float] = {}  # te -> until when its answers are lost (a fault)
+    # te -> the heartbeat round from which its silence, diagnosed a hang, counts as a stall: its
+    # last ok answer's, when that had a forward pass outstanding; the round before its lease broke
+    # (the device said something happened then). Absent: misses alone count (liveness.py).
+    stall_from: dict[str, int] = {}
 
 
 class HbWatch(Event, frozen=True, kw_only=True):
@@ -157,12 +162,14 @@ def _evolve(s: MonitorState, e: Event) -> MonitorState:
         s.watched[e.te] = Watched(generation=e.generation)
     elif isinstance(e, HbUnwatch):
         s.watched.pop(e.te, None)
+        s.stall_from.pop(e.te, None)
     elif isinstance(e, HbTicked):
         s.seq, s.interval_s, s.busy = e.seq, e.next_s, False
         for te, n, why in e.missed:
             s.watched[te].misses, s.watched[te].reason = n, why
         for te in e.failed:
             del s.watched[te]
+            s.stall_from.pop(te, None)
             s.declared += 1
         for te in e.pinged:
             s.watched[te].sent, s.watched[te].reason = e.seq, ""
@@ -170,11 +177,16 @@ def _evolve(s: MonitorState, e: Event) -> MonitorState:
         w = s.watched[e.te]
         if e.ok:
             w.acked, w.misses, w.lease_until = e.seq, 0, e.lease_until_s
+            if e.busy:
+                s.stall_from[e.te] = e.seq
+            else:
+                s.stall_from.pop(e.te, None)
         else:
             w.reason, w.diagnosis = e.reason, e.diagnosis
         s.busy = s.busy or e.busy
     elif isinstance(e, HbDeclared):
         del s.watched[e.te]
+        s.stall_from.pop(e.te, None)
         s.declared += 1
     elif isinstance(e, HbLossStarted):
         s.lost_until[e.te] = e.until_s
@@ -182,6 +194,7 @@ def _evolve(s: MonitorState, e: Event) -> MonitorState:
         s.interval_s = 0.0
     elif isinstance(e, HbLeaseBroken):
         s.watched[e.te].lease_until = 0.0
+        s.stall_from[e.te] = s.seq
         if e.soon:
             s.interval_s = 0.0
     elif isinstance(e, HbTicking):
@@ -247,8 +260,9 @@ class HeartbeatMonitor(Actor[MonitorState]):
         if st.stopped:
             return
         now = ctx.now()
-        out = heartbeat_tick(st.watched, cfg.misses, cfg.interval_s, now)
         seq = st.seq + 1
+        out = heartbeat_tick(st.watched, cfg.misses, cfg.interval_s, now)
+        out = stalled_past_limit(out, st.watched, st.stall_from, seq, cfg.misses)
         gens = {te: st.watched[te].generation for te, _, _ in out.failed}
         diagnoses = {te: st.watched[te].diagnosis or SILENT for te, _, _ in out.failed}
         nxt = self._next_interval(out)

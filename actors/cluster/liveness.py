@@ -19,7 +19,7 @@ from typing import Any
 
 from deepserve.core import Context
 
-from .messages import DpHeartbeat, DpHeartbeatAck
+from .messages import HUNG, DpHeartbeat, DpHeartbeatAck
 
 
 def outstanding_step(master: Any) -> int:
@@ -41,3 +41,35 @@ def answer_heartbeat(master: Any, ctx: Context, msg: DpHeartbeat) -> None:
     lost = master.state.device_lost
     failed = f"device lost: {lost}" if lost else ""
     ctx.reply(DpHeartbeatAck(dp=master.cfg.dp, seq=msg.seq, step=step, failed=failed))
+
+
+def stalled_past_limit(out: Any, watched: dict[str, Any], stall_from: dict[str, int], seq: int,
+                       misses: int) -> Any:  # fmt: skip
+    """Issue 31 §2's letter: a hung NPU is declared within `misses` x interval.
+
+    Counting only unanswered rounds costs a hang one interval more: the round in which the
+    stuck pass was first outstanding is answered (the pass looks new), so `misses` silent rounds
+    end (misses + 1) intervals after the hang. But a master that goes silent on the pass it
+    reported at its last answer (`last_step`, answered busy) has not moved since that answered
+    round: the stall began at or before it. So a TE whose silence was diagnosed a hang (its
+    shell answered, a master or its NPU did not — `HUNG`) is declared once `misses` rounds
+    (ticks, each at least one interval apart) have passed since `stall_from[te]`: its last ok
+    answer when that had a pass outstanding, or the round before its lease broke (the device
+    said something happened after it; heartbeat.py). A dead or unreachable TE (`SILENT`) and an
+    idle one keep the count of misses. `out` is `policy.TickOutcome`; returned with those TEs
+    moved from pinged to failed."""
+    failed = list(out.failed)
+    done = {te for te, _, _ in failed}
+    moved: set[str] = set()
+    for te, n, why in out.missed:
+        w = watched[te]
+        since = stall_from.get(te)
+        if te in done or w.diagnosis != HUNG or since is None or seq - since < misses:
+            continue
+        failed.append((te, w.generation, f"stuck on one forward pass for {seq - since} heartbeat rounds since "
+                                         f"round {since} ({n} missed; last: {why})"))  # fmt: skip
+        moved.add(te)
+    if not moved:
+        return out
+    ping = tuple(te for te in out.ping if te not in moved)
+    return type(out)(out.missed, tuple(failed), ping)

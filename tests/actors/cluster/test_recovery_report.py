@@ -26,9 +26,9 @@ def test_a_hang_then_a_kill_of_the_replacement_each_get_their_line() -> None:
     r = report([{"at_s": 20.0, "kind": "hang-npu", "target": "hw/s0/npu1"},
                 {"at_s": 50.0, "kind": "kill-te", "target": "te/1"}])  # fmt: skip
     assert [ln.text() for ln in r.lines] == [  # type: ignore[attr-defined]
-        "fault at 20 s: hang-npu hw/s0/npu1 (te/1): detected after 4 s (hang), recovered after 10.6 s; "
+        "fault at 20 s: hang-npu hw/s0/npu1 (te/1): detected after 3 s (hang), recovered after 9.57 s; "
         "requests: 2 failed, 0 retried",
-        "fault at 50 s: kill-te te/1: detected after 3 s (silent), recovered after 6.89 s; requests: 2 failed, 0 retried",
+        "fault at 50 s: kill-te te/1: detected after 3 s (silent), recovered after 6.89 s; requests: 1 failed, 4 retried",
     ]
     assert (r.faults_injected, r.recoveries, r.tes_ready_at_end, r.tes_target) == (2, 2, 3, 3)  # type: ignore[attr-defined]
 
