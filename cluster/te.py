@@ -20,6 +20,7 @@ from deepserve.adapters.hardware.memory import kv_bytes_per_token_per_npu, kv_ca
 from deepserve.adapters.hardware.models import model_profile
 from deepserve.adapters.hardware.specs import npu_spec
 from deepserve.adapters.scenario.placement import TePlacement
+from deepserve.adapters.scenario.resilience import master_settings
 from deepserve.adapters.scenario.schema import Cluster, Scenario
 
 
@@ -79,6 +80,7 @@ def master_config(scenario: Scenario, te: TePlacement, dp: int) -> dict[str, Any
                 "token_ids": s.stream_token_ids}  # fmt: skip
     fields = set(MasterConfig.__struct_fields__)
     cfg.update({k: v for k, v in optional.items() if k in fields})
+    cfg.update(master_settings(c.resilience, c.dp_groups))  # cluster.resilience: {} when all off
     return cfg
 
 

@@ -24,10 +24,20 @@ class NpuHang(Message, frozen=True, kw_only=True):
     reason: str = "injected hang"
 
 
-class HbmRegionFault(Message, frozen=True, kw_only=True):
-    """An HBM region goes bad: allocations and graphs touching it fail naming it; others run."""
+class HbmRegionFault(Message, frozen=True, kw_only=True, omit_defaults=True):
+    """An HBM region goes bad: allocations and graphs touching it fail naming it; others run.
+
+    `span` (lo, hi), 0 <= lo < hi <= 1: only that part of the region is bad (the runtime names
+    the faulty addresses); the device then calls it `npu.span_region(region, lo, hi)`, which a
+    user may mask (`NpuMaskRegion`: HBM fault masking) instead of giving the device up. Empty:
+    the whole region (as before; `omit_defaults` keeps such a fault's log bytes unchanged)."""
 
     region: str
+    span: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.span and not (len(self.span) == 2 and 0.0 <= self.span[0] < self.span[1] <= 1.0):
+            raise ValueError(f"span: must be (lo, hi) with 0 <= lo < hi <= 1, got {self.span}")
 
 
 class NpuReset(Message, frozen=True, kw_only=True):
@@ -38,6 +48,14 @@ class NpuReset(Message, frozen=True, kw_only=True):
     # healthy one is left as is — the control plane may have re-initialised it already for a
     # replacement TE, which must keep its weights; `NpuResetSkipped` records the no-op.
     repair: bool = False
+
+
+class NpuLinkError(Message, frozen=True, kw_only=True):
+    """A transient error on the NPU's collective link (a switch flap, BGP convergence): the
+    graph running now fails with `NpuError(kind="link_error")`; the device stays healthy and
+    runs what comes next (xDeepServe §6.2 stage 3: answered by token recomputation)."""
+
+    reason: str = "injected transient link error"
 
 
 class LinkDown(Message, frozen=True, kw_only=True):
@@ -68,5 +86,5 @@ class LinkFlap(Message, frozen=True, kw_only=True):
     count: int = 1
 
 
-NPU_FAULTS = (NpuCrash, NpuHang, HbmRegionFault, NpuReset)
+NPU_FAULTS = (NpuCrash, NpuHang, HbmRegionFault, NpuReset, NpuLinkError)
 LINK_FAULTS = (LinkDown, LinkUp, LinkDegrade, LinkFlap)

@@ -25,6 +25,7 @@ HBM_FAULT = "hbm_fault"  # the request touches a faulted HBM region
 RESET = "reset"  # the device was reset while the request was pending
 QUEUE_FULL = "queue_full"  # the queue is at its bound (a hung device's too)
 BAD_REQUEST = "bad_request"  # the request cannot run (unknown model, bad layout, ...)
+LINK_ERROR = "link_error"  # a transient collective-link error failed the graph; the device is fine
 
 DEFAULT_REGIONS: tuple[str, ...] = ("weights", "kv")
 
@@ -220,3 +221,35 @@ class NpuForwardRunDone(Message, frozen=True, kw_only=True):
     first_pass_s: float = 0.0  # pass 0's duration (a run with a `head`: the prefill's)
 
 NPU_REQUESTS = (*NPU_REQUESTS, NpuForwardRun)
+
+
+# ---- HBM fault masking (xDeepServe §6.2 stage 3) --------------------------------------------
+
+
+def span_region(region: str, lo: float, hi: float) -> str:
+    """The name of the faulty part [lo, hi) of a region (fractions of it): `kv@0.25-0.5`."""
+    return f"{region}@{lo:g}-{hi:g}"
+
+
+def region_span(name: str) -> tuple[str, tuple[float, float] | None]:
+    """(region, (lo, hi)) of a `span_region` name; (name, None) for a whole region."""
+    region, at, span = name.partition("@")
+    if not at:
+        return name, None
+    lo, _, hi = span.partition("-")
+    return region, (float(lo), float(hi))
+
+
+class NpuMaskRegion(Message, frozen=True, kw_only=True):
+    """User → device: remap around the faulty part `name` (a `span_region` name) and stop
+    failing graphs for it — the user no longer keeps data there. Answered `NpuRegionMasked`."""
+
+    req_id: str
+    name: str
+
+
+class NpuRegionMasked(Message, frozen=True, kw_only=True):
+    req_id: str
+    device: str
+    name: str
+    masked: bool  # False: the device had no such fault (masked already, or reset)

@@ -7,8 +7,10 @@ as a simulation from the CLI, with `deepserve fault`'s kinds and names.
     target = "s0/npu0/roce"
 
 Kinds and their targets:
-- hardware: `npu-crash`, `hang-npu`, `hbm-fault` (`region`), `npu-reset` (a repair: a no-op on a
-  healthy device) on an NPU (hw/s0/npu3); `link-down`, `link-up`, `link-degrade` (`bw_factor`),
+- hardware: `npu-crash`, `hang-npu`, `hbm-fault` (`region`; `span` [lo, hi]: only that part of
+  it, which `cluster.resilience.hbm_masking` can mask), `npu-reset` (a repair: a no-op on a
+  healthy device), `link-error` (a transient collective-link error: the pass running fails,
+  the device stays healthy; `cluster.resilience.token_recompute` rolls it back) on an NPU (hw/s0/npu3); `link-down`, `link-up`, `link-degrade` (`bw_factor`),
   `link-flap` (`down_s`, `up_s`, `count`) on a link (s0/npu3/roce);
 - the platform's (the control plane must be running): `kill-te` (te/1: its pod dies and tells no
   one — the heartbeats find it), `kill-te-process` (te/1: its process dies, the pod launcher sees
@@ -39,6 +41,7 @@ from deepserve.actors.ports.faults import (
     LinkUp,
     NpuCrash,
     NpuHang,
+    NpuLinkError,
     NpuReset,
 )
 from deepserve.actors.ports.npu import DEFAULT_REGIONS
@@ -46,7 +49,7 @@ from deepserve.actors.ports.pod import KillPod
 from deepserve.core import Message
 from deepserve.core.messages import Stop
 
-NPU_KINDS = ("npu-crash", "hang-npu", "hbm-fault", "npu-reset")
+NPU_KINDS = ("npu-crash", "hang-npu", "hbm-fault", "npu-reset", "link-error")
 LINK_KINDS = ("link-down", "link-up", "link-degrade", "link-flap")
 TE_KINDS = ("kill-te", "kill-te-process", "heartbeat-loss")
 JE_KINDS = ("kill-je",)
@@ -73,7 +76,7 @@ class Wiring(msgspec.Struct, frozen=True, kw_only=True):
 class FaultSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     at_s: Annotated[float, msgspec.Meta(ge=0, le=1e9)]  # virtual time of the fault
     kind: Literal["npu-crash", "hang-npu", "hbm-fault", "npu-reset", "link-down", "link-up", "link-degrade",
-                  "link-flap", "kill-te", "kill-te-process", "heartbeat-loss", "kill-je"]  # fmt: skip
+                  "link-flap", "kill-te", "kill-te-process", "heartbeat-loss", "kill-je", "link-error"]  # fmt: skip
     target: str  # an NPU (hw/s0/npu3), a link (s0/npu3/roce), a TE (te/1) or a JE (je/0)
     bw_factor: Annotated[float, msgspec.Meta(gt=0, le=1)] | None = None  # link-degrade (default 0.5)
     region: str | None = None  # hbm-fault: an HBM region the TEs use (default kv)
@@ -81,6 +84,7 @@ class FaultSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     up_s: Annotated[float, msgspec.Meta(gt=0, le=1e6)] | None = None  # link-flap
     count: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] | None = None  # link-flap (default 1)
     duration_s: Annotated[float, msgspec.Meta(gt=0, le=1e6)] | None = None  # heartbeat-loss
+    span: tuple[float, float] | None = None  # hbm-fault: the faulty part [lo, hi) of the region (fractions)
 
 
 def check_faults(faults: tuple[FaultSpec, ...], topology: str, servers: int, tes: Sequence[str] | None = None,
@@ -101,7 +105,7 @@ def check_faults(faults: tuple[FaultSpec, ...], topology: str, servers: int, tes
         if f.kind in LINK_KINDS and f.target not in links:
             problems.append((f"{key}.target", f"no link {f.target!r} in the {topology} topology "
                                               f"(e.g. {sorted(links)[0]})"))  # fmt: skip
-        for name, kinds in (("bw_factor", ("link-degrade",)), ("region", ("hbm-fault",)),
+        for name, kinds in (("bw_factor", ("link-degrade",)), ("region", ("hbm-fault",)), ("span", ("hbm-fault",)),
                             *((n, ("link-flap",)) for n in FLAP_FIELDS)):  # fmt: skip
             if getattr(f, name) is not None and f.kind not in kinds:
                 problems.append((f"{key}.{name}", f"only for {kinds[0]}, not {f.kind}"))
@@ -113,6 +117,8 @@ def check_faults(faults: tuple[FaultSpec, ...], topology: str, servers: int, tes
             problems.append((f"{key}.duration_s", "required for heartbeat-loss"))
         if f.kind == "link-flap" and (f.down_s is None or f.up_s is None):
             problems.append((f"{key}.{'down_s' if f.down_s is None else 'up_s'}", "required for link-flap"))
+        if f.span is not None and not 0 <= f.span[0] < f.span[1] <= 1:
+            problems.append((f"{key}.span", f"must be [lo, hi] with 0 <= lo < hi <= 1, got {list(f.span)}"))
         if f.region is not None and f.region not in DEFAULT_REGIONS:
             problems.append((f"{key}.region", f"the TEs use HBM regions {', '.join(DEFAULT_REGIONS)}; "
                                               f"got {f.region!r}"))  # fmt: skip
@@ -169,7 +175,8 @@ def _message(f: FaultSpec) -> Message:
     made: dict[str, Any] = {
         "npu-crash": lambda: NpuCrash(reason=why),
         "hang-npu": lambda: NpuHang(reason=why),
-        "hbm-fault": lambda: HbmRegionFault(region=f.region or "kv"),
+        "hbm-fault": lambda: HbmRegionFault(region=f.region or "kv", span=f.span or ()),
+        "link-error": lambda: NpuLinkError(reason=why),
         "npu-reset": lambda: NpuReset(repair=True),
         "link-down": lambda: LinkDown(link=f.target),
         "link-up": lambda: LinkUp(link=f.target),

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from .faults import FaultSpec, check_faults
+from .resilience import Resilience
 from .sched import Scheduling, check_scheduling
 
 Pos = Annotated[int, msgspec.Meta(ge=1)]
@@ -64,6 +65,7 @@ class Cluster(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     # Seeded per-forward variance of the emulated NPUs (docs/devices.md); off: the model's mean.
     npu_variance: bool = True
     scheduler: Scheduler = msgspec.field(default_factory=Scheduler)
+    resilience: Resilience = msgspec.field(default_factory=Resilience)  # resilience.py (all off)
 
     def te_count(self) -> int:
         return self.tes if self.mode == "colocated" else self.prefill_tes + self.decode_tes

@@ -21,7 +21,7 @@ import msgspec
 from deepserve.actors.cluster.liveness import answer_heartbeat
 from deepserve.actors.cluster.messages import DpHeartbeat
 from deepserve.actors.flowserve import rtc
-from deepserve.actors.flowserve.master import context, pd
+from deepserve.actors.flowserve.master import context, pd, recovery
 from deepserve.actors.flowserve.master.evolve import evolve_master
 from deepserve.actors.flowserve.master.kv_publish import (
     KvPublisher,
@@ -136,6 +136,8 @@ class DpMaster(Actor[MasterState]):
         elif isinstance(msg, CancelOwner):  # its JE is gone: each of its tasks, as if cancelled
             for tid in [t for t, r in self.state.reqs.items() if r.task.reply_to == msg.owner]:
                 self._cancel(ctx, CancelTask(task_id=tid, reason=msg.reason))
+        elif isinstance(msg, NpuError) and recovery.handles(self, msg):  # recompute, mask (off by default)
+            recovery.on_error(self, ctx, msg)
         elif isinstance(msg, NpuError):
             reason = f"{msg.device}: {msg.kind}: {msg.reason}"
             if msg.kind in DEVICE_LOST and not self.state.device_lost:
@@ -163,6 +165,8 @@ class DpMaster(Actor[MasterState]):
             self.kv.subscribe(ctx, msg)  # type: ignore[arg-type]
         elif isinstance(msg, DpHeartbeat):  # xDeepServe §6.1: answered only while the loop moves
             answer_heartbeat(self, ctx, msg)
+        elif type(msg) is recovery.RollbackIteration:
+            recovery.on_rollback(self, ctx, msg)  # type: ignore[arg-type]
         if self.kv.subscribers:
             self.kv.flush(ctx)  # this delivery's KV cache events, one batch per subscriber
 

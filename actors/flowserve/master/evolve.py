@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from deepserve.actors.flowserve import rtc
+from deepserve.actors.flowserve.master.recovery import HbmFaultMasked, IterationRolledBack
 from deepserve.actors.flowserve.master.scheduler import has_head, has_head_reference
 from deepserve.actors.flowserve.master.state import (
     DEFERRED,
@@ -319,6 +320,10 @@ def _device_lost(st: MasterState, e: DeviceLost) -> None:
     st.device_lost = e.reason
 
 
+def _noted(st: MasterState, e: Event) -> None:
+    pass
+
+
 # The fold of each master event, by its exact type (no event type is subclassed): one dict
 # lookup instead of a chain of isinstance tests, ~16 events a request.
 FOLDS: dict[type, Callable[[MasterState, Any], None]] = {
@@ -327,6 +332,8 @@ FOLDS: dict[type, Callable[[MasterState, Any], None]] = {
     TaskCancelMarked: _cancel_marked, TransferHeld: _transfer_held,
     TransferReleased: _transfer_released, ChannelOpened: _channel_opened,
     CorruptionArmed: _corruption_armed, CorruptionUsed: _corruption_used, DeviceLost: _device_lost,
+    # records of recovery.py (the state change is the BatchEnded / RTC event beside each)
+    IterationRolledBack: _noted, HbmFaultMasked: _noted,
 }  # fmt: skip
 RTC_EVENT_TYPES = frozenset(rtc.RTC_EVENTS)  # `rtc.is_rtc_event` as a set test, not a call
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from deepserve.actors.flowserve.rtc.events import (
     RtcBlocksAllocated,
     RtcBlocksCached,
+    RtcBlocksMasked,
     RtcCleared,
     RtcCopyFinished,
     RtcCopyStarted,
@@ -28,7 +29,7 @@ from deepserve.actors.flowserve.rtc.kv_events import KVCacheEvent, KVEventBatch,
 from deepserve.core import Context, Event, Message
 
 MAX_SUBSCRIBERS = 64  # a limit on everything: subscribers one DP master sends to
-_RTC_EVENTS = (RtcBlocksAllocated, RtcBlocksCached, RtcCleared, RtcCopyFinished, RtcCopyStarted)
+_RTC_EVENTS = (RtcBlocksAllocated, RtcBlocksCached, RtcCleared, RtcCopyFinished, RtcCopyStarted, RtcBlocksMasked)
 
 
 class SubscribeKvEvents(Message, frozen=True, kw_only=True):

@@ -75,6 +75,13 @@ class MasterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     kv_layers: int = 32  # the model's layers (by-layer transfer sends one message per layer)
     kv_transfer_timeout_s: float = 30.0
     pd_hold_timeout_s: float = 300.0  # P side: free a registered transfer nobody pulled
+    # Fine-grained error handling (recovery.py), off by default: roll a pass back on a transient
+    # link error (all `dp_groups` of the TE) instead of failing its tasks; mask a faulty part of
+    # the KV region instead of losing the device.
+    token_recompute: bool = False
+    hbm_masking: bool = False
+    kv_link_probe_s: float = 0.0  # PD decode side: DistFlow link probing (channel.py; 0: off)
+    dp_groups: int = 1  # the TE's DP groups (`{te}/dp/0..dp_groups-1`): the rollback's broadcast
 
     def __post_init__(self) -> None:
         for name in ("kv_block_bytes", "hbm_blocks", "block_tokens", "tp", "max_num_seqs",

@@ -49,6 +49,7 @@ from .events import (
     RTC_EVENTS,
     RtcBlocksAllocated,
     RtcBlocksCached,
+    RtcBlocksMasked,
     RtcCacheCreated,
     RtcCacheDeleted,
     RtcCleared,
@@ -81,6 +82,7 @@ from .master import (
     delete_cache,
     free,
     is_loading,
+    mask_blocks,
     match_by_id,
     match_by_prefix,
 )
@@ -88,6 +90,7 @@ from .pool import Diverged
 from .state import (
     DRAM,
     HBM,
+    MASK,
     Rtc,
     RtcConfig,
     RtcError,
@@ -101,14 +104,14 @@ from .state import (
 from .tiers import copy_to_dram, finish_copy, plan_prefetch, plan_swap_out, populate, prefetch
 
 __all__ = [
-    "DRAM", "HBM", "NO_MATCH", "POPULATE", "PREFETCH", "RTC_EVENTS", "SWAP_OUT",
+    "DRAM", "HBM", "MASK", "NO_MATCH", "POPULATE", "PREFETCH", "RTC_EVENTS", "SWAP_OUT",
     "AllBlocksCleared", "BlockRemoved", "BlockStored", "Diverged", "KVEventBatch", "Match",
-    "Mirror", "Rtc", "RtcBlocksAllocated", "RtcBlocksCached", "RtcCacheCreated",
+    "Mirror", "Rtc", "RtcBlocksAllocated", "RtcBlocksCached", "RtcBlocksMasked", "RtcCacheCreated",
     "RtcCacheDeleted", "RtcCleared", "RtcConfig", "RtcCopyFinished", "RtcCopyStarted",
     "RtcError", "RtcEvent", "RtcFreed",
     "allocate", "append_block", "apply", "block_table", "cache_blocks", "can_allocate", "clear",
     "copy_status", "copy_to_dram", "create_cache", "delete_cache", "finish_copy", "free",
     "hbm_free_blocks", "hbm_used_blocks", "index_view", "is_loading", "is_rtc_event",
-    "kv_event_batch", "kv_events_of", "kv_usage", "lru_blocks", "lru_order", "match_by_id", "match_by_prefix", "new_rtc", "plan_prefetch", "plan_swap_out",
+    "kv_event_batch", "kv_events_of", "kv_usage", "mask_blocks", "lru_blocks", "lru_order", "match_by_id", "match_by_prefix", "new_rtc", "plan_prefetch", "plan_swap_out",
     "populate", "prefetch",
 ]

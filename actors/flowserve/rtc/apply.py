@@ -25,6 +25,7 @@ from typing import Any
 from .events import (
     RtcBlocksAllocated,
     RtcBlocksCached,
+    RtcBlocksMasked,
     RtcCacheCreated,
     RtcCacheDeleted,
     RtcCleared,
@@ -43,7 +44,18 @@ from .pool import (
     _take_hbm,
     _unpin_dram,
 )
-from .state import _UNMARKED, NONE, CopyOp, NamedCache, Node, Rtc, SeqBlocks, leave_lru, new_rtc
+from .state import (
+    _UNMARKED,
+    MASK,
+    NONE,
+    CopyOp,
+    NamedCache,
+    Node,
+    Rtc,
+    SeqBlocks,
+    leave_lru,
+    new_rtc,
+)
 
 SWAP_OUT = "swap_out"
 POPULATE = "populate"
@@ -346,7 +358,35 @@ def _cleared(rtc: Rtc, ev: RtcCleared) -> None:
     rtc.swap_memo = fresh.swap_memo  # not a field: what it knew was of the pool just dropped
 
 
+def _masked(rtc: Rtc, ev: RtcBlocksMasked) -> None:
+    """Each block leaves the free stack (anywhere in it) or the LRU, for the mask's holding."""
+    mask = rtc.caches.get(MASK)
+    if mask is None:
+        mask = rtc.caches[MASK] = NamedCache([], [])
+    for b in ev.blocks:
+        if rtc.ref[b] != 0:
+            raise Diverged(f"HBM block {b} is referenced: it cannot be masked")
+        if rtc.hbm_hash[b] is None:
+            try:
+                rtc.free_hbm.remove(b)
+            except ValueError:
+                raise Diverged(f"HBM block {b} is neither free nor cached") from None
+        else:
+            h = rtc.hbm_hash[b]
+            leave_lru(rtc, b)
+            _left_lru(rtc.swap_memo, b)
+            rtc.hbm_hash[b] = None
+            rtc.hbm_saved[b] = 0
+            node = rtc.nodes[h]  # type: ignore[index]
+            node.hbm = NONE
+            if node.dram == NONE:
+                del rtc.nodes[h]  # type: ignore[arg-type]
+        rtc.ref[b] = 1
+        mask.blocks.append(b)
+
+
 _APPLY = {
+    RtcBlocksMasked: _masked,
     RtcBlocksAllocated: _allocated,
     RtcBlocksCached: _cached,
     RtcFreed: _freed,

@@ -91,7 +91,19 @@ class RtcCleared(Event, frozen=True, kw_only=True):
     reason: str
 
 
+class RtcBlocksMasked(Event, frozen=True, kw_only=True):
+    """HBM fault masking (xDeepServe §6.2 stage 3): `blocks` sat in a faulty part of HBM and
+    leave the pool for good — free or cached ones (`evicted`: the chain hashes of the cached
+    KV dropped with them). The mask holds them as a named cache of no content (`MASK`), so
+    free + cached + referenced = capacity still adds up and the capacity that serves shrinks."""
+
+    blocks: tuple[int, ...]
+    evicted: tuple[int, ...] = ()
+    reason: str = ""
+
+
 RTC_EVENTS = (
+    RtcBlocksMasked,
     RtcBlocksAllocated,
     RtcBlocksCached,
     RtcFreed,
@@ -102,7 +114,8 @@ RTC_EVENTS = (
     RtcCleared,
 )
 RtcEvent = (
-    RtcBlocksAllocated
+    RtcBlocksMasked
+    | RtcBlocksAllocated
     | RtcBlocksCached
     | RtcFreed
     | RtcCopyStarted
@@ -111,3 +124,4 @@ RtcEvent = (
     | RtcCacheDeleted
     | RtcCleared
 )
+

@@ -16,7 +16,14 @@ import msgspec
 
 from deepserve.core.messages import Message
 
-from .events import RtcBlocksAllocated, RtcBlocksCached, RtcCleared, RtcCopyFinished, RtcCopyStarted
+from .events import (
+    RtcBlocksAllocated,
+    RtcBlocksCached,
+    RtcBlocksMasked,
+    RtcCleared,
+    RtcCopyFinished,
+    RtcCopyStarted,
+)
 from .state import DRAM, HBM, NONE, Rtc
 
 
@@ -86,6 +93,9 @@ def kv_events_of(event: object, block_size: int) -> list[KVCacheEvent]:
         return _stored(f.stored, f.parents, block_size, f.medium) if f.stored else []
     if t is RtcCleared:
         return [AllBlocksCleared()]
+    if t is RtcBlocksMasked:
+        m: RtcBlocksMasked = event  # type: ignore[assignment]
+        return [BlockRemoved(block_hashes=m.evicted, medium=HBM)] if m.evicted else []
     return []
 
 

@@ -11,6 +11,7 @@ you get the same answer twice. A decision the state cannot honour raises `RtcErr
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from itertools import filterfalse, islice
 
 import msgspec
@@ -18,12 +19,13 @@ import msgspec
 from .events import (
     RtcBlocksAllocated,
     RtcBlocksCached,
+    RtcBlocksMasked,
     RtcCacheCreated,
     RtcCacheDeleted,
     RtcCleared,
     RtcFreed,
 )
-from .state import NONE, Rtc, RtcError, SeqBlocks, lru_blocks, lru_order
+from .state import MASK, NONE, Rtc, RtcError, SeqBlocks, lru_blocks, lru_order
 
 
 class Match(msgspec.Struct, frozen=True, gc=False):
@@ -234,9 +236,29 @@ def create_cache(rtc: Rtc, cache_id: str, seq: str, block_hashes: tuple[int, ...
 
 
 def delete_cache(rtc: Rtc, cache_id: str) -> RtcCacheDeleted:
-    if cache_id not in rtc.caches:
+    if cache_id not in rtc.caches or cache_id == MASK:
         raise RtcError(f"unknown context cache {cache_id!r}")
     return RtcCacheDeleted(cache_id=cache_id)
+
+
+def mask_blocks(rtc: Rtc, blocks: Iterable[int], reason: str) -> tuple[RtcBlocksMasked | None, tuple[int, ...]]:
+    """HBM fault masking: the event taking the unreferenced ones of `blocks` out of the pool
+    (None: none is), and the blocks still referenced (by named caches or copies in flight:
+    the caller ends their holders, or leaves them), in block order. Sequences holding any of
+    `blocks` are the caller's to end first."""
+    ref, hashes, masked = rtc.ref, rtc.hbm_hash, rtc.caches.get(MASK)
+    done = set(masked.blocks) if masked is not None else set()
+    free, held, evicted = [], [], []
+    for b in sorted(set(blocks) - done):
+        if ref[b]:
+            held.append(b)
+            continue
+        free.append(b)
+        h = hashes[b]
+        if h is not None:
+            evicted.append(h)
+    ev = RtcBlocksMasked(blocks=tuple(free), evicted=tuple(evicted), reason=reason) if free else None
+    return ev, tuple(held)
 
 
 def clear(rtc: Rtc, reason: str) -> RtcCleared:

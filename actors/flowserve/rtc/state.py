@@ -36,6 +36,7 @@ NONE = -1  # "no block" in the int fields below (cheaper than Optional on the ho
 _UNMARKED = -2  # apply._swap_out_started: a block the memo has no mark for
 _NOT = bytes([1, 0]) + bytes(254)  # saved flags -> unsaved flags (bytes.translate)
 
+MASK = "~hbm-masked"  # the named cache holding masked HBM blocks (apply._masked); no context id
 HBM = "HBM"  # KV-event medium names (vLLM uses "GPU"/"CPU"; ours are the NPU's tiers)
 DRAM = "DRAM"
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import math
 
-from deepserve.actors.ports.faults import HbmRegionFault, NpuCrash, NpuHang, NpuReset
+from deepserve.actors.ports.faults import HbmRegionFault, NpuCrash, NpuHang, NpuLinkError, NpuReset
 from deepserve.actors.ports.npu import (
     BAD_REQUEST,
     CRASHED,
     HBM_FAULT,
+    LINK_ERROR,
     QUEUE_FULL,
     RESET,
     NpuAlloc,
@@ -32,9 +33,13 @@ from deepserve.actors.ports.npu import (
     NpuFree,
     NpuFreeOk,
     NpuLeaseBroken,
+    NpuMaskRegion,
     NpuProbe,
+    NpuRegionMasked,
     NpuStatus,
     NpuVoidLeases,
+    region_span,
+    span_region,
 )
 from deepserve.adapters.hardware.calibration import DP_COMPUTE_CV
 from deepserve.adapters.hardware.devices.common import (
@@ -67,9 +72,11 @@ from deepserve.adapters.hardware.devices.npu_state import (
     NpuForwardStarted,
     NpuHbmFaulted,
     NpuHbmGrown,
+    NpuHbmMasked,
     NpuHbmShrunk,
     NpuHung,
     NpuLeases,
+    NpuLinkErrored,
     NpuOverflowed,
     NpuReqIgnored,
     NpuResetSkipped,
@@ -80,13 +87,14 @@ from deepserve.adapters.hardware.devices.npu_state import (
     NpuWasReset,
     Pending,
     evolve_npu,
+    faulted_hit,
 )
 from deepserve.adapters.hardware.specs import npu_spec
 from deepserve.core import Actor, Context, Message
 
 GRAPH_KEY = "graph"  # the one completion timer: at most one graph runs
 # isinstance takes these tuples in C; a `X | Y` union goes through its __instancecheck__
-_FAULTS = (NpuCrash, NpuHang, HbmRegionFault, NpuReset)
+_FAULTS = (NpuCrash, NpuHang, HbmRegionFault, NpuReset, NpuLinkError)
 _REQUESTS = (NpuForward, NpuForwardRun, NpuAlloc, NpuFree, NpuProbe)
 _GRAPHS = (NpuForward, NpuForwardRun)
 
@@ -151,6 +159,8 @@ class Npu(Actor[NpuState]):
             self._truncate(ctx, msg)
         elif isinstance(msg, NpuVoidLeases):
             self._break_leases(ctx, msg.reason, msg.key_prefix)
+        elif isinstance(msg, NpuMaskRegion):
+            self._mask(ctx, msg)
         elif not isinstance(msg, _REQUESTS):
             return
         elif st.status == HUNG:
@@ -196,7 +206,7 @@ class Npu(Actor[NpuState]):
         free = self._free_bytes()
         if msg.nbytes <= 0:
             reason = f"nbytes: must be > 0, got {msg.nbytes}"
-        elif msg.region in self.state.faulted:
+        elif faulted_hit((msg.region,), self.state.faulted) is not None:
             reason = f"HBM region {msg.region!r} is faulted"
         elif msg.nbytes > free:
             reason = (
@@ -253,7 +263,7 @@ class Npu(Actor[NpuState]):
     def _enqueue(self, ctx: Context, msg: NpuForward | NpuForwardRun) -> None:
         to = ctx.reply_handle()  # reply_to(ctx), without its frame
         st = self.state
-        bad = next((r for r in msg.regions if r in st.faulted), None) if st.faulted else None
+        bad = faulted_hit(msg.regions, st.faulted) if st.faulted else None
         if bad is not None:
             self._error(ctx, to, msg.req_id, HBM_FAULT, f"HBM region {bad!r} is faulted", bad)
             return
@@ -415,7 +425,9 @@ class Npu(Actor[NpuState]):
             ctx.record(NpuHung(msg.reason))
             ctx.cancel(GRAPH_KEY)
         elif isinstance(msg, HbmRegionFault):
-            self._region_fault(ctx, msg.region)
+            self._region_fault(ctx, span_region(msg.region, *msg.span) if msg.span else msg.region)
+        elif isinstance(msg, NpuLinkError):
+            self._link_error(ctx, msg.reason)
         elif isinstance(msg, NpuReset) and msg.repair and st.status == HEALTHY and not st.faulted:
             ctx.record(NpuResetSkipped("healthy: nothing to repair"))
         elif isinstance(msg, NpuReset):
@@ -432,16 +444,40 @@ class Npu(Actor[NpuState]):
             self._error(ctx, to, req_id, kind, reason)
 
     def _region_fault(self, ctx: Context, region: str) -> None:
+        """`region` is a whole region or the faulty part of one (`span_region`): the graphs
+        that touch its region fail naming it (the error's `region`)."""
         st = self.state
         ctx.record(NpuHbmFaulted(region))
         reason = f"HBM region {region!r} is faulted"
+        base = region_span(region)[0]
         run = st.running.pending if st.running else None
-        if st.status == HEALTHY and run is not None and region in run.req.regions:
+        if st.status == HEALTHY and run is not None and base in run.req.regions:
             ctx.record(NpuForwardEnded(ctx.now(), region))
             ctx.cancel(GRAPH_KEY)
             self._error(ctx, run.to, run.req.req_id, HBM_FAULT, reason, region)
         if st.status == HEALTHY:
             for p in st.queue:
-                if region in p.req.regions:
+                if base in p.req.regions:
                     self._error(ctx, p.to, p.req.req_id, HBM_FAULT, reason, region)
             self._start_next(ctx)
+
+    def _link_error(self, ctx: Context, why: str) -> None:
+        """A transient collective-link error: the graph running now fails (`LINK_ERROR`); the
+        device stays healthy, its queue runs on."""
+        st = self.state
+        run = st.running.pending if st.running else None
+        ctx.record(NpuLinkErrored(why, run.req.req_id if run is not None else ""))
+        if st.status != HEALTHY or run is None:
+            return
+        ctx.record(NpuForwardEnded(ctx.now(), LINK_ERROR))
+        ctx.cancel(GRAPH_KEY)
+        self._error(ctx, run.to, run.req.req_id, LINK_ERROR, f"{ctx.self}: transient link error: {why}")
+        self._start_next(ctx)
+
+    def _mask(self, ctx: Context, msg: NpuMaskRegion) -> None:
+        """HBM fault masking: the runtime remaps the region's virtual memory around the faulty
+        part, which its user no longer uses; graphs touching the region run again."""
+        masked = msg.name in self.state.faulted and region_span(msg.name)[1] is not None
+        if masked:
+            ctx.record(NpuHbmMasked(msg.name))
+        respond(ctx, NpuRegionMasked(req_id=msg.req_id, device=ctx.self, name=msg.name, masked=masked))

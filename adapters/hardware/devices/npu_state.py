@@ -106,6 +106,28 @@ class NpuHbmFaulted(Event, frozen=True):
     region: str
 
 
+class NpuHbmMasked(Event, frozen=True):
+    """HBM fault masking: the faulty part `name` (`npu.span_region`) is remapped around; graphs
+    touching its region run again (its user keeps no data there)."""
+
+    name: str
+
+
+class NpuLinkErrored(Event, frozen=True):
+    """A transient collective-link error; `aborted` the graph it failed ("": none was running)."""
+
+    reason: str
+    aborted: str
+
+
+def faulted_hit(regions: tuple[str, ...], faulted: tuple[str, ...]) -> str | None:
+    """The faulted region (or faulty part of one, `kv@0.25-0.5`) that `regions` touch, if any."""
+    for f in faulted:
+        if f in regions or f.partition("@")[0] in regions:
+            return f
+    return None
+
+
 class NpuCrashed(Event, frozen=True):
     reason: str
 
@@ -205,8 +227,13 @@ def evolve_npu(st: NpuState, e: Event) -> NpuState:
         faulted = st.faulted if e.region in st.faulted else (*st.faulted, e.region)
         if st.status != HEALTHY:  # a hung device keeps its queue; a crashed one has none
             return replace(st, faulted=faulted)
-        queue = tuple(p for p in st.queue if e.region not in p.req.regions)
+        base = e.region.partition("@")[0]  # the faulty part of a region fails its region's graphs
+        queue = tuple(p for p in st.queue if base not in p.req.regions)
         return replace(st, faulted=faulted, queue=queue)
+    if isinstance(e, NpuHbmMasked):
+        return replace(st, faulted=tuple(f for f in st.faulted if f != e.name))
+    if isinstance(e, NpuLinkErrored):
+        return st
     if isinstance(e, NpuCrashed):
         return replace(
             st, status=CRASHED_STATUS, reason=e.reason, running=None, queue=(), ignored=()

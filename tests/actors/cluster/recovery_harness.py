@@ -36,11 +36,13 @@ GATEWAY = "gw"
 def build_run(faults: list[dict[str, Any]], *, seed: int = 3, jes: int = 1, requests: int = 36, gap_s: float = 0.05,
               output_tokens: int = 400, stream: bool = True, until_s: float = 45.0, interval_s: float = 0.5,
               misses: int = 3, aggregate: bool = False, idle_max_s: float = 0.0, wake: bool = False,
-              again_at_s: float | None = None, lease_s: float = 0.0) -> tuple[SimDriver, list[Any]]:  # fmt: skip
+              again_at_s: float | None = None, lease_s: float = 0.0,
+              cluster_kw: dict[str, Any] | None = None) -> tuple[SimDriver, list[Any]]:  # fmt: skip
     """`again_at_s`: as many requests again from then on; `idle_max_s`: heartbeat idle backoff;
-    `wake`: the gateway wakes the monitor when requests come back."""
+    `wake`: the gateway wakes the monitor when requests come back; `cluster_kw`: more of the
+    cluster's settings (e.g. `resilience`, `dp_groups`)."""
     sched = Scheduler(max_running=4, aggregate=aggregate)
-    cluster = Cluster(model=MODEL, tes=3, kv_block_tokens=16, scheduler=sched, npu_variance=False)
+    cluster = Cluster(model=MODEL, tes=3, kv_block_tokens=16, scheduler=sched, npu_variance=False, **(cluster_kw or {}))
     scenario = Scenario(name="recovery", seed=seed, cluster=cluster)
     placement = place(cluster)
     d = SimDriver(seed, sink=MemorySink())

@@ -1,0 +1,35 @@
+"""`cluster.resilience`: fine-grained fault handling of a TE group (xDeepServe §6.1-6.2), every
+setting off by default — a config without this section behaves, and logs, as before.
+
+    [cluster.resilience]
+    token_recompute = true   # a transient link error rolls every DP group back one iteration
+    hbm_masking = true       # a faulty part of the KV region is masked; its requests alone fail
+    kv_link_probe_s = 2.0    # probe a failed KV transfer's path with a dummy payload (0: off)
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+
+class Resilience(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    token_recompute: bool = False
+    hbm_masking: bool = False
+    # DistFlow link probing: after a failed or timed-out KV transfer, a dummy payload on the same
+    # path within this many seconds tells decode-side saturation (delivered) from a link fault.
+    kv_link_probe_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 0.0
+
+
+def master_settings(r: Resilience, dp_groups: int) -> dict[str, Any]:
+    """The DP master's config keys for `r` (none when every setting is off: the spawn config,
+    logged, stays as it was)."""
+    out: dict[str, Any] = {}
+    if r.token_recompute:
+        out.update(token_recompute=True, dp_groups=dp_groups)
+    if r.hbm_masking:
+        out["hbm_masking"] = True
+    if r.kv_link_probe_s:
+        out["kv_link_probe_s"] = r.kv_link_probe_s
+    return out
