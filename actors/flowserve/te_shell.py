@@ -27,7 +27,7 @@ from deepserve.actors.flowserve.master.messages import (
     DpStatus,
     DpStatusQuery,
 )
-from deepserve.actors.flowserve.master.state import MasterConfig
+from deepserve.actors.flowserve.master.state import MasterConfig, spawn_config
 from deepserve.actors.flowserve.messages import (
     CancelOwner,
     CancelTask,
@@ -166,7 +166,7 @@ class TeShell(Actor[ShellState]):
     def on_start(self, ctx: Context) -> None:
         cfg = self.cfg
         for addr, dp in zip(self.dp_addrs, cfg.dps, strict=True):
-            ctx.spawn(addr, DpMaster, config={**msgspec.to_builtins(dp), "solo": len(cfg.dps) == 1})
+            ctx.spawn(addr, DpMaster, config={**spawn_config(dp), "solo": len(cfg.dps) == 1})
         if cfg.cluster_manager:
             npus = tuple(n for dp in cfg.dps for n in dp.npus)
             ctx.send(cfg.cluster_manager, RegisterTe(te=cfg.te, model=cfg.dps[0].model, role=cfg.role,

@@ -13,7 +13,7 @@ step samples one new token (the first one ends a prefill).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -97,6 +97,20 @@ class MasterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
     def launch_gap_s(self) -> float:
         return self.sched_gap_s if self.async_scheduling else self.sched_gap_s + self.sched_cpu_s
+
+
+# Settings added after logs existed, left out of a spawn's recorded config while at their
+# defaults: a run that does not use them logs exactly what it logged before they were added.
+_LATER_DEFAULTS = {"token_recompute": False, "hbm_masking": False, "kv_link_probe_s": 0.0, "dp_groups": 1}
+
+
+def spawn_config(cfg: MasterConfig) -> dict[str, Any]:
+    """`cfg` as the config dict a spawn records (`msgspec.to_builtins`, minus `_LATER_DEFAULTS`)."""
+    out: dict[str, Any] = msgspec.to_builtins(cfg)
+    for k, v in _LATER_DEFAULTS.items():
+        if out.get(k) == v:
+            del out[k]
+    return out
 
 
 class Req(msgspec.Struct, kw_only=True):
