@@ -35,6 +35,7 @@ from deepserve.actors.flowserve.distflow.messages import (
     LinkClustered,
     RecvTimeout,
 )
+from deepserve.actors.flowserve.distflow.probe import TIMEOUT, ProbeLink
 from deepserve.actors.ports.link import (
     LinkCancel,
     LinkTransfer,
@@ -52,6 +53,14 @@ class ChannelConfig(msgspec.Struct, frozen=True, kw_only=True):
     granularity: str = "request"  # or "layer"
     layers: int = 32
     timeout_s: float = 30.0
+    prober: str = ""  # link probing (probe.py): told of each failed or timed-out transfer ("": off)
+
+    def spawn_config(self) -> dict[str, Any]:
+        """As a spawn records it: `prober` left out while off (the record as before it existed)."""
+        out: dict[str, Any] = msgspec.to_builtins(self)
+        if not self.prober:
+            del out["prober"]
+        return out
 
 
 class Recv(msgspec.Struct, kw_only=True):
@@ -182,9 +191,11 @@ class DistFlowChannel(Actor[ChannelState]):
         elif isinstance(msg, LinkTransferDone):
             self._part_done(ctx, msg)
         elif isinstance(msg, LinkTransferFailed):
-            tid = msg.req_id.rpartition("#")[0]
+            tid, _, rank = msg.req_id.rpartition("#")
+            self._probe(ctx, tid, int(rank) if rank.isdigit() else 0, msg.reason)
             self._end(ctx, tid, f"link transfer failed: {msg.reason}")
         elif isinstance(msg, RecvTimeout):
+            self._probe(ctx, msg.task_id, 0, TIMEOUT)
             self._end(ctx, msg.task_id, f"timed out after {self.cfg.timeout_s}s")
         elif isinstance(msg, LinkCluster):
             self._cluster(ctx, msg)
@@ -258,6 +269,15 @@ class DistFlowChannel(Actor[ChannelState]):
         ctx.record(RecvPartDone(task_id, msg.req_id))
         if not self.state.recvs[task_id].pending:
             self._end(ctx, task_id, None)
+
+    def _probe(self, ctx: Context, task_id: str, rank: int, cause: str) -> None:
+        """Link probing (probe.py): a transfer on the path of `rank` failed or timed out."""
+        r = self.state.recvs.get(task_id)
+        if not self.cfg.prober or r is None or not r.transfers:
+            return  # off, or nothing was on the link yet (the handshake's failures are the peer's)
+        req = r.req
+        src, dst = req.src.npus[rank % len(req.src.npus)], req.dst_npus[rank % len(req.dst_npus)]
+        ctx.send(self.cfg.prober, ProbeLink(task_id=task_id, src=src, dst=dst, cause=cause, failed_s=ctx.now()))
 
     def _end(self, ctx: Context, task_id: str, reason: str | None) -> None:
         r = self.state.recvs.get(task_id)

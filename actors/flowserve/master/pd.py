@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from deepserve.actors.flowserve import rtc
 from deepserve.actors.flowserve.distflow.channel import ChannelConfig, DistFlowChannel
 from deepserve.actors.flowserve.distflow.messages import (
@@ -32,6 +30,7 @@ from deepserve.actors.flowserve.distflow.messages import (
     KvRecvDone,
     KvRelease,
 )
+from deepserve.actors.flowserve.distflow.probe import LinkProber
 from deepserve.actors.flowserve.master.output import finished_message
 from deepserve.actors.flowserve.master.state import (
     ARRIVED,
@@ -149,10 +148,14 @@ def _channel(m: DpMaster, ctx: Context, src_master: str) -> str:
     if src_master not in st.channels:
         ctx.record(ChannelOpened(addr=src_master))
         addr = f"{ctx.self}/df/{st.channels.index(src_master)}"
+        prober = f"{addr}/probe" if cfg.kv_link_probe_s > 0 else ""
         conf = ChannelConfig(src_master=src_master, dst_master=ctx.self, fabric=cfg.fabric,
                              mode=cfg.kv_transfer, granularity=cfg.kv_granularity,
-                             layers=cfg.kv_layers, timeout_s=cfg.kv_transfer_timeout_s)  # fmt: skip
-        ctx.spawn(addr, DistFlowChannel, config=msgspec.to_builtins(conf))
+                             layers=cfg.kv_layers, timeout_s=cfg.kv_transfer_timeout_s, prober=prober)  # fmt: skip
+        ctx.spawn(addr, DistFlowChannel, config=conf.spawn_config())
+        if prober:  # link probing (distflow/probe.py): its own actor, so the channel's state stays as it was
+            ctx.spawn(prober, LinkProber, config={"fabric": cfg.fabric, "probe_s": cfg.kv_link_probe_s,
+                                                  "report_to": cfg.health_to})  # fmt: skip
         return addr
     return f"{ctx.self}/df/{st.channels.index(src_master)}"
 

@@ -80,7 +80,8 @@ class MasterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # the KV region instead of losing the device.
     token_recompute: bool = False
     hbm_masking: bool = False
-    kv_link_probe_s: float = 0.0  # PD decode side: DistFlow link probing (channel.py; 0: off)
+    kv_link_probe_s: float = 0.0  # PD decode side: DistFlow link probing (distflow/probe.py; 0: off)
+    health_to: str = ""  # the host's device-health monitor, told of link-probe verdicts ("": none)
     dp_groups: int = 1  # the TE's DP groups (`{te}/dp/0..dp_groups-1`): the rollback's broadcast
 
     def __post_init__(self) -> None:
@@ -101,7 +102,8 @@ class MasterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
 # Settings added after logs existed, left out of a spawn's recorded config while at their
 # defaults: a run that does not use them logs exactly what it logged before they were added.
-_LATER_DEFAULTS = {"token_recompute": False, "hbm_masking": False, "kv_link_probe_s": 0.0, "dp_groups": 1}
+_LATER_DEFAULTS = {"token_recompute": False, "hbm_masking": False, "kv_link_probe_s": 0.0, "dp_groups": 1,
+                   "health_to": ""}  # fmt: skip
 
 
 def spawn_config(cfg: MasterConfig) -> dict[str, Any]:
