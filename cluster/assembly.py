@@ -31,6 +31,7 @@ from deepserve.adapters.scenario.sched import Scheduling, load_heatmap, load_pre
 from deepserve.adapters.scenario.schema import Scenario
 
 from .control import MANAGER_ADDR, MONITOR_ADDR, PODS_ADDR, spawn_control_plane
+from .health import spawn_health
 from .layout import Layout, plan
 from .schema import PlatformConfig
 from .te import spawn_te
@@ -97,6 +98,7 @@ def assemble(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR, s
     layout = plan(cfg)
     c = cfg.cluster
     spawn_topology(driver, build(c.topology, layout.servers), variance=c.npu_variance)
+    spawn_health(driver, cfg, layout.servers)  # cluster.resilience.device_health (off: nothing)
     jes = spawn_front(driver, cfg, gateway=gateway, stream_to=stream_to, max_inflight=max_inflight,
                      wake_heartbeats=True)  # fmt: skip
     spawn_control(driver, cfg, layout, jes)

@@ -80,7 +80,7 @@ def master_config(scenario: Scenario, te: TePlacement, dp: int) -> dict[str, Any
                 "token_ids": s.stream_token_ids}  # fmt: skip
     fields = set(MasterConfig.__struct_fields__)
     cfg.update({k: v for k, v in optional.items() if k in fields})
-    cfg.update(master_settings(c.resilience, c.dp_groups))  # cluster.resilience: {} when all off
+    cfg.update(master_settings(c.resilience, c.dp_groups, te.server))  # cluster.resilience: {} when all off
     return cfg
 
 

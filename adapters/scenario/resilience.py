@@ -5,6 +5,7 @@ setting off by default — a config without this section behaves, and logs, as b
     token_recompute = true   # a transient link error rolls every DP group back one iteration
     hbm_masking = true       # a faulty part of the KV region is masked; its requests alone fail
     kv_link_probe_s = 2.0    # probe a failed KV transfer's path with a dummy payload (0: off)
+    device_health = true     # a device-health monitor per server (actors/cluster/health.py)
 """
 
 from __future__ import annotations
@@ -20,12 +21,22 @@ class Resilience(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     # DistFlow link probing: after a failed or timed-out KV transfer, a dummy payload on the same
     # path within this many seconds tells decode-side saturation (delivered) from a link fault.
     kv_link_probe_s: Annotated[float, msgspec.Meta(ge=0, le=600)] = 0.0
+    # A device-health monitor on each server (`hw/sN/health`): every NPU's condition recorded by
+    # level (recoverable in place, instance, node); the KV probers report to it.
+    device_health: bool = False
 
 
-def master_settings(r: Resilience, dp_groups: int) -> dict[str, Any]:
+def health_addr(server: int) -> str:
+    """The device-health monitor of server `server`."""
+    return f"hw/s{server}/health"
+
+
+def master_settings(r: Resilience, dp_groups: int, server: int) -> dict[str, Any]:
     """The DP master's config keys for `r` (none when every setting is off: the spawn config,
     logged, stays as it was)."""
     out: dict[str, Any] = {}
+    if r.device_health and r.kv_link_probe_s:
+        out["health_to"] = health_addr(server)
     if r.token_recompute:
         out.update(token_recompute=True, dp_groups=dp_groups)
     if r.hbm_masking:

@@ -79,3 +79,44 @@ def test_a_whole_region_or_a_blocked_kv_link_is_an_instance_fault() -> None:
     assert seen == [(1.0, NPUS[0], "hbm-fault", INSTANCE, "weights"),
                     (2.0, NPUS[5], LINK_FAULT, INSTANCE, "KV path from hw/s1/npu0 over s0/npu5/roce")]  # fmt: skip
     assert health(d, NodeDown) == []
+
+
+SCENARIO = """
+name = "health"
+seed = 1
+[cluster]
+model = "llama3-8b"
+tes = 2
+kv_block_tokens = 16
+[cluster.resilience]
+token_recompute = true
+device_health = true
+[control]
+heartbeats = true
+[workload]
+trace = "builtin:azure_conv_500"
+[[faults]]
+at_s = 10.0
+kind = "link-error"
+target = "hw/s0/npu0"
+[[faults]]
+at_s = 20.0
+kind = "npu-crash"
+target = "hw/s0/npu1"
+"""
+
+
+def test_the_simulation_spawns_a_monitor_per_server_when_asked(tmp_path: Any, capsys: Any) -> None:
+    from deepserve.cli.main import main
+    from deepserve.persistence import open_log
+
+    (tmp_path / "health.toml").write_text(SCENARIO)
+    db = str(tmp_path / "health.db")
+    assert main(["sim", str(tmp_path / "health.toml"), "--requests", "60", "--log", db]) == 0
+    capsys.readouterr()
+    with open_log(db) as log:
+        run = next(iter(log.runs()))
+        seen = [(e.at_s, e.device, e.kind, e.level) for s in log.steps(run.run_id) if s.input.actor == MON
+                for e in (decode(x.type, x.payload) for x in s.events) if isinstance(e, DeviceHealth)]  # fmt: skip
+    assert seen == [(10.0, NPUS[0], "link-error", RECOVERABLE), (10.0, NPUS[0], "healthy", ""),
+                    (20.0, NPUS[1], "crash", INSTANCE)]  # fmt: skip
