@@ -29,7 +29,7 @@ import math
 from typing import Any
 
 from deepserve.actors.flowserve import rtc
-from deepserve.actors.flowserve.master.state import BatchEnded
+from deepserve.actors.flowserve.master.state import BatchEnded, TransferReleased
 from deepserve.actors.ports.npu import (
     HBM_FAULT,
     LINK_ERROR,
@@ -59,7 +59,7 @@ class HbmFaultMasked(Event, frozen=True, kw_only=True):
 
     name: str  # the device's name of the faulty part (`kv@lo-hi`)
     blocks: tuple[int, ...]  # the DP group's blocks in it (masked now, or once released)
-    failed: tuple[str, ...]  # tasks whose KV sat there
+    failed: tuple[str, ...]  # tasks whose KV sat there (and PD transfers held for a decode side)
     held: int = 0  # blocks still referenced by others (named caches, copies): masked later
 
 
@@ -152,6 +152,12 @@ def mask(m: Any, ctx: Context, name: str, device: str) -> None:
     why = f"its KV blocks sat in a faulty HBM part ({device}: {name}), masked"
     for tid in hit:
         m.end(ctx, st.reqs[tid], "failed", why)
+    # PD prefill side: a transfer held for its decode side whose KV sat there is withdrawn (the
+    # decode side's pin is refused and its JE retries the request), not served corrupted
+    for xid in [x for x in st.held if x in st.rtc.seqs and not bad.isdisjoint(st.rtc.seqs[x].blocks)]:
+        ctx.record(TransferReleased(transfer_id=xid))
+        ctx.record(rtc.free(st.rtc, xid))
+        hit.append(xid)
     ev, held = rtc.mask_blocks(st.rtc, blocks, why)
     ctx.record(HbmFaultMasked(name=name, blocks=tuple(blocks), failed=tuple(hit), held=len(held)))
     if ev is not None:

@@ -222,7 +222,7 @@ def free(rtc: Rtc, seq: str) -> RtcFreed:
 def create_cache(rtc: Rtc, cache_id: str, seq: str, block_hashes: tuple[int, ...] | list[int]) -> RtcCacheCreated:
     """Name the computed prefix of `seq` (its first cached blocks, chain `block_hashes`) so that
     `match_by_id(cache_id)` finds it; the named cache holds its blocks until deleted."""
-    if cache_id in rtc.caches:
+    if cache_id in rtc.caches or cache_id == MASK:
         raise RtcError(f"context cache {cache_id!r} exists already")
     if len(rtc.caches) >= rtc.config.max_named_caches:
         raise RtcError(f"too many context caches (max_named_caches={rtc.config.max_named_caches})")
