@@ -88,8 +88,9 @@ def spawn_front(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR
 def spawn_control(driver: Any, cfg: PlatformConfig, layout: Layout, jes: tuple[str, ...], *,
                   in_process_pods: bool = True) -> None:  # fmt: skip
     """The control plane; the manager launches each group's initial TEs (resident: at once)."""
+    spares = tuple(range(layout.servers, layout.servers + cfg.recovery.spare_servers))
     spawn_control_plane(driver, layout.slots, layout.groups, list(jes), cfg.control,
-                        in_process_pods=in_process_pods)  # fmt: skip
+                        in_process_pods=in_process_pods, recovery=cfg.recovery, spare_servers=spares)  # fmt: skip
 
 
 def assemble(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR, stream_to: str = "",
@@ -97,7 +98,9 @@ def assemble(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR, s
     """Spawn `cfg`'s whole cluster into `driver` (cfg as `config.for_driver` made it)."""
     layout = plan(cfg)
     c = cfg.cluster
-    spawn_topology(driver, build(c.topology, layout.servers), variance=c.npu_variance)
+    # the recovery ladder's spare pool: empty servers beyond the layout (none by default)
+    servers = layout.servers + cfg.recovery.spare_servers
+    spawn_topology(driver, build(c.topology, servers), variance=c.npu_variance)
     spawn_health(driver, cfg, layout.servers)  # cluster.resilience.device_health (off: nothing)
     jes = spawn_front(driver, cfg, gateway=gateway, stream_to=stream_to, max_inflight=max_inflight,
                      wake_heartbeats=True)  # fmt: skip

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from deepserve.actors.cluster.ladder import Recovery
 from deepserve.adapters.scenario.control import ControlPlane
 from deepserve.adapters.scenario.faults import FaultSpec
 from deepserve.adapters.scenario.sched import Scheduling
@@ -79,6 +80,7 @@ class PlatformConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     pd: PdPool = msgspec.field(default_factory=PdPool)  # a P/D pool of the first group's model
     groups: tuple[Cluster, ...] = ()  # further TE groups (other models, modes)
     control: ControlPlane = msgspec.field(default_factory=ControlPlane)
+    recovery: Recovery = msgspec.field(default_factory=Recovery)  # the recovery ladder's rung
     scheduling: Scheduling = msgspec.field(default_factory=Scheduling)
     slo: Slo = msgspec.field(default_factory=Slo)
     faults: tuple[FaultSpec, ...] = ()
@@ -151,6 +153,7 @@ def check(cfg: PlatformConfig, known_models: tuple[str, ...]) -> list[tuple[str,
     if bool(cfg.pd.prefill_tes) != bool(cfg.pd.decode_tes):
         zero = "pd.prefill_tes" if not cfg.pd.prefill_tes else "pd.decode_tes"
         problems.append((zero, "a P/D pool needs both prefill_tes and decode_tes >= 1 (or both 0: no pool)"))
+    problems += check_recovery(cfg)
     for i, m in enumerate(cfg.workload.models):
         if m not in cfg.models():
             problems.append((f"workload.models.{i}", f"{m!r} is served by no group (served: {', '.join(cfg.models())})"))
@@ -162,6 +165,15 @@ def check(cfg: PlatformConfig, known_models: tuple[str, ...]) -> list[tuple[str,
         problems += check_faults(cfg.faults, first.topology, layout.servers, tes=started_tes(layout),
                                  jes=je_addrs(cfg) if cfg.scheduling.entry == "gateway" else ())  # fmt: skip
     return problems
+
+
+def check_recovery(cfg: PlatformConfig) -> list[tuple[str, str]]:
+    r = cfg.recovery
+    if r.rung == "substitute" and r.spare_servers < 1:
+        return [("recovery.spare_servers", "substitute needs a spare pool: at least 1 spare server")]
+    if r.rung != "replace" and not cfg.control.heartbeats:
+        return [("recovery.rung", f"{r.rung} acts on a TE declared failed: needs control.heartbeats = true")]
+    return []
 
 
 def started_tes(layout: Any) -> tuple[str, ...]:

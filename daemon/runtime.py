@@ -120,7 +120,8 @@ class Runtime:
         d.on_external = self._on_external
         d.timer_late = self.on_timer_late
         c = self.cfg.cluster
-        spawn_topology(d, build(c.topology, self.placement.servers), variance=c.npu_variance)
+        spawn_topology(d, build(c.topology, self.placement.servers + self.cfg.recovery.spare_servers),
+                       variance=c.npu_variance)  # the recovery ladder's spare pool too
         self.spawn_front(d)
         self.spawn_control(d)
         self.accepting = True

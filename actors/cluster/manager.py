@@ -30,6 +30,7 @@ from deepserve.actors.ports.pod import (
 )
 from deepserve.core import Actor, Context, Event, Message
 
+from . import ladder as L
 from . import policy as P
 from .messages import (
     BOOT,
@@ -86,6 +87,8 @@ class ManagerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # as its group wants it (policy.BootBackoff): a link down for a while uses no budget up.
     boot_backoff_s: float = 1.0
     boot_backoff_max_s: float = 30.0
+    recovery: L.Recovery = L.Recovery()  # the recovery ladder's rung (ladder.py); default: replace
+    spare_servers: tuple[int, ...] = ()  # the servers of the substitution's spare pool
 
     def __post_init__(self) -> None:
         names = [s.te for s in self.slots]
@@ -114,9 +117,11 @@ class ClusterManager(Actor[CmState]):
         self.backoff = P.BootBackoff(base_s=self.cfg.boot_backoff_s, max_s=self.cfg.boot_backoff_max_s)
 
     def initial_state(self) -> CmState:
-        return CmState()
+        return CmState() if self.cfg.recovery.rung == "replace" else L.LadderState()
 
     def evolve(self, state: CmState, event: Event) -> CmState:
+        if isinstance(event, L.EVENTS):
+            return L.evolve(state, event)  # type: ignore[arg-type]
         return evolve(state, event)
 
     def on_start(self, ctx: Context) -> None:
@@ -173,6 +178,8 @@ class ClusterManager(Actor[CmState]):
         if r is not None:
             for a in P.on_registered(st, msg.te):
                 self._do(ctx, a)
+            for a in L.on_ready(self.state, self.slots, msg.te, self.cfg.replace_source):
+                self._do(ctx, a)
             return
         # A TE nobody launched (a simulation's builder spawned it): the stand-in's behaviour.
         group = P.group_of(msg.model, msg.role)
@@ -204,8 +211,9 @@ class ClusterManager(Actor[CmState]):
             self._failed(ctx, msg.te, msg.generation, f"its pod exited: {msg.reason}", EXITED)
 
     def _failed(self, ctx: Context, te: str, generation: int, reason: str, diagnosis: str = "") -> None:
-        source = self.cfg.replace_source
-        for a in P.on_te_failed(self.state, te, generation, reason, source, diagnosis, self.backoff):
+        cfg = self.cfg
+        for a in L.on_failed(self.state, self.slots, cfg.recovery, cfg.spare_servers, te, generation, reason,
+                             diagnosis, cfg.replace_source, self.backoff):  # fmt: skip
             self._do(ctx, a)
 
     def _scale(self, ctx: Context, msg: ScaleGroup) -> None:
@@ -271,9 +279,11 @@ class ClusterManager(Actor[CmState]):
             self._do(ctx, P.Stop(te, "drained: no task left"))
 
     # ---- carrying out decisions --------------------------------------------------------------
-    def _do(self, ctx: Context, a: P.Action) -> None:  # noqa: C901 (one branch per action kind)
+    def _do(self, ctx: Context, a: L.Action) -> None:  # noqa: C901 (one branch per action kind)
         st, cfg = self.state, self.cfg
-        if isinstance(a, P.Launch):
+        if isinstance(a, L.Note):
+            ctx.record(a.event)
+        elif isinstance(a, P.Launch):
             self._launch(ctx, a)
         elif isinstance(a, P.Ready):
             r = st.tes[a.te]
@@ -321,6 +331,7 @@ class ClusterManager(Actor[CmState]):
         slot = self.slots.get(a.te)
         if slot is None or not self.cfg.pods:
             return
+        slot = L.slot_of(self.state, slot)
         pid = pod_id(a.te, a.generation)
         ctx.record(TeLaunching(te=a.te, group=slot.group, generation=a.generation, pod_id=pid,
                                source=a.source, at_s=ctx.now(), replacing=a.replacing))  # fmt: skip

@@ -1,0 +1,323 @@
+"""The recovery ladder (xDeepServe §6.2 stages 1–2, P/D-Serve §3.4): what the cluster manager
+does when a serving TE is declared failed, as a selectable policy (`Recovery.rung`, the config's
+`[recovery]` section), pure — the manager records and carries out the actions.
+
+- `replace` (the default, what the platform always did): the failed TE alone is replaced in its
+  own slot through the cold path; its new pod re-initialises the NPUs. No ladder event is
+  recorded, so a run without `[recovery]` logs exactly what it logged before.
+- `restart-world` (stage 1, small clusters): every TE of the failed TE's model is stopped and
+  relaunched; decode TEs first, prefill TEs once every decode is ready again. A decode whose node
+  is tainted takes a prefill's NPUs (a degraded cluster still runs its decode), that prefill is
+  not restarted.
+- `pd-separate` (stage 2): only the failed TE is touched — a failed prefill never takes a decode
+  down. On a tainted node a prefill (or colocated TE) stays down; a decode is kept alive by
+  kill-P-to-preserve-D: one prefill is stopped and the decode relaunched on its NPUs.
+- `substitute` (P/D-Serve §3.4, minimum-cost): only the failed TE is replaced, in place when its
+  node is healthy, else by one new instance on a spare server (`spare_servers`, empty servers
+  beyond the layout) under the same address; it enters the JEs' membership (their routing) only
+  once it registered, so no request reaches it before it can serve.
+
+A node is tainted (Kubernetes marks it unschedulable) when a TE fails with a diagnosis in
+`Recovery.taint` — by default a lost or hung device, not a process that exited or went silent.
+Every rung but `replace` records its choice per failure (`LadderChose`), with the taint and any
+move (`NodeTainted`, `TeRelocated`), so the same fault under two rungs compares in `replay`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+import msgspec
+
+from deepserve.actors.ports.pod import LoadSource, TeSlot
+from deepserve.core.messages import Event
+
+from . import policy as P
+from .messages import DEVICE_LOST, HUNG
+from .state import CmState, GroupTarget
+
+Rung = Literal["replace", "restart-world", "pd-separate", "substitute"]
+RUNGS: tuple[str, ...] = ("replace", "restart-world", "pd-separate", "substitute")
+Diagnosis = Literal["device-lost", "hang", "silent", "exited", "boot"]
+
+
+class Recovery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The `[recovery]` section: which rung of the ladder a failed TE takes."""
+
+    rung: Rung = "replace"
+    # empty servers beyond the layout: `substitute`'s spare pool (one substitute per server)
+    spare_servers: int = msgspec.field(default=0)
+    # the diagnoses that take a failed TE's node out of scheduling (Kubernetes' taint)
+    taint: tuple[Diagnosis, ...] = (DEVICE_LOST, HUNG)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.spare_servers <= 1024:
+            raise ValueError(f"spare_servers: must be in [0, 1024], got {self.spare_servers}")
+
+
+# ---- recorded events (only when a rung other than `replace` is on) -------------------------------
+
+
+class LadderChose(Event, frozen=True, kw_only=True):
+    """The rung's decision for one failed TE generation: `action` in words, `tes` it touched."""
+
+    te: str
+    generation: int
+    rung: str
+    diagnosis: str
+    action: str
+    tes: tuple[str, ...] = ()
+
+
+class NodeTainted(Event, frozen=True, kw_only=True):
+    server: int
+    reason: str
+
+
+class TeRelocated(Event, frozen=True, kw_only=True):
+    """The TE's next generation runs on these NPUs (another server's, or a stopped prefill's)."""
+
+    te: str
+    server: int
+    npus: tuple[str, ...]
+    why: str
+
+
+class WorldRestarted(Event, frozen=True, kw_only=True):
+    """Restart-the-world: `stopped` TEs of `model` relaunched, decode first; `queued` prefills wait
+    for every decode to be ready."""
+
+    model: str
+    failed: str
+    stopped: tuple[str, ...]
+    queued: tuple[str, ...]
+
+
+class WorldResumed(Event, frozen=True, kw_only=True):
+    model: str
+    launched: tuple[str, ...]
+
+
+EVENTS = (LadderChose, NodeTainted, TeRelocated, WorldRestarted, WorldResumed)
+
+
+class LadderState(CmState, kw_only=True):
+    """The manager's state with a ladder on (a plain `CmState` otherwise: old logs' snapshots)."""
+
+    tainted: dict[str, str] = {}  # str(server) -> why
+    placed: dict[str, tuple[int, tuple[str, ...]]] = {}  # TE -> (server, NPUs) when not its own slot's
+    queued: dict[str, list[str]] = {}  # model -> prefills waiting for its decodes (restart-the-world)
+    choices: int = 0
+
+
+def evolve(s: LadderState, e: Event) -> LadderState:
+    t = type(e)
+    if t is LadderChose:
+        s.choices += 1
+    elif t is NodeTainted:
+        s.tainted[str(e.server)] = e.reason  # type: ignore[attr-defined]
+    elif t is TeRelocated:
+        s.placed[e.te] = (e.server, e.npus)  # type: ignore[attr-defined]
+    elif t is WorldRestarted:
+        s.queued[e.model] = list(e.queued)  # type: ignore[attr-defined]
+    elif t is WorldResumed:
+        s.queued.pop(e.model, None)  # type: ignore[attr-defined]
+    return s
+
+
+class Note(msgspec.Struct, frozen=True):
+    """Record this event (the manager's only ladder-specific action)."""
+
+    event: Event
+
+
+Action = P.Action | Note
+
+
+# ---- placement -----------------------------------------------------------------------------------
+
+
+def server_of(npu: str) -> int:
+    """hw/s3/npu5 -> 3."""
+    return int(npu.split("/")[1][1:])
+
+
+def relocate(slot: TeSlot, npus: tuple[str, ...]) -> TeSlot:
+    """The slot moved onto `npus` (as many or more than it has): its NPUs and host, in the slot
+    and in every DP master's config, renamed."""
+    moved = dict(zip(slot.npus, npus, strict=False))
+    server = server_of(npus[0])
+    host = f"hw/s{server}/host"
+    moved[slot.host] = host
+
+    def walk(v: object) -> object:
+        if isinstance(v, str):
+            return moved.get(v, v)
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [walk(x) for x in v]
+        return v
+
+    return msgspec.structs.replace(slot, server=server, host=host, npus=npus[: len(slot.npus)],
+                                   te_config=walk(slot.te_config))  # type: ignore[arg-type]  # fmt: skip
+
+
+def slot_of(st: CmState, slot: TeSlot) -> TeSlot:
+    """Where the TE runs now: its own slot, or where the ladder moved it."""
+    placed = getattr(st, "placed", {}).get(slot.te)
+    return slot if placed is None else relocate(slot, placed[1])
+
+
+def _tainted(st: CmState, server: int) -> bool:
+    return str(server) in getattr(st, "tainted", {})
+
+
+# ---- decisions -----------------------------------------------------------------------------------
+
+
+def on_failed(st: CmState, slots: Mapping[str, TeSlot], cfg: Recovery, spares: tuple[int, ...], te: str,
+              generation: int, reason: str, diagnosis: str, source: LoadSource,
+              backoff: P.BootBackoff) -> list[Action]:  # fmt: skip
+    """A TE generation declared failed, under `cfg.rung`. Boot failures, stale declarations and
+    surplus TEs go the default way (`policy.on_te_failed`); so does every failure under `replace`."""
+    base: list[Action] = list(P.on_te_failed(st, te, generation, reason, source, diagnosis, backoff))
+    r = st.tes.get(te)
+    if cfg.rung == "replace" or not base or r is None or r.state != "ready" or te not in slots:
+        return base
+    if not isinstance(base[-1], P.Launch):  # the group no longer wants it: stopped, nothing to choose
+        return base
+    head, here = base[:3], slot_of(st, slots[te])
+    out: list[Action] = list(head)
+    taint = diagnosis in cfg.taint and not _tainted(st, here.server)
+    if taint:
+        out.append(Note(NodeTainted(server=here.server, reason=f"{te} failed: {diagnosis} ({reason})")))
+    gone = taint or _tainted(st, here.server)
+    if cfg.rung == "restart-world":
+        return out + _restart_world(st, slots, te, generation, diagnosis, gone, source)
+    if cfg.rung == "pd-separate":
+        return out + _pd_separate(st, slots, te, generation, diagnosis, gone, source)
+    return out + _substitute(st, slots, spares, te, generation, diagnosis, gone, source)
+
+
+def _chose(te: str, generation: int, rung: str, diagnosis: str, action: str, tes: tuple[str, ...] = ()) -> Note:
+    return Note(LadderChose(te=te, generation=generation, rung=rung, diagnosis=diagnosis, action=action, tes=tes))
+
+
+def _in_place(te: str, generation: int, rung: str, diagnosis: str, source: LoadSource) -> list[Action]:
+    why = f"generation {generation} failed"
+    return [_chose(te, generation, rung, diagnosis, "replaced in place: its node is healthy, no other TE touched"),
+            P.StopPodOnly(te, why), P.Launch(te, generation + 1, source, replacing=True)]  # fmt: skip
+
+
+def _shrink(st: CmState, group: str, by: int = 1) -> Note:
+    g = st.groups[group]
+    return Note(GroupTarget(group=group, model=g.model, role=g.role, size=max(g.target - by, 0)))
+
+
+def _down(st: CmState, slot: TeSlot, generation: int, rung: str, diagnosis: str, why: str) -> list[Action]:
+    return [_chose(slot.te, generation, rung, diagnosis, why), _shrink(st, slot.group),
+            P.Stop(slot.te, f"generation {generation} failed: {why}")]  # fmt: skip
+
+
+def _victim(st: CmState, slots: Mapping[str, TeSlot], model: str, need: int) -> TeSlot | None:
+    """The prefill TE kill-P-to-preserve-D stops: the last ready one on a healthy node with NPUs
+    enough for the decode."""
+    found = [slot_of(st, slots[t]) for t, r in sorted(st.tes.items()) if t in slots and r.state == "ready"
+             and slots[t].model == model and slots[t].role == "prefill"]  # fmt: skip
+    fit = [s for s in found if not _tainted(st, s.server) and len(s.npus) >= need]
+    return fit[-1] if fit else None
+
+
+def _pd_separate(st: CmState, slots: Mapping[str, TeSlot], te: str, generation: int, diagnosis: str,
+                 gone: bool, source: LoadSource) -> list[Action]:  # fmt: skip
+    if not gone:
+        return _in_place(te, generation, "pd-separate", diagnosis, source)
+    here = slot_of(st, slots[te])
+    if here.role != "decode":
+        return _down(st, here, generation, "pd-separate", diagnosis,
+                     f"its node s{here.server} is tainted: the {here.role} TE stays down, no decode touched")
+    victim = _victim(st, slots, here.model, len(here.npus))
+    if victim is None:
+        return _down(st, here, generation, "pd-separate", diagnosis,
+                     f"its node s{here.server} is tainted and no prefill TE can give it its NPUs")
+    why = f"kill-P-to-preserve-D: {victim.te}'s NPUs on s{victim.server} host decode {te}"
+    return [_chose(te, generation, "pd-separate", diagnosis, why, (victim.te,)),
+            _shrink(st, victim.group), P.Stop(victim.te, why),
+            Note(TeRelocated(te=te, server=victim.server, npus=victim.npus, why=why)),
+            P.StopPodOnly(te, f"generation {generation} failed"), P.Launch(te, generation + 1, source, replacing=True)]  # fmt: skip
+
+
+def _substitute(st: CmState, slots: Mapping[str, TeSlot], spares: tuple[int, ...], te: str, generation: int,
+                diagnosis: str, gone: bool, source: LoadSource) -> list[Action]:  # fmt: skip
+    if not gone:
+        return _in_place(te, generation, "substitute", diagnosis, source)
+    here = slot_of(st, slots[te])
+    used = {server for server, _ in getattr(st, "placed", {}).values()}
+    free = [s for s in spares if s not in used and not _tainted(st, s)]
+    if not free:
+        return _down(st, here, generation, "substitute", diagnosis,
+                     f"its node s{here.server} is tainted and the spare pool is empty")
+    npus = tuple(f"hw/s{free[0]}/{n.split('/', 2)[2]}" for n in here.npus)
+    why = f"substituted on spare server s{free[0]}: its node s{here.server} is tainted"
+    return [_chose(te, generation, "substitute", diagnosis, why),
+            Note(TeRelocated(te=te, server=free[0], npus=npus, why=why)),
+            P.StopPodOnly(te, f"generation {generation} failed"), P.Launch(te, generation + 1, source, replacing=True)]  # fmt: skip
+
+
+def _restart_world(st: CmState, slots: Mapping[str, TeSlot], te: str, generation: int, diagnosis: str,
+                   gone: bool, source: LoadSource) -> list[Action]:  # fmt: skip
+    """Stop every TE of the model, relaunch decode (and colocated) TEs now, prefills later."""
+    model = slots[te].model
+    world = [t for t, r in sorted(st.tes.items()) if t in slots and slots[t].model == model and r.state in P.ACTIVE]
+    why = f"restart-the-world: {te} failed ({diagnosis})"
+    out: list[Action] = []
+    others = tuple(t for t in world if t != te)
+    out += [P.Stop(t, why) for t in others]
+    here = {t: slot_of(st, slots[t]) for t in world}
+    first = [t for t in world if slots[t].role != "prefill"]
+    prefills = [t for t in world if slots[t].role == "prefill"]
+    taken: list[str] = []  # prefills whose NPUs a decode on a tainted node takes
+    for t in first:
+        if t == te and gone:
+            free = [p for p in reversed(prefills) if p not in taken and not _tainted(st, here[p].server)
+                    and len(here[p].npus) >= len(here[t].npus)]  # fmt: skip
+            if not free:
+                out += [_shrink(st, slots[t].group)]
+                first = [x for x in first if x != t]
+                continue
+            taken.append(free[0])
+            out.append(Note(TeRelocated(te=t, server=here[free[0]].server, npus=here[free[0]].npus,
+                                        why=f"restart-the-world, decode first: on {free[0]}'s NPUs")))  # fmt: skip
+    for p in taken:
+        out.append(_shrink(st, slots[p].group))
+    left = [p for p in prefills if p not in taken and not (p == te and gone)]
+    if te in prefills and gone:
+        out.append(_shrink(st, slots[te].group))
+    what = (f"stopped {len(world)} TEs of {model}; decode first ({', '.join(first) or 'none'}), then prefill "
+            f"({', '.join(left) or 'none'})" + (f"; {', '.join(taken)} gave its NPUs to a decode" if taken else ""))
+    out.insert(0, _chose(te, generation, "restart-world", diagnosis, what, tuple(world)))
+    out.append(Note(WorldRestarted(model=model, failed=te, stopped=tuple(world), queued=tuple(left if first else ()))))
+    back = te in first or te in left
+    # the failed TE's pod goes; it stays `failed` until relaunched, or is stopped for good
+    out.append(P.StopPodOnly(te, f"generation {generation} failed") if back else P.Stop(te, why))
+    gens = {t: st.tes[t].generation + 1 for t in world}
+    launch = first if first else left  # a prefill-only world has nothing to wait for
+    out += [P.Launch(t, gens[t], source, replacing=True) for t in launch]
+    return out
+
+
+def on_ready(st: CmState, slots: Mapping[str, TeSlot], te: str, source: LoadSource = "cold") -> list[Action]:
+    """A TE is ready: restart-the-world's queued prefills launch once no decode of theirs boots."""
+    queued = getattr(st, "queued", {})
+    slot = slots.get(te)
+    if slot is None or slot.model not in queued:
+        return []
+    booting = [t for t, r in st.tes.items() if t in slots and slots[t].model == slot.model
+               and slots[t].role != "prefill" and r.state in ("starting", "replacing")]  # fmt: skip
+    if booting:
+        return []
+    tes = tuple(queued[slot.model])
+    return [Note(WorldResumed(model=slot.model, launched=tes)),
+            *(P.Launch(t, st.tes[t].generation + 1, source, replacing=True) for t in tes)]  # fmt: skip
