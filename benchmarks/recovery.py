@@ -1,0 +1,216 @@
+"""`deepserve bench recovery` (issue 33 §3): one fault on the same workload, same seed, under each
+rung of the recovery ladder that applies to it — detection time, recovery time, the requests it
+touched and how they ended, the tokens generated again.
+
+The cluster is a small P/D pool (xDeepServe §6.2 stage 1's kind: `PREFILL` prefill and `DECODE`
+decode Llama-3-8B TEs on 910B over RoCE, one spare server), serving the first `requests` of the
+built-in Azure conversation trace as streamed chat completions. Each fault hits the first decode
+TE (`te/{PREFILL}`: its NPU, its RoCE NIC, or its process) at `FAULT_AT_S`, while it decodes.
+
+Columns (every number read off the run's recorded events and its client-side outputs):
+- `detected_s`: fault → the TE declared failed (None: never declared, e.g. a link fault);
+- `recovered_s`: fault → every TE the rung relaunched is ready again (None: nothing relaunched);
+- `serving_min`: the fewest TEs ready at once from the fault on (the capacity dip);
+- `affected`: requests with a task ended failed (or migrated) after the fault, any TE;
+- `failed`: of those, requests that ended failed; `migrated`: requests moved to another TE with
+  their stream continued (a `TaskMigrated` event, the JE's request migration when it is on);
+  `recomputed`: affected requests that completed by running again from their prompt;
+- `tokens_regenerated`: output tokens the failed tasks had produced (streamed) for requests that
+  later completed: work done twice.
+The `replace` rung is today's behaviour, the baseline of every other row of its fault.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from deepserve.actors.cluster.ladder import LadderChose
+from deepserve.actors.cluster.state import TeDeclaredFailed, TeLaunching, TeReady, TeStopped
+from deepserve.actors.flowserve.messages import TokenBatch
+from deepserve.actors.gateway.messages import ApiRequest
+from deepserve.actors.je.messages import JeTaskEnded, JobFinished
+from deepserve.actors.workload.messages import RequestDone
+from deepserve.adapters.scenario.faults import FaultSpec, fault_inputs
+from deepserve.cluster.assembly import assemble
+from deepserve.cluster.config import for_driver, load
+from deepserve.cluster.run import arrivals
+from deepserve.cluster.schema import PlatformConfig
+from deepserve.core import SimDriver
+from deepserve.core.codec import decode
+from deepserve.persistence.memory import MemorySink
+
+PREFILL, DECODE = 2, 2
+FAULT_AT_S = 20.0
+HORIZON_S = 600.0  # virtual time a run may take to finish every request
+STREAM = "ext/stream"
+CLIENT = "ext/client"
+# fault kind -> (the scenario's fault, its target: te/2's NPU, its RoCE NIC, or the TE itself)
+FAULTS: dict[str, dict[str, Any]] = {
+    "npu-crash": {"kind": "npu-crash", "target": "hw/s1/npu0"},
+    "npu-hang": {"kind": "hang-npu", "target": "hw/s1/npu0"},
+    "hbm-fault": {"kind": "hbm-fault", "target": "hw/s1/npu0"},
+    "link-down": {"kind": "link-down", "target": "s1/npu0/roce"},
+    "link-transient": {"kind": "link-flap", "target": "s1/npu0/roce", "down_s": 0.2, "up_s": 5.0},
+    "te-process-kill": {"kind": "kill-te-process", "target": f"te/{PREFILL}"},
+}
+TE_FAULTS = ("npu-crash", "npu-hang", "hbm-fault", "te-process-kill")  # a TE is declared failed
+RUNGS = ("replace", "restart-world", "pd-separate", "substitute")
+BASELINE = "replace"
+EVENTS = frozenset(c.__name__ for c in (TeDeclaredFailed, TeLaunching, TeReady, TeStopped, LadderChose,
+                                        JeTaskEnded, JobFinished))  # fmt: skip
+MIGRATED = "TaskMigrated"  # the JE's request migration (recorded by name: counted when present)
+
+
+class Cell(msgspec.Struct, kw_only=True):
+    fault: str
+    rung: str
+    requests: int
+    completed: int
+    detected_s: float | None
+    diagnosis: str
+    recovered_s: float | None
+    serving_min: int
+    affected: int
+    failed: int
+    migrated: int
+    recomputed: int
+    tokens_regenerated: int
+    choice: str  # the rung's recorded decision ("" for replace: it records none)
+    e2e_s_max: float
+    wall_s: float
+
+
+def config(rung: str, fault: str, requests: int, seed: int) -> PlatformConfig:
+    overrides = [f"cluster.prefill_tes={PREFILL}", f"cluster.decode_tes={DECODE}", f"workload.requests={requests}",
+                 "log=none", f"seed={seed}", f"recovery.rung={rung}", "recovery.spare_servers=1"]  # fmt: skip
+    cfg = load("pd-1p1d", overrides)
+    return msgspec.structs.replace(cfg, faults=(FaultSpec(at_s=FAULT_AT_S, **FAULTS[fault]),))
+
+
+def applicable(fault: str) -> tuple[str, ...]:
+    """The rungs that act on `fault`: a ladder acts on a TE declared failed; a link fault
+    declares none, so its rows would repeat the baseline's."""
+    return RUNGS if fault in TE_FAULTS else (BASELINE,)
+
+
+class Run(msgspec.Struct, kw_only=True):
+    driver: SimDriver
+    sink: MemorySink
+    done: dict[str, RequestDone]  # request id -> its terminal answer
+    requests: int
+    wall_s: float
+
+
+def simulate(rung: str, fault: str, requests: int = 200, seed: int = 0, stream: bool = False) -> Run:
+    """One cell's run, its whole log in memory."""
+    cfg = for_driver(config(rung, fault, requests, seed), "sim")
+    sink = MemorySink()
+    driver = SimDriver(cfg.seed, sink=sink)
+    done: dict[str, RequestDone] = {}
+    driver.on_external = lambda _t, env: (done.__setitem__(env.msg.request_id, env.msg)
+                                          if type(env.msg) is RequestDone else None)  # fmt: skip
+    built = assemble(driver, cfg, stream_to=STREAM)
+    driver.run(until=0.0)
+    for at, dst, msg in fault_inputs(cfg.faults):
+        driver.inject(dst, msg, at=at, src="ext/fault")
+    n = 0
+    for at, a in arrivals(cfg.scenario(), None, None):
+        driver.inject(built.gateway, ApiRequest(request_id=a.request_id, model=cfg.cluster.model, prompt=a.prompt,
+                                                sampling=a.sampling, reply_to=CLIENT, stream=stream),
+                      at=at, corr=a.request_id, src=CLIENT)  # fmt: skip
+        n += 1
+    t0 = time.perf_counter()
+    while len(done) < n and driver.now < HORIZON_S and driver.pending():
+        driver.run(max_deliveries=20_000)
+    return Run(driver=driver, sink=sink, done=done, requests=n, wall_s=time.perf_counter() - t0)
+
+
+def run_cell(rung: str, fault: str, requests: int = 200, seed: int = 0, stream: bool = False) -> Cell:
+    r = simulate(rung, fault, requests, seed, stream)
+    return _cell(rung, fault, r.requests, r.done, r.sink, r.wall_s)
+
+
+def _read(sink: MemorySink) -> tuple[list[tuple[float, Any]], dict[str, int], set[str]]:
+    """(t, event) of the events the table reads; output tokens streamed per task; migrated requests."""
+    evs, tokens, migrated = [], {}, set()
+    for step in sink.steps:
+        for ev in step.events:
+            if ev.type in EVENTS:
+                evs.append((step.input.t, decode(ev.type, ev.payload)))
+            elif ev.type == MIGRATED:
+                migrated.add(decode(ev.type, ev.payload).request_id)
+        for out in step.outputs:
+            if out.dst == STREAM and out.type == TokenBatch.__name__:
+                for c in decode(out.type, out.payload).chunks:
+                    tokens[c.task_id] = max(tokens.get(c.task_id, 0), c.first_index + len(c.times_s))
+    return evs, tokens, migrated
+
+
+def _cell(rung: str, fault: str, n: int, done: dict[str, RequestDone], sink: MemorySink, wall: float) -> Cell:
+    evs, tokens, migrated = _read(sink)
+    te = f"te/{PREFILL}"
+    declared = next(((t, e) for t, e in evs if type(e) is TeDeclaredFailed and e.te == te and t >= FAULT_AT_S), None)
+    relaunched: dict[str, float] = {}
+    for t, e in evs:
+        if type(e) is TeLaunching and e.replacing and t >= FAULT_AT_S:
+            relaunched.setdefault(e.te, t)
+    ready_at = {te_: next((t for t, e in evs if type(e) is TeReady and e.te == te_ and t >= t0), None)
+                for te_, t0 in relaunched.items()}  # fmt: skip
+    recovered = None if not ready_at or None in ready_at.values() else max(ready_at.values()) - FAULT_AT_S  # type: ignore[type-var]
+    failed_tasks = [(t, e) for t, e in evs if type(e) is JeTaskEnded and e.status == "failed" and t >= FAULT_AT_S]
+    ok = {r for r, m in done.items() if m.status == "completed"}
+    # a request failed after the fault without a task failing was refused for want of a TE
+    hit = {e.request_id for _, e in failed_tasks} | migrated | {r for r, m in done.items()
+                                                                  if r not in ok and m.finish_s >= FAULT_AT_S}  # fmt: skip
+    regenerated = sum(tokens.get(e.task_id, 0) for _, e in failed_tasks if e.request_id in ok)
+    choice = next((e.action for _, e in evs if type(e) is LadderChose), "")
+    e2e = [m.finish_s - m.arrival_s for m in done.values()]
+    return Cell(fault=fault, rung=rung, requests=n, completed=len(ok),
+                detected_s=None if declared is None else declared[0] - FAULT_AT_S,
+                diagnosis="" if declared is None else declared[1].diagnosis, recovered_s=recovered,
+                serving_min=_serving_min(evs), affected=len(hit), failed=len(hit - ok), migrated=len(migrated),
+                recomputed=len((hit & ok) - migrated), tokens_regenerated=regenerated, choice=choice,
+                e2e_s_max=max(e2e, default=0.0), wall_s=wall)  # fmt: skip
+
+
+def _serving_min(evs: list[tuple[float, Any]]) -> int:
+    ready: dict[str, bool] = {}
+    low: int | None = None
+    for t, e in evs:
+        if type(e) is TeReady:
+            ready[e.te] = True
+        elif type(e) in (TeDeclaredFailed, TeStopped):
+            ready[e.te] = False
+        else:
+            continue
+        if t >= FAULT_AT_S:
+            now = sum(ready.values())
+            low = now if low is None else min(low, now)
+    return sum(ready.values()) if low is None else low
+
+
+def run_table(faults: Sequence[str] = tuple(FAULTS), requests: int = 200, seed: int = 0,
+              rungs: Sequence[str] = RUNGS, stream: bool = False) -> list[Cell]:  # fmt: skip
+    return [run_cell(r, f, requests, seed, stream) for f in faults for r in applicable(f) if r in rungs]
+
+
+COLUMNS = ("fault", "rung", "detected_s", "recovered_s", "serving_min", "affected", "failed", "migrated",
+           "recomputed", "tokens_regenerated", "completed")  # fmt: skip
+
+
+def render(cells: Sequence[Cell]) -> str:
+    def fmt(v: object) -> str:
+        if v is None:
+            return "-"
+        return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+    rows = [COLUMNS] + [tuple(fmt(getattr(c, k)) for k in COLUMNS) for c in cells]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    lines = ["  ".join(x.ljust(w) if i < 2 else x.rjust(w) for i, (x, w) in enumerate(zip(r, widths, strict=True)))
+             for r in rows]  # fmt: skip
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,116 @@
+"""The recovery ladder's rungs on the same fault, in virtual time (benchmarks/recovery.py's cluster:
+2 prefill TEs on server 0, 2 decode TEs on server 1, one spare server 2; the first 60 requests
+of the Azure conversation trace; decode te/2's NPU crashes at 20 s): what each rung did, the
+numbers it scored, and every log replays identically."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from deepserve.actors.cluster.ladder import (
+    LadderChose,
+    LadderState,
+    NodeTainted,
+    TeRelocated,
+    WorldRestarted,
+)
+from deepserve.actors.cluster.state import (
+    CmState,
+    MembershipPushed,
+    TeLaunching,
+    TeReady,
+    TeStopped,
+)
+from deepserve.benchmarks.recovery import FAULT_AT_S, Run, _cell, simulate
+from deepserve.cluster.control import MANAGER_ADDR
+from deepserve.core.codec import decode
+from deepserve.persistence.memory import MemoryLog
+from deepserve.replay import verify
+
+REQUESTS = 60
+LADDER = (LadderChose, NodeTainted, TeRelocated, WorldRestarted)
+
+
+def events(run: Run, *classes: type) -> list[tuple[float, Any]]:
+    names = {c.__name__ for c in classes}
+    return [(s.input.t, decode(e.type, e.payload)) for s in run.sink.steps if s.input.actor == MANAGER_ADDR
+            for e in s.events if e.type in names]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, Run]:
+    return {rung: simulate(rung, "npu-crash", REQUESTS) for rung in ("replace", "restart-world", "pd-separate",
+                                                                     "substitute")}  # fmt: skip
+
+
+def cell(runs: dict[str, Run], rung: str) -> Any:
+    r = runs[rung]
+    return _cell(rung, "npu-crash", r.requests, r.done, r.sink, r.wall_s)
+
+
+def slot_npus(run: Run, te: str) -> tuple[str, ...]:
+    (launch,) = [e for _, e in events(run, TeLaunching) if e.te == te and e.generation == 2]
+    assert launch.replacing
+    pods = run.driver.actor("pods").state.pods
+    return pods[launch.pod_id].launch.slot.npus  # type: ignore[no-any-return]
+
+
+def test_replace_is_today_s_rung_and_records_no_ladder_event(runs: dict[str, Run]) -> None:
+    r = runs["replace"]
+    assert type(r.driver.actor(MANAGER_ADDR).state) is CmState
+    assert events(r, *LADDER) == []
+    c = cell(runs, "replace")
+    assert (c.detected_s, c.diagnosis, c.serving_min) == (0.0, "device-lost", 3)
+    assert c.recovered_s == pytest.approx(6.567, abs=1e-3)
+    assert (c.affected, c.failed, c.recomputed, c.completed) == (3, 0, 3, REQUESTS)
+    assert slot_npus(r, "te/2") == ("hw/s1/npu0",)  # its own slot
+
+
+def test_substitute_boots_exactly_the_failed_decode_on_the_spare_server(runs: dict[str, Run]) -> None:
+    r = runs["substitute"]
+    assert type(r.driver.actor(MANAGER_ADDR).state) is LadderState
+    assert [e.server for _, e in events(r, NodeTainted)] == [1]
+    assert slot_npus(r, "te/2") == ("hw/s2/npu0",)
+    assert [e.te for _, e in events(r, TeLaunching) if e.replacing] == ["te/2"]  # minimum cost: one instance
+    assert events(r, TeStopped) == []
+    # routing follows registration: the JEs' membership has te/2 again only once it is ready
+    (back,) = [t for t, e in events(r, TeReady) if e.te == "te/2" and e.generation == 2]
+    pushes = [(t, "te/2" in e.tes) for t, e in events(r, MembershipPushed) if e.group == "llama3-8b/decode"]
+    assert [has for t, has in pushes if t >= FAULT_AT_S] == [False, True]
+    assert next(t for t, has in pushes if t > FAULT_AT_S and has) == back
+    c = cell(runs, "substitute")
+    assert c.serving_min == 3 and c.recovered_s == pytest.approx(6.567, abs=1e-3)
+    assert (c.failed, c.completed) == (0, REQUESTS) and "spare server s2" in c.choice
+
+
+def test_pd_separate_kills_a_prefill_to_preserve_the_decode(runs: dict[str, Run]) -> None:
+    r = runs["pd-separate"]
+    assert [(e.te, e.reason.split(":")[0]) for _, e in events(r, TeStopped)] == [("te/1", "kill-P-to-preserve-D")]
+    assert slot_npus(r, "te/2") == ("hw/s0/npu1",)  # te/1's NPU
+    c = cell(runs, "pd-separate")
+    assert c.serving_min == 2 and c.recovered_s == pytest.approx(6.567, abs=1e-3)
+    st = r.driver.actor(MANAGER_ADDR).state
+    assert {te: x.state for te, x in st.tes.items()} == {"te/0": "ready", "te/1": "stopped", "te/2": "ready",
+                                                         "te/3": "ready"}  # fmt: skip
+    assert st.groups["llama3-8b/prefill"].target == 1
+
+
+def test_restart_world_restarts_every_te_decode_before_prefill(runs: dict[str, Run]) -> None:
+    r = runs["restart-world"]
+    (restart,) = [e for _, e in events(r, WorldRestarted)]
+    assert restart.stopped == ("te/0", "te/1", "te/2", "te/3") and restart.queued == ("te/0",)
+    ready = {e.te: t for t, e in events(r, TeReady) if t > FAULT_AT_S}
+    launched = {e.te: t for t, e in events(r, TeLaunching) if t > FAULT_AT_S}
+    assert set(ready) == {"te/0", "te/2", "te/3"}  # te/1 gave its NPUs to te/2 (its node is tainted)
+    assert launched["te/0"] == max(ready["te/2"], ready["te/3"]) and ready["te/0"] > launched["te/0"]
+    c = cell(runs, "restart-world")
+    assert c.serving_min == 0 and c.recovered_s == pytest.approx(ready["te/0"] - FAULT_AT_S)
+    assert c.recovered_s > cell(runs, "replace").recovered_s
+    assert c.failed > 0 and c.completed == REQUESTS - c.failed  # nothing serves while the world restarts
+
+
+def test_every_rung_s_log_replays_identically(runs: dict[str, Run]) -> None:
+    for rung, r in runs.items():
+        assert verify(MemoryLog(r.sink)).identical, rung  # type: ignore[arg-type]
