@@ -33,6 +33,7 @@ from deepserve.adapters.scenario.schema import Scenario
 from .control import MANAGER_ADDR, MONITOR_ADDR, PODS_ADDR, spawn_control_plane
 from .health import spawn_health
 from .layout import Layout, plan
+from .migration_costs import migration_config
 from .schema import PlatformConfig
 from .te import spawn_te
 
@@ -71,6 +72,9 @@ def spawn_front(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR
 
     jes = je_addrs(cfg)
     je = {**je_config(cfg.scheduling, cfg.cluster.kv_block_tokens), "stream_to": stream_to}
+    mig = cfg.scheduling.migration
+    if mig.enabled:  # only then: a config without it spawns its JEs exactly as before
+        je["migration"] = migration_config(cfg.cluster, mig.enabled, mig.max_migrations)
     for addr in jes:
         driver.spawn(addr, JobExecutor, config=je)
     limit = max_inflight if max_inflight is not None else cfg.scheduling.max_inflight_per_model

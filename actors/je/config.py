@@ -10,6 +10,8 @@ from deepserve.actors.scheduling import DEFAULT_POLICY, Policy
 from deepserve.actors.scheduling.forwarding import ForwardingParams
 from deepserve.actors.scheduling.locality import MAX_BLOCKS_DEFAULT
 
+from .migration import MigrationParams
+
 MAX_JOBS = 1 << 20  # a limit on everything: jobs one JE holds at once
 MAX_BATCH_ITEMS = 100_000
 
@@ -33,6 +35,8 @@ class JeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # TE can take it (outlier ejection: a down link is invisible to heartbeats, so every request
     # sent that way would find it down once). 0: never set aside.
     kv_fail_cooldown_s: float = 5.0
+    # A streamed request on a failed TE moves to another (migration.py); off: it fails, as before
+    migration: MigrationParams = msgspec.field(default_factory=MigrationParams)
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:

@@ -27,6 +27,8 @@ from deepserve.actors.workload.messages import EndOfRun
 from deepserve.core import Message
 
 from . import decide as D
+from . import migration as M
+from . import routing
 from .effects import Effects
 from .flow import JobFlow
 from .messages import (
@@ -163,11 +165,33 @@ class JeCore(JobFlow):
         cooldown = self.cfg.kv_fail_cooldown_s
         if kv_lost and j.prefill_te and cooldown > 0:
             fx.record(PrefillSetAside(te=j.prefill_te, until_s=now + cooldown, reason=reason))
+        if D.moves(j, phase, self.cfg.migration):
+            self.migrate(s, now, fx, rid, j, te, reason)
+            return
         verdict = D.after_failure(j, phase, attempt, reason, self.cfg.max_attempts)
         if isinstance(verdict, D.End):
             self.finish(s, now, fx, rid, j, verdict.status, verdict.reason)
         else:
             self.dispatch(s, now, fx, rid, j, verdict.phase, verdict.attempt, verdict.last)
+
+    def migrate(self, s: JeState, now: float, fx: Effects, rid: str, j: Job, te: str, reason: str) -> None:
+        """Request migration (xLLM §3.5): the streamed request continues on another TE from the
+        output token the JE knows its client has, its KV rebuilt the cheaper way (migration.py)."""
+        _, longest = routing.group_walk(s, j.model, j.prompt.block_hashes)
+        resume = min(j.output_tokens, j.sampling.max_tokens - 1)
+        choice = M.choose(self.cfg.migration, j.prompt.num_tokens, resume, longest * self.cfg.kv_block_tokens, "")
+        old, kv = j.task_id, j.kv if j.phase == "decode" else None
+        fx.record(M.TaskMigrated(request_id=rid, task_id=old, from_te=te, resume_from=resume,
+                                 failure=reason, choice=choice))  # fmt: skip
+        # Zombie protection (P/D-Serve §3.4): a failed TE that is not dead (hung, cut off) stops
+        # the old task and frees its blocks; a decode's prefill side frees the KV it holds for it
+        # now, not when its hold expires. (A dead TE's address drops the cancel.)
+        if te:
+            fx.send(te, CancelTask(task_id=old, reason=f"migrated: {reason}"), corr=rid)
+        if kv is not None:
+            fx.send(kv.src, KvRelease(transfer_id=kv.transfer_id), corr=rid)
+        attempt = (j.start_attempt if j.phase == "decode" else j.attempt) + 1
+        self.dispatch(s, now, fx, rid, j, "chat", attempt, reason)
 
     # ---- membership, cancels, timers -----------------------------------------------------------
     def membership(self, s: JeState, now: float, fx: Effects, m: TeGroupMembership) -> None:

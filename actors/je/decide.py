@@ -18,6 +18,7 @@ from deepserve.actors.workload.messages import RequestDone, RequestStatus
 from . import routing
 from .config import MAX_BATCH_ITEMS
 from .messages import JeState, Job, Phase, SubmitBatch
+from .migration import MigrationParams
 
 
 def task_id(request_id: str, phase: str, attempt: int) -> str:
@@ -120,6 +121,14 @@ class Retry(msgspec.Struct, frozen=True):
 class End(msgspec.Struct, frozen=True):
     status: RequestStatus
     reason: str
+
+
+def moves(j: Job, phase: str, p: MigrationParams) -> bool:
+    """Whether a failed task's request migrates (migration.py) rather than the retry rule
+    deciding: a streamed request whose client has seen output, with migration on, moved fewer
+    than `max_migrations` times."""
+    seen = j.stream and (j.streamed or phase == "decode")
+    return p.enabled and seen and not j.cancelled and j.migrations < p.max_migrations
 
 
 def after_failure(j: Job, phase: str, attempt: int, reason: str, max_attempts: int) -> Retry | End:

@@ -293,6 +293,8 @@ class Job(msgspec.Struct, kw_only=True):
     scheduled_s: float | None = None
     cancelled: str = ""  # why the requester cancelled it ("": not cancelled)
     cancel_completes: bool = False  # ... and it ends completed, not cancelled (a stop sequence)
+    migrations: int = 0  # times its stream moved to another TE (migration.TaskMigrated)
+    resume_from: int = 0  # the output token its next chat task starts at (0: from the start)
 
 
 class Batch(msgspec.Struct, kw_only=True):

@@ -32,6 +32,7 @@ from .messages import (
     TaskAcked,
     TaskStreamed,
 )
+from .migration import TaskMigrated
 from .trees import KvEventsFolded, fold_kv_batch
 
 
@@ -56,9 +57,11 @@ def _routed(s: JeState, e: RouteDecided, max_tree_blocks: int) -> None:
     if j.phase != e.phase:
         j.refused = []
     j.phase, j.task_id, j.te, j.attempt, j.acked = e.phase, e.task_id, te, e.attempt, False
-    j.streamed = j.streamed and e.phase == "decode"
+    j.streamed = j.streamed and (e.phase == "decode" or j.migrations > 0)
     if e.phase != "decode":  # a (re)start: a failed attempt's output is discarded (never shown)
-        j.start_attempt, j.output_tokens, j.first_token_s = e.attempt, 0, None
+        j.start_attempt = e.attempt
+        if not j.migrations:  # a moved stream keeps what its client was sent (and its first token's time)
+            j.output_tokens, j.first_token_s = 0, None
     else:
         j.decodes += 1
     s.open[te] = s.open.get(te, 0) + 1
@@ -142,11 +145,19 @@ def _offer_refused(s: JeState, e: OfferRefused, _: int) -> None:
 
 def _prefilled(s: JeState, e: JePrefilled, _: int) -> None:
     j = s.jobs[e.request_id]
-    j.first_token_s, j.kv, j.prefill_te = e.first_token_s, e.kv, e.te
+    j.kv, j.prefill_te = e.kv, e.te
+    if not j.migrations:  # a moved stream's first token went out before
+        j.first_token_s = e.first_token_s
     j.cached_prompt_tokens, j.prompt_tokens = e.cached_prompt_tokens, e.prompt_tokens
     j.queued_s, j.scheduled_s = e.queued_s, e.scheduled_s
     _close(s, j.te)
     j.te = ""
+
+
+def _migrated(s: JeState, e: TaskMigrated, _: int) -> None:
+    j = s.jobs[e.request_id]
+    j.migrations += 1
+    j.resume_from = e.resume_from
 
 
 def _membership_changed(s: JeState, e: MembershipChanged, max_tree_blocks: int) -> None:
@@ -240,4 +251,5 @@ _FOLD: dict[type, Callable[[JeState, Any, int], None]] = {
     OfferRefused: _offer_refused, JePrefilled: _prefilled, JobAccepted: _accepted, JobFinished: _finished,
     MembershipChanged: _membership_changed, BatchAccepted: _batch_accepted, JobParked: _parked,
     JeLateMessage: _late, JobCancelRequested: _cancel_requested, KvEventsFolded: _kv_folded,
+    TaskMigrated: _migrated,
 }  # fmt: skip

@@ -30,6 +30,15 @@ class Forwarding(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     accept_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 5.0
 
 
+class Migration(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """`[scheduling.migration]`: a streamed request on a failed TE moves to another and its
+    stream continues (xLLM §3.5, actors/je/migration.py), the failed task's remains cleaned up
+    (P/D-Serve §3.4 zombie protection). Off: it fails with the reason, as before."""
+
+    enabled: bool = False
+    max_migrations: Annotated[int, msgspec.Meta(ge=1, le=64)] = 3
+
+
 class Scheduling(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     # How requests enter: "gateway" (the platform: gateway -> JE -> TE, with the control plane)
     # or "dispatcher" (`deepserve sim` only: the workload stand-in's round robin straight to the
@@ -46,6 +55,7 @@ class Scheduling(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     kv_fail_cooldown_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 5.0
     kv_events: bool = True  # the JEs mirror the TEs' KV cache events (False: routing guesses only)
     forwarding: Forwarding = msgspec.field(default_factory=Forwarding)
+    migration: Migration = msgspec.field(default_factory=Migration)
 
 
 def load_heatmap(path: str) -> dict[str, Any]:

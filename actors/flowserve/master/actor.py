@@ -187,6 +187,10 @@ class DpMaster(Actor[MasterState]):
             return
         if msg.kind == "prefill" and out_len > 1:
             out_len, stop = 1, "prefilled"
+        if msg.resume_from >= out_len > 0:  # a migrated stream whose output was all out already
+            ctx.record(TaskQueued(task=msg, out_len=out_len, stop=stop, emitted=out_len, at_s=ctx.now()))
+            self.end(ctx, self.state.reqs[msg.task_id], "completed", stop)
+            return
         hashes = msg.prompt.block_hashes
         m = rtc.match_by_prefix(st.rtc, hashes) if cfg.dram_blocks else rtc.NO_MATCH
         load = m.dram_blocks and should_populate(
@@ -194,7 +198,8 @@ class DpMaster(Actor[MasterState]):
             st.prefill_tokens_per_s,
         ) and rtc.can_allocate(st.rtc, len(m.dram_blocks), m.hbm_blocks)  # fmt: skip
         status = LOADING if load else WAITING
-        ctx.record(TaskQueued(task=msg, out_len=out_len, stop=stop, status=status, at_s=ctx.now()))
+        ctx.record(TaskQueued(task=msg, out_len=out_len, stop=stop, status=status, emitted=msg.resume_from,
+                              at_s=ctx.now()))  # fmt: skip
         if load:
             copy = rtc.populate(st.rtc, msg.task_id, hashes, m)
             assert copy is not None
@@ -229,6 +234,8 @@ class DpMaster(Actor[MasterState]):
                     f"group has ({cfg.hbm_blocks} of {B} tokens)")  # fmt: skip
         if msg.kind == "decode" and msg.kv_source is None:
             return "kv_source: a decode task needs the prefill side's KV handle"
+        if msg.resume_from and (msg.kind != "chat" or not 0 < msg.resume_from < msg.sampling.max_tokens):
+            return f"resume_from: only a chat task resumes, inside [1, max_tokens), got {msg.resume_from}"
         if len(st.reqs) >= cfg.max_waiting:
             return f"queue full: {len(st.reqs)} tasks (max_waiting={cfg.max_waiting})"
         return None
@@ -359,7 +366,8 @@ class DpMaster(Actor[MasterState]):
             task = r.task
             chunk = chunks.get(tid)
             # the short-circuit (`stream_to`, sent above): the requester hears of the first only
-            if chunk is not None and task.tokens and (not task.stream_to or first == (1 if task.kind == "decode" else 0)):
+            head = 1 if task.kind == "decode" else task.resume_from  # the task's first output token
+            if chunk is not None and task.tokens and (not task.stream_to or first == head):
                 ctx.send(task.reply_to, chunk, corr=task.request_id)
             prompt = task.prompt
             c, p = r.num_computed, prompt.num_tokens
