@@ -14,6 +14,7 @@ import msgspec
 from fastapi import Request
 
 from deepserve.actors.flowserve.messages import TaskTokens
+from deepserve.actors.je.stream import DROP, StreamMerge
 from deepserve.actors.workload.messages import RequestDone
 from deepserve.adapters.tokenizer import output_text
 
@@ -73,7 +74,8 @@ class Generation:
         self.last_token_s: float | None = None  # the latest token's emulated time (TPOT ends there)
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None  # vLLM's: the stop string or token id that ended it
-        self.task_id: str | None = None  # the task whose tokens are followed (`_follows`)
+        self.task_id: str | None = None  # the task whose tokens are followed (`_new_part`)
+        self.merge = StreamMerge()
         self.done: RequestDone | None = None
         self.created = self.head.created
         self.prompt_tokens = 0  # known at submission (continuous usage stats)
@@ -133,17 +135,12 @@ class Generation:
                 return
             if not isinstance(item, TaskTokens) or self.finish_reason is not None:
                 continue
-            if not self._follows(item, sent):
+            ids, count = self._new_part(item)
+            if not count:
                 continue
-            if item.first_index == 0 and self.tokens:
-                # A retry from scratch: the JE retries a non-streamed request whose task failed
-                # after output (nothing was sent: `collect` answers at the end). The failed
-                # attempt's text is dropped, not joined to the retry's.
-                self.text, self.tokens, sent = "", 0, 0
-                self.min_chars = 0 if self.min_tokens == 0 else -1
             if item.times_s:
                 self.last_token_s = item.times_s[-1]
-            await self._append(item.token_ids, len(item.token_ids) or len(item.times_s))
+            await self._append(ids, count)
             if self.finish_reason is None and self.stops and self.min_chars >= 0:
                 await self._match_stops(max(0, sent - hold, self.min_chars))
             if self.finish_reason is not None:
@@ -153,21 +150,19 @@ class Generation:
                 yield self.text[sent:upto]
                 sent = upto
 
-    def _follows(self, item: TaskTokens, sent: int) -> bool:
-        """Whether a chunk belongs to the output: the TEs stream to the frontend directly (no
-        JE in between to drop an abandoned attempt's tokens), so a chunk of another task than
-        the one followed is taken only as a restart from token 0 while nothing was sent (a
-        retry; a non-streamed client is sent nothing before the end), or as the decode task continuing where the prefill stopped (P/D). Anything
-        else is an attempt the JE gave up on (it timed out, yet still runs): dropped."""
-        if item.task_id == self.task_id or self.task_id is None:
-            self.task_id = item.task_id
-            return True
-        restart = item.first_index == 0 and (sent == 0 or not self.req.stream)
-        resumes = item.first_index == self.tokens and item.task_id.rpartition("/")[2].startswith("decode.")
-        if restart or resumes:
-            self.task_id = item.task_id
-            return True
-        return False
+    def _new_part(self, item: TaskTokens) -> tuple[tuple[int, ...], int]:
+        """The chunk's tokens the client does not have yet, and their count. The TEs stream to
+        the frontend directly (no JE in between to drop an abandoned attempt's tokens), and
+        several tasks may produce one request's output — a P/D decode after its prefill, a
+        retry from scratch, a migrated stream resuming on another TE at a token the client
+        may already have: merged by token index (actors/je/stream.py), nothing twice, nothing
+        skipped."""
+        count = len(item.token_ids) or len(item.times_s)
+        skip = self.merge.take(item.task_id, item.first_index, count)
+        if skip == DROP:
+            return (), 0
+        self.task_id = self.merge.task
+        return item.token_ids[skip:], count - skip
 
     async def _match_stops(self, start: int) -> None:
         hits = [(h, x) for h, x in ((self.text.find(x, start), x) for x in self.stops) if h >= 0]

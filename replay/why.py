@@ -27,7 +27,7 @@ from .common import ReplayError, first_few, pick_run
 HOP_TYPES = frozenset({
     "GatewayRouted", "GatewayRefused", "RouteDecided", "OfferRefused", "JeTaskEnded", "JePrefilled",
     "JobFinished", "RequestDispatched", "RequestPrefilled", "RequestFinished", "JobCancelRequested",
-    "PrefillWaiting", "RouteQueued",
+    "PrefillWaiting", "RouteQueued", "TaskMigrated",
 })  # fmt: skip
 TERMINAL = ("JobFinished", "RequestFinished")
 FAULT_SOURCES = frozenset({"ext/admin", "ext/fault"})  # `deepserve fault`/`scale`; a scenario's plan
@@ -42,6 +42,7 @@ def _load_types() -> None:
     import deepserve.actors.cluster.state  # noqa: F401
     import deepserve.actors.gateway.messages  # noqa: F401
     import deepserve.actors.je.messages  # noqa: F401
+    import deepserve.actors.je.migration  # noqa: F401
     import deepserve.actors.ports.faults  # noqa: F401
     import deepserve.actors.ports.pod  # noqa: F401
     import deepserve.actors.workload.messages  # noqa: F401
@@ -151,6 +152,12 @@ def _hop_lines(h: dict[str, Any]) -> Iterator[str]:
         yield from _decision_lines(at, who, h, f"queued, not offered: {h['reason']}")
     elif ev == "JeTaskEnded" and h["status"] != "completed":
         yield f"{at}  {who}: task {h['task_id']} on {h['te']} {h['status']}: {h['reason']}"
+    elif ev == "TaskMigrated":
+        c = h["choice"]
+        cost = f"migrate {c['migrate_s'] * 1e3:.2f} ms" if c["migrate_s"] is not None else "migrate: no readable KV"
+        yield (f"{at}  {who}: MIGRATED off {h['from_te']} ({c['mode']}: {c['reason']}; {cost} vs recompute "
+               f"{c['recompute_s'] * 1e3:.2f} ms, {c['kv_bytes']} KV bytes); the stream resumes at output token "
+               f"{h['resume_from']}, the client's tokens before it not sent again")
     elif ev == "JobCancelRequested":  # when the client gave up (TTFT deadline, disconnect, stop)
         then = "it ends completed (a stop sequence)" if h["completed"] else "cancelling its task"
         yield f"{at}  {who}: cancel requested: {h['reason']}; {then}"
