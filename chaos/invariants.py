@@ -10,6 +10,12 @@
   both free and held). At the end, with every request terminal, no task is left on a master.
 - `tokens`: each request's streamed tokens arrive in order from index 0, none twice, none
   skipped, and a completed request streamed exactly its output tokens.
+- `migration`: a stream another task takes over (a migrated request resuming on another TE,
+  a P/D decode after its prefill, a retry) has no duplicate and no missing token: the new task's
+  first chunk starts at or below the client's next index (nothing skipped), the tokens it
+  re-generates below that index are the ones the client has (compared by id: the frontend drops
+  them, so any difference would reach the client as a token twice or one lost), and an older
+  task's chunks after the takeover are dropped as the frontend drops them (actors/je/stream.py).
 - `convergence`: once faults stop, every TE group is back to its target of ready TEs.
 - `replay`: the run's log replays identically (replay.verify).
 
@@ -30,9 +36,10 @@ import msgspec
 from deepserve.actors.flowserve.master.state import MasterState
 from deepserve.actors.flowserve.messages import TokenBatch
 from deepserve.actors.flowserve.rtc.apply import is_rtc_event
+from deepserve.actors.je.stream import task_order
 from deepserve.actors.workload.messages import Arrive, RequestDone
 
-INVARIANTS = ("terminal", "kv-blocks", "tokens", "convergence", "replay")
+INVARIANTS = ("terminal", "kv-blocks", "tokens", "migration", "convergence", "replay")
 MAX_KEPT = 20  # violations kept per seed (the first one is the one reported)
 
 
@@ -56,6 +63,10 @@ class Checker:
         self.streamed: dict[str, int] = {}  # request -> tokens streamed so far (next index)
         self.all_done = False
         self.late_chunks = 0  # chunks for requests already terminal (a client never sees them)
+        self.follows: dict[str, tuple[str, tuple[int, int]]] = {}  # request -> the task followed, its order
+        self.ids: dict[str, list[int]] = {}  # request -> the token ids streamed (when the TEs send ids)
+        self.taken_over: set[str] = set()  # requests whose stream another task took over mid-way
+        self.superseded_chunks = 0  # an older task's chunks after a newer one took over (dropped)
         self._pending: list[tuple[str, str, str]] = []  # seen while routing a step's outputs
 
     # ---- wiring --------------------------------------------------------------------------
@@ -98,7 +109,8 @@ class Checker:
         msg = env.msg
         if type(msg) is TokenBatch:
             for chunk in msg.chunks:
-                self._chunk(chunk.request_id, chunk.first_index, len(chunk.times_s), env.src)
+                self._chunk(chunk.request_id, chunk.task_id, chunk.first_index, len(chunk.times_s), env.src,
+                            chunk.token_ids)  # fmt: skip
         elif type(msg) is RequestDone:
             self._terminal(msg, env.src)
 
@@ -119,6 +131,7 @@ class Checker:
                                                    f"after {first.status}: {first.reason}"))  # fmt: skip
             return
         self.done[rid] = m
+        self.ids.pop(rid, None)
         if m.status != "completed" and not m.reason.strip():
             self._pending.append(("terminal", src, f"{rid}: {m.status} without a reason"))
         n = self.streamed.get(rid, 0)
@@ -126,16 +139,52 @@ class Checker:
             self._pending.append(("tokens", src, f"{rid}: completed with {m.output_tokens} output tokens, "
                                                  f"{n} streamed"))  # fmt: skip
 
-    def _chunk(self, rid: str, first: int, n: int, src: str) -> None:
+    def _chunk(self, rid: str, task_id: str, first: int, n: int, src: str, ids: tuple[int, ...] = ()) -> None:
         if rid in self.done:
             self.late_chunks += 1
             return
-        expected = self.streamed.get(rid, 0)
-        if first != expected:
-            what = "streamed twice" if first < expected else "skipped"
+        expected = self.streamed.get(rid, 0)  # the client's next index
+        task, order, own = self.follows.get(rid, ("", (-1, -1), 0))  # `own`: the followed task's next
+        if task_id != task:
+            new = task_order(task_id)
+            if task and new <= order:
+                self.superseded_chunks += 1  # an older task, after a newer took over: dropped
+                return
+            if task and first > expected:
+                self._pending.append(("migration", src, f"{rid}: {task_id} took the stream over at token {first} "
+                                                        f"after {expected} streamed: tokens {expected}..{first - 1} "
+                                                        "missing"))  # fmt: skip
+            elif not task and first != expected:
+                self._pending.append(("tokens", src, f"{rid}: tokens {first}..{first + n - 1} arrived after "
+                                                     f"{expected} streamed: skipped"))  # fmt: skip
+            task, own = task_id, first
+            self.follows[rid] = (task_id, new, first)
+        if first != own:  # within one task: every index once, in order
+            what = "streamed twice" if first < own else "skipped"
             self._pending.append(("tokens", src, f"{rid}: tokens {first}..{first + n - 1} arrived after "
-                                                 f"{expected} streamed: {what}"))  # fmt: skip
+                                                 f"{max(own, expected)} streamed: {what}"))  # fmt: skip
+        if first < expected:  # re-generated below the client's next index: dropped, so they must match
+            self._regenerated(rid, task_id, first, ids[: expected - first], src)
+        self.follows[rid] = (task, self.follows[rid][1], first + n)
+        self._extend(rid, first, n, ids, expected)
+
+    def _regenerated(self, rid: str, task_id: str, first: int, ids: tuple[int, ...], src: str) -> None:
+        """A takeover's tokens below the client's next index must be the ones the client has."""
+        self.taken_over.add(rid)
+        have = self.ids.get(rid)
+        if not ids or have is None:
+            return
+        bad = next((first + k for k, t in enumerate(ids) if first + k < len(have) and have[first + k] != t), None)
+        if bad is not None:
+            self._pending.append(("migration", src, f"{rid}: {task_id} re-sent token {bad} as {ids[bad - first]}, "
+                                                    f"the client has {have[bad]} there: a duplicate or a lost token"))  # fmt: skip
+
+    def _extend(self, rid: str, first: int, n: int, ids: tuple[int, ...], expected: int) -> None:
         self.streamed[rid] = max(expected, first + n)
+        if ids:
+            have = self.ids.setdefault(rid, [])
+            if first + n > len(have) and first <= len(have):
+                have.extend(ids[len(have) - first :])
 
     # ---- end of run ----------------------------------------------------------------------
     def at_end(self, driver: Any, groups: dict[str, int], manager: str) -> None:

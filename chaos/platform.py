@@ -8,8 +8,9 @@ reads them.
 
 The config is loaded as `deepserve sim` loads it (`cluster/config.py`: a built-in scenario, a
 scenario or daemon TOML file, `--set` overrides); chaos then sets what it needs: its own seed, its
-own faults (the file's `[[faults]]` are replaced by the seed's), heartbeats on, and every DP
-master stepping each pass as the daemon's do (`scheduler.aggregate` off: an aggregated decode run
+own faults (the file's `[[faults]]` are replaced by the seed's), heartbeats on, request migration
+on (a streamed request on a failed TE continues elsewhere: `scheduling.migration`), token ids
+streamed (what the `migration` checker compares), and every DP master stepping each pass as the daemon's do (`scheduler.aggregate` off: an aggregated decode run
 is one long NPU request, which a heartbeat takes for a stalled master).
 """
 
@@ -34,15 +35,21 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> PlatformConfig:
 
 def chaos_config(cfg: PlatformConfig, seed: int, requests: int | None) -> PlatformConfig:
     """The config a chaos seed runs (see the module's docstring)."""
-    def stepping(c: Any) -> Any:
-        return msgspec.structs.replace(c, scheduler=msgspec.structs.replace(c.scheduler, aggregate=False))
+    def stepping(c: Any, **scheduler: Any) -> Any:
+        return msgspec.structs.replace(c, scheduler=msgspec.structs.replace(c.scheduler, aggregate=False, **scheduler))
 
     w = cfg.workload if requests is None else msgspec.structs.replace(cfg.workload, requests=requests)
     cfg = msgspec.structs.replace(
         cfg, seed=seed, faults=(), workload=w, cluster=stepping(cfg.cluster), groups=tuple(map(stepping, cfg.groups)),
         control=msgspec.structs.replace(cfg.control, heartbeats=True),
+        scheduling=msgspec.structs.replace(cfg.scheduling, migration=msgspec.structs.replace(
+            cfg.scheduling.migration, enabled=True)),
     )  # fmt: skip
-    return for_driver(cfg, "sim")
+    cfg = for_driver(cfg, "sim")
+    # token ids streamed (a simulation's are off): the migration checker compares a re-generated
+    # token with the one the client has
+    return msgspec.structs.replace(cfg, cluster=stepping(cfg.cluster, stream_token_ids=True),
+                                   groups=tuple(stepping(g, stream_token_ids=True) for g in cfg.groups))  # fmt: skip
 
 
 def build_platform(driver: Any, cfg: PlatformConfig) -> Built:

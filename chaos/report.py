@@ -35,6 +35,9 @@ def summary(results: list[SeedResult], wall_s: float, backend: str) -> dict[str,
         # token chunks streamed for requests already terminal (no client sees them; work nobody
         # cancelled, e.g. a lost JE's tasks running on)
         "late_chunks": sum(r.late_chunks for r in results),
+        # streams another task took over mid-way (a migrated request resuming on another TE, a
+        # retry): each checked by the `migration` invariant
+        "streams_taken_over": sum(r.taken_over for r in results),
         "backend": backend,
         "wall_s": round(wall_s, 3),
         "seeds_per_hour": round(len(results) / wall_s * 3600, 1) if wall_s > 0 else None,

@@ -46,6 +46,7 @@ class SeedResult(msgspec.Struct, frozen=True, kw_only=True):
     late_chunks: int = 0
     tokens_streamed: int = 0  # tokens the token checker followed (streaming clients)
     failed_reasons: dict[str, int] = {}  # failed requests by reason (its first 100 characters)
+    taken_over: int = 0  # streams another task took over mid-way (migrated, retried), checked
 
 
 def log_path(log_dir: str, name: str, seed: int) -> str:
@@ -109,6 +110,7 @@ def run_seed(config: PlatformConfig, seed: int, requests: int | None, log_dir: s
         listed=tuple(checker.violations), steps=checker.step, virtual_s=round(result.virtual_time_s, 3),
         wall_s=round(time.perf_counter() - t0, 3), log=path if failed or keep_log else "",
         late_chunks=checker.late_chunks, tokens_streamed=sum(checker.streamed.values()),
+        taken_over=len(checker.taken_over),
         failed_reasons=dict(Counter(d.reason[:100] for d in checker.done.values() if d.status == "failed")),
     )  # fmt: skip
 

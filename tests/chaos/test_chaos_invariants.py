@@ -95,3 +95,27 @@ def test_tokens_in_order_none_twice_none_skipped() -> None:
         ("tokens", "r0: completed with 3 output tokens, 2 streamed")]
     _feed(c2, _tokens("r0", 2, 1))
     assert c2.late_chunks == 1 and c2.count == 1  # a chunk after the terminal state: counted apart
+
+
+def _chunk(rid: str, task: str, first: int, ids: tuple[int, ...]) -> TokenBatch:
+    return TokenBatch(chunks=(TaskTokens(task_id=f"{rid}/{task}", request_id=rid, first_index=first, token_ids=ids,
+                                         times_s=(0.5,) * len(ids)),))  # fmt: skip
+
+
+def test_a_migrated_stream_with_no_duplicate_and_no_missing_token_passes() -> None:
+    c = Checker()
+    c.accepted = {"r0"}
+    # chat.2 resumes at 1 (what the JE knew) while the client has 3: tokens 1..2 re-generated, the
+    # same ones, dropped; then chat.1's late chunk (its TE died) is dropped too
+    got = _feed(c, _chunk("r0", "chat.1", 0, (5, 6, 7)), _chunk("r0", "chat.2", 1, (6, 7, 8)),
+                _chunk("r0", "chat.1", 3, (9,)), _chunk("r0", "chat.2", 4, (9,)), _done("r0", out=5))  # fmt: skip
+    assert got == [] and c.taken_over == {"r0"} and c.superseded_chunks == 1 and c.streamed["r0"] == 5
+
+
+def test_a_migrated_stream_with_a_duplicate_or_a_missing_token_is_a_migration_violation() -> None:
+    c = Checker()
+    c.accepted = {"r0", "r1"}
+    got = _feed(c, _chunk("r0", "chat.1", 0, (5, 6, 7)), _chunk("r0", "chat.2", 1, (5, 6, 7, 8)),
+                _chunk("r1", "chat.1", 0, (5, 6)), _chunk("r1", "chat.2", 4, (9,)))  # fmt: skip
+    assert got == [("migration", "r0: r0/chat.2 re-sent token 1 as 5, the client has 6 there: a duplicate or a lost token"),
+                   ("migration", "r1: r1/chat.2 took the stream over at token 4 after 2 streamed: tokens 2..3 missing")]  # fmt: skip

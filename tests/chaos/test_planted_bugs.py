@@ -139,3 +139,47 @@ def test_a_nondeterministic_handler_is_caught_as_replay(tmp_path: Any, monkeypat
     assert v is not None and v.invariant == "replay" and r.violations == 1
     assert v.detail.startswith(f"the log does not replay identically: first divergence at {v.actor} seq ")
     assert v.actor.endswith("/dp/0") and v.step > 0 and r.log
+
+
+def test_a_migrated_stream_that_repeats_a_token_is_caught_as_migration(tmp_path: Any, monkeypatch: Any,
+                                                                       seen: list) -> None:  # fmt: skip
+    """The bug: a resumed task (a migrated stream, `SubmitTask.resume_from`) samples each token
+    from the index before its own — its first token is the client's last one again, and so on:
+    a duplicate in the stream the client reads. With the seed's streams migrating (the unplanted
+    seed takes some over and passes, test below), the checker names the first repeated token."""
+    from deepserve.actors.flowserve.master import output
+    from deepserve.actors.flowserve.sampling import sampled_tokens as real_sampled
+
+    def shifted(r: Any, first: int, times_s: Any, cfg: Any) -> Any:
+        msg = real_token_message(r, first, times_s, cfg)
+        if r.task.resume_from and msg.token_ids:
+            seen.append((times_s[0], r.task.task_id))
+            return msgspec.structs.replace(msg, token_ids=real_sampled(r.task.sampling, first - 1, len(times_s), cfg.vocab))
+        return msg
+
+    real_token_message = output.token_message
+    monkeypatch.setattr(master_actor, "token_message", shifted)
+    r = _run(tmp_path)
+    v = r.first
+    assert v is not None and v.invariant == "migration" and "a duplicate or a lost token" in v.detail, r.listed
+    assert "re-sent token" in v.detail and v.actor.endswith("/dp/0") and v.step == struck[0]
+
+
+def test_a_migrated_stream_resumed_past_the_client_is_caught_as_missing(tmp_path: Any, monkeypatch: Any) -> None:
+    """The bug: the JE resumes a migrated stream 5 tokens past what its client has."""
+    from deepserve.actors.je import core as je_core
+
+    real = je_core.M.TaskMigrated
+
+    def ahead(**kw: Any) -> Any:
+        return real(**{**kw, "resume_from": kw["resume_from"] + 40})
+
+    monkeypatch.setattr(je_core.M, "TaskMigrated", ahead)
+    r = _run(tmp_path)
+    v = r.first
+    assert v is not None and v.invariant == "migration" and "missing" in v.detail and "took the stream over" in v.detail, r.listed
+
+
+def test_the_unplanted_seed_migrates_streams_and_passes(tmp_path: Any) -> None:
+    r = _run(tmp_path)
+    assert r.violations == 0 and r.taken_over >= 1 and r.failed == 0, (r.listed, r.taken_over, r.failed_reasons)
