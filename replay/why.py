@@ -154,10 +154,8 @@ def _hop_lines(h: dict[str, Any]) -> Iterator[str]:
         yield f"{at}  {who}: task {h['task_id']} on {h['te']} {h['status']}: {h['reason']}"
     elif ev == "TaskMigrated":
         c = h["choice"]
-        cost = f"migrate {c['migrate_s'] * 1e3:.2f} ms" if c["migrate_s"] is not None else "migrate: no readable KV"
-        yield (f"{at}  {who}: MIGRATED off {h['from_te']} ({c['mode']}: {c['reason']}; {cost} vs recompute "
-               f"{c['recompute_s'] * 1e3:.2f} ms, {c['kv_bytes']} KV bytes); the stream resumes at output token "
-               f"{h['resume_from']}, the client's tokens before it not sent again")
+        yield (f"{at}  {who}: MIGRATED off {h['from_te']} by {c['mode']}: {c['reason']} ({c['kv_bytes']} KV bytes); "
+               f"the stream resumes at output token {h['resume_from']} (what its client has already is not sent again)")
     elif ev == "JobCancelRequested":  # when the client gave up (TTFT deadline, disconnect, stop)
         then = "it ends completed (a stop sequence)" if h["completed"] else "cancelling its task"
         yield f"{at}  {who}: cancel requested: {h['reason']}; {then}"
