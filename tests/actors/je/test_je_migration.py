@@ -104,3 +104,17 @@ def test_the_cost_model_migrates_when_the_link_beats_the_prefill() -> None:
     assert slow.mode == "recompute" and "<= migrate" in slow.reason
     cached = choose(p, 1000, 200, 992, "")
     assert abs(cached.recompute_s - 208 / 18910.0) < 1e-12  # the new TE's prefix cache is not recomputed
+
+
+def test_the_config_section_is_off_by_default_and_a_bad_value_names_its_key() -> None:
+    import pytest
+
+    from deepserve.cluster.assembly import je_config
+    from deepserve.cluster.config import load
+
+    cfg = load("mooncake-16te", (), "sim")
+    assert cfg.scheduling.migration.enabled is False and "migration" not in je_config(cfg.scheduling)
+    on = load("mooncake-16te", ("scheduling.migration.enabled=true",), "sim")
+    assert on.scheduling.migration.enabled and on.scheduling.migration.max_migrations == 3
+    with pytest.raises(Exception, match=r"scheduling\.migration\.max_migrations"):
+        load("mooncake-16te", ("scheduling.migration.max_migrations=0",), "sim")
