@@ -74,7 +74,8 @@ def spawn_front(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR
     je = {**je_config(cfg.scheduling, cfg.cluster.kv_block_tokens), "stream_to": stream_to}
     mig = cfg.scheduling.migration
     if mig.enabled:  # only then: a config without it spawns its JEs exactly as before
-        je["migration"] = migration_config(cfg.cluster, mig.enabled, mig.max_migrations)
+        je["migration"] = {**migration_config(cfg.cluster, mig.enabled, mig.max_migrations),
+                           "ask_stream_s": mig.ask_stream_s}  # fmt: skip
     for addr in jes:
         driver.spawn(addr, JobExecutor, config=je)
     limit = max_inflight if max_inflight is not None else cfg.scheduling.max_inflight_per_model

@@ -31,6 +31,7 @@ from deepserve.actors.flowserve.master.status import dp_load
 from deepserve.actors.flowserve.messages import Prompt, Sampling, TokenBatch
 from deepserve.actors.gateway.messages import ApiRequest, Refused, is_refused
 from deepserve.actors.je.messages import CancelJob
+from deepserve.actors.je.migration import StreamPosition, StreamPositionAsk
 from deepserve.actors.workload.messages import METRICS_ADDR, EndOfRun, RequestDone
 from deepserve.adapters.hardware.devices.topology import build, spawn_topology
 from deepserve.cluster.assembly import (
@@ -99,6 +100,9 @@ class Runtime:
         self._sink: Any = None
         self.on_done: Any = None  # metrics hook: (RequestDone) -> None
         self.on_tokens: Any = None  # metrics hook: (TaskTokens) -> None
+        # request -> the index of its next token the frontend takes (generation.py keeps it; a JE
+        # moving the request to another TE asks for it: `StreamPositionAsk`)
+        self.positions: dict[str, int] = {}
         self.on_batch: Any = None  # metrics hook: (TokenBatch) -> None, a forward pass's output
         self.on_rejected: Any = None  # metrics hook: (request id) -> None, a request refused with 429
         self.on_timer_late: Any = None  # metrics hook: (timer key, seconds late), the driver's timers
@@ -223,7 +227,12 @@ class Runtime:
                 q = streams.get(chunk.request_id)
                 if q is not None and not q.full():
                     q.put_nowait(chunk)
+        elif type(msg) is StreamPositionAsk:  # a JE moving a stream: how far did the client get?
+            if self.driver is not None:
+                at = StreamPosition(request_id=msg.request_id, next_index=self.positions.get(msg.request_id, 0))
+                self.driver.inject_nowait(msg.reply_to, at, corr=msg.request_id, src="ext/stream")
         elif isinstance(msg, RequestDone | Refused):
+            self.positions.pop(msg.request_id, None)
             q = self.streams.pop(msg.request_id, None)
             if type(msg) is Refused:  # over daemon.max_inflight: HTTP 429
                 msg = refused_done(msg, self.now())

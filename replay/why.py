@@ -27,7 +27,7 @@ from .common import ReplayError, first_few, pick_run
 HOP_TYPES = frozenset({
     "GatewayRouted", "GatewayRefused", "RouteDecided", "OfferRefused", "JeTaskEnded", "JePrefilled",
     "JobFinished", "RequestDispatched", "RequestPrefilled", "RequestFinished", "JobCancelRequested",
-    "PrefillWaiting", "RouteQueued", "TaskMigrated",
+    "PrefillWaiting", "RouteQueued", "TaskMigrated", "MigrationAsked",
 })  # fmt: skip
 TERMINAL = ("JobFinished", "RequestFinished")
 FAULT_SOURCES = frozenset({"ext/admin", "ext/fault"})  # `deepserve fault`/`scale`; a scenario's plan
@@ -152,10 +152,13 @@ def _hop_lines(h: dict[str, Any]) -> Iterator[str]:
         yield from _decision_lines(at, who, h, f"queued, not offered: {h['reason']}")
     elif ev == "JeTaskEnded" and h["status"] != "completed":
         yield f"{at}  {who}: task {h['task_id']} on {h['te']} {h['status']}: {h['reason']}"
+    elif ev == "MigrationAsked":
+        yield f"{at}  {who}: task {h['task_id']} lost on {h['from_te']}: asked the frontend how far its stream got"
     elif ev == "TaskMigrated":
         c = h["choice"]
         yield (f"{at}  {who}: MIGRATED off {h['from_te']} by {c['mode']}: {c['reason']} ({c['kv_bytes']} KV bytes); "
-               f"the stream resumes at output token {h['resume_from']} (what its client has already is not sent again)")
+               f"the stream resumes at output token {h['resume_from']} ({h.get('basis') or 'the chunks the JE saw'}; "
+               "what its client has already is not sent again)")
     elif ev == "JobCancelRequested":  # when the client gave up (TTFT deadline, disconnect, stop)
         then = "it ends completed (a stop sequence)" if h["completed"] else "cancelling its task"
         yield f"{at}  {who}: cancel requested: {h['reason']}; {then}"

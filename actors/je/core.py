@@ -176,13 +176,39 @@ class JeCore(JobFlow):
 
     def migrate(self, s: JeState, now: float, fx: Effects, rid: str, j: Job, te: str, reason: str) -> None:
         """Request migration (xLLM §3.5): the streamed request continues on another TE from the
-        output token the JE knows its client has, its KV rebuilt the cheaper way (migration.py)."""
+        output token its client has — asked of the live frontend first when so configured."""
+        ask, to = self.cfg.migration.ask_stream_s, self.cfg.stream_to
+        if ask > 0 and to:
+            fx.record(M.MigrationAsked(request_id=rid, task_id=j.task_id, from_te=te, failure=reason))
+            fx.send(to, M.StreamPositionAsk(request_id=rid, reply_to=self.me), corr=rid)
+            fx.after(ask, M.AskTimeout(request_id=rid, task_id=j.task_id), key=f"ask/{rid}")
+            return
+        self.move(s, now, fx, rid, j, te, reason, j.output_tokens, "")
+
+    def position(self, s: JeState, now: float, fx: Effects, m: M.StreamPosition) -> None:
+        j = s.jobs.get(m.request_id)
+        if j is not None and j.asked is not None:
+            fx.cancel(f"ask/{m.request_id}")
+            a = j.asked
+            self.move(s, now, fx, m.request_id, j, a.from_te, a.failure, m.next_index, "the frontend's position")
+
+    def ask_timeout(self, s: JeState, now: float, fx: Effects, m: M.AskTimeout) -> None:
+        j = s.jobs.get(m.request_id)
+        if j is not None and j.asked is not None and j.asked.task_id == m.task_id:
+            a = j.asked
+            self.move(s, now, fx, m.request_id, j, a.from_te, a.failure, j.output_tokens,
+                      "no answer from the frontend: the chunks the JE saw")  # fmt: skip
+
+    def move(self, s: JeState, now: float, fx: Effects, rid: str, j: Job, te: str, reason: str, client: int,
+             basis: str) -> None:  # fmt: skip
+        """The request's next task resumes at output token `client`, its KV rebuilt the cheaper
+        way (migration.py); zombie protection for what the failed task leaves behind."""
         _, longest = routing.group_walk(s, j.model, j.prompt.block_hashes)
-        resume = min(j.output_tokens, j.sampling.max_tokens - 1)
+        resume = min(client, j.sampling.max_tokens - 1)
         choice = M.choose(self.cfg.migration, j.prompt.num_tokens, resume, longest * self.cfg.kv_block_tokens, "")
         old, kv = j.task_id, j.kv if j.phase == "decode" else None
         fx.record(M.TaskMigrated(request_id=rid, task_id=old, from_te=te, resume_from=resume,
-                                 failure=reason, choice=choice))  # fmt: skip
+                                 failure=reason, choice=choice, basis=basis))  # fmt: skip
         # Zombie protection (P/D-Serve §3.4): a failed TE that is not dead (hung, cut off) stops
         # the old task and frees its blocks; a decode's prefill side frees the KV it holds for it
         # now, not when its hold expires. (A dead TE's address drops the cancel.)
@@ -263,4 +289,5 @@ _ON: dict[type, Callable[[JeCore, JeState, float, Effects, Any], None]] = {
     OfferAgain: JeCore.offer_again, SweepTick: _sweep, TeGroupMembership: JeCore.membership,
     SubmitBatch: JeCore.batch, ParkTimeout: JeCore.park_timeout, BatchTick: _batch_tick,
     CancelJob: JeCore.cancel, CancelDeadline: JeCore.cancel_deadline, EndOfRun: JeCore.end_of_run,
+    M.StreamPosition: JeCore.position, M.AskTimeout: JeCore.ask_timeout,
 }  # fmt: skip

@@ -16,6 +16,8 @@ from deepserve.actors.scheduling.locality import PromptTree
 from deepserve.actors.workload.messages import RequestDone
 from deepserve.core.messages import Event, Message
 
+from .migration import MigrationAsked
+
 GroupRole = Literal["colocated", "prefill", "decode"]
 Phase = Literal["chat", "prefill", "decode"]
 
@@ -294,6 +296,7 @@ class Job(msgspec.Struct, kw_only=True):
     cancelled: str = ""  # why the requester cancelled it ("": not cancelled)
     cancel_completes: bool = False  # ... and it ends completed, not cancelled (a stop sequence)
     migrations: int = 0  # times its stream moved to another TE (migration.TaskMigrated)
+    asked: MigrationAsked | None = None  # moving: waiting for the frontend's stream position
     resume_from: int = 0  # the output token its next chat task starts at (0: from the start)
 
 

@@ -24,7 +24,7 @@ from typing import Literal
 
 import msgspec
 
-from deepserve.core.messages import Event
+from deepserve.core.messages import Event, Message
 
 
 class MigrationParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -37,6 +37,9 @@ class MigrationParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     link_bytes_per_s: float = 25e9  # the link the KV would cross (RoCE's effective rate)
     prefill_tokens_per_s: float = 2.0e4  # one TE's prefill throughput
     setup_s: float = 0.001  # a transfer's fixed cost (connection, block list)
+    # >0: ask the live frontend (`stream_to`) how far the client's stream got, and wait this long
+    # for its answer before resuming at what the JE knows (the first chunk of each task)
+    ask_stream_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_migrations <= 64:
@@ -46,6 +49,8 @@ class MigrationParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
                 raise ValueError(f"scheduling.migration.{name}: must be > 0")
         if not 0 <= self.setup_s <= 60:
             raise ValueError("scheduling.migration.setup_s: must be in [0, 60]")
+        if not 0 <= self.ask_stream_s <= 60:
+            raise ValueError("scheduling.migration.ask_stream_s: must be in [0, 60]")
 
 
 Mode = Literal["migrate", "recompute"]
@@ -91,3 +96,31 @@ class TaskMigrated(Event, frozen=True, kw_only=True):
     resume_from: int
     failure: str
     choice: Choice
+    basis: str = ""  # where `resume_from` comes from ("": the chunks the JE saw)
+
+
+class MigrationAsked(Event, frozen=True, kw_only=True):
+    """The request's task failed on `from_te`; the JE asked the frontend for the client's
+    position (`StreamPositionAsk`) before it moves the request."""
+
+    request_id: str
+    task_id: str
+    from_te: str
+    failure: str
+
+
+class StreamPositionAsk(Message, frozen=True, kw_only=True):
+    """To the live frontend: the index of the request's next token its client gets."""
+
+    request_id: str
+    reply_to: str
+
+
+class StreamPosition(Message, frozen=True, kw_only=True):
+    request_id: str
+    next_index: int
+
+
+class AskTimeout(Message, frozen=True, kw_only=True):
+    request_id: str
+    task_id: str

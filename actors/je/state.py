@@ -32,7 +32,7 @@ from .messages import (
     TaskAcked,
     TaskStreamed,
 )
-from .migration import TaskMigrated
+from .migration import MigrationAsked, TaskMigrated
 from .trees import KvEventsFolded, fold_kv_batch
 
 
@@ -157,7 +157,11 @@ def _prefilled(s: JeState, e: JePrefilled, _: int) -> None:
 def _migrated(s: JeState, e: TaskMigrated, _: int) -> None:
     j = s.jobs[e.request_id]
     j.migrations += 1
-    j.resume_from = e.resume_from
+    j.resume_from, j.asked = e.resume_from, None
+
+
+def _asked(s: JeState, e: MigrationAsked, _: int) -> None:
+    s.jobs[e.request_id].asked = e
 
 
 def _membership_changed(s: JeState, e: MembershipChanged, max_tree_blocks: int) -> None:
@@ -251,5 +255,5 @@ _FOLD: dict[type, Callable[[JeState, Any, int], None]] = {
     OfferRefused: _offer_refused, JePrefilled: _prefilled, JobAccepted: _accepted, JobFinished: _finished,
     MembershipChanged: _membership_changed, BatchAccepted: _batch_accepted, JobParked: _parked,
     JeLateMessage: _late, JobCancelRequested: _cancel_requested, KvEventsFolded: _kv_folded,
-    TaskMigrated: _migrated,
+    TaskMigrated: _migrated, MigrationAsked: _asked,
 }  # fmt: skip

@@ -37,6 +37,9 @@ class Migration(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
 
     enabled: bool = False
     max_migrations: Annotated[int, msgspec.Meta(ge=1, le=64)] = 3
+    # >0: the JE asks the live frontend how far the client's stream got, and waits this long for
+    # the answer before resuming at what it knows itself (the first chunk of each task; `up` only)
+    ask_stream_s: Annotated[float, msgspec.Meta(ge=0, le=60)] = 0.0
 
 
 class Scheduling(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

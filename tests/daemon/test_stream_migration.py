@@ -3,7 +3,8 @@ through the official `openai` client: 10 concurrent streamed chat completions (m
 ignore_eos); the TE serving them is killed mid-stream — `deepserve fault kill-te` in-process,
 `kill -9` of its process with `--processes` — and every stream still finishes normally with
 exactly 200 completion tokens, its text the very text an undisturbed run of the same seeds
-streams (no token twice, none skipped), and `replay why` shows the migration."""
+streams (no token twice, none skipped), and `replay why` shows the migration, resumed at the
+client's position as the frontend counted it."""
 
 from __future__ import annotations
 
@@ -87,6 +88,10 @@ def check(run: Path, info: dict[str, Any], during: list[Any], again: list[Any], 
         if "MIGRATED" in why.stdout:
             moved.append(rid)
             assert f"MIGRATED off {victim}" in why.stdout and "recompute" in why.stdout, why.stdout
+            # resumed where the client was (the frontend's count), not at the first chunk: the new
+            # TE prefills the prompt and those tokens, it does not decode them again
+            at = int(why.stdout.split("resumes at output token ")[1].split()[0])
+            assert "(the frontend's position" in why.stdout and at >= MID_CHUNKS, why.stdout
     assert len(moved) >= STREAMS // 2, (len(moved), victim)
 
 

@@ -118,3 +118,41 @@ def test_the_config_section_is_off_by_default_and_a_bad_value_names_its_key() ->
     assert on.scheduling.migration.enabled and on.scheduling.migration.max_migrations == 3
     with pytest.raises(Exception, match=r"scheduling\.migration\.max_migrations"):
         load("mooncake-16te", ("scheduling.migration.max_migrations=0",), "sim")
+
+
+def test_with_a_live_frontend_the_je_asks_how_far_the_stream_got_and_resumes_there() -> None:
+    from deepserve.actors.je.effects import After
+    from deepserve.actors.je.migration import (
+        AskTimeout,
+        MigrationAsked,
+        StreamPosition,
+        StreamPositionAsk,
+    )
+
+    cfg = {**ON, "stream_to": "ext/stream", "migration": {"enabled": True, "ask_stream_s": 0.5}}
+    h = Harness(cfg, COLO)
+    h.deliver(request(1))
+    streamed(h, "r1/chat.1", 1)  # the JE hears of the first chunk only (output short-circuit)
+    steps = h.finish("r1/chat.1", ok=False)
+    assert [e for e in steps if isinstance(e, MigrationAsked)] and not [e for e in steps if isinstance(e, RouteDecided)]
+    ask = next(e for e in steps if isinstance(e, Send) and isinstance(e.msg, StreamPositionAsk))
+    assert ask.dst == "ext/stream" and ask.msg.reply_to == "je/0"
+    assert After(0.5, AskTimeout(request_id="r1", task_id="r1/chat.1"), "ask/r1") in steps
+    steps = h.deliver(StreamPosition(request_id="r1", next_index=23))
+    moved = next(e for e in steps if isinstance(e, TaskMigrated))
+    assert (moved.resume_from, moved.basis) == (23, "the frontend's position")
+    sub = next(e.msg for e in steps if isinstance(e, Send) and isinstance(e.msg, SubmitTask))
+    assert sub.resume_from == 23 and h.state.jobs["r1"].asked is None
+    assert h.deliver(AskTimeout(request_id="r1", task_id="r1/chat.1")) == []  # answered: the timer is moot
+
+
+def test_without_an_answer_the_je_resumes_at_what_it_saw() -> None:
+    from deepserve.actors.je.migration import AskTimeout
+
+    h = Harness({**ON, "stream_to": "ext/stream", "migration": {"enabled": True, "ask_stream_s": 0.5}}, COLO)
+    h.deliver(request(1))
+    streamed(h, "r1/chat.1", 2)
+    h.finish("r1/chat.1", ok=False)
+    steps = h.deliver(AskTimeout(request_id="r1", task_id="r1/chat.1"))
+    moved = next(e for e in steps if isinstance(e, TaskMigrated))
+    assert moved.resume_from == 2 and moved.basis.startswith("no answer from the frontend")
