@@ -162,8 +162,9 @@ class Generation:
         if skip == DROP:
             return (), 0
         self.task_id = self.merge.task
-        if self.rid in self.rt.streams:  # open: where a JE moving it resumes (runtime.positions)
-            self.rt.positions[self.rid] = self.merge.next
+        rt = self.rt
+        if rt is not None and self.rid in rt.streams:  # open: where a JE moving it resumes (runtime.positions)
+            rt.positions[self.rid] = self.merge.next
         return item.token_ids[skip:], count - skip
 
     async def _match_stops(self, start: int) -> None:
