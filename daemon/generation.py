@@ -76,6 +76,9 @@ class Generation:
         self.stop_reason: str | int | None = None  # vLLM's: the stop string or token id that ended it
         self.task_id: str | None = None  # the task whose tokens are followed (`_new_part`)
         self.merge = StreamMerge()
+        # the runtime's open streams and their positions (none for a runtime without them)
+        self.open: dict[str, Any] = getattr(rt, "streams", {})
+        self.positions: dict[str, int] = getattr(rt, "positions", {})
         self.done: RequestDone | None = None
         self.created = self.head.created
         self.prompt_tokens = 0  # known at submission (continuous usage stats)
@@ -162,9 +165,8 @@ class Generation:
         if skip == DROP:
             return (), 0
         self.task_id = self.merge.task
-        rt = self.rt
-        if rt is not None and self.rid in rt.streams:  # open: where a JE moving it resumes (runtime.positions)
-            rt.positions[self.rid] = self.merge.next
+        if self.rid in self.open:  # where a JE moving the request resumes it (runtime.positions)
+            self.positions[self.rid] = self.merge.next
         return item.token_ids[skip:], count - skip
 
     async def _match_stops(self, start: int) -> None:
