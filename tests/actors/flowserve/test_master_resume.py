@@ -51,3 +51,15 @@ def test_a_resume_point_out_of_range_is_refused_naming_the_field() -> None:
     d = run(bad)
     refused = [m for _, m in out_to(d, REQ) if isinstance(m, TaskRejected)]
     assert refused and refused[0].reason.startswith("resume_from:")
+
+
+def test_a_resume_past_the_requests_end_completes_at_once_with_its_whole_output() -> None:
+    """The client had every token (the TE died between its last token and its end): the moved
+    task ends at once, no token streamed again, nothing left on the master."""
+    done = msgspec.structs.replace(task(3, 300, 10, max_tokens=50), resume_from=20)
+    d = run(done)
+    end = next(m for _, m in out_to(d, REQ) if isinstance(m, TaskFinished))
+    assert (end.status, end.output_tokens) == ("completed", 10) and chunks(d, "t3") == []
+    st = d.cells[M].actor.state
+    assert st.reqs == {} and st.waiting == [] and st.rtc.seqs == {}
+    assert_replays(d)
