@@ -30,7 +30,10 @@ MODEL = "llama3-8b"
 HEARTBEAT_S, MISSES = 2.0, 3  # the heartbeats alone would take 6 s to fail the dead TE
 SETTINGS = (f"control.heartbeat_interval_s={HEARTBEAT_S}", f"control.heartbeat_misses={MISSES}",
             "control.te_preload_s=0.3", "cluster.tes=2", "control.spare_tes=0", "pd.prefill_tes=0",
-            "pd.decode_tes=0")  # fmt: skip
+            "pd.decode_tes=0",
+            # the streams the kill cuts say why (request migration, on in the daemon's default
+            # config, would continue them: tests/daemon/test_stream_migration.py)
+            "scheduling.migration.enabled=false")  # fmt: skip
 VICTIM = "te/1"
 REQUESTS = 12
 
