@@ -95,7 +95,8 @@ def spawn_control(driver: Any, cfg: PlatformConfig, layout: Layout, jes: tuple[s
     """The control plane; the manager launches each group's initial TEs (resident: at once)."""
     spares = tuple(range(layout.servers, layout.servers + cfg.recovery.spare_servers))
     spawn_control_plane(driver, layout.slots, layout.groups, list(jes), cfg.control,
-                        in_process_pods=in_process_pods, recovery=cfg.recovery, spare_servers=spares)  # fmt: skip
+                        in_process_pods=in_process_pods, recovery=cfg.recovery, spare_servers=spares,
+                        scaling=cfg.scaling, topology=cfg.cluster.topology)  # fmt: skip
 
 
 def assemble(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR, stream_to: str = "",

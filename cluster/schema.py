@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from deepserve.actors.cluster.ladder import Recovery
+from deepserve.actors.cluster.prewarm import Scaling
 from deepserve.adapters.scenario.control import ControlPlane
 from deepserve.adapters.scenario.faults import FaultSpec
 from deepserve.adapters.scenario.sched import Scheduling
@@ -81,6 +82,7 @@ class PlatformConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     groups: tuple[Cluster, ...] = ()  # further TE groups (other models, modes)
     control: ControlPlane = msgspec.field(default_factory=ControlPlane)
     recovery: Recovery = msgspec.field(default_factory=Recovery)  # the recovery ladder's rung
+    scaling: Scaling = msgspec.field(default_factory=Scaling)  # fast scaling (DeepServe §6), off by default
     scheduling: Scheduling = msgspec.field(default_factory=Scheduling)
     slo: Slo = msgspec.field(default_factory=Slo)
     faults: tuple[FaultSpec, ...] = ()

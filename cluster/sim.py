@@ -149,6 +149,8 @@ def run(
                             faults=faults, drain_limit_s=drain_limit_s, on_end=on_end)  # fmt: skip
     cfg = for_driver(cfg, "sim")
     config = msgspec.to_builtins(cfg)
+    if cfg.scaling == type(cfg.scaling)():  # off and untouched: the run config reads as before [scaling] existed
+        del config["scaling"]
     if cfg.daemon.admin_token:  # a daemon file's secret never reaches the log (its run config)
         config["daemon"]["admin_token"] = REDACTED
     if trace is not None:  # what ran: --trace and --requests override the file's fields

@@ -4,7 +4,11 @@ Kept stable (helpers code against it); extended only additively.
 
 Boot (inside a TE's pod, from `TeBoot` to the manager):
     TeBootStep(step, duration_s) for te_pre_load, ssd_to_dram, dram_to_npu, post_load;
-    then RegisterTe (flowserve.messages) — or TeBootFailed(reason).
+    then RegisterTe (flowserve.messages) — or TeBootFailed(reason). With `[scaling]` on, the steps
+    are DeepServe Table 2's: scaler_pre, te_pre_load, te_load, te_post_load (each with a detail:
+    pre-warmed or created/cold, dram-hit/dram-miss/npu-fork-<link>, the warm-up).
+NPU-fork (TeBoot ↔ `cluster/fork`, actors/cluster/fork.py):
+    ForkRequest → ForkLoaded(path, duration_s) | ForkNone(reason): no source, load locally.
 Heartbeats (first tier, xDeepServe §6.1):
     monitor --Heartbeat--> TE shell --(forwards)--> `{te}/hb` --ask DpHeartbeat--> each DP master
     `{te}/hb` --HeartbeatAck(ok)--> monitor, once every master answered (ok=False names the one
@@ -25,7 +29,10 @@ from typing import Literal
 
 from deepserve.core.messages import Message
 
-BootStepName = Literal["pod_start", "te_pre_load", "ssd_to_dram", "dram_to_npu", "post_load", "registered"]
+# The last four: DeepServe Table 2's steps as the fast-scaling pipeline reports them ([scaling] on,
+# actors/cluster/prewarm.py); Scaler-Post is `registered` minus the boot's steps.
+BootStepName = Literal["pod_start", "te_pre_load", "ssd_to_dram", "dram_to_npu", "post_load", "registered",
+                       "scaler_pre", "te_load", "te_post_load"]
 TeStateName = Literal["starting", "ready", "failed", "replacing", "draining", "stopped"]
 
 # ---- boot (TeBoot → manager) --------------------------------------------------------------------
@@ -201,3 +208,39 @@ class ClusterStatus(Message, frozen=True, kw_only=True):
 
     req_id: str
     state: dict[str, object]
+
+
+# ---- NPU-fork (a booting TE ↔ the fork coordinator, actors/cluster/fork.py) ---------------------
+
+
+class ForkRequest(Message, frozen=True, kw_only=True):
+    """A booting TE asks for its weights from a running TE of its model (DeepServe §6.2)."""
+
+    te: str
+    generation: int
+    model: str
+    tp: int
+    server: int
+    npus: tuple[str, ...]  # DP group g owns npus[g*tp:(g+1)*tp]
+    reply_to: str
+
+
+class ForkLoaded(Message, frozen=True, kw_only=True):
+    te: str
+    generation: int
+    source: str  # the running TE that streamed its weights
+    path: str  # "npu-fork-hccs", "npu-fork-roce", "npu-fork-ub"
+    duration_s: float  # from the request to the weights on the NPUs (gather + broadcast + init)
+    fork_id: str
+
+
+class ForkNone(Message, frozen=True, kw_only=True):
+    """No fork: no running TE of the model (scaling from zero), or the broadcast failed."""
+
+    te: str
+    generation: int
+    reason: str
+
+
+class ForkGather(Message, frozen=True):
+    """The coordinator's timer: requests gathered this long go out as one broadcast."""

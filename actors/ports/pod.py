@@ -18,9 +18,10 @@ heartbeat monitor notices; processes mode: SIGKILL, which the supervisor reaps a
 
 Two launchers implement this port (edge adapters, not the manager's business): in-process
 (`actors/cluster/pods.py: InProcessPods`, spawns the TE's actors in the same driver) and
-processes mode (`daemon/procs/`, one OS process per TE). Only `source="cold"` and `"resident"`
-are implemented; `"dram"` (DRAM pre-loading, a pre-warmed TE whose host already caches the model)
-and `"fork"` (NPU-fork from a running TE, `HostFork`) slot in as more `source` values.
+processes mode (`daemon/procs/`, one OS process per TE). `"dram"` (the host's page cache, hit
+when DRAM pre-loading predicted the model, else the SSD) and `"fork"` (NPU-fork from a running TE,
+`HostFork` through actors/cluster/fork.py; local loading when no TE runs the model) are the
+fast-scaling pipeline's (`[scaling]`, actors/cluster/prewarm.py): the in-process launcher only.
 """
 
 from __future__ import annotations
@@ -34,11 +35,11 @@ from deepserve.core.messages import Message
 TeRole = Literal["colocated", "prefill", "decode"]
 # Where a new TE's weights come from (DeepServe §6.2, Figure 10):
 #   cold     — SSD → DRAM page cache → NPU (a DRAM hit skips the SSD read, and says so);
-#   dram     — DRAM pre-loaded by a pre-warmed TE (not implemented yet);
-#   fork     — NPU-fork from a running TE over HCCS/RoCE/UB (not implemented yet);
+#   dram     — straight from the host's DRAM page cache (pre-loaded: a hit), else the SSD;
+#   fork     — NPU-fork from a running TE over HCCS/RoCE/UB (else as dram);
 #   resident — already on the NPUs: the cluster's initial deployment, in place at the run's epoch.
 LoadSource = Literal["cold", "dram", "fork", "resident"]
-IMPLEMENTED_SOURCES: tuple[str, ...] = ("cold", "resident")
+IMPLEMENTED_SOURCES: tuple[str, ...] = ("cold", "dram", "fork", "resident")
 
 
 class TeSlot(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -1,0 +1,137 @@
+"""Fast scaling (issue 34 §1–§4, DeepServe §6) under SimDriver: the five steps recorded with
+their durations, pre-warmed pod and TE pools (fixed and predicted), DRAM pre-loading with hit and
+miss per scale-out, NPU-fork (HCCS inside the source's server, RoCE beyond, sharing the fabric
+with the source's own traffic), a replacement forked from a running TE, and 64 TEs in seconds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from deepserve.actors.cluster.messages import ScaleGroup
+from deepserve.actors.cluster.prewarm import STEPS, breakdown
+from deepserve.actors.ports.link import LinkTransfer
+from deepserve.actors.ports.pod import KillPod
+from deepserve.adapters.scenario.loader import ScenarioError
+from deepserve.benchmarks.scaling import PREWARM, SCALE_AT_S, VARIANTS, run_scale_out
+from deepserve.cluster.assembly import assemble
+from deepserve.cluster.config import load, validated
+from deepserve.cluster.control import MANAGER_ADDR, PODS_ADDR, PRELOAD_ADDR
+from deepserve.core import SimDriver
+from deepserve.persistence.api import MemoryLog
+from deepserve.persistence.memory import MemorySink
+from deepserve.replay import verify
+
+
+def details(r: dict[str, Any], step: str = "te_load") -> dict[str, str]:
+    st = r["driver"].actor(MANAGER_ADDR).state
+    return {te: rec.details.get(step, "") for te, rec in st.tes.items() if rec.launched_s >= SCALE_AT_S}
+
+
+def test_64_tes_prewarmed_and_forked_in_seconds_cold_in_tens_of_seconds() -> None:
+    fork, cold = run_scale_out(VARIANTS["prewarm_fork"]), run_scale_out(VARIANTS["cold"])
+    assert fork["ready"] == cold["ready"] == 64
+    assert fork["scale_out_s"] < 3.0, fork["step_means_s"]
+    assert cold["scale_out_s"] > 20.0, cold["step_means_s"]
+    # where the time went: every step recorded, the cold one dominated by TE-Pre-Load and TE-Load
+    f, c = fork["step_means_s"], cold["step_means_s"]
+    assert set(STEPS) <= set(f) and f["te_post_load"] > 0  # the dummy request's forward pass
+    assert f["scaler_pre"] == pytest.approx(0.1) and f["te_pre_load"] == pytest.approx(0.2)
+    assert c["scaler_pre"] == pytest.approx(1.0) and c["te_pre_load"] == pytest.approx(7.5)
+    assert c["te_load"] > 10 * f["te_load"]
+    # 7 new TEs share the source's server (an HCCS broadcast), 57 are beyond it (RoCE)
+    assert fork["te_load_paths"] == {"npu-fork-hccs": 7, "npu-fork-roce": 57}
+    assert cold["te_load_paths"] == {"dram-miss": 64}
+    assert all(d.endswith("from te/0 (fork0)") for d in details(fork).values())
+
+
+def test_pools_are_taken_then_refilled_after_their_cold_start() -> None:
+    r = run_scale_out({"enabled": True, "pod_pool": 3, "executor_pool_per_server": 8, "master_pool": 5}, new_tes=8)
+    pre = details(r, "scaler_pre")
+    assert sorted(pre.values()).count("pre-warmed pod") == 3 and list(pre.values()).count("pod created") == 5
+    warm = [d for d in details(r, "te_pre_load").values() if d.startswith("pre-warmed")]
+    assert len(warm) == 5  # five masters: the sixth TE on the server starts cold
+    pods = r["driver"].actor(PODS_ADDR).state
+    assert (pods.pools.pods, pods.pools.masters) == (3, 5)  # back to the fixed sizes
+    assert pods.pools.executors["0"] == 8
+
+
+def test_predicted_pool_grows_to_the_last_windows_demand() -> None:
+    r = run_scale_out({"enabled": True, "pod_pool": 2, "pool_policy": "predicted", "pool_max": 6}, new_tes=8)
+    assert r["driver"].actor(PODS_ADDR).state.pools.pods == 6  # 8 wanted in the window, capped by pool_max
+    r = run_scale_out({"enabled": True, "pod_pool": 2, "pool_policy": "predicted"}, new_tes=8)
+    assert r["driver"].actor(PODS_ADDR).state.pools.pods == 8  # 2 taken, 6 created: the demand was 8
+    r = run_scale_out({"enabled": True, "pod_pool": 2}, new_tes=8)
+    assert r["driver"].actor(PODS_ADDR).state.pools.pods == 2  # fixed: back to its size
+
+
+def test_dram_preload_makes_the_predicted_hosts_hits_and_scale_out_prefers_them() -> None:
+    cfg = {**PREWARM, "dram_preload": "spare", "dram_preload_servers": 1}
+    # spare slots: te/1..7 on server 0 (te/0 runs there), te/8..15 on server 1 — the most room
+    r = run_scale_out(cfg, new_tes=15)
+    assert r["driver"].actor(PRELOAD_ADDR).state.asked == {"hw/s1/host|llama3-8b": "loaded"}
+    assert r["te_load_paths"] == {"dram-hit": 8, "dram-miss": 7}
+    # a scale-out of 8 takes the pre-loaded server's slots first, not te/1..8: all hits
+    small = run_scale_out(cfg, new_tes=15, size=8)
+    assert small["te_load_paths"] == {"dram-hit": 8}
+    assert sorted(details(small)) == [f"te/{i}" for i in sorted(range(8, 16), key=str)]
+    # without the pre-load the same scale-out takes te/1..8 and misses
+    miss = run_scale_out(PREWARM, new_tes=15, size=8)
+    assert miss["te_load_paths"] == {"dram-miss": 8} and "te/1" in details(miss)
+
+
+def test_fork_shares_the_fabric_with_the_source_tes_own_traffic() -> None:
+    cfg = VARIANTS["prewarm_fork"]
+    alone = run_scale_out(cfg, new_tes=8)
+
+    def busy_source(d: SimDriver) -> None:  # the source's RoCE port already streams 20 GB
+        d.inject("hw/fabric", LinkTransfer(req_id="kv", src="hw/s0/npu0", dst="hw/s1/npu7", nbytes=20 * 10**9,
+                                           via="roce"), at=SCALE_AT_S, src="ext/test")  # fmt: skip
+
+    shared = run_scale_out(cfg, new_tes=8, setup=busy_source)
+    roce_alone, roce_shared = alone["per_te"]["te/8"]["te_load"], shared["per_te"]["te/8"]["te_load"]
+    assert details(alone)["te/8"].startswith("npu-fork-roce")
+    assert roce_shared > 1.3 * roce_alone  # the source's RoCE port is shared max-min fairly
+    hccs = [te for te, d in details(shared).items() if d.startswith("npu-fork-hccs")]
+    assert shared["per_te"][hccs[0]]["te_load"] == pytest.approx(alone["per_te"][hccs[0]]["te_load"])
+
+
+def test_a_replacement_is_forked_from_a_running_te_and_the_run_replays() -> None:
+    cfg = validated({"name": "replace", "log": "none",
+                     "cluster": {"model": "llama3-8b", "tp": 1, "tes": 2, "npu_variance": False},
+                     "control": {"heartbeat_interval_s": 0.5, "spare_tes": 0},
+                     "scaling": {**PREWARM, "fork": True}})  # fmt: skip
+    d = SimDriver(1, sink=MemorySink())
+    assemble(d, cfg)
+    d.inject(PODS_ADDR, KillPod(te="te/1"), at=2.0, src="ext/fault")
+    d.run(until=20.0)
+    rec = d.actor(MANAGER_ADDR).state.tes["te/1"]
+    assert (rec.generation, rec.state) == (2, "ready")
+    assert rec.source == "fork" and rec.details["te_load"].startswith("npu-fork-hccs from te/0")
+    assert breakdown(d.actor(MANAGER_ADDR).state.tes)["tes"] == 1
+    assert verify(MemoryLog(d.sink)).identical  # type: ignore[arg-type]
+
+
+def test_scaling_from_zero_has_no_source_and_loads_from_the_host() -> None:
+    cfg = validated({"name": "zero", "log": "none",
+                     "cluster": {"model": "llama3-8b", "tp": 1, "tes": 1, "npu_variance": False},
+                     "control": {"heartbeats": False, "spare_tes": 2},
+                     "scaling": {**PREWARM, "fork": True}})  # fmt: skip
+    d = SimDriver(0, sink=MemorySink())
+    assemble(d, cfg)
+    d.inject(MANAGER_ADDR, ScaleGroup(group="llama3-8b/colocated", size=0), at=1.0, src="ext/test")  # to zero
+    d.inject(MANAGER_ADDR, ScaleGroup(group="llama3-8b/colocated", size=2), at=10.0, src="ext/test")
+    d.run(until=60.0)
+    st = d.actor(MANAGER_ADDR).state
+    assert st.tes["te/0"].history[-1]["state"] == "stopped"  # drained to zero, its slot used again
+    new = [r for r in st.tes.values() if r.launched_s >= 10.0]
+    assert len(new) == 2 and all(r.state == "ready" for r in new)
+    assert all("no fork: no running TE of llama3-8b" in r.details["te_load"] for r in new)
+
+
+def test_a_bad_scaling_setting_names_its_key() -> None:
+    with pytest.raises(ScenarioError, match=r"scaling\.pod_pool"):
+        load("incident-prefill-crash", ["scaling.pod_pool=-1"])
+    with pytest.raises(ScenarioError, match=r"scaling\.pool_policy"):
+        load("incident-prefill-crash", ["scaling.pool_policy=sometimes"])
