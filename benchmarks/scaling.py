@@ -44,26 +44,37 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def scale_config(scaling: dict[str, Any], new_tes: int = 64, seed: int = 0) -> Any:
+def scale_config(scaling: dict[str, Any], new_tes: int = 64, seed: int = 0, tp: int = 1) -> Any:
     """The scale-out cluster: one running TE, `new_tes` spare slots, no heartbeats, no workload."""
     doc = {"name": "scale-out", "seed": seed, "log": "none",
-           "cluster": {"model": MODEL, "tp": 1, "tes": 1, "npu_variance": False},
+           "cluster": {"model": MODEL, "tp": tp, "tes": 1, "npu_variance": False},
            "control": {"heartbeats": False, "spare_tes": new_tes, "boot_timeout_s": 3600.0},
            "scaling": scaling}  # fmt: skip
     return validated(doc)
 
 
 def run_scale_out(scaling: dict[str, Any], new_tes: int = 64, seed: int = 0,
-                  setup: Callable[[SimDriver], None] | None = None, size: int | None = None) -> dict[str, Any]:  # fmt: skip
+                  setup: Callable[[SimDriver], None] | None = None, size: int | None = None,
+                  log: str = "", tp: int = 1) -> dict[str, Any]:  # fmt: skip
     """Run one scale-out of `size` new TEs (default: every one of the `new_tes` spare slots);
-    the manager's state says when each TE became ready and its steps."""
-    cfg = scale_config(scaling, new_tes, seed)
-    d = SimDriver(seed, sink=MemorySink())
+    the manager's state says when each TE became ready and its steps. `log`: also write the
+    run's log there (SQLite; `deepserve replay state LOG --actor cluster` shows each TE's steps)."""
+    cfg = scale_config(scaling, new_tes, seed, tp)
+    sink: Any = MemorySink()
+    if log:
+        from deepserve.persistence import open_sink
+
+        sink = open_sink(log, "async")
+    d = SimDriver(seed, sink=sink, config=msgspec.to_builtins(cfg))
     assemble(d, cfg)
     if setup is not None:
         setup(d)
     d.inject(MANAGER_ADDR, ScaleGroup(group=GROUP, size=1 + (new_tes if size is None else size)), at=SCALE_AT_S, src="ext/bench")
     d.run(until=UNTIL_S)
+    if log:
+        if d.pending():  # the pools' refill timers may still be pending: final states go to the log
+            d.snapshot_live()
+        sink.close()
     st = d.actor(MANAGER_ADDR).state
     tes = {te: r for te, r in st.tes.items() if r.launched_s >= SCALE_AT_S}
     ready = [r for r in tes.values() if r.state == "ready"]
@@ -81,8 +92,10 @@ def _row(name: str, r: dict[str, Any], base_name: str, base: dict[str, Any]) -> 
             "te_load_paths": r["te_load_paths"]}  # fmt: skip
 
 
-def scale64_rows(new_tes: int = 64) -> list[dict[str, Any]]:
-    runs = {name: run_scale_out(s, new_tes) for name, s in VARIANTS.items()}
+def scale64_rows(log_dir: str = "", new_tes: int = 64) -> list[dict[str, Any]]:
+    """`log_dir`: each variant's log as `scale64-<variant>.db` there."""
+    runs = {name: run_scale_out(s, new_tes, log=f"{log_dir}/scale64-{name}.db" if log_dir else "")
+            for name, s in VARIANTS.items()}  # fmt: skip
     return [
         _row("scale64_prewarm_fork_s", runs["prewarm_fork"], "scale64_cold_s", runs["cold"]),
         _row("scale64_prewarm_dram_s", runs["prewarm_dram"], "scale64_cold_s", runs["cold"]),
@@ -90,7 +103,8 @@ def scale64_rows(new_tes: int = 64) -> list[dict[str, Any]]:
     ]
 
 
-ROWS: dict[str, Callable[[], list[dict[str, Any]]]] = {"scale64": scale64_rows}
+# Row sets by name; each is called with `log_dir` ("": write no log).
+ROWS: dict[str, Callable[..., list[dict[str, Any]]]] = {"scale64": scale64_rows}
 
 
 def render(rows: list[dict[str, Any]]) -> str:

@@ -135,3 +135,13 @@ def test_a_bad_scaling_setting_names_its_key() -> None:
         load("incident-prefill-crash", ["scaling.pod_pool=-1"])
     with pytest.raises(ScenarioError, match=r"scaling\.pool_policy"):
         load("incident-prefill-crash", ["scaling.pool_policy=sometimes"])
+
+
+def test_pre_warmed_tes_are_packed_per_parallelism_and_forked_rank_by_rank() -> None:
+    # TP2 TEs: te/0 runs on s0's NPUs 0-1; te/1..3 take 2 pre-warmed executors each while 5 last
+    r = run_scale_out({"enabled": True, "executor_pool_per_server": 5, "master_pool": 8, "fork": True},
+                      new_tes=3, tp=2)  # fmt: skip
+    pre = details(r, "te_pre_load")
+    assert pre["te/1"].startswith("pre-warmed: 2 executor(s) + 1 master(s)") and pre["te/2"].startswith("pre-warmed")
+    assert pre["te/3"].startswith("cold")  # one executor left on the server: not enough for TP2
+    assert r["te_load_paths"] == {"npu-fork-hccs": 3} and r["ready"] == 3
