@@ -79,8 +79,7 @@ def spawn_scaling(driver: Any, scaling: Scaling, slots: tuple[TeSlot, ...], grou
 
     plan = preload_plan(scaling, slots, groups)
     slots = order_slots(slots, groups, plan)
-    if plan:
-        driver.spawn(PRELOAD_ADDR, DramPreloader, plan=[list(p) for p in plan])
+    driver.spawn(PRELOAD_ADDR, DramPreloader, plan=[list(p) for p in plan])  # later predictions: PreloadModel
     if scaling.fork:
         driver.spawn(FORK_ADDR, NpuForker, config={"slots": [msgspec.to_builtins(s) for s in slots],
                                                    "gather_s": scaling.fork_gather_s, **fork_links(topology)})  # fmt: skip

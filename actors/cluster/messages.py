@@ -244,3 +244,15 @@ class ForkNone(Message, frozen=True, kw_only=True):
 
 class ForkGather(Message, frozen=True):
     """The coordinator's timer: requests gathered this long go out as one broadcast."""
+
+
+# ---- DRAM pre-loading (to `cluster/preload`, actors/cluster/preload.py) --------------------------
+
+
+class PreloadModel(Message, frozen=True, kw_only=True):
+    """A prediction (an autoscaler's, an operator's): `model` will scale onto these hosts — read
+    it into their DRAM page caches now, so the scale-out's TE-Load is a DRAM hit."""
+
+    model: str
+    hosts: tuple[str, ...]
+    reason: str = ""

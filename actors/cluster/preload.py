@@ -6,7 +6,8 @@ The prediction is a policy (`[scaling] dram_preload`): `spare` — every group's
 onto the servers of its spare slots (the `dram_preload_servers` with the most spare slots, 0: all).
 `order_slots` then puts, in each group, the spare slots on pre-loaded servers first, so the
 manager's scale-out (which takes free slots in order) prefers the pre-warmed TEs on hosts that
-already hold the model. Each boot's `te_load` step says dram-hit or dram-miss.
+already hold the model. Each boot's `te_load` step says dram-hit or dram-miss. A later
+prediction (an autoscaler's) arrives as `PreloadModel(model, hosts)`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from deepserve.actors.ports.host import HostLoadFailed, HostPreload, HostPreload
 from deepserve.actors.ports.pod import TeSlot
 from deepserve.core import Actor, Context, Event, Message
 
+from .messages import PreloadModel
 from .prewarm import Scaling
 
 
@@ -45,7 +47,8 @@ def order_slots(slots: tuple[TeSlot, ...], groups: dict[str, int],
     """Each group's initial slots unchanged; its spare slots on hosts pre-loaded with its model first."""
     warm = set(plan)
     seen: dict[str, int] = {}
-    initial, spare = [], []
+    initial: list[TeSlot] = []
+    spare: list[TeSlot] = []
     for s in slots:
         n = seen.get(s.group, 0)
         seen[s.group] = n + 1
@@ -88,11 +91,19 @@ class DramPreloader(Actor[PreloadState]):
 
     def on_start(self, ctx: Context) -> None:
         for host, model in self.plan:
-            ctx.record(PreloadAsked(host=host, model=model))
-            ctx.send(host, HostPreload(req_id=f"preload:{model}", model=model))
+            self._ask(ctx, host, model)
+
+    def _ask(self, ctx: Context, host: str, model: str) -> None:
+        if self.state.asked.get(f"{host}|{model}") in ("asked", "hit", "loaded"):
+            return  # asked already (one that failed is asked again)
+        ctx.record(PreloadAsked(host=host, model=model))
+        ctx.send(host, HostPreload(req_id=f"preload:{model}", model=model))
 
     def handle(self, ctx: Context, msg: Message) -> None:
-        if isinstance(msg, HostPreloaded | HostLoadFailed) and msg.req_id.startswith("preload:"):
+        if isinstance(msg, PreloadModel):
+            for host in msg.hosts[:4096]:  # a limit on everything
+                self._ask(ctx, host, msg.model)
+        elif isinstance(msg, HostPreloaded | HostLoadFailed) and msg.req_id.startswith("preload:"):
             if self.state.asked.get(f"{ctx.sender}|{msg.model}") != "asked":
                 return
             if isinstance(msg, HostPreloaded):

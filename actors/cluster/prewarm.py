@@ -120,9 +120,10 @@ def breakdown(tes: dict[str, Any], since_s: float = 0.0) -> dict[str, Any]:
     rows: dict[str, dict[str, float]] = {}
     paths: dict[str, int] = {}
     for te, r in sorted(tes.items()):
-        get = r.get if isinstance(r, dict) else lambda k, r=r: getattr(r, k)
-        steps, details = dict(get("steps")), dict(get("details"))
-        if get("launched_s") < since_s or "registered" not in steps or "te_pre_load" not in steps:
+        rec: dict[str, Any] = r if isinstance(r, dict) else {k: getattr(r, k) for k in ("steps", "details", "launched_s")}
+        steps: dict[str, float] = dict(rec["steps"])
+        details: dict[str, str] = dict(rec["details"])
+        if float(rec["launched_s"]) < since_s or "registered" not in steps or "te_pre_load" not in steps:
             continue  # not launched since, not registered, or resident (nothing booted)
         row = {"scaler_pre": float(steps.get("scaler_pre", steps.get("pod_start", 0.0))),
                "te_pre_load": float(steps["te_pre_load"]),

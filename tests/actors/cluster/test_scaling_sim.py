@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from deepserve.actors.cluster.messages import ScaleGroup
+from deepserve.actors.cluster.messages import PreloadModel, ScaleGroup
 from deepserve.actors.cluster.prewarm import STEPS, breakdown
 from deepserve.actors.ports.link import LinkTransfer
 from deepserve.actors.ports.pod import KillPod
@@ -145,3 +145,13 @@ def test_pre_warmed_tes_are_packed_per_parallelism_and_forked_rank_by_rank() -> 
     assert pre["te/1"].startswith("pre-warmed: 2 executor(s) + 1 master(s)") and pre["te/2"].startswith("pre-warmed")
     assert pre["te/3"].startswith("cold")  # one executor left on the server: not enough for TP2
     assert r["te_load_paths"] == {"npu-fork-hccs": 3} and r["ready"] == 3
+
+
+def test_a_later_prediction_preloads_the_hosts_it_names() -> None:
+    def predict(d: SimDriver) -> None:
+        d.inject(PRELOAD_ADDR, PreloadModel(model="llama3-8b", hosts=("hw/s0/host",), reason="test"), at=1.0,
+                 src="ext/autoscaler")  # fmt: skip
+
+    r = run_scale_out(PREWARM, new_tes=7, setup=predict)
+    assert r["driver"].actor(PRELOAD_ADDR).state.asked == {"hw/s0/host|llama3-8b": "loaded"}
+    assert r["te_load_paths"] == {"dram-hit": 7}
