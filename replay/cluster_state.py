@@ -52,6 +52,8 @@ class TeRow(msgspec.Struct, frozen=True, kw_only=True):
     source: str  # how its weights arrived (cold, dram-hit, ...)
     reason: str
     dp: tuple[DpRow, ...]
+    steps: dict[str, float] = {}  # its boot's steps (DeepServe Table 2 with [scaling] on): name -> seconds
+    details: dict[str, str] = {}  # step -> how (pre-warmed pod, npu-fork-roce from te/0, dram-hit, ...)
 
 
 class JeRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,6 +68,7 @@ class ClusterView(msgspec.Struct, frozen=True, kw_only=True):
     at: float | None  # None: the end of the log
     tes: tuple[TeRow, ...]
     jes: tuple[JeRow, ...]
+    boot: dict[str, Any] = {}  # the booted TEs' per-step means (actors/cluster/prewarm.py `breakdown`)
 
 
 def cluster_state_at(reader: LogReader, at: float | None = None, run_id: str | None = None) -> ClusterView:
@@ -90,9 +93,15 @@ def cluster_state_at(reader: LogReader, at: float | None = None, run_id: str | N
         dps = tuple(_dp_row(reader, dp, at, run.run_id) for dp in sorted(masters.get(te, []), key=_address_key))
         tes.append(TeRow(te=te, group=rec.group, role=group.role if group else "", model=group.model if group else "",
                          generation=rec.generation, state=rec.state, since_s=rec.since_s, source=rec.source,
-                         reason=rec.reason, dp=tuple(d for d in dps if d is not None)))  # fmt: skip
+                         reason=rec.reason, dp=tuple(d for d in dps if d is not None),
+                         steps=dict(rec.steps), details=dict(rec.details)))  # fmt: skip
     jes = [_je_row(reader, je, at, run.run_id) for je in sorted((a for a in actors if _JE.match(a)), key=_address_key)]
-    return ClusterView(run_id=run.run_id, at=at, tes=tuple(tes), jes=tuple(j for j in jes if j is not None))
+    from deepserve.actors.cluster.prewarm import breakdown
+
+    boot = breakdown(manager.tes)
+    boot.pop("per_te")
+    return ClusterView(run_id=run.run_id, at=at, tes=tuple(tes), jes=tuple(j for j in jes if j is not None),
+                       boot=boot if boot["tes"] else {})  # fmt: skip
 
 
 def _fold(reader: LogReader, actor: str, at: float | None, run_id: str) -> Any:
@@ -160,6 +169,13 @@ def cluster_lines(view: ClusterView) -> list[str]:
                          f"{dram:>19}" + (f"  device lost: {d.device_lost}" if d.device_lost else ""))  # fmt: skip
         if te.reason:
             lines.append(f"{'':8} reason: {te.reason}")
+        if "te_pre_load" in te.steps:  # it booted (not resident): where its boot's time went
+            lines.append(f"{'':8} boot: " + ", ".join(
+                f"{k} {v:.3f} s" + (f" ({te.details[k]})" if te.details.get(k) else "") for k, v in te.steps.items()))  # fmt: skip
+    if view.boot:
+        means = ", ".join(f"{k} {v:.3f}" for k, v in view.boot["step_means_s"].items())
+        lines += ["", f"boot steps, mean over {view.boot['tes']} TEs booted (s): {means}; "
+                      f"TE-Load: {', '.join(f'{k} {v}' for k, v in view.boot['te_load_paths'].items())}"]  # fmt: skip
     lines.append("")
     for je in view.jes:
         phases = ", ".join(f"{k} {v}" for k, v in je.by_phase.items()) or "none"

@@ -27,6 +27,11 @@ def test_rows_with_baselines_and_a_log_the_breakdown_replays_from(tmp_path: Path
     tes = json.loads(capsys.readouterr().out)["state"]["tes"]
     again = breakdown(tes, since_s=1.0)  # the state as replay folds it gives the bench's breakdown
     assert again["tes"] == 64 and again["step_means_s"]["total"] == pytest.approx(fork["step_means_s"]["total"], abs=1e-3)
+    assert main(["replay", "state", log, "--cluster"]) == 0  # each TE's boot, then the means (Fig. 9)
+    out = capsys.readouterr().out
+    assert "boot: pod_start 0.100 s, scaler_pre 0.100 s (pre-warmed pod)" in out
+    assert "boot steps, mean over 64 TEs booted (s): scaler_pre 0.100" in out
+    assert "TE-Load: npu-fork-hccs 7, npu-fork-roce 57" in out
 
 
 def test_bad_arguments_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
