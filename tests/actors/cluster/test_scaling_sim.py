@@ -155,3 +155,26 @@ def test_a_later_prediction_preloads_the_hosts_it_names() -> None:
     r = run_scale_out(PREWARM, new_tes=7, setup=predict)
     assert r["driver"].actor(PRELOAD_ADDR).state.asked == {"hw/s0/host|llama3-8b": "loaded"}
     assert r["te_load_paths"] == {"dram-hit": 7}
+
+
+@pytest.mark.parametrize("masters", [1, 2])
+def test_one_pool_of_pre_warmed_tes_serves_every_model(masters: int) -> None:
+    """Llama-3-8B scales out at t=1 while Llama-2-7B's TE is killed and replaced: both take
+    from the same pools (the pre-warmed masters are model-agnostic)."""
+    cfg = validated({"name": "two-models", "log": "none",
+                     "cluster": {"model": "llama3-8b", "tp": 1, "tes": 1, "npu_variance": False},
+                     "groups": [{"model": "llama2-7b", "tp": 1, "tes": 1, "npu_variance": False}],
+                     "control": {"heartbeat_interval_s": 0.5, "spare_tes": 1},
+                     "scaling": {"enabled": True, "pod_pool": 2, "executor_pool_per_server": 8,
+                                 "master_pool": masters}})  # fmt: skip
+    d = SimDriver(2, sink=MemorySink())
+    assemble(d, cfg)
+    d.inject(MANAGER_ADDR, ScaleGroup(group="llama3-8b/colocated", size=2), at=1.0, src="ext/test")
+    d.inject(PODS_ADDR, KillPod(te="te/2"), at=1.0, src="ext/fault")
+    d.run(until=30.0)
+    tes = d.actor(MANAGER_ADDR).state.tes
+    assert tes["te/1"].state == "ready" and (tes["te/2"].generation, tes["te/2"].state) == (2, "ready")
+    assert tes["te/1"].details["te_pre_load"].startswith("pre-warmed")  # first: t=1
+    replacement = tes["te/2"].details["te_pre_load"]  # after the heartbeats' misses: the last master is gone
+    assert replacement.startswith("pre-warmed" if masters == 2 else "cold"), replacement
+    assert tes["te/2"].details["scaler_pre"] == "pre-warmed pod"
