@@ -135,19 +135,24 @@ class NpuForker(Actor[ForkState]):
         elif isinstance(msg, HostLoadDone | HostLoadFailed):
             self._part_ended(ctx, msg)
 
-    def _sources(self, model: str, tp: int) -> list[TeSlot]:
+    def _sources(self, model: str, tp: int, queued: list[Queued]) -> list[TeSlot]:
+        """Running TEs of the model and TP (any role: the weights are the same): an idle one
+        first, then the one sharing a scale-up domain with the most requesters (HCCS over RoCE)."""
         ready = sorted({te for tes in self.state.ready.values() for te in tes})
         busy = {f.source for f in self.state.forks.values()}
+        near: dict[int, int] = {}
+        for q in queued:
+            near[q.req.server] = near.get(q.req.server, 0) + 1
         found = [self.slots[te] for te in ready if te in self.slots and self.slots[te].model == model
                  and self.slots[te].tp == tp]  # fmt: skip
-        return sorted(found, key=lambda s: (s.te in busy, s.te))  # an idle source first
+        return sorted(found, key=lambda s: (s.te in busy, -near.get(s.server, 0), s.te))
 
     def _gather(self, ctx: Context) -> None:
         by_layout: dict[tuple[str, int], list[Queued]] = {}
         for q in self.state.pending:
             by_layout.setdefault((q.req.model, q.req.tp), []).append(q)
         for (model, tp), queued in sorted(by_layout.items(), key=lambda kv: kv[0]):
-            sources = self._sources(model, tp)
+            sources = self._sources(model, tp, queued)
             if not sources:
                 self._refuse(ctx, queued, f"no running TE of {model} at tp={tp} to fork from")
                 continue
