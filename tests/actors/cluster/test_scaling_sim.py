@@ -178,3 +178,17 @@ def test_one_pool_of_pre_warmed_tes_serves_every_model(masters: int) -> None:
     replacement = tes["te/2"].details["te_pre_load"]  # after the heartbeats' misses: the last master is gone
     assert replacement.startswith("pre-warmed" if masters == 2 else "cold"), replacement
     assert tes["te/2"].details["scaler_pre"] == "pre-warmed pod"
+
+
+def test_the_fork_source_shares_the_replacements_hccs_domain_when_one_can() -> None:
+    cfg = validated({"name": "near", "log": "none",
+                     "cluster": {"model": "llama3-8b", "tp": 1, "tes": 10, "npu_variance": False},
+                     "control": {"heartbeat_interval_s": 0.5, "spare_tes": 0},
+                     "scaling": {"enabled": True, "fork": True}})  # fmt: skip
+    d = SimDriver(4, sink=MemorySink())
+    assemble(d, cfg)
+    d.inject(PODS_ADDR, KillPod(te="te/9"), at=1.0, src="ext/fault")  # te/8 and te/9 share server 1
+    d.run(until=30.0)
+    rec = d.actor(MANAGER_ADDR).state.tes["te/9"]
+    assert (rec.generation, rec.state) == (2, "ready")
+    assert rec.details["te_load"].startswith("npu-fork-hccs from te/8"), rec.details["te_load"]
