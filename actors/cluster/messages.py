@@ -256,3 +256,21 @@ class PreloadModel(Message, frozen=True, kw_only=True):
     model: str
     hosts: tuple[str, ...]
     reason: str = ""
+
+
+# ---- the pod launcher's pools (`pods`, actors/cluster/pods.py) ------------------------------------
+
+
+class PoolsQuery(Message, frozen=True, kw_only=True):
+    """What the pod launcher holds pre-warmed now (`deepserve status`, an autoscaler)."""
+
+    req_id: str = ""
+
+
+class PoolsStatus(Message, frozen=True, kw_only=True):
+    req_id: str
+    enabled: bool  # [scaling] on: the launcher keeps pools
+    pods: int = 0
+    masters: int = 0
+    executors: dict[str, int] = {}  # str(server) -> pre-warmed executors there
+    policy: str = ""  # fixed or predicted

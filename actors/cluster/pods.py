@@ -35,6 +35,7 @@ from deepserve.actors.ports.pod import (
 from deepserve.core import Actor, Context, Event, Message
 
 from .boot import TeBoot
+from .messages import PoolsQuery, PoolsStatus
 from .prewarm import BootPlan, Pools, Scaling, initial_pools, plan_boot, refill_target
 
 MAX_PODS = 100_000  # a limit on everything
@@ -156,6 +157,14 @@ class InProcessPods(Actor[PodsState]):
             self._up(ctx, msg.pod_id)
         elif isinstance(msg, PoolRefill):
             self._refill(ctx, msg)
+        elif isinstance(msg, PoolsQuery):
+            cfg = self.cfg.scaling
+            if isinstance(st, ScalingPodsState) and cfg is not None:
+                p = st.pools
+                ctx.reply(PoolsStatus(req_id=msg.req_id, enabled=True, pods=p.pods, masters=p.masters,
+                                      executors=dict(p.executors), policy=cfg.pool_policy))  # fmt: skip
+            else:
+                ctx.reply(PoolsStatus(req_id=msg.req_id, enabled=False))
         elif isinstance(msg, StopPod):
             if msg.pod_id in st.pods:
                 self._end(ctx, msg.pod_id, False, msg.reason)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from deepserve.actors.cluster.messages import PreloadModel, ScaleGroup
+from deepserve.actors.cluster.messages import PoolsQuery, PoolsStatus, PreloadModel, ScaleGroup
 from deepserve.actors.cluster.prewarm import STEPS, breakdown
 from deepserve.actors.ports.link import LinkTransfer
 from deepserve.actors.ports.pod import KillPod
@@ -192,3 +192,19 @@ def test_the_fork_source_shares_the_replacements_hccs_domain_when_one_can() -> N
     rec = d.actor(MANAGER_ADDR).state.tes["te/9"]
     assert (rec.generation, rec.state) == (2, "ready")
     assert rec.details["te_load"].startswith("npu-fork-hccs from te/8"), rec.details["te_load"]
+
+
+def test_the_launcher_answers_what_its_pools_hold() -> None:
+    r = run_scale_out({"enabled": True, "pod_pool": 3, "executor_pool_per_server": 2, "master_pool": 1}, new_tes=2)
+    d = r["driver"]
+    got: list[Any] = []
+    d.on_external = lambda _t, env: got.append(env.msg)
+    d.inject(PODS_ADDR, PoolsQuery(req_id="q"), at=d.now + 1.0, src="ext/status")
+    d.run(until=d.now + 2.0)
+    (st,) = [m for m in got if isinstance(m, PoolsStatus)]
+    assert (st.enabled, st.pods, st.masters, st.executors, st.policy) == (True, 3, 1, {"0": 2}, "fixed")
+    off = run_scale_out({}, new_tes=1)["driver"]
+    off.on_external = lambda _t, env: got.append(env.msg)
+    off.inject(PODS_ADDR, PoolsQuery(req_id="q2"), at=off.now + 1.0, src="ext/status")
+    off.run(until=off.now + 2.0)
+    assert [m.enabled for m in got if isinstance(m, PoolsStatus) and m.req_id == "q2"] == [False]
