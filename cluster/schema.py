@@ -159,6 +159,7 @@ def check(cfg: PlatformConfig, known_models: tuple[str, ...]) -> list[tuple[str,
     for i, m in enumerate(cfg.workload.models):
         if m not in cfg.models():
             problems.append((f"workload.models.{i}", f"{m!r} is served by no group (served: {', '.join(cfg.models())})"))
+    problems += _check_scaling(cfg)
     if cfg.faults and not problems:
         from .assembly import je_addrs
         from .layout import plan
@@ -175,6 +176,24 @@ def check_recovery(cfg: PlatformConfig) -> list[tuple[str, str]]:
         return [("recovery.spare_servers", "substitute needs a spare pool: at least 1 spare server")]
     if r.rung != "replace" and not cfg.control.heartbeats:
         return [("recovery.rung", f"{r.rung} acts on a TE declared failed: needs control.heartbeats = true")]
+    return []
+
+
+def _check_scaling(cfg: PlatformConfig) -> list[tuple[str, str]]:
+    """`[scaling]`: settings without `enabled` would silently do nothing; a server's pre-warmed
+    executors sit on its NPUs."""
+    from deepserve.adapters.hardware.specs import npu_spec, server_spec
+
+    sc, default = cfg.scaling, type(cfg.scaling)()
+    if not sc.enabled:
+        changed = [k for k in sc.__struct_fields__ if getattr(sc, k) != getattr(default, k)]
+        return [(f"scaling.{changed[0]}", "set scaling.enabled = true too (the pipeline is off)")] if changed else []
+    kind = {"gen1": "gen1-910b", "cm384": "cm384-910c"}.get(cfg.cluster.topology, "gen1-910b")
+    npus = server_spec(kind).npus
+    if sc.executor_pool_per_server > npus:
+        return [("scaling.executor_pool_per_server",
+                 f"at most the {npus} {npu_spec(server_spec(kind).npu).kind} NPUs of a {kind} server, "
+                 f"got {sc.executor_pool_per_server}")]  # fmt: skip
     return []
 
 

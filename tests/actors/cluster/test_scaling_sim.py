@@ -135,6 +135,10 @@ def test_a_bad_scaling_setting_names_its_key() -> None:
         load("incident-prefill-crash", ["scaling.pod_pool=-1"])
     with pytest.raises(ScenarioError, match=r"scaling\.pool_policy"):
         load("incident-prefill-crash", ["scaling.pool_policy=sometimes"])
+    with pytest.raises(ScenarioError, match=r"scaling\.fork: set scaling\.enabled = true too"):
+        load("incident-prefill-crash", ["scaling.fork=true"])
+    with pytest.raises(ScenarioError, match=r"scaling\.executor_pool_per_server: at most the 8 910b NPUs"):
+        load("incident-prefill-crash", ["scaling.enabled=true", "scaling.executor_pool_per_server=9"])
 
 
 def test_pre_warmed_tes_are_packed_per_parallelism_and_forked_rank_by_rank() -> None:
