@@ -11,6 +11,7 @@ import pytest
 
 from deepserve.actors.cluster.messages import PoolsQuery, PoolsStatus, PreloadModel, ScaleGroup
 from deepserve.actors.cluster.prewarm import STEPS, breakdown
+from deepserve.actors.ports.faults import LinkDown
 from deepserve.actors.ports.link import LinkTransfer
 from deepserve.actors.ports.pod import KillPod
 from deepserve.adapters.scenario.loader import ScenarioError
@@ -212,3 +213,13 @@ def test_the_launcher_answers_what_its_pools_hold() -> None:
     off.inject(PODS_ADDR, PoolsQuery(req_id="q2"), at=off.now + 1.0, src="ext/status")
     off.run(until=off.now + 2.0)
     assert [m.enabled for m in got if isinstance(m, PoolsStatus) and m.req_id == "q2"] == [False]
+
+
+def test_a_broadcast_cut_by_a_link_fault_falls_back_to_the_host() -> None:
+    def cut(d: SimDriver) -> None:  # the source's RoCE port goes down while it streams
+        d.inject("hw/fabric", LinkDown(link="s0/npu0/roce"), at=SCALE_AT_S + 0.6, src="ext/fault")
+
+    r = run_scale_out(VARIANTS["prewarm_fork"], new_tes=8, setup=cut)
+    got = details(r)
+    assert r["ready"] == 8 and r["te_load_paths"] == {"npu-fork-hccs": 7, "dram-miss": 1}
+    assert got["te/8"].startswith("dram-miss (ssd); no fork: NPU-fork over roce from te/0 failed"), got["te/8"]
