@@ -166,7 +166,9 @@ class TeBoot(Actor[BootState]):
                 return True
             ctx.record(BootGroupLoaded(dp=dp, duration_s=msg.duration_s, path=msg.path))
             if len(self.state.loaded) == slot.dp_groups:
-                path = "dram-hit" if self.state.path == "dram-hit" else "dram-miss (ssd)"
+                # ssd-shared: the host joined another boot's in-flight read of the file
+                path = {"dram-hit": "dram-hit", "ssd-shared": "dram-miss-shared (ssd read joined)"}.get(
+                    self.state.path, "dram-miss (ssd)")
                 why = getattr(self.state, "fork_none", "")
                 self._step(ctx, "te_load", ctx.now() - self.state.phase_s, f"{path}; no fork: {why}" if why else path)
                 self._post_load(ctx)

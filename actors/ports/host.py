@@ -57,7 +57,8 @@ class HostFork(Message, frozen=True, kw_only=True):
 class HostLoadDone(Message, frozen=True, kw_only=True):
     req_id: str
     model: str
-    path: str  # "dram-hit", "ssd", "npu-fork-hccs", "npu-fork-roce", "npu-fork-ub"
+    # "ssd-shared": a miss that joined another load's in-flight SSD read of the file
+    path: str  # "dram-hit", "ssd", "ssd-shared", "npu-fork-hccs", "npu-fork-roce", "npu-fork-ub"
     duration_s: float  # transfer + tensor initialisation
     bytes_per_npu: int
     targets: tuple[str, ...]

@@ -78,7 +78,7 @@ class ProcRuntime(Runtime):
         # The hardware shared across TEs stays here; each TE's NPUs live in its process.
         d.spawn(FABRIC, Fabric, cluster=topo.cluster, servers=topo.servers)
         for s in range(topo.servers):
-            d.spawn(host_addr(s), Host, server=s, server_kind=topo.server_kind)
+            d.spawn(host_addr(s), Host, server=s, server_kind=topo.server_kind, shared_reads=True)
         self.spawn_front(d)
         base = {"run_id": d.run_id, "seed": d.seed, "epoch": d.epoch, "main_endpoint": self.transport.endpoint,
                 "main_prefixes": main_prefixes([*d.cells, PODS_ADDR, MONITOR_ADDR, "cluster"]),

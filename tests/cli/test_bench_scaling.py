@@ -18,7 +18,7 @@ def test_rows_with_baselines_and_a_log_the_breakdown_replays_from(tmp_path: Path
     rows = {r["name"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
     fork, cold = rows["scale64_prewarm_fork_s"], rows["scale64_cold_s"]
     assert fork["baseline"] == "scale64_cold_s" and fork["baseline_value"] == cold["value"]
-    assert fork["value"] < 3.0 < 20.0 < cold["value"] and fork["tes_ready"] == cold["tes_ready"] == 64
+    assert fork["value"] < 3.0 and 3 * fork["value"] < cold["value"] and fork["tes_ready"] == cold["tes_ready"] == 64
     assert set(fork["step_means_s"]) == {"scaler_pre", "te_pre_load", "te_load", "te_post_load", "scaler_post", "total"}
     log = str(tmp_path / "scale64-prewarm_fork.db")
     assert main(["replay", "verify", log]) == 0

@@ -5,6 +5,14 @@ are shared max-min fairly with everything else crossing them), then pay tensor i
 (loading.py, DeepServe §6.2). This mirrors loading.local_load / loading.npu_fork, which compute
 the same thing for a fixed set of concurrent loads.
 
+Shared reads (`shared_reads`, on for every host `spawn_topology` starts): a page cache reads a
+file once however many processes read it at the same time. A miss while the same file is already
+being read from SSD (by another miss or a pre-load) joins that read instead of starting its own:
+its DRAM -> NPU copies start at once and the load waits for the read too, so it ends when both its
+copies and the read have ended (the copy streams behind the read; its last chunk's copy is not
+charged). A joiner of a read that fails fails with it. Off, every miss reads the file itself: how
+hosts behaved before, kept for logs whose Started records lack the argument.
+
 Every load ends. Transfers are asks with the load's timeout: one the fabric's full mailbox drops,
 or that gets no answer in time, fails the load (its other transfers are cancelled).
 """
@@ -47,7 +55,7 @@ from deepserve.adapters.hardware.devices.host_state import (
     Job,
     evolve_host,
 )
-from deepserve.adapters.hardware.devices.topology import FABRIC, host_addr, ssd_addr
+from deepserve.adapters.hardware.devices.topology import FABRIC, SSD, host_addr, ssd_addr
 from deepserve.adapters.hardware.loading import TENSOR_INIT_S
 from deepserve.adapters.hardware.memory import weights_per_npu_bytes
 from deepserve.adapters.hardware.models import ModelProfile, model_profile
@@ -61,6 +69,9 @@ from deepserve.core import Actor, AskFailed, Context, Event, Message
 # sharing the fabric does, short of forever. Assumption (a limit on everything), not a figure.
 LOAD_TIMEOUT_FACTOR = 4.0
 LOAD_TIMEOUT_MIN_S = 60.0
+SSD_PATH = "ssd"  # a miss that reads the file from SSD itself
+JOINED_PATH = "ssd-shared"  # a miss that joined another load's in-flight SSD read
+READ = "#read"  # a joiner's wait for the read it joined, a pseudo transfer in `Job.waiting`
 
 
 class HostInitDone(Message, frozen=True):
@@ -71,8 +82,10 @@ class Host(Actor[HostState]):
     def __init__(
         self, server: int = 0, server_kind: str = "gen1-910b", fabric: str = FABRIC,
         dram_bytes: int | None = None, load_timeout_s: float | None = None,
+        shared_reads: bool = False,
     ) -> None:  # fmt: skip
         self.server = server
+        self.shared_reads = shared_reads
         self.spec = server_spec(server_kind)
         self.fabric = fabric
         self.dram_bytes = self.spec.dram_bytes if dram_bytes is None else dram_bytes
@@ -161,6 +174,13 @@ class Host(Actor[HostState]):
             )
         per_npu = self._shard(m, msg, len(targets))
         hit = self.state.cached(msg.model) is not None
+        if not hit and self._reading(msg.model, nbytes):
+            parts = [
+                LinkTransfer(req_id=f"{key}#{i}", src=self.addr, dst=t, nbytes=per_npu)
+                for i, t in enumerate(targets)
+            ]  # fmt: skip
+            self._begin(ctx, msg, key, JOINED_PATH, per_npu, parts, False, joined=True)
+            return
         if hit:
             ctx.record(HostCacheTouched(msg.model))
         src = self.addr if hit else ssd_addr(self.server)
@@ -168,7 +188,7 @@ class Host(Actor[HostState]):
             LinkTransfer(req_id=f"{key}#{i}", src=src, dst=t, nbytes=per_npu)
             for i, t in enumerate(targets)
         ]  # fmt: skip
-        self._begin(ctx, msg, key, "dram-hit" if hit else "ssd", per_npu, parts, hit)
+        self._begin(ctx, msg, key, "dram-hit" if hit else SSD_PATH, per_npu, parts, hit)
 
     @staticmethod
     def _shard(m: ModelProfile, msg: HostLoad | HostFork, ranks: int) -> int:
@@ -201,6 +221,9 @@ class Host(Actor[HostState]):
             raise ValueError(
                 f"model: {msg.model} ({nbytes} bytes) exceeds DRAM ({self.dram_bytes} bytes)"
             )
+        if self._reading(msg.model, nbytes):
+            self._begin(ctx, msg, key, PRELOAD, nbytes, [], None, joined=True)
+            return
         part = LinkTransfer(
             req_id=f"{key}#0", src=ssd_addr(self.server), dst=self.addr, nbytes=nbytes
         )
@@ -209,6 +232,7 @@ class Host(Actor[HostState]):
     def _begin(
         self, ctx: Context, msg: HostLoad | HostFork | HostPreload, key: str, path: str,
         per_npu: int, parts: list[LinkTransfer] | list[LinkBroadcast], hit: bool | None,
+        joined: bool = False,
     ) -> None:  # fmt: skip
         targets = () if isinstance(msg, HostPreload) else msg.targets
         moved = per_npu * max(1, len(targets))
@@ -219,9 +243,21 @@ class Host(Actor[HostState]):
         job = Job(
             key=key, req_id=msg.req_id, model=msg.model, to=reply_to(ctx), path=path,
             targets=targets, bytes_per_npu=per_npu, accepted_at_s=ctx.now(),
-            waiting=tuple(p.req_id for p in parts), asks=asks,
+            waiting=(*(p.req_id for p in parts), *((key + READ,) if joined else ())), asks=asks,
         )  # fmt: skip
         ctx.record(HostJobStarted(job, hit))
+
+    def _reading(self, model: str, nbytes: int) -> bool:
+        """Whether a read of `model` from SSD into the page cache is in flight that a new miss
+        can join: shared reads on, and the file fits the cache (a bigger one is read through)."""
+        if not self.shared_reads or nbytes > self.dram_bytes:
+            return False
+        return any(_reads_itself(j) and j.model == model for j in self.state.jobs.values())
+
+    def _joiners(self, model: str) -> list[Job]:
+        return [
+            j for j in self.state.jobs.values() if j.model == model and j.key + READ in j.waiting
+        ]
 
     # ---- progress ----------------------------------------------------------
     def _part_done(self, ctx: Context, part: str, link_kind: str) -> None:
@@ -232,14 +268,18 @@ class Host(Actor[HostState]):
         ctx.record(HostPartDone(key, part, link_kind))
         if self.state.jobs[key].waiting:
             return
-        if job.path == "ssd":  # the whole file went through the page cache
+        read_itself = _reads_itself(job)
+        if job.path == SSD_PATH:  # the whole file went through the page cache
             self._fill(ctx, job.model)
         if job.path == PRELOAD:
-            evicted = self._fill(ctx, job.model)
+            evicted = self._fill(ctx, job.model) if read_itself else ()
             self._end(ctx, job, evicted)
-            return
-        ctx.record(HostJobInit(key))
-        ctx.after(TENSOR_INIT_S, HostInitDone(key), key=f"init:{key}")
+        else:
+            ctx.record(HostJobInit(key))
+            ctx.after(TENSOR_INIT_S, HostInitDone(key), key=f"init:{key}")
+        if read_itself:  # the loads that joined this read have their file now
+            for j in self._joiners(job.model):
+                self._part_done(ctx, j.key + READ, SSD)
 
     def _fill(self, ctx: Context, model: str) -> tuple[str, ...]:
         """Put a file read from SSD into the cache, evicting least recently used files."""
@@ -284,12 +324,18 @@ class Host(Actor[HostState]):
         job = self.state.jobs.get(key)
         if job is None or part not in job.waiting:
             return
+        read_itself = _reads_itself(job)
         ctx.record(HostJobEnded(key, False))
         for other in job.waiting:  # the rest of this load would only hold bandwidth now
-            if other != part:
+            if other != part and not other.endswith(READ):
                 ctx.send(self.fabric, LinkCancel(req_id=other))
         reason = f"transfer {part.rpartition('#')[2]} failed: {reason}"
         answer(ctx, job.to, HostLoadFailed(req_id=job.req_id, model=job.model, reason=reason))
+        if read_itself:  # a read error reaches every reader of the file
+            for j in self._joiners(job.model):
+                self._part_failed(
+                    ctx, j.key + READ, f"the SSD read it joined ({job.req_id}): {reason}"
+                )
 
     def _ask_failed(self, ctx: Context, msg: AskFailed) -> None:
         """A transfer the fabric dropped (mailbox full, fabric gone) or never answered in time:
@@ -303,3 +349,10 @@ class Host(Actor[HostState]):
                     ctx.send(self.fabric, LinkCancel(req_id=part))
                 self._part_failed(ctx, part, f"no answer from {msg.target}: {msg.reason}")
             return
+
+
+def _reads_itself(job: Job) -> bool:
+    """A miss or a pre-load reading the file from SSD itself (not a joiner), not yet done."""
+    return (
+        job.path in (SSD_PATH, PRELOAD) and bool(job.waiting) and job.key + READ not in job.waiting
+    )

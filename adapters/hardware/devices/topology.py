@@ -241,7 +241,8 @@ def spawn_topology(driver: Any, topo: Topology, *, variance: bool = True,
     for s in range(topo.servers):
         if servers is not None and s not in servers:
             continue
-        started.append(driver.spawn(host_addr(s), Host, server=s, server_kind=topo.server_kind))
+        started.append(driver.spawn(host_addr(s), Host, server=s, server_kind=topo.server_kind,
+                                    shared_reads=True))
         for j in range(topo.npus_per_server):
             started.append(driver.spawn(npu_addr(s, j), Npu, npu=topo.npu_kind, variance=variance))
     return started
