@@ -32,6 +32,8 @@ from deepserve.core import Actor, Context, Event, Message
 
 from . import ladder as L
 from . import policy as P
+from .autoscaler_messages import FlipTe
+from .flip import flip
 from .messages import (
     BOOT,
     EXITED,
@@ -169,6 +171,8 @@ class ClusterManager(Actor[CmState]):
             self._drain_answer(ctx, msg)
         elif isinstance(msg, CancelOwner):
             self._cancel_owner(ctx, msg)
+        elif isinstance(msg, FlipTe):
+            flip(self, ctx, msg)
         elif isinstance(msg, ClusterStatusQuery):
             ctx.reply(ClusterStatus(req_id=msg.req_id, state=msgspec.to_builtins(st)))
 

@@ -7,6 +7,7 @@ import msgspec
 
 from deepserve.core.messages import Event
 
+from .autoscaler_messages import FlipRefused, TeRoleFlipped
 from .messages import BootStepName, TeStateName
 
 MAX_HISTORY = 16  # a limit on everything: past generations kept per TE (for status)
@@ -199,6 +200,10 @@ def evolve(s: CmState, e: Event) -> CmState:
         s.refusals += 1
     elif t is MembershipPushed:
         s.version += 1
+    elif t is TeRoleFlipped:
+        s.tes[e.te].group = e.dst  # type: ignore[attr-defined]
+    elif t is FlipRefused:
+        s.refusals += 1
     elif t is DirectoryChanged:
         s.directory.update(e.routes)  # type: ignore[attr-defined]
         for k in e.removed:  # type: ignore[attr-defined]
