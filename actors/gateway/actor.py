@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from deepserve.actors.cluster.autoscaler_messages import RequestSeen
 from deepserve.actors.cluster.heartbeat import HeartbeatWake
 from deepserve.actors.flowserve.messages import CancelOwner
 from deepserve.actors.je.messages import JobRequest
@@ -51,6 +52,9 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # The cluster manager, told when a JE is lost (`CancelOwner`) so that the TEs cancel the lost
     # JE's tasks ("": nobody is told; its tasks run to their end for nobody).
     manager: str = ""
+    # The autoscaler ("": none): told of each admitted request and sent a copy of its answer (its
+    # demand and SLO signal, actors/cluster/autoscaler.py); two deliveries a request, only when on.
+    observer: str = ""
 
     def __post_init__(self) -> None:
         if not self.jes:
@@ -148,6 +152,8 @@ class Gateway(Actor[GatewayState]):
         ctx.send(je, JobRequest(request_id=rid, model=model, prompt=prompt, sampling=sampling,
                                reply_to=ctx.self, arrival_s=ctx.now(), predicted_bucket=bucket, stream=stream),
                  corr=rid)
+        if cfg.observer:
+            ctx.send(cfg.observer, RequestSeen(request_id=rid, model=model))
 
     def _live(self) -> tuple[str, ...]:
         down = self.state.down
@@ -199,3 +205,5 @@ class Gateway(Actor[GatewayState]):
             return  # not ours (or already answered): the JE sends exactly one per job
         ctx.record(GatewayDone(request_id=m.request_id, status=m.status))
         ctx.send(c.reply_to, m, corr=m.request_id)
+        if self.cfg.observer:
+            ctx.send(self.cfg.observer, m)
