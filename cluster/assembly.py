@@ -30,6 +30,7 @@ from deepserve.adapters.scenario.placement import Placement, place
 from deepserve.adapters.scenario.sched import Scheduling, load_heatmap, load_predictor
 from deepserve.adapters.scenario.schema import Scenario
 
+from .autoscale import AUTOSCALER_ADDR, spawn_autoscaler
 from .control import MANAGER_ADDR, MONITOR_ADDR, PODS_ADDR, spawn_control_plane
 from .health import spawn_health
 from .layout import Layout, plan
@@ -86,6 +87,8 @@ def spawn_front(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR
         # a request after a quiet spell wakes a monitor backed off while idle: one message a
         # spell, none under load (actors/gateway/actor.py `wake`)
         gw.update(wake=MONITOR_ADDR, wake_after_s=c.heartbeat_interval_s)
+    if cfg.autoscale.enabled:  # the autoscaler hears of each request and its answer
+        gw["observer"] = AUTOSCALER_ADDR
     driver.spawn(gateway, Gateway, config=gw)
     return jes
 
@@ -94,9 +97,13 @@ def spawn_control(driver: Any, cfg: PlatformConfig, layout: Layout, jes: tuple[s
                   in_process_pods: bool = True) -> None:  # fmt: skip
     """The control plane; the manager launches each group's initial TEs (resident: at once)."""
     spares = tuple(range(layout.servers, layout.servers + cfg.recovery.spare_servers))
-    spawn_control_plane(driver, layout.slots, layout.groups, list(jes), cfg.control,
+    # the autoscaler takes the membership pushes the JEs take (the manager pushes to each)
+    pushed = [*jes, AUTOSCALER_ADDR] if cfg.autoscale.enabled else list(jes)
+    spawn_control_plane(driver, layout.slots, layout.groups, pushed, cfg.control,
                         in_process_pods=in_process_pods, recovery=cfg.recovery, spare_servers=spares,
                         scaling=cfg.scaling, topology=cfg.cluster.topology)  # fmt: skip
+    if cfg.autoscale.enabled:
+        spawn_autoscaler(driver, cfg, layout, MANAGER_ADDR)
 
 
 def assemble(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR, stream_to: str = "",

@@ -17,6 +17,7 @@ import msgspec
 
 from deepserve.actors.cluster.ladder import Recovery
 from deepserve.actors.cluster.prewarm import Scaling
+from deepserve.actors.cluster.autoscaler_config import Autoscale
 from deepserve.adapters.scenario.control import ControlPlane
 from deepserve.adapters.scenario.faults import FaultSpec
 from deepserve.adapters.scenario.sched import Scheduling
@@ -83,6 +84,7 @@ class PlatformConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     control: ControlPlane = msgspec.field(default_factory=ControlPlane)
     recovery: Recovery = msgspec.field(default_factory=Recovery)  # the recovery ladder's rung
     scaling: Scaling = msgspec.field(default_factory=Scaling)  # fast scaling (DeepServe §6), off by default
+    autoscale: Autoscale = msgspec.field(default_factory=Autoscale)  # issue 34 §5; off by default
     scheduling: Scheduling = msgspec.field(default_factory=Scheduling)
     slo: Slo = msgspec.field(default_factory=Slo)
     faults: tuple[FaultSpec, ...] = ()

@@ -32,6 +32,7 @@ from deepserve.core import Message, SimDriver
 from deepserve.core.records import LogSink
 
 from .assembly import MANAGER_ADDR, Built, assemble
+from .autoscale import autoscale_report
 from .config import for_driver
 from .run import WINDOW_REQUESTS, RunResult, arrivals, drain, run_scenario
 from .schema import PlatformConfig
@@ -106,7 +107,7 @@ def _model_report(end: SimEnd, out: dict[str, Any]) -> None:
     out["by_model"] = {m: {k: getattr(s, k) for k in keys} for m, s in ((m, c.summary()) for m, c in end.by_model.items())}
 
 
-REPORTERS: list[Reporter] = [_cluster_report, _latency_report, _model_report, _fault_report]
+REPORTERS: list[Reporter] = [_cluster_report, _latency_report, _model_report, _fault_report, autoscale_report]
 
 
 def recovery_tap(into: list[tuple[float, str, Any]]) -> Callable[[SimDriver], None]:
@@ -151,6 +152,8 @@ def run(
     config = msgspec.to_builtins(cfg)
     if cfg.scaling == type(cfg.scaling)():  # off and untouched: the run config reads as before [scaling] existed
         del config["scaling"]
+    if not cfg.autoscale.enabled:  # off: the run's config as it was before the autoscaler
+        config.pop("autoscale", None)
     if cfg.daemon.admin_token:  # a daemon file's secret never reaches the log (its run config)
         config["daemon"]["admin_token"] = REDACTED
     if trace is not None:  # what ran: --trace and --requests override the file's fields

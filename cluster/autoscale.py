@@ -1,0 +1,73 @@
+"""The autoscaler's wiring (issue 34 §5): spawned beside the control plane when a config's
+`[autoscale]` is enabled, told each group's initial size, slots and DP groups, and each P/D
+model's offline profile — eq. 1's T_p and T_d and the TTFT/TPOT predictors' slopes, priced by
+the performance model for `autoscale.profile_*`'s prompt pattern (P/D-Serve §3.3: "profiling a
+certain pattern on prompts"). Off: nothing is spawned and the gateway has no observer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from deepserve.actors.cluster.autoscaler_config import Autoscale
+from deepserve.actors.cluster.autoscaler_policy import Profile
+from deepserve.adapters.scenario.schema import Cluster
+
+from .control import MANAGER_ADDR
+from .layout import Layout
+from .schema import PlatformConfig
+
+AUTOSCALER_ADDR = "cluster/autoscaler"
+
+
+def profile(c: Cluster, a: Autoscale) -> Profile:
+    """One TE of `c` priced at batch 1 and `a.profile_decode_batch` (the performance model)."""
+    from deepserve.adapters.hardware.predict import predict
+
+    b_d = a.profile_decode_batch
+    p = predict(c.model, c.hardware, c.tp, batch_sizes=(1, b_d), context_tokens=(a.profile_prompt_tokens,),
+                pd_link=c.link if c.mode == "pd" else None)  # fmt: skip
+    one, many = p.latency
+    xi = one.kv_transfer_s or 0.0
+    return Profile(prefill_tokens_per_s=a.profile_prompt_tokens / one.prefill_s, tpot_base_ms=one.decode_step_s * 1e3,
+                   tpot_per_seq_ms=max(many.decode_step_s - one.decode_step_s, 0.0) * 1e3 / max(b_d - 1, 1),
+                   ttft_s=one.prefill_s, b_p=1.0, tpot_s=many.decode_step_s, b_d=float(b_d), kv_transfer_s=xi,
+                   output_tokens=float(a.profile_output_tokens))  # fmt: skip
+
+
+def autoscaler_config(cfg: PlatformConfig, layout: Layout) -> dict[str, Any]:
+    a = cfg.autoscale
+    slots: dict[str, int] = {}
+    dp: dict[str, int] = {}
+    for s in layout.slots:
+        slots[s.group] = slots.get(s.group, 0) + 1
+        dp[s.group] = s.dp_groups
+    pd = {s.cluster.model: s.cluster for _, s in cfg.group_scenarios() if s.cluster.mode == "pd"}
+    return {
+        "autoscale": msgspec.to_builtins(a), "initial": dict(layout.groups), "slots": slots, "dp_groups": dp,
+        "profiles": {m: msgspec.to_builtins(profile(c, a)) for m, c in sorted(pd.items())},
+        "slo_ttft_ms": cfg.slo.ttft_ms, "slo_tpot_ms": cfg.slo.tpot_ms,
+    }  # fmt: skip
+
+
+def spawn_autoscaler(driver: Any, cfg: PlatformConfig, layout: Layout, manager: str) -> None:
+    from deepserve.actors.cluster.autoscaler import Autoscaler
+
+    driver.spawn(AUTOSCALER_ADDR, Autoscaler, config={**autoscaler_config(cfg, layout), "manager": manager})
+
+
+def autoscale_report(end: Any, out: dict[str, Any]) -> None:
+    """`sim`'s summary keys: the autoscaler's scale-outs, scale-ins, flips and decisions (0 when
+    it is off: a run with it off is the baseline beside a run with it on)."""
+    cell = end.driver.cells.get(AUTOSCALER_ADDR)
+    st = cell.actor.state if cell is not None and cell.actor is not None else None
+    out["scale_outs"] = st.scale_outs if st is not None else 0
+    if st is not None:
+        mgr = end.driver.cells.get(MANAGER_ADDR)
+        cm = mgr.actor.state if mgr is not None and mgr.actor is not None else None
+        # TEs whose weights were loaded after the start: scale-outs do, flips must not
+        out["te_loads_after_start"] = cm.launches - sum(end.built.layout.groups.values()) if cm is not None else 0
+        out["scale_ins"], out["flips"], out["autoscale_decisions"] = st.scale_ins, st.flips, st.decisions
+        out["autoscale_advisory"] = end.cfg.autoscale.advisory
