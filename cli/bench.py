@@ -8,7 +8,15 @@ import asyncio
 import sys
 
 from deepserve.benchmarks.table import as_json_lines, render
-from deepserve.cli import bench_http, bench_policies, bench_recovery, bench_routing, bench_scaling, bench_sim
+from deepserve.cli import (
+    bench_autoscale,
+    bench_http,
+    bench_policies,
+    bench_recovery,
+    bench_routing,
+    bench_scaling,
+    bench_sim,
+)
 from deepserve.cli.util import one_line, require_driver
 from deepserve.cmdline import CliError
 
@@ -74,6 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench_http.register(which)
     bench_recovery.register(which)
     bench_scaling.register(which)
+    bench_autoscale.register(which)
 
 
 def check_pg(url: str) -> None:

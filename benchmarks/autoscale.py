@@ -1,0 +1,156 @@
+"""`deepserve bench autoscale` (issue 34 §6): each autoscaling policy beside its baseline, both
+simulated in the same run on the same trace and seed.
+
+- `burst_slo_attainment`: configs/scenarios/burst-autoscale.toml (the Azure conversation trace at
+  4x on one TE sized for 1x) with the autoscaler on vs off; also the scale-outs and how long SLO
+  attainment stayed below `RECOVERED` (per `WINDOW_S` window of arrivals).
+- `pd_ratio_goodput`: a P/D cluster on a workload whose output lengths shift halfway (short, then
+  long): the P/D ratio adjusted online (P/D-Serve §3.3) vs fixed; goodput = requests within the
+  SLO per second of the run.
+- `role_switch_slo_attainment`: a P/D cluster on a bursty trace, dynamic role switching (xLLM
+  §3.2) vs the static split (the Azure conversation trace at 8x on 1P3D); flips counted, and
+  TE loads after the start (weight loads), which stay 0: a flip is membership only.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+WINDOW_S = 5.0
+RECOVERED = 0.9  # a window of arrivals counts as recovered at this attainment
+
+
+class Row(msgspec.Struct, kw_only=True):
+    name: str
+    value: float  # the policy's
+    baseline: float  # the same run's baseline (autoscaler off / fixed ratio / static split)
+    unit: str
+    detail: dict[str, Any] = {}
+
+
+def attained(d: Any, ttft_ms: float, tpot_ms: float) -> bool:
+    """A `RequestDone` within both SLOs (as `sim`'s slo_attainment counts it)."""
+    if d.status != "completed" or d.first_token_s is None:
+        return False
+    if (d.first_token_s - d.arrival_s) * 1e3 > ttft_ms:
+        return False
+    return d.output_tokens <= 1 or (d.finish_s - d.first_token_s) * 1e3 / (d.output_tokens - 1) <= tpot_ms
+
+
+def windows(dones: Sequence[Any], ttft_ms: float, tpot_ms: float, window_s: float = WINDOW_S) -> list[tuple[float, float]]:
+    """(window start, SLO attainment of the requests that arrived in it), in time order."""
+    w: dict[int, list[int]] = {}
+    for d in dones:
+        cell = w.setdefault(int(d.arrival_s // window_s), [0, 0])
+        cell[0] += attained(d, ttft_ms, tpot_ms)
+        cell[1] += 1
+    return [(k * window_s, a / n) for k, (a, n) in sorted(w.items())]
+
+
+def below_s(wins: Sequence[tuple[float, float]], target: float = RECOVERED, window_s: float = WINDOW_S) -> float:
+    """From the first window under `target` to the end of the last one (0: never under): how long
+    attainment took to recover for good (the whole run's rest when it never did)."""
+    under = [t for t, a in wins if a < target]
+    return under[-1] + window_s - under[0] if under else 0.0
+
+
+def _run(cfg: Any) -> tuple[dict[str, Any], list[Any]]:
+    from deepserve.cluster import sim
+
+    dones: list[Any] = []
+    return sim.run(cfg, on_done=dones.append).summary, dones
+
+
+def burst_row(overrides: Sequence[str] = ()) -> Row:
+    from deepserve.cluster import config
+
+    out: dict[bool, tuple[dict[str, Any], list[Any]]] = {}
+    for on in (True, False):
+        cfg = config.load("burst-autoscale", ["log=none", *overrides, f"autoscale.enabled={str(on).lower()}"])
+        out[on] = _run(cfg)
+    slo = cfg.slo
+    rec = {on: below_s(windows(d, slo.ttft_ms, slo.tpot_ms)) for on, (_, d) in out.items()}
+    s_on, s_off = out[True][0], out[False][0]
+    return Row(name="burst_slo_attainment", value=s_on["slo_attainment"], baseline=s_off["slo_attainment"],
+               unit="fraction", detail={"scale_outs": s_on["scale_outs"], "scale_ins": s_on.get("scale_ins", 0),
+                                        "below_target_s": rec[True], "below_target_s_off": rec[False],
+                                        "duration_s": s_on["duration_s"], "duration_s_off": s_off["duration_s"]})  # fmt: skip
+
+
+def shifting_trace(path: Path, requests: int, rps: float, prompt: int, short: int, long: int) -> Path:
+    """An Azure-format CSV: `requests` arrivals at `rps`, output `short` tokens for the first half
+    and `long` after (a content change, P/D-Serve §3.3)."""
+    t0 = datetime(2026, 1, 1)
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for i in range(requests):
+        at = t0 + timedelta(seconds=i / rps)
+        lines.append(f"{at:%Y-%m-%d %H:%M:%S.%f}0,{prompt},{short if i < requests // 2 else long}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+PD_BASE = {
+    "name": "pd-autoscale", "seed": 0, "log": "none",
+    "cluster": {"hardware": "910b", "topology": "gen1", "model": "llama3-8b", "mode": "pd", "tp": 1, "dp_groups": 1,
+                "kv_block_tokens": 128, "link": "roce", "kv_transfer": "contiguous",
+                "scheduler": {"max_batch_tokens": 8192, "max_running": 256, "chunked_prefill": True}},
+    "control": {"spare_tes": 0},
+}  # fmt: skip
+
+
+def pd_config(p: int, d: int, trace: str, autoscale: dict[str, Any], slo: dict[str, float], rps_scale: float = 1.0) -> Any:
+    from deepserve.cluster.config import validated
+
+    doc = msgspec.json.decode(msgspec.json.encode(PD_BASE))
+    doc["cluster"].update(prefill_tes=p, decode_tes=d)
+    doc["workload"] = {"trace": trace, "rps_scale": rps_scale}
+    doc["autoscale"], doc["slo"] = autoscale, slo
+    return validated(doc)
+
+
+def goodput(summary: dict[str, Any]) -> float:
+    return summary["slo_attainment"] * summary["requests"] / summary["duration_s"] if summary["duration_s"] else 0.0
+
+
+PD_RATIO = {"enabled": True, "policies": ["pd_ratio"], "ratio_source": "online", "window_s": 5.0, "min_decode": 1,
+            "min_prefill": 1, "e2e_rise": 0.2, "share_delta": 0.05}  # fmt: skip
+PD_SLO = {"ttft_ms": 2000.0, "tpot_ms": 100.0}
+
+
+def pd_ratio_row(tmp: Path, requests: int = 600) -> Row:
+    trace = shifting_trace(tmp / "shift.csv", requests, rps=22.0, prompt=2048, short=16, long=300)
+    on = _run(pd_config(2, 2, str(trace), PD_RATIO, PD_SLO))[0]
+    off = _run(pd_config(2, 2, str(trace), {"enabled": False}, PD_SLO))[0]
+    return Row(name="pd_ratio_goodput", value=goodput(on), baseline=goodput(off), unit="req/s within SLO",
+               detail={"flips": on.get("flips", 0), "failed": on["failed"], "slo_attainment": on["slo_attainment"],
+                       "slo_attainment_fixed": off["slo_attainment"], "split": "2P2D at start"})  # fmt: skip
+
+
+ROLE_SWITCH = {"enabled": True, "policies": ["role_switch"], "interval_s": 0.5, "min_decode": 2, "min_prefill": 1,
+               "flip_cooldown_s": 2.0, "ttft_headroom": 0.5}  # fmt: skip
+
+
+def role_switch_row(trace: str = "builtin:azure_conv_500", rps_scale: float = 8.0) -> Row:
+    on = _run(pd_config(1, 3, trace, ROLE_SWITCH, PD_SLO, rps_scale))[0]
+    off = _run(pd_config(1, 3, trace, {"enabled": False}, PD_SLO, rps_scale))[0]
+    return Row(name="role_switch_slo_attainment", value=on["slo_attainment"], baseline=off["slo_attainment"],
+               unit="fraction", detail={"flips": on.get("flips", 0), "te_loads": on["te_loads_after_start"], "failed": on["failed"],
+                                        "split": "1P3D static", "trace": f"{trace} at {rps_scale:g}x"})  # fmt: skip
+
+
+ROWS: dict[str, Callable[[Path], Row]] = {
+    "burst_slo_attainment": lambda _tmp: burst_row(),
+    "pd_ratio_goodput": pd_ratio_row,
+    "role_switch_slo_attainment": lambda _tmp: role_switch_row(),
+}
+
+
+def run(names: Sequence[str] = tuple(ROWS)) -> list[Row]:
+    with tempfile.TemporaryDirectory(prefix="deepserve-autoscale-") as tmp:
+        return [ROWS[n](Path(tmp)) for n in names]

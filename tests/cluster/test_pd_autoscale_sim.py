@@ -1,0 +1,23 @@
+"""P/D ratio adjustment and dynamic role switching in `deepserve sim` (issue 34 acceptance 3):
+each beside its baseline on the same trace and seed (benchmarks/autoscale.py's rows)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deepserve.benchmarks.autoscale import pd_ratio_row, role_switch_row
+
+
+def test_adjusted_pd_ratio_beats_the_fixed_one_when_output_lengths_shift(tmp_path: Path) -> None:
+    row = pd_ratio_row(tmp_path)
+    assert row.detail["flips"] >= 2  # toward prefill in the short half, back toward decode in the long one
+    assert row.detail["failed"] == 0  # a flipped TE's open tasks ran on
+    assert row.value >= row.baseline * 1.2, row
+
+
+def test_role_switching_flips_without_reloading_and_beats_the_static_split() -> None:
+    row = role_switch_row()
+    assert row.detail["flips"] >= 1
+    assert row.detail["failed"] == 0
+    assert row.detail["te_loads"] == 0  # a flip is membership only: no TE loaded weights after the start
+    assert row.value > row.baseline + 0.2, row
