@@ -57,7 +57,8 @@ class AsState(msgspec.Struct, kw_only=True):
     groups: dict[str, GroupObs] = {}
     loads: dict[str, dict[str, AP.TeLoad]] = {}  # te -> str(dp) -> sample
     window: dict[str, AP.Window] = {}
-    previous: dict[str, AP.Window] = {}
+    previous: dict[str, AP.Window] = {}  # model -> its last complete window with requests
+    reference: dict[str, AP.Window] = {}  # model -> the window P/D ratio changes are judged against
     window_start_s: float = 0.0
     inflight: dict[str, str] = {}  # request id -> model
     last_arrival_s: dict[str, float] = {}
@@ -94,7 +95,11 @@ def evolve(s: AsState, e: Event, cfg: AutoscalerConfig) -> AsState:  # noqa: C90
         g = s.groups.setdefault(e.group, GroupObs(model=e.model, role=e.role, target=len(e.tes)))  # type: ignore[attr-defined]
         g.tes = list(e.tes)  # type: ignore[attr-defined]
     elif t is WindowRolled:
-        s.previous, s.window, s.window_start_s = s.window, {}, e.at_s  # type: ignore[attr-defined]
+        for model, w in s.window.items():  # an empty window changes nothing
+            if w.requests:
+                s.previous[model] = w
+                s.reference.setdefault(model, w)
+        s.window, s.window_start_s = {}, e.at_s  # type: ignore[attr-defined]
         for te, (_, since) in list(s.pools.items()):
             if e.at_s - since >= cfg.autoscale.settle_s:  # type: ignore[attr-defined]
                 del s.pools[te]
@@ -121,6 +126,7 @@ def _decided(s: AsState, e: AutoscaleDecided) -> None:
         return
     model, _ = _role_of(e.group)
     s.last_flip_s[model] = e.at_s
+    s.reference.pop(model, None)  # judged afresh from the next window
     if e.advisory:
         return
     s.flips += 1
@@ -208,6 +214,7 @@ class Autoscaler(Actor[AsState]):
         for model in s.inflight.values():
             inflight[model] = inflight.get(model, 0) + 1
         return AP.View(now=now, groups=groups, loads=loads, window=s.window, previous=s.previous, inflight=inflight,
+                       reference=s.reference,
                        last_arrival_s=s.last_arrival_s, last_out_s=s.last_out_s, last_change_s=s.last_change_s,
                        last_flip_s=s.last_flip_s, pools=s.pools, slo_ttft_ms=self.cfg.slo_ttft_ms,
                        slo_tpot_ms=self.cfg.slo_tpot_ms, profiles=self.cfg.profiles)  # fmt: skip

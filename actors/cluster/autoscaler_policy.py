@@ -76,7 +76,8 @@ class View(msgspec.Struct, frozen=True, kw_only=True):
     groups: dict[str, GroupView]
     loads: dict[str, TeLoad]  # te -> last sample
     window: dict[str, Window]  # model -> this window
-    previous: dict[str, Window]  # model -> the window before
+    previous: dict[str, Window]  # model -> its last complete window with requests
+    reference: dict[str, Window]  # model -> the window P/D ratio changes are judged against
     inflight: dict[str, int]  # model -> requests arrived and not answered
     last_arrival_s: dict[str, float]  # model -> its last request's arrival
     last_out_s: dict[str, float]  # group -> its last scale-out
@@ -193,14 +194,16 @@ def pd_ratio_policy(cfg: Autoscale, v: View) -> list[Decision]:
     for model in sorted({g.model for g in v.groups.values()}):
         pair = pd_pair(v, model)
         if pair is None or v.now - v.last_flip_s.get(model, -math.inf) < cfg.window_s:
-            continue  # one step a window: the next judged on what this one did
+            continue  # one step a window at most: the next judged on what this one did
         p, d = pair
         if cfg.ratio_source == "profile" and model in v.profiles:
             n_p, _ = eq1_split(v.profiles[model], len(p.tes) + len(d.tes), cfg.min_prefill, cfg.min_decode)
             why = f"eq. 1 from profiling: {n_p} prefill of {len(p.tes) + len(d.tes)}"
             more_prefill = n_p > len(p.tes) if n_p != len(p.tes) else None
         else:
-            more_prefill, why = _online(cfg, v.window.get(model), v.previous.get(model))
+            ref = v.reference.get(model)
+            now = v.previous.get(model)
+            more_prefill, why = _online(cfg, now, ref) if ref is not now else (None, "")
         if more_prefill is None:
             continue
         src, dst = (d, p) if more_prefill else (p, d)
@@ -213,8 +216,9 @@ def pd_ratio_policy(cfg: Autoscale, v: View) -> list[Decision]:
 
 
 def _online(cfg: Autoscale, now: Window | None, before: Window | None) -> tuple[bool | None, str]:
-    """P/D-Serve's monitor: E2E rising with TTFT's share rising → more prefill; E2E rising with
-    TTFT's share falling → more decode; otherwise leave the ratio."""
+    """P/D-Serve's monitor, the last complete window against the reference (the first window
+    after the last change): E2E up with TTFT's share up → more prefill; E2E up with TTFT's share
+    down → more decode; otherwise leave the ratio."""
     if now is None or before is None or not now.requests or not before.requests:
         return None, ""
     e2e, e2e0 = now.mean_e2e_ms(), before.mean_e2e_ms()

@@ -16,6 +16,7 @@ PROF = AP.Profile(prefill_tokens_per_s=10_000.0, tpot_base_ms=20.0, tpot_per_seq
 
 def view(groups: list[AP.GroupView], **kw: Any) -> AP.View:
     base: dict[str, Any] = dict(now=100.0, groups={g.group: g for g in groups}, loads={}, window={}, previous={},
+                                reference={},
                                 inflight={}, last_arrival_s={}, last_out_s={}, last_change_s={}, last_flip_s={},
                                 pools={}, slo_ttft_ms=2000.0, slo_tpot_ms=100.0, profiles={"m": PROF})  # fmt: skip
     base.update(kw)
@@ -89,14 +90,15 @@ def test_online_ratio_follows_e2e_and_ttft_share() -> None:
     p, d = group("prefill", ("te/0", "te/1")), group("decode", ("te/2", "te/3"))
     before = {"m": AP.Window(requests=10, ttft_ms_sum=1000, e2e_ms_sum=10_000)}
     ttft_up = {"m": AP.Window(requests=10, ttft_ms_sum=6000, e2e_ms_sum=15_000)}  # E2E +50%, share .1 -> .4
-    (f,) = AP.decide(cfg, view([p, d], window=ttft_up, previous=before))
+    (f,) = AP.decide(cfg, view([p, d], previous=ttft_up, reference=before))
     assert isinstance(f, AP.Flip) and f.src == "m/decode" and f.dst == "m/prefill"
     ttft_down = {"m": AP.Window(requests=10, ttft_ms_sum=300, e2e_ms_sum=15_000)}  # share .1 -> .02
-    (f,) = AP.decide(cfg, view([p, d], window=ttft_down, previous=before))
+    (f,) = AP.decide(cfg, view([p, d], previous=ttft_down, reference=before))
     assert f.src == "m/prefill" and f.dst == "m/decode"
     flat = {"m": AP.Window(requests=10, ttft_ms_sum=1050, e2e_ms_sum=10_500)}  # E2E +5%: leave it
-    assert AP.decide(cfg, view([p, d], window=flat, previous=before)) == []
-    assert AP.decide(cfg, view([p, d], window=ttft_up, previous=before, last_flip_s={"m": 95.0})) == []
+    assert AP.decide(cfg, view([p, d], previous=flat, reference=before)) == []
+    assert AP.decide(cfg, view([p, d], previous=ttft_up, reference=before, last_flip_s={"m": 95.0})) == []
+    assert AP.decide(cfg, view([p, d], previous=before, reference=before)) == []  # the reference itself
 
 
 def test_profiled_ratio_moves_one_te_toward_eq1() -> None:
