@@ -71,3 +71,31 @@ def autoscale_report(end: Any, out: dict[str, Any]) -> None:
         out["te_loads_after_start"] = cm.launches - sum(end.built.layout.groups.values()) if cm is not None else 0
         out["scale_ins"], out["flips"], out["autoscale_decisions"] = st.scale_ins, st.flips, st.decisions
         out["autoscale_advisory"] = end.cfg.autoscale.advisory
+
+
+def pools(cm: Any, autoscaler: Any) -> dict[str, dict[str, list[str]]]:
+    """Each P/D model's instance pools (xLLM §3.2): P and D, and a TE flipped within
+    `autoscale.settle_s` in the transition pool it is in (P->D, D->P) instead."""
+    moving = dict(autoscaler.pools) if autoscaler is not None else {}
+    out: dict[str, dict[str, list[str]]] = {}
+    for te in sorted(cm.tes if cm is not None else {}):
+        r = cm.tes[te]
+        g = cm.groups.get(r.group)
+        if r.state != "ready" or g is None or g.role not in ("prefill", "decode"):
+            continue
+        pool = moving[te][0] if te in moving else ("P" if g.role == "prefill" else "D")
+        out.setdefault(g.model, {"P": [], "D": [], "P->D": [], "D->P": []})[pool].append(te)
+    return out
+
+
+def status(driver: Any, cm: Any) -> dict[str, Any]:
+    """The daemon status' autoscaling keys: the role pools, and the autoscaler's counts when on."""
+    cell = driver.cells.get(AUTOSCALER_ADDR) if driver is not None else None
+    st = cell.actor.state if cell is not None and cell.actor is not None else None
+    out: dict[str, Any] = {"pools": pools(cm, st)}
+    if st is not None:
+        a = cell.actor.cfg.autoscale
+        out["autoscale"] = {"policies": list(a.policies), "advisory": a.advisory, "decisions": st.decisions,
+                            "scale_outs": st.scale_outs, "scale_ins": st.scale_ins, "flips": st.flips,
+                            "last": st.last_decision}  # fmt: skip
+    return out

@@ -70,6 +70,7 @@ class AsState(msgspec.Struct, kw_only=True):
     scale_outs: int = 0
     scale_ins: int = 0
     flips: int = 0
+    last_decision: str = ""  # the last one, for `deepserve status`
 
 
 def _role_of(group: str) -> tuple[str, str]:
@@ -112,6 +113,8 @@ def evolve(s: AsState, e: Event, cfg: AutoscalerConfig) -> AsState:  # noqa: C90
 
 def _decided(s: AsState, e: AutoscaleDecided) -> None:
     s.decisions += 1
+    what = f"{e.group} to {e.size}" if e.kind == "scale" else f"{e.te} {e.src} -> {e.group}"
+    s.last_decision = f"{e.at_s:.1f}s {e.policy}: {what}{' (advice)' if e.advisory else ''}: {e.reason}"
     if e.kind == "scale":
         g = s.groups.get(e.group)
         before = g.target if g is not None else 0
