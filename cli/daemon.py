@@ -314,6 +314,13 @@ def format_status(st: dict[str, Any]) -> str:
     for g, row in st.get("groups", {}).items():
         slots = f"{row['slots']} slot" + ("" if row["slots"] == 1 else "s")
         lines.append(f"group {g}: {row['ready']} ready of target {row['target']} ({slots})")
+    for model, pool in st.get("pools", {}).items():  # xLLM §3.2's four instance pools
+        lines.append(f"pools {model}: " + "  ".join(f"{k} [{' '.join(v)}]" for k, v in pool.items()))
+    if "autoscale" in st:
+        a = st["autoscale"]
+        lines.append(f"autoscale {','.join(a['policies'])}{' (advisory)' if a['advisory'] else ''}: "
+                     f"{a['decisions']} decisions, {a['scale_outs']} scale-outs, {a['scale_ins']} scale-ins, "
+                     f"{a['flips']} flips; last: {a['last'] or '-'}")  # fmt: skip
     procs = f"{'process':<21}" if st.get("mode") == "processes" else ""  # one OS process per TE
     lines.append(f"{'TE':<8}{'role':<11}{'gen':<8}{'state':<10}{procs}{'(last) failure':<62}boot steps")
     for te in st["tes"]:

@@ -41,6 +41,7 @@ from deepserve.cluster.assembly import (
     spawn_control,
     spawn_front,
 )
+from deepserve.cluster.autoscale import status as autoscale_status
 from deepserve.cluster.layout import plan
 from deepserve.cluster.sim import refused_done
 from deepserve.core.asyncdriver import AsyncDriver
@@ -293,7 +294,8 @@ class Runtime:
                 master: Any = cell.actor  # a DP-group master: its state and config
                 ld = dp_load(master.state, master.cfg)
                 dps.append({"master": addr, "alive": True, **msgspec.to_builtins(ld)})
-            rows.append({"te": te, "role": slot.role, "group": slot.group, "server": slot.server,
+            g = cm.groups.get(r.group)  # a flipped TE's group (and role) is not its slot's
+            rows.append({"te": te, "role": g.role if g is not None else slot.role, "group": r.group, "server": slot.server,
                          "npus": list(slot.npus), "generation": r.generation, "state": r.state,
                          "reason": r.reason or _last_failure(r), "boot_steps": dict(r.steps), "failures": r.failures, "dps": dps})  # fmt: skip
         groups = {g: {"target": rec.target, "ready": sum(1 for x in rows if x["group"] == g and x["state"] == "ready"),
@@ -301,7 +303,7 @@ class Runtime:
                   for g, rec in (cm.groups.items() if cm is not None else ())}  # fmt: skip
         return {"model": self.cfg.model_name(), "uptime_s": round(time.time() - self.started_wall, 1),
                 "inflight": len(self.streams), "requests": dict(self.counts), "log": str(self.log_path),
-                "groups": groups, "tes": rows}  # fmt: skip
+                "groups": groups, "tes": rows, **autoscale_status(d, cm)}  # fmt: skip
 
 
 def _last_failure(r: Any) -> str:
