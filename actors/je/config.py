@@ -37,6 +37,10 @@ class JeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     kv_fail_cooldown_s: float = 5.0
     # A streamed request on a failed TE moves to another (migration.py); off: it fails, as before
     migration: MigrationParams = msgspec.field(default_factory=MigrationParams)
+    # A job for a model whose TE groups are all empty parks until a TE joins (or its TTFT
+    # deadline) instead of failing at once: an autoscaler may scale that model to zero and back
+    # (actors/cluster/autoscaler_policy.py). Off: such a job fails naming the empty group.
+    park_empty: bool = False
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:

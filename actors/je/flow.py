@@ -136,7 +136,10 @@ class JobFlow:
                     fx.record(RouteQueued(request_id=rid, decision=decision, reason=why))
                     self.wait(s, now, fx, rid, j, why, front=j.waited)
                     return
-        if decision is None and not last and j.model not in s.groups:
+        # a model never heard of, or (scale to zero, `park_empty`) whose groups are all empty: the
+        # job waits for a TE (parked, until its TTFT deadline) instead of failing at once
+        empty = j.model not in s.groups or (self.cfg.park_empty and not any(s.groups[j.model].values()))
+        if decision is None and not last and empty:
             if rid not in s.parked:
                 fx.record(JobParked(request_id=rid))
                 fx.after(self.cfg.forwarding.ttft_deadline_s, ParkTimeout(request_id=rid), key=f"park/{rid}")
