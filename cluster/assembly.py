@@ -77,6 +77,9 @@ def spawn_front(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR
     if mig.enabled:  # only then: a config without it spawns its JEs exactly as before
         je["migration"] = {**migration_config(cfg.cluster, mig.enabled, mig.max_migrations),
                            "ask_stream_s": mig.ask_stream_s}  # fmt: skip
+    a = cfg.autoscale
+    if a.enabled and a.min_tes == 0 and not a.advisory:  # a model scaled to zero comes back on demand
+        je["park_empty"] = True
     for addr in jes:
         driver.spawn(addr, JobExecutor, config=je)
     limit = max_inflight if max_inflight is not None else cfg.scheduling.max_inflight_per_model

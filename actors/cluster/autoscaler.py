@@ -61,7 +61,7 @@ class AsState(msgspec.Struct, kw_only=True):
     reference: dict[str, AP.Window] = {}  # model -> the window P/D ratio changes are judged against
     window_start_s: float = 0.0
     inflight: dict[str, str] = {}  # request id -> model
-    last_arrival_s: dict[str, float] = {}
+    last_active_s: dict[str, float] = {}
     last_out_s: dict[str, float] = {}
     last_change_s: dict[str, float] = {}
     last_flip_s: dict[str, float] = {}
@@ -84,9 +84,10 @@ def evolve(s: AsState, e: Event, cfg: AutoscalerConfig) -> AsState:  # noqa: C90
         s.loads.setdefault(e.te, {})[str(e.dp)] = AP.TeLoad(e.waiting, e.running, e.prefill_tokens_waiting)  # type: ignore[attr-defined]
     elif t is ArrivalSeen:
         s.inflight[e.request_id] = e.model  # type: ignore[attr-defined]
-        s.last_arrival_s[e.model] = e.at_s  # type: ignore[attr-defined]
+        s.last_active_s[e.model] = e.at_s  # type: ignore[attr-defined]
     elif t is AnswerSeen:
         model = s.inflight.pop(e.request_id, "")  # type: ignore[attr-defined]
+        s.last_active_s[model] = e.at_s  # type: ignore[attr-defined]
         w = s.window.setdefault(model, AP.Window())
         w.requests += 1
         w.violated += not e.attained  # type: ignore[attr-defined]
@@ -178,7 +179,7 @@ class Autoscaler(Actor[AsState]):
         ok = m.status == "completed" and m.first_token_s is not None and ttft_ms <= self.cfg.slo_ttft_ms
         if ok and m.output_tokens > 1:
             ok = (m.finish_s - m.first_token_s) * 1e3 / (m.output_tokens - 1) <= self.cfg.slo_tpot_ms  # type: ignore[operator]
-        ctx.record(AnswerSeen(request_id=m.request_id, ttft_ms=ttft_ms, e2e_ms=e2e_ms, attained=ok))
+        ctx.record(AnswerSeen(request_id=m.request_id, ttft_ms=ttft_ms, e2e_ms=e2e_ms, attained=ok, at_s=ctx.now()))
 
     def _tick(self, ctx: Context) -> None:
         cfg, now = self.cfg.autoscale, ctx.now()
@@ -218,6 +219,6 @@ class Autoscaler(Actor[AsState]):
             inflight[model] = inflight.get(model, 0) + 1
         return AP.View(now=now, groups=groups, loads=loads, window=s.window, previous=s.previous, inflight=inflight,
                        reference=s.reference,
-                       last_arrival_s=s.last_arrival_s, last_out_s=s.last_out_s, last_change_s=s.last_change_s,
+                       last_active_s=s.last_active_s, last_out_s=s.last_out_s, last_change_s=s.last_change_s,
                        last_flip_s=s.last_flip_s, pools=s.pools, slo_ttft_ms=self.cfg.slo_ttft_ms,
                        slo_tpot_ms=self.cfg.slo_tpot_ms, profiles=self.cfg.profiles)  # fmt: skip

@@ -74,6 +74,7 @@ class AnswerSeen(Event, frozen=True, kw_only=True):
     ttft_ms: float
     e2e_ms: float
     attained: bool
+    at_s: float
 
 
 class WindowRolled(Event, frozen=True, kw_only=True):

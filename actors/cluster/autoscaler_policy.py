@@ -79,7 +79,7 @@ class View(msgspec.Struct, frozen=True, kw_only=True):
     previous: dict[str, Window]  # model -> its last complete window with requests
     reference: dict[str, Window]  # model -> the window P/D ratio changes are judged against
     inflight: dict[str, int]  # model -> requests arrived and not answered
-    last_arrival_s: dict[str, float]  # model -> its last request's arrival
+    last_active_s: dict[str, float]  # model -> its last request's arrival or answer
     last_out_s: dict[str, float]  # group -> its last scale-out
     last_change_s: dict[str, float]  # group -> its last scaling of any kind
     last_flip_s: dict[str, float]  # model -> its last flip
@@ -143,10 +143,12 @@ def _scale_group(cfg: Autoscale, v: View, g: GroupView) -> ScaleTo | None:
                            reason=f"{v.inflight[g.model]} requests for {g.model}, which has no TE")  # fmt: skip
         return None
     if lo == 0 and cfg.keep_alive_s > 0 and v.inflight.get(g.model, 0) == 0:
-        idle_s = v.now - max(v.last_arrival_s.get(g.model, 0.0), v.last_change_s.get(g.group, 0.0))
+        # idle since its last request came or was answered (a request parked through a cold
+        # start is answered late), and never within keep_alive_s of the group's last change
+        idle_s = v.now - max(v.last_active_s.get(g.model, 0.0), v.last_change_s.get(g.group, 0.0))
         if idle_s >= cfg.keep_alive_s:
             return ScaleTo(policy="load", group=g.group, size=0,
-                           reason=f"no request for {idle_s:g}s >= keep_alive_s {cfg.keep_alive_s:g}")  # fmt: skip
+                           reason=f"no request for {idle_s:.1f}s >= keep_alive_s {cfg.keep_alive_s:g}")  # fmt: skip
     if len(g.tes) < g.target:
         return None  # a scaling still under way: judge the group once its TEs are up
     total = sum(load_of(v, te) for te in g.tes)

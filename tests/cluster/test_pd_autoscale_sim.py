@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deepserve.benchmarks.autoscale import pd_ratio_row, role_switch_row
+from deepserve.benchmarks.autoscale import pd_ratio_row, role_switch_row, scale_to_zero_row
 
 
 def test_adjusted_pd_ratio_beats_the_fixed_one_when_output_lengths_shift(tmp_path: Path) -> None:
@@ -21,3 +21,11 @@ def test_role_switching_flips_without_reloading_and_beats_the_static_split() -> 
     assert row.detail["failed"] == 0
     assert row.detail["te_loads"] == 0  # a flip is membership only: no TE loaded weights after the start
     assert row.value > row.baseline + 0.2, row
+
+
+def test_an_idle_model_scales_to_zero_and_its_next_request_waits_out_a_measured_cold_start(tmp_path: Path) -> None:
+    row = scale_to_zero_row(tmp_path)
+    assert row.detail["scale_ins"] >= 1 and row.detail["scale_outs"] >= 1
+    assert row.detail["failed"] == 0  # the requests that came to no TE parked until one booted
+    # pod start 1 s + TE-Pre-Load 2 s + SSD -> DRAM -> NPU: seconds, against milliseconds warm
+    assert row.value > 3.0 and row.baseline < 0.5, row

@@ -17,7 +17,7 @@ PROF = AP.Profile(prefill_tokens_per_s=10_000.0, tpot_base_ms=20.0, tpot_per_seq
 def view(groups: list[AP.GroupView], **kw: Any) -> AP.View:
     base: dict[str, Any] = dict(now=100.0, groups={g.group: g for g in groups}, loads={}, window={}, previous={},
                                 reference={},
-                                inflight={}, last_arrival_s={}, last_out_s={}, last_change_s={}, last_flip_s={},
+                                inflight={}, last_active_s={}, last_out_s={}, last_change_s={}, last_flip_s={},
                                 pools={}, slo_ttft_ms=2000.0, slo_tpot_ms=100.0, profiles={"m": PROF})  # fmt: skip
     base.update(kw)
     return AP.View(**base)
@@ -67,10 +67,10 @@ def test_scale_in_one_te_after_the_cooldown_never_below_min() -> None:
 def test_scale_to_zero_after_keep_alive_and_back_on_demand() -> None:
     cfg = Autoscale(enabled=True, min_tes=0, keep_alive_s=30)
     g = group("colocated", ("te/0",))
-    assert AP.decide(cfg, view([g], last_arrival_s={"m": 80.0})) == []  # idle 20 s
-    (d,) = AP.decide(cfg, view([g], last_arrival_s={"m": 60.0}))
+    assert AP.decide(cfg, view([g], last_active_s={"m": 80.0})) == []  # idle 20 s
+    (d,) = AP.decide(cfg, view([g], last_active_s={"m": 60.0}))
     assert isinstance(d, AP.ScaleTo) and d.size == 0 and "keep_alive_s 30" in d.reason
-    assert AP.decide(cfg, view([g], last_arrival_s={"m": 60.0}, inflight={"m": 1})) == []  # a request runs
+    assert AP.decide(cfg, view([g], last_active_s={"m": 60.0}, inflight={"m": 1})) == []  # a request runs
     zero = group("colocated", (), target=0)
     assert AP.decide(cfg, view([zero])) == []
     (up,) = AP.decide(cfg, view([zero], inflight={"m": 2}))
