@@ -139,9 +139,14 @@ ROLE_SWITCH = {"enabled": True, "policies": ["role_switch"], "interval_s": 0.5, 
 def role_switch_row(trace: str = "builtin:azure_conv_500", rps_scale: float = 8.0) -> Row:
     on = _run(pd_config(1, 3, trace, ROLE_SWITCH, PD_SLO, rps_scale))[0]
     off = _run(pd_config(1, 3, trace, {"enabled": False}, PD_SLO, rps_scale))[0]
+    # the split that suits this trace, for scale: switching from it must not lose to it
+    on_22 = _run(pd_config(2, 2, trace, ROLE_SWITCH, PD_SLO, rps_scale))[0]
+    off_22 = _run(pd_config(2, 2, trace, {"enabled": False}, PD_SLO, rps_scale))[0]
     return Row(name="role_switch_slo_attainment", value=on["slo_attainment"], baseline=off["slo_attainment"],
                unit="fraction", detail={"flips": on.get("flips", 0), "te_loads": on["te_loads_after_start"], "failed": on["failed"],
-                                        "split": "1P3D static", "trace": f"{trace} at {rps_scale:g}x"})  # fmt: skip
+                                        "split": "1P3D static", "trace": f"{trace} at {rps_scale:g}x",
+                                        "from_2p2d": on_22["slo_attainment"], "static_2p2d": off_22["slo_attainment"],
+                                        "flips_from_2p2d": on_22.get("flips", 0)})  # fmt: skip
 
 
 def gap_trace(path: Path, per_burst: int, gap_s: float, prompt: int = 512, output: int = 64) -> Path:

@@ -46,6 +46,8 @@ class Autoscale(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     min_decode: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 2
     min_prefill: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 1
     ttft_headroom: Annotated[float, msgspec.Meta(gt=0, le=10)] = 0.8  # predicted TTFT above this × SLO: D→P
+    # an idle prefill TE goes P→D only when predicted TPOT is above this × SLO (decode needs it)
+    tpot_headroom: Annotated[float, msgspec.Meta(gt=0, le=10)] = 0.8
     flip_cooldown_s: Seconds = 2.0  # between two flips of one model's groups
     settle_s: Seconds = 5.0  # a flipped TE stays in its transition pool (P→D, D→P) this long
 

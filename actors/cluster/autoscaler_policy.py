@@ -283,11 +283,14 @@ def _switch(cfg: Autoscale, v: View, p: GroupView, d: GroupView, prof: Profile) 
     idle = [te for te in p.tes if load_of(v, te) == 0]
     busy_decode = sum(load_of(v, te) for te in d.tes)
     over = tpot > v.slo_tpot_ms
-    if (over or (idle and busy_decode and ttft == 0)) and len(p.tes) > cfg.min_prefill:
+    # an idle prefill helps decode only when decode is near its TPOT SLO: otherwise the flip
+    # leaves prefill short at the next burst for nothing
+    near = idle and busy_decode and ttft == 0 and tpot > cfg.tpot_headroom * v.slo_tpot_ms
+    if (over or near) and len(p.tes) > cfg.min_prefill:
         pick = idle or list(p.tes)
         te = min(pick, key=lambda t: (pool_of(v, t, "prefill") != "D->P", load_of(v, t), t))
         why = (f"predicted TPOT {tpot:.1f} ms > SLO {v.slo_tpot_ms:g} ms" if over
-               else f"{len(idle)} prefill TEs idle while decode holds {busy_decode} tasks")  # fmt: skip
+               else f"{len(idle)} prefill TEs idle, predicted TPOT {tpot:.1f} ms near SLO {v.slo_tpot_ms:g} ms")  # fmt: skip
         return Flip(policy="role_switch", te=te, src=p.group, dst=d.group, reason=why)
     return None
 

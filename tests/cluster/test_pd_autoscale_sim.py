@@ -21,6 +21,7 @@ def test_role_switching_flips_without_reloading_and_beats_the_static_split() -> 
     assert row.detail["failed"] == 0
     assert row.detail["te_loads"] == 0  # a flip is membership only: no TE loaded weights after the start
     assert row.value > row.baseline + 0.2, row
+    assert row.detail["from_2p2d"] >= row.detail["static_2p2d"]  # from the split that suits it: no loss
 
 
 def test_an_idle_model_scales_to_zero_and_its_next_request_waits_out_a_measured_cold_start(tmp_path: Path) -> None:

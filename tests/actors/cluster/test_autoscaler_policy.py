@@ -125,10 +125,12 @@ def test_role_switch_p_to_d_on_tpot_or_idle_prefill() -> None:
     full = {"te/2": AP.TeLoad(running=200), "te/3": AP.TeLoad(running=200), "te/0": AP.TeLoad(running=1)}
     (f,) = AP.decide(cfg, view([p, d], loads=full))  # TPOT 20 + 0.5*200 = 120 ms > 100
     assert isinstance(f, AP.Flip) and f.src == "m/prefill" and f.te == "te/1" and "TPOT 120.0 ms" in f.reason
-    light = {"te/2": AP.TeLoad(running=10), "te/3": AP.TeLoad(running=10)}  # TPOT fine, prefill idle
-    (f,) = AP.decide(cfg, view([p, d], loads=light))
-    assert "prefill TEs idle" in f.reason
-    assert AP.decide(cfg, view([p, d], loads=light, last_flip_s={"m": 99.0})) == []  # flip cool-down
+    near = {"te/2": AP.TeLoad(running=150), "te/3": AP.TeLoad(running=150)}  # TPOT 95 ms, prefill idle
+    (f,) = AP.decide(cfg, view([p, d], loads=near))
+    assert "prefill TEs idle" in f.reason and "TPOT 95.0 ms" in f.reason
+    assert AP.decide(cfg, view([p, d], loads=near, last_flip_s={"m": 99.0})) == []  # flip cool-down
+    light = {"te/2": AP.TeLoad(running=10), "te/3": AP.TeLoad(running=10)}  # TPOT 25 ms: decode needs none
+    assert AP.decide(cfg, view([p, d], loads=light)) == []
     assert AP.decide(cfg, view([group("prefill", ("te/0",)), d], loads=full)) == []  # min_prefill
 
 
