@@ -123,13 +123,18 @@ PD_RATIO = {"enabled": True, "policies": ["pd_ratio"], "ratio_source": "online",
 PD_SLO = {"ttft_ms": 2000.0, "tpot_ms": 100.0}
 
 
-def pd_ratio_row(tmp: Path, requests: int = 600) -> Row:
+def pd_ratio_row(tmp: Path, requests: int = 600, other_splits: bool = True) -> Row:
+    """Adjusted from 2P2D vs fixed at 2P2D; with `other_splits`, the other fixed splits' goodput
+    too (in hindsight one of them may suit the whole trace better than either)."""
     trace = shifting_trace(tmp / "shift.csv", requests, rps=22.0, prompt=2048, short=16, long=300)
     on = _run(pd_config(2, 2, str(trace), PD_RATIO, PD_SLO))[0]
     off = _run(pd_config(2, 2, str(trace), {"enabled": False}, PD_SLO))[0]
+    detail = {"flips": on.get("flips", 0), "failed": on["failed"], "slo_attainment": on["slo_attainment"],
+              "slo_attainment_fixed": off["slo_attainment"], "split": "2P2D at start"}  # fmt: skip
+    for p, d in ((3, 1), (1, 3)) if other_splits else ():
+        detail[f"fixed_{p}p{d}d"] = goodput(_run(pd_config(p, d, str(trace), {"enabled": False}, PD_SLO))[0])
     return Row(name="pd_ratio_goodput", value=goodput(on), baseline=goodput(off), unit="req/s within SLO",
-               detail={"flips": on.get("flips", 0), "failed": on["failed"], "slo_attainment": on["slo_attainment"],
-                       "slo_attainment_fixed": off["slo_attainment"], "split": "2P2D at start"})  # fmt: skip
+               detail=detail)
 
 
 ROLE_SWITCH = {"enabled": True, "policies": ["role_switch"], "interval_s": 0.5, "min_decode": 2, "min_prefill": 1,
