@@ -98,6 +98,8 @@ class Scenario(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     # The platform's `[control]` (cluster/schema.py reads it: `deepserve sim`); this runner has
     # no control plane, so a scenario file that sets it (mooncake-16te's heartbeat leases) loads here too
     control: dict[str, Any] = {}
+    # the platform's `[autoscale]` (cluster/schema.py; burst-autoscale's): likewise read there only
+    autoscale: dict[str, Any] = {}
 
 
 HARDWARE_OF_TOPOLOGY = {"gen1": "910b", "cm384": "910c"}
