@@ -30,7 +30,7 @@ from deepserve.adapters.scenario.placement import Placement, place
 from deepserve.adapters.scenario.sched import Scheduling, load_heatmap, load_predictor
 from deepserve.adapters.scenario.schema import Scenario
 
-from .autoscale import AUTOSCALER_ADDR, spawn_autoscaler
+from .autoscale import AUTOSCALER_ADDR, pushed_to, spawn_autoscaler
 from .control import MANAGER_ADDR, MONITOR_ADDR, PODS_ADDR, spawn_control_plane
 from .health import spawn_health
 from .layout import Layout, plan
@@ -101,12 +101,11 @@ def spawn_control(driver: Any, cfg: PlatformConfig, layout: Layout, jes: tuple[s
     """The control plane; the manager launches each group's initial TEs (resident: at once)."""
     spares = tuple(range(layout.servers, layout.servers + cfg.recovery.spare_servers))
     # the autoscaler takes the membership pushes the JEs take (the manager pushes to each)
-    pushed = [*jes, AUTOSCALER_ADDR] if cfg.autoscale.enabled else list(jes)
-    spawn_control_plane(driver, layout.slots, layout.groups, pushed, cfg.control,
+    spawn_control_plane(driver, layout.slots, layout.groups, pushed_to(cfg, jes), cfg.control,
                         in_process_pods=in_process_pods, recovery=cfg.recovery, spare_servers=spares,
                         scaling=cfg.scaling, topology=cfg.cluster.topology)  # fmt: skip
     if cfg.autoscale.enabled:
-        spawn_autoscaler(driver, cfg, layout, MANAGER_ADDR)
+        spawn_autoscaler(driver, cfg, layout.slots, layout.groups)
 
 
 def assemble(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR, stream_to: str = "",

@@ -7,16 +7,17 @@ certain pattern on prompts"). Off: nothing is spawned and the gateway has no obs
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
 from deepserve.actors.cluster.autoscaler_config import Autoscale
 from deepserve.actors.cluster.autoscaler_policy import Profile
+from deepserve.actors.ports.pod import TeSlot
 from deepserve.adapters.scenario.schema import Cluster
 
 from .control import MANAGER_ADDR
-from .layout import Layout
 from .schema import PlatformConfig
 
 AUTOSCALER_ADDR = "cluster/autoscaler"
@@ -37,25 +38,31 @@ def profile(c: Cluster, a: Autoscale) -> Profile:
                    output_tokens=float(a.profile_output_tokens))  # fmt: skip
 
 
-def autoscaler_config(cfg: PlatformConfig, layout: Layout) -> dict[str, Any]:
+def autoscaler_config(cfg: PlatformConfig, layout_slots: tuple[TeSlot, ...], groups: dict[str, int]) -> dict[str, Any]:
     a = cfg.autoscale
     slots: dict[str, int] = {}
     dp: dict[str, int] = {}
-    for s in layout.slots:
+    for s in layout_slots:
         slots[s.group] = slots.get(s.group, 0) + 1
         dp[s.group] = s.dp_groups
     pd = {s.cluster.model: s.cluster for _, s in cfg.group_scenarios() if s.cluster.mode == "pd"}
     return {
-        "autoscale": msgspec.to_builtins(a), "initial": dict(layout.groups), "slots": slots, "dp_groups": dp,
+        "autoscale": msgspec.to_builtins(a), "initial": dict(groups), "slots": slots, "dp_groups": dp,
         "profiles": {m: msgspec.to_builtins(profile(c, a)) for m, c in sorted(pd.items())},
         "slo_ttft_ms": cfg.slo.ttft_ms, "slo_tpot_ms": cfg.slo.tpot_ms,
     }  # fmt: skip
 
 
-def spawn_autoscaler(driver: Any, cfg: PlatformConfig, layout: Layout, manager: str) -> None:
+def spawn_autoscaler(driver: Any, cfg: PlatformConfig, slots: tuple[TeSlot, ...], groups: dict[str, int],
+                     manager: str = MANAGER_ADDR) -> None:  # fmt: skip
     from deepserve.actors.cluster.autoscaler import Autoscaler
 
-    driver.spawn(AUTOSCALER_ADDR, Autoscaler, config={**autoscaler_config(cfg, layout), "manager": manager})
+    driver.spawn(AUTOSCALER_ADDR, Autoscaler, config={**autoscaler_config(cfg, slots, groups), "manager": manager})
+
+
+def pushed_to(cfg: PlatformConfig, jes: Sequence[str]) -> list[str]:
+    """Who the manager pushes membership to: the JEs, and the autoscaler when on."""
+    return [*jes, AUTOSCALER_ADDR] if cfg.autoscale.enabled else list(jes)
 
 
 def autoscale_report(end: Any, out: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ from deepserve.adapters.hardware.devices.fabric import Fabric
 from deepserve.adapters.hardware.devices.host import Host
 from deepserve.adapters.hardware.devices.topology import FABRIC, build, host_addr
 from deepserve.adapters.zmq import Limits, ZmqTransport
+from deepserve.cluster.autoscale import pushed_to, spawn_autoscaler
 from deepserve.cluster.control import MONITOR_ADDR, PODS_ADDR, spawn_control_plane
 from deepserve.core.asyncdriver import AsyncDriver
 from deepserve.core.messages import Message
@@ -94,8 +95,10 @@ class ProcRuntime(Runtime):
         """The launcher first (the manager's first `LaunchPod`s go to it at once), subscribed to
         the manager's directory; no in-process pods."""
         d.spawn(PODS_ADDR, ProcessPods, config={"te_preload_s": self.cfg.control.te_preload_s})
-        spawn_control_plane(d, self.slots, self.groups, list(self.jes), self.cfg.control,
+        spawn_control_plane(d, self.slots, self.groups, pushed_to(self.cfg, self.jes), self.cfg.control,
                             directory_subscribers=(PODS_ADDR,), pods_addr=PODS_ADDR, in_process_pods=False)  # fmt: skip
+        if self.cfg.autoscale.enabled:
+            spawn_autoscaler(d, self.cfg, self.slots, self.groups)
 
     async def _stop_pods(self) -> None:
         """Every TE process is stopped (its log flushed) and reaped, its exit recorded, before

@@ -1,6 +1,7 @@
 """The autoscaler in the daemon (issue 34 acceptance 4): a load spike through the HTTP API (the
 official `openai` client) scales the colocated group out, and once the spike is over back in;
-`deepserve status` shows the autoscaler and the P/D pool's instance pools; the run replays."""
+`deepserve status` shows the autoscaler and the P/D pool's instance pools; the run replays. In
+process and with one OS process per TE (`up --processes`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
+import pytest
 from daemonproc import start_daemon, stop_daemon, stream_story
 
 from deepserve.persistence import open_log
@@ -49,11 +51,13 @@ async def spike(url: str, admin: str) -> tuple[list[tuple[str, str]], dict[str, 
     return await asyncio.gather(*streams), out
 
 
-def test_a_load_spike_scales_out_and_back_in(tmp_path: Path) -> None:
-    proc, info = start_daemon(tmp_path / "run", *[a for s in SETTINGS for a in ("--set", s)])
+@pytest.mark.parametrize("mode", [(), ("--processes",)], ids=["inproc", "processes"])
+def test_a_load_spike_scales_out_and_back_in(tmp_path: Path, mode: tuple[str, ...]) -> None:
+    proc, info = start_daemon(tmp_path / "run", *mode, *[a for s in SETTINGS for a in ("--set", s)])
     admin = info["admin_url"]
     try:
-        st = status(admin)
+        # (with --processes the TEs start in their processes after the daemon is up)
+        st = wait_for(admin, lambda s: all(g["ready"] == g["target"] for g in s["groups"].values()))
         assert st["groups"][GROUP] == {"target": 1, "ready": 1, "slots": 2}
         assert st["pools"] == {"llama3-8b": {"P": ["te/2"], "D": ["te/3"], "P->D": [], "D->P": []}}
         results, out = asyncio.run(spike(info["url"], admin))
