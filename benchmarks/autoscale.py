@@ -104,12 +104,13 @@ PD_BASE = {
 }  # fmt: skip
 
 
-def pd_config(p: int, d: int, trace: str, autoscale: dict[str, Any], slo: dict[str, float], rps_scale: float = 1.0) -> Any:
+def pd_config(p: int, d: int, trace: str, autoscale: dict[str, Any], slo: dict[str, float], rps_scale: float = 1.0,
+              requests: int = 0) -> Any:
     from deepserve.cluster.config import validated
 
     doc = msgspec.json.decode(msgspec.json.encode(PD_BASE))
     doc["cluster"].update(prefill_tes=p, decode_tes=d)
-    doc["workload"] = {"trace": trace, "rps_scale": rps_scale}
+    doc["workload"] = {"trace": trace, "rps_scale": rps_scale, "requests": requests}
     doc["autoscale"], doc["slo"] = autoscale, slo
     return validated(doc)
 

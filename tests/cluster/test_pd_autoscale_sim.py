@@ -30,3 +30,12 @@ def test_an_idle_model_scales_to_zero_and_its_next_request_waits_out_a_measured_
     assert row.detail["failed"] == 0  # the requests that came to no TE parked until one booted
     # pod start 1 s + TE-Pre-Load 2 s + SSD -> DRAM -> NPU: seconds, against milliseconds warm
     assert row.value > 3.0 and row.baseline < 0.5, row
+
+
+def test_the_profiled_ratio_moves_the_split_to_eq1_once_and_stays() -> None:
+    from deepserve.benchmarks.autoscale import PD_SLO, _run, pd_config
+
+    # llama3-8b on 910b, 1024-token prompts, 256-token outputs, decode batch 64: eq. 1 gives 1P3D
+    auto = {"enabled": True, "policies": ["pd_ratio"], "ratio_source": "profile", "min_decode": 1}
+    s = _run(pd_config(2, 2, "builtin:azure_conv_500", auto, PD_SLO, requests=100))[0]
+    assert s["flips"] == 1 and s["failed"] == 0 and s["te_loads_after_start"] == 0, s
