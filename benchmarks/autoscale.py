@@ -203,3 +203,12 @@ ROWS: dict[str, Callable[[Path], Row]] = {
 def run(names: Sequence[str] = tuple(ROWS)) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="deepserve-autoscale-") as tmp:
         return [ROWS[n](Path(tmp)) for n in names]
+
+
+def scaling_rows(**_: Any) -> list[dict[str, Any]]:
+    """The rows in `deepserve bench scaling`'s shape (benchmarks/scaling.py `ROWS`: name, value,
+    the baseline's name and value, details), for that suite to append."""
+    base = {"burst_slo_attainment": "autoscaler_off", "pd_ratio_goodput": "fixed_2p2d",
+            "role_switch_slo_attainment": "static_1p3d", "scale_to_zero_first_ttft_s": "kept_warm"}  # fmt: skip
+    return [{"name": r.name, "value": r.value, "baseline": base[r.name], "baseline_value": r.baseline,
+             "unit": r.unit, **r.detail} for r in run()]  # fmt: skip
