@@ -142,12 +142,12 @@ ROLE_SWITCH = {"enabled": True, "policies": ["role_switch"], "interval_s": 0.5, 
                "flip_cooldown_s": 2.0, "ttft_headroom": 0.5}  # fmt: skip
 
 
-def role_switch_row(trace: str = "builtin:azure_conv_500", rps_scale: float = 8.0) -> Row:
-    on = _run(pd_config(1, 3, trace, ROLE_SWITCH, PD_SLO, rps_scale))[0]
-    off = _run(pd_config(1, 3, trace, {"enabled": False}, PD_SLO, rps_scale))[0]
+def role_switch_row(trace: str = "builtin:azure_conv_500", rps_scale: float = 8.0, requests: int = 0) -> Row:
+    on = _run(pd_config(1, 3, trace, ROLE_SWITCH, PD_SLO, rps_scale, requests))[0]
+    off = _run(pd_config(1, 3, trace, {"enabled": False}, PD_SLO, rps_scale, requests))[0]
     # the split that suits this trace, for scale: switching from it must not lose to it
-    on_22 = _run(pd_config(2, 2, trace, ROLE_SWITCH, PD_SLO, rps_scale))[0]
-    off_22 = _run(pd_config(2, 2, trace, {"enabled": False}, PD_SLO, rps_scale))[0]
+    on_22 = _run(pd_config(2, 2, trace, ROLE_SWITCH, PD_SLO, rps_scale, requests))[0]
+    off_22 = _run(pd_config(2, 2, trace, {"enabled": False}, PD_SLO, rps_scale, requests))[0]
     return Row(name="role_switch_slo_attainment", value=on["slo_attainment"], baseline=off["slo_attainment"],
                unit="fraction", detail={"flips": on.get("flips", 0), "te_loads": on["te_loads_after_start"], "failed": on["failed"],
                                         "split": "1P3D static", "trace": f"{trace} at {rps_scale:g}x",

@@ -9,14 +9,14 @@ from deepserve.benchmarks.autoscale import pd_ratio_row, role_switch_row, scale_
 
 
 def test_adjusted_pd_ratio_beats_the_fixed_one_when_output_lengths_shift(tmp_path: Path) -> None:
-    row = pd_ratio_row(tmp_path, other_splits=False)
+    row = pd_ratio_row(tmp_path, requests=400, other_splits=False)  # bench autoscale: 600
     assert row.detail["flips"] >= 2  # toward prefill in the short half, back toward decode in the long one
     assert row.detail["failed"] == 0  # a flipped TE's open tasks ran on
     assert row.value >= row.baseline * 1.2, row
 
 
 def test_role_switching_flips_without_reloading_and_beats_the_static_split() -> None:
-    row = role_switch_row()
+    row = role_switch_row(requests=250)  # the burst at the slice's start (bench autoscale runs all 500)
     assert row.detail["flips"] >= 1
     assert row.detail["failed"] == 0
     assert row.detail["te_loads"] == 0  # a flip is membership only: no TE loaded weights after the start
