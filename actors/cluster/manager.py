@@ -337,7 +337,9 @@ class ClusterManager(Actor[CmState]):
             return
         slot = L.slot_of(self.state, slot)
         pid = pod_id(a.te, a.generation)
-        ctx.record(TeLaunching(te=a.te, group=slot.group, generation=a.generation, pod_id=pid,
+        r = self.state.tes.get(a.te)  # a replacement stays in the group its TE was flipped to (flip.py)
+        group = r.group if a.replacing and r is not None else slot.group
+        ctx.record(TeLaunching(te=a.te, group=group, generation=a.generation, pod_id=pid,
                                source=a.source, at_s=ctx.now(), replacing=a.replacing))  # fmt: skip
         ctx.send(self.cfg.pods, LaunchPod(
             pod_id=pid, te=a.te, role=slot.role, model=slot.model, generation=a.generation, slot=slot,
