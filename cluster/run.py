@@ -135,6 +135,8 @@ def run_scenario(
     keeps the requests (by 0-based position in the trace) a partition runs (parallel.py), and
     `config_note` is added to the run's recorded config (which partition this log is)."""
     config = msgspec.to_builtins(scenario)
+    if not config.get("autoscale"):  # no [autoscale] table: the run's config as it was before it
+        config.pop("autoscale", None)
     # What ran: --trace and --requests override the scenario's fields (the run record said the
     # scenario's own trace and request count before)
     if trace is not None:
