@@ -30,6 +30,7 @@ class Autoscale(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     target_load: Annotated[float, msgspec.Meta(gt=0, le=1e6)] = 16.0  # open tasks per TE aimed at
     scale_in_load: Annotated[float, msgspec.Meta(ge=0, le=1e6)] = 2.0  # below this per TE: one TE less
     slo_violation_max: Fraction = 0.1  # more of the window's requests missing the SLO: one TE more
+    slo_min_requests: Annotated[int, msgspec.Meta(ge=1, le=1_000_000)] = 5  # fewer answered: no SLO verdict
     window_s: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 10.0  # the SLO window (and P/D's)
     scale_out_cooldown_s: Seconds = 5.0  # after a scale-out, no other one in the group for this long
     scale_in_cooldown_s: Seconds = 30.0  # after any scaling, no scale-in for this long

@@ -154,7 +154,7 @@ def _scale_group(cfg: Autoscale, v: View, g: GroupView) -> ScaleTo | None:
     total = sum(load_of(v, te) for te in g.tes)
     n = len(g.tes)
     win = v.window.get(g.model, Window())
-    violated = win.violated / win.requests if win.requests else 0.0
+    violated = win.violated / win.requests if win.requests >= cfg.slo_min_requests else 0.0
     want = max(math.ceil(total / cfg.target_load), n)
     why = f"{total} open tasks on {n} TEs (target {cfg.target_load:g} per TE)"
     if violated > cfg.slo_violation_max and want == n:

@@ -53,6 +53,8 @@ def test_slo_violations_add_one_te_even_at_low_load() -> None:
     win = {"m": AP.Window(requests=10, violated=3)}
     (d,) = AP.decide(cfg, view([group("colocated", ("te/0", "te/1"))], loads=loads(te_0=3, te_1=3), window=win))
     assert isinstance(d, AP.ScaleTo) and d.size == 3 and "30% of 10 requests missed the SLO" in d.reason
+    few = {"m": AP.Window(requests=4, violated=3)}  # below slo_min_requests (5): no verdict yet
+    assert AP.decide(cfg, view([group("colocated", ("te/0", "te/1"))], loads=loads(te_0=3, te_1=3), window=few)) == []
 
 
 def test_scale_in_one_te_after_the_cooldown_never_below_min() -> None:
