@@ -61,6 +61,8 @@ def register(subparsers: Any) -> None:
     p = _command(sub, "why", _why, "a request's path (gateway, JE, TEs) and what decided each hop")
     p.add_argument("request_id", metavar="REQUEST_ID", help="the request's id: a daemon's chat-N or cmpl-N (its X-Request-Id), a simulation's rN")
 
+    __import__("deepserve.cli.replay_whatif", fromlist=["register"]).register(sub)
+
     p = _command(
         sub, "migrate", _migrate, "upgrade a log written by an older schema, in place", reads=False
     )

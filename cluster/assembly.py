@@ -63,7 +63,8 @@ def je_addrs(cfg: PlatformConfig) -> tuple[str, ...]:
 
 
 def spawn_front(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR, stream_to: str = "",
-                max_inflight: int | None = None, wake_heartbeats: bool = False) -> tuple[str, ...]:  # fmt: skip
+                max_inflight: int | None = None, wake_heartbeats: bool = False,
+                forced: dict[str, str] | None = None) -> tuple[str, ...]:  # fmt: skip
     """The JEs (each with its own view of load; membership and KV events come to each) and the
     gateway, which spreads jobs over them. Returns the JEs' addresses. `wake_heartbeats`: the
     gateway wakes a monitor backed off while idle (`assemble`'s runs; the daemon's frontend
@@ -80,6 +81,8 @@ def spawn_front(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR
     a = cfg.autoscale
     if a.enabled and a.min_tes == 0 and not a.advisory:  # a model scaled to zero comes back on demand
         je["park_empty"] = True
+    if forced:  # a what-if's fork at a decision (replay/whatif.py): task id -> TE
+        je["forced"] = dict(forced)
     for addr in jes:
         driver.spawn(addr, JobExecutor, config=je)
     limit = max_inflight if max_inflight is not None else cfg.scheduling.max_inflight_per_model
@@ -109,7 +112,7 @@ def spawn_control(driver: Any, cfg: PlatformConfig, layout: Layout, jes: tuple[s
 
 
 def assemble(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR, stream_to: str = "",
-             max_inflight: int | None = None) -> Built:  # fmt: skip
+             max_inflight: int | None = None, forced: dict[str, str] | None = None) -> Built:  # fmt: skip
     """Spawn `cfg`'s whole cluster into `driver` (cfg as `config.for_driver` made it)."""
     layout = plan(cfg)
     c = cfg.cluster
@@ -118,7 +121,7 @@ def assemble(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR, s
     spawn_topology(driver, build(c.topology, servers), variance=c.npu_variance)
     spawn_health(driver, cfg, layout.servers)  # cluster.resilience.device_health (off: nothing)
     jes = spawn_front(driver, cfg, gateway=gateway, stream_to=stream_to, max_inflight=max_inflight,
-                     wake_heartbeats=True)  # fmt: skip
+                     wake_heartbeats=True, forced=forced)  # fmt: skip
     spawn_control(driver, cfg, layout, jes)
     return Built(layout, gateway, jes, cfg.control.heartbeats)
 

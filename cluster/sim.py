@@ -44,6 +44,8 @@ from .schema import PlatformConfig
 STREAM_ADDR = "ext/stream"
 REDACTED = "<redacted>"
 Reporter = Callable[["SimEnd", dict[str, Any]], None]
+# (driver, the gateway's address, request id -> model to fill or None) -> (injected, last arrival)
+Feed = Callable[[SimDriver, str, "dict[str, str] | None"], tuple[int, float]]
 
 
 class SimEnd(msgspec.Struct, kw_only=True):
@@ -140,11 +142,15 @@ def run(
     cfg: PlatformConfig, *, trace: str | None = None, requests: int | None = None, sink: LogSink | None = None,
     on_done: Callable[[RequestDone], None] | None = None, faults: Sequence[tuple[float, str, Message]] = (),
     drain_limit_s: float = 24 * 3600.0, reporters: Sequence[Reporter] | None = None,
-    on_end: Callable[[SimDriver], None] | None = None,
+    on_end: Callable[[SimDriver], None] | None = None, feed: Feed | None = None,
+    taps: Sequence[Callable[[SimDriver], None]] = (), forced: dict[str, str] | None = None,
 ) -> RunResult:  # fmt: skip
     """Run `cfg`'s cluster on its workload to completion; `result.summary` holds the metrics and
     every reporter's keys (the platform's; `scheduling.entry = "dispatcher"` runs the assembly's
-    dispatcher variant, whose summary has the workload's metrics only). `sink` is not closed."""
+    dispatcher variant, whose summary has the workload's metrics only). `sink` is not closed.
+    A what-if (replay/whatif.py) replays a recorded run's requests: `feed` injects them instead of
+    the trace's, `taps` see each delivery, `forced` (task id -> TE) overrides routing decisions
+    (recorded in the run's config as `whatif.force`, and in each JE's)."""
     if cfg.scheduling.entry == "dispatcher":  # TEs behind the workload stand-in (assembly.py `build_cluster`)
         return run_scenario(dispatcher_scenario(cfg), trace=trace, requests=requests, sink=sink, on_done=on_done,
                             faults=faults, drain_limit_s=drain_limit_s, on_end=on_end)  # fmt: skip
@@ -160,6 +166,8 @@ def run(
         config["workload"]["trace"] = trace
     if requests is not None:
         config["workload"]["requests"] = requests
+    if forced:
+        config["whatif"] = {"force": dict(forced)}
     driver = SimDriver(cfg.seed, sink=sink, config=config)
     collector = Collector()
     slo = cfg.slo
@@ -189,7 +197,8 @@ def run(
     recovery: list[tuple[float, str, Any]] = []
     if cfg.faults:  # (a check a delivery: only where there are faults to account for)
         driver.invariants.append(recovery_tap(recovery))
-    built = assemble(driver, cfg, stream_to=STREAM_ADDR)
+    driver.invariants.extend(taps)
+    built = assemble(driver, cfg, stream_to=STREAM_ADDR, forced=forced)
     # The initial deployment (resident TEs) registers at t=0 and its membership reaches every JE
     # before the first arrival, as a daemon is up before its first request.
     driver.run(until=0.0)
@@ -197,7 +206,10 @@ def run(
     for at, dst, fault in planned:
         driver.inject(dst, fault, at=at, src="ext/fault")
     t0 = time.perf_counter()
-    injected, last_arrival = _feed(driver, cfg, built.gateway, trace, requests, model_of if by_model else None)
+    if feed is not None:
+        injected, last_arrival = feed(driver, built.gateway, model_of if by_model else None)
+    else:
+        injected, last_arrival = _feed(driver, cfg, built.gateway, trace, requests, model_of if by_model else None)
     drain(driver, collector, injected, last_arrival + drain_limit_s, built.gateway)
     if driver.pending():  # timers (heartbeats) never let the heap empty: the run ends here, so
         driver.snapshot_live()  # every actor's final state goes to the log for verify to compare

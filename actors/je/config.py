@@ -41,6 +41,9 @@ class JeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # deadline) instead of failing at once: an autoscaler may scale that model to zero and back
     # (actors/cluster/autoscaler_policy.py). Off: such a job fails naming the empty group.
     park_empty: bool = False
+    # A what-if's fork at a decision (`deepserve replay whatif --at-decision`): task id -> the TE
+    # its routing decision is made to choose instead of the policy's (recorded in RouteDecided)
+    forced: dict[str, str] = {}
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:

@@ -152,6 +152,9 @@ class JobFlow:
     def send_task(self, s: JeState, fx: Effects, rid: str, j: Job, phase: Phase, attempt: int,
                   decision: Decision) -> None:  # fmt: skip
         tid = D.task_id(rid, phase, attempt)
+        if self.cfg.forced and (te := self.cfg.forced.get(tid)) is not None and te != decision.chosen:
+            decision = msgspec.structs.replace(decision, chosen=te, reason=(
+                f"what-if: {te} forced instead of the policy's {decision.chosen} ({decision.reason})"))
         fx.record(RouteDecided(request_id=rid, task_id=tid, phase=phase, attempt=attempt, decision=decision))
         te = decision.chosen  # a single-DP TE's master directly (TaskAcked.direct): its shell only forwards
         fx.send(s.direct.get(te, te), SubmitTask(

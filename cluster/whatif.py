@@ -1,0 +1,177 @@
+"""A what-if of a recorded run (issue 32 §1, §2): its external inputs (replay/inputs.py) played on
+the whole cluster in virtual time — `sim.run`, what `deepserve sim` runs — under a changed config,
+or with one routing decision forced to another TE; beside it, the original run's summary, with
+the keys of `sim --json`, computed from its log by the same reporters.
+
+The original column reads the log, never re-runs it: for a simulation it equals the run's own
+summary (the terminal records and events are the run's), for a daemon it is what the wall-clock
+run recorded. The what-if injects the recorded requests in the simulation's own windows (sim.py
+`_feed`: `WINDOW_REQUESTS` at a time, the driver run up to the next window's first arrival), so
+a what-if of a simulation with nothing changed is that run again, record for record (same digest).
+
+The config is the log's (its run record's resolved config) or `--config`'s, with `--set`s on top.
+A simulation's `[[faults]]` are the config's (a what-if may move one); a daemon never injects
+its config's faults (`deepserve fault` does, recorded as `ext/admin`), so a daemon's what-if
+drops them and replays its recorded admin inputs. A daemon's run seed is `daemon.seed`.
+`workload.*` is refused: a what-if replays the recorded requests, not a trace.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import msgspec
+
+from deepserve.actors.gateway.messages import Refused
+from deepserve.actors.workload.metrics import Collector
+from deepserve.adapters.scenario.loader import ScenarioError, apply_override, parse_override
+from deepserve.core import SimDriver
+from deepserve.core.records import LogSink
+from deepserve.replay.common import ReplayError
+from deepserve.replay.decisions import DECISION_TYPES, Comparer, FirstDifference, decision_of
+from deepserve.replay.inputs import RunInputs
+
+from .assembly import MANAGER_ADDR, Built
+from .config import Invalid, load_doc, validated
+from .layout import plan
+from .run import WINDOW_REQUESTS, RunResult
+from .schema import PlatformConfig
+from .sim import REPORTERS, SimEnd, refused_done, run
+
+
+class WhatIf(msgspec.Struct, kw_only=True):
+    original: RunResult
+    whatif: RunResult
+    first_difference: FirstDifference | None
+    changes: list[str]  # what was changed, as given (`--set`s, `--config`, the forced decision)
+
+
+def config_of(inputs: RunInputs, config: str | None, overrides: Sequence[str]) -> PlatformConfig:
+    """The what-if's config (module docstring); a bad key or value is a `ScenarioError` naming it."""
+    for o in overrides:
+        key, _ = parse_override(o)
+        if key == "workload" or key.startswith("workload."):
+            raise ScenarioError(f"--set {o}", key, "a what-if replays the run's recorded requests: the "
+                                "workload is not a setting it can change")  # fmt: skip
+    daemon = inputs.mode != "sim"
+    if config is not None:
+        doc, labels, source = load_doc(config, [], "up" if daemon else "sim")
+    else:
+        doc = {k: v for k, v in inputs.config.items() if k != "whatif"}
+        labels, source = {}, f"{inputs.path} (the run's config)"
+    doc["workload"] = inputs.config.get("workload", doc.get("workload", {}))
+    if daemon:
+        doc["faults"] = []
+        doc["seed"] = inputs.config.get("daemon", {}).get("seed", 0)
+    for o in overrides:
+        key, value = parse_override(o)
+        apply_override(doc, key, value, f"--set {o}")
+        labels[key] = f"--set {o}"
+    try:
+        return validated(doc)
+    except Invalid as bad:
+        label = next((v for k, v in labels.items() if k == bad.key or bad.key.startswith(k + ".")), source)
+        raise ScenarioError(label, bad.key, bad.problem) from None
+
+
+def original(inputs: RunInputs, cfg: PlatformConfig, manager_state: Any) -> RunResult:
+    """The recorded run's summary, from its log, by `sim.run`'s reporters (module docstring)."""
+    c = Collector()
+    slo, attained = cfg.slo, 0
+    for t, msg in inputs.terminal:
+        if type(msg) is Refused:
+            msg = refused_done(msg, t + inputs.t0)
+        c.add(msg)
+        if msg.status == "completed" and msg.first_token_s is not None:
+            ttft_ms = (msg.first_token_s - msg.arrival_s) * 1e3
+            tpot_ms = (msg.finish_s - msg.first_token_s) * 1e3 / (msg.output_tokens - 1) if msg.output_tokens > 1 else 0.0
+            attained += ttft_ms <= slo.ttft_ms and tpot_ms <= slo.tpot_ms
+    models = cfg.workload.models or (cfg.cluster.model,)
+    by_model = {m: Collector() for m in models} if len(models) > 1 else {}
+    if by_model:
+        model_of = {i.msg.request_id: i.msg.model for i in inputs.requests}
+        for _t, msg in inputs.terminal:
+            m = model_of.get(msg.request_id)
+            if m in by_model:
+                by_model[m].add(msg if type(msg) is not Refused else refused_done(msg, _t + inputs.t0))
+    cell = SimpleNamespace(actor=SimpleNamespace(state=manager_state))
+    driver = SimpleNamespace(cells={MANAGER_ADDR: cell} if manager_state is not None else {}, now=inputs.end_t)
+    layout = plan(cfg)
+    faults = [(i.t, i.actor, i.msg) for i in inputs.others if i.src in ("ext/admin",)]
+    end = SimEnd(driver=driver, built=Built(layout, "", (), cfg.control.heartbeats), cfg=cfg, collector=c,
+                 faults=faults, extra_faults=len(faults), recovery_events=inputs.recovery_events,
+                 slo_attained=attained, by_model=by_model)  # fmt: skip
+    summary = msgspec.to_builtins(c.summary())
+    for report in REPORTERS:
+        report(end, summary)
+    return RunResult(summary=summary, deliveries=inputs.deliveries, virtual_time_s=inputs.end_t, wall_s=0.0,
+                     injected=len(inputs.requests), workload={})  # fmt: skip
+
+
+def _feeder(inputs: RunInputs) -> Any:
+    """Inject the recorded requests as `sim._feed` injects a trace's, window by window; the other
+    client inputs (cancels) go in at their times with the window they fall in."""
+    reqs = inputs.requests
+    cancels = [i for i in inputs.others if i.src not in ("ext/fault", "ext/admin")]
+
+    def feed(driver: SimDriver, gateway: str, model_of: dict[str, str] | None) -> tuple[int, float]:
+        for i in cancels:
+            driver.inject(i.actor, i.msg, at=i.t, corr=i.corr, src=i.src)
+        last = 0.0
+        for start in range(0, len(reqs), WINDOW_REQUESTS):
+            if start:
+                driver.run(until=max(reqs[start].t, driver.now))
+            for i in reqs[start:start + WINDOW_REQUESTS]:
+                at = max(i.t, driver.now)
+                driver.inject(gateway, i.msg, at=at, corr=i.corr, src=i.src)
+                if model_of is not None:
+                    model_of[i.msg.request_id] = i.msg.model
+                last = at
+        return len(reqs), last
+
+    return feed
+
+
+def decision_tap(comparer: Comparer) -> Any:
+    """A per-delivery checker handing each decision the delivery recorded to `comparer`."""
+
+    def tap(driver: SimDriver) -> None:
+        cell = driver.step_cell
+        for k, ev in enumerate(cell.ctx.events):
+            kind = type(ev).__name__
+            if kind in DECISION_TYPES:
+                comparer.add(decision_of(cell.addr, cell.seq, k, driver.now, kind, ev))
+
+    return tap
+
+
+def whatif(inputs: RunInputs, cfg: PlatformConfig, manager_state: Any, *, changes: list[str],
+           sink: LogSink | None = None, forced: dict[str, str] | None = None) -> WhatIf:  # fmt: skip
+    """The original and the what-if side by side, and where their decisions first part."""
+    before = original(inputs, cfg, manager_state)
+    comparer = Comparer(inputs.decisions)
+    admin = [(i.t, i.actor, i.msg) for i in inputs.others if i.src == "ext/admin"]
+    t0 = time.perf_counter()
+    after = run(cfg, sink=sink, feed=_feeder(inputs), faults=admin, taps=[decision_tap(comparer)], forced=forced)
+    after.wall_s = time.perf_counter() - t0
+    return WhatIf(original=before, whatif=after, first_difference=comparer.first(), changes=changes)
+
+
+def routing_decision(inputs: RunInputs, decision_id: str, te: str) -> dict[str, str]:
+    """`--at-decision ID --choose TE` as the JEs' forced choice; a bad id or TE is a ReplayError."""
+    found = [d for ds in inputs.decisions.values() for d in ds if d.id == decision_id]
+    if not found:
+        some = [d.id for ds in inputs.decisions.values() for d in ds if d.id][:5]
+        raise ReplayError(f"--at-decision {decision_id}: no routing decision with this id in run {inputs.run_id!r} "
+                          f"(ids are task ids, as `replay why` shows them, e.g. {', '.join(some) or 'none recorded'})")  # fmt: skip
+    d = found[0]
+    if te == d.choice:
+        raise ReplayError(f"--choose {te}: decision {decision_id} chose {te} already; choose another of "
+                          f"{', '.join(c for c in d.candidates if c != te) or '(no other candidate)'}")  # fmt: skip
+    if te not in d.candidates:
+        raise ReplayError(f"--choose {te}: not a candidate of decision {decision_id} "
+                          f"(candidates: {', '.join(d.candidates) or 'none'})")  # fmt: skip
+    return {decision_id: te}

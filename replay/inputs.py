@@ -1,0 +1,171 @@
+"""A recorded run's external inputs and outcome, read off its log in one pass (issue 32 §1).
+
+What came from outside — a client's `ApiRequest` (a simulation's `ext/client`, a daemon's
+`ext/http`) with its arrival time and parameters, a fault (`ext/fault`: a scenario's plan), an
+admin action (`ext/admin`: `deepserve fault`/`scale` on a daemon), a client's cancel
+(`CancelJob`) — is all a re-simulation needs besides the config, which the log keeps too (the
+run record's resolved config). Left out: the run's own end (`ext/operator`: the simulation's
+drain or the daemon's shutdown, which a re-run makes for itself) and a daemon frontend's
+`HeartbeatWake` (a simulated gateway wakes the monitor itself: cluster/assembly.py).
+
+The same pass keeps what the original column of a what-if reports: every terminal record the
+run sent outside (`RequestDone` and the gateway's `Refused` to `ext/metrics`), the events the
+recovery report reads, the routing decisions (`decisions.py`), the step count and the clock at
+the end. Times are the run's clock less its first step's (a daemon's wall clock starts at its
+epoch second; a simulation's is 0 already), so a daemon incident lands in virtual time.
+
+A daemon run directory of `--processes` holds one log per process: the gateway, the JEs and the
+control plane — where every external input enters and every terminal record leaves — are in
+`daemon.db`, which is read alone (the TE processes' logs hold what the daemon sent them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import msgspec
+
+from deepserve.core.codec import DecodeError, decode
+from deepserve.core.messages import Message
+from deepserve.persistence.api import LogError, LogReader
+
+from .common import ReplayError, pick_run
+from .decisions import DECISION_TYPES, Decision, decision_of
+
+CLIENT_SOURCES = ("ext/client", "ext/http")
+FAULT_SOURCES = ("ext/fault", "ext/admin")
+SKIPPED_TYPES = frozenset({"HeartbeatWake"})  # a simulated gateway sends its own (module docstring)
+METRICS_ADDR = "ext/metrics"
+DAEMON_LOG = "daemon.db"
+MANAGER_ADDR = "cluster"  # the cluster manager (cluster/assembly.py MANAGER_ADDR)  # the daemon's own log in its run directory (daemon/runtime.py LOG_FILE)
+
+
+class Input(msgspec.Struct, frozen=True):
+    """One recorded external input: at `t` (seconds since the run's start) to `actor`."""
+
+    t: float
+    actor: str
+    src: str
+    corr: str | None
+    msg: Any  # the decoded message
+
+
+class RunInputs(msgspec.Struct, kw_only=True):
+    """What a what-if replays and what its original column reports."""
+
+    path: str  # the log file read
+    run_id: str
+    mode: str  # "sim" | "daemon"
+    config: dict[str, Any]  # the run's resolved config, as recorded
+    t0: float  # the clock at the run's first step (subtracted from every time below)
+    requests: list[Input]  # ApiRequests, in delivery order
+    others: list[Input]  # faults, admin actions, cancels: every other external input kept
+    terminal: list[tuple[float, Any]]  # (t, RequestDone | Refused) sent to ext/metrics, in log order
+    recovery_events: list[tuple[float, str, Any]]
+    decisions: dict[str, list[Decision]]  # per deciding actor, in its delivery order
+    deliveries: int
+    end_t: float  # the clock at the last step, less t0
+    manager: Any = None  # the cluster manager's state at the end (None: the run had none)
+
+
+def log_path(target: str) -> str:
+    """The log to read: a file or URL as given; in a run directory, the daemon's own log when
+    there is one (a `--processes` run: module docstring), else its only `*.db`."""
+    if not os.path.isdir(target):
+        return target
+    own = os.path.join(target, DAEMON_LOG)
+    if os.path.isfile(own):
+        return own
+    files = sorted(f for f in os.listdir(target) if f.endswith(".db"))
+    if len(files) != 1:
+        raise ReplayError(f"{target}: a what-if reads a daemon's run directory ({DAEMON_LOG}) or one log; "
+                          f"this directory holds {len(files)} *.db files")  # fmt: skip
+    return os.path.join(target, files[0])
+
+
+def read_inputs(reader: LogReader, path: str, run_id: str | None = None) -> RunInputs:
+    """One pass over the run's steps (module docstring)."""
+    _load_types()
+    from deepserve.actors.cluster.recovery_report import EVENT_TYPES
+
+    run = pick_run(reader, run_id)
+    try:
+        config = json.loads(run.config) if run.config else {}
+    except ValueError:
+        raise ReplayError(f"{path}: run {run.run_id!r} has no readable config (its run record is damaged)") from None
+    if not isinstance(config, dict) or "cluster" not in config:
+        raise ReplayError(f"{path}: run {run.run_id!r} is not a platform run (its config has no [cluster]): "
+                          "a what-if re-simulates a `deepserve sim` or `deepserve up` run")  # fmt: skip
+    out = RunInputs(path=path, run_id=run.run_id, mode=run.mode, config=config, t0=0.0, requests=[], others=[],
+                    terminal=[], recovery_events=[], decisions={}, deliveries=0, end_t=0.0)  # fmt: skip
+    t0: float | None = None
+    t = 0.0
+    for step in reader.steps(run.run_id):
+        inp = step.input
+        if t0 is None:
+            t0 = inp.t if run.mode != "sim" else 0.0
+        t = inp.t - t0
+        if inp.seq >= 0:
+            out.deliveries += 1
+        if inp.src.startswith("ext/"):
+            _keep_input(out, inp, t)
+        for ev in step.events:
+            if ev.type in EVENT_TYPES:
+                out.recovery_events.append((t, inp.actor, _decode(ev.type, ev.payload)))
+            if ev.type in DECISION_TYPES:
+                d = decision_of(inp.actor, inp.seq, ev.idx, t, ev.type, _decode(ev.type, ev.payload))
+                out.decisions.setdefault(inp.actor, []).append(d)
+        for o in step.outputs:
+            if o.dst == METRICS_ADDR and o.type:
+                out.terminal.append((t, _decode(o.type, o.payload)))
+    out.t0, out.end_t = t0 or 0.0, t
+    return out
+
+
+def _keep_input(out: RunInputs, inp: Any, t: float) -> None:
+    if inp.type in SKIPPED_TYPES or inp.src == "ext/operator":
+        return
+    if inp.src in CLIENT_SOURCES and inp.type == "ApiRequest":
+        out.requests.append(Input(t, inp.actor, inp.src, inp.corr, _decode(inp.type, inp.payload)))
+    elif inp.src in FAULT_SOURCES or inp.src in CLIENT_SOURCES:
+        out.others.append(Input(t, inp.actor, inp.src, inp.corr, _decode(inp.type, inp.payload)))
+
+
+def _decode(type_name: str, payload: bytes) -> Message:
+    try:
+        return decode(type_name, payload)
+    except DecodeError as exc:
+        raise ReplayError(f"a recorded {type_name} cannot be decoded: {exc}") from None
+
+
+def _load_types() -> None:
+    """Register the message and event classes by importing their modules (decode works by type name)."""
+    from .why import _load_types as load
+
+    load()
+    import deepserve.actors.cluster.heartbeat  # noqa: F401
+    import deepserve.actors.cluster.messages  # noqa: F401
+    import deepserve.actors.je.messages  # noqa: F401
+
+
+def open_run(target: str, run_id: str | None = None) -> RunInputs:
+    """Open `target` (a log file, URL or run directory) read-only and read its inputs."""
+    from deepserve.persistence import open_log
+
+    path = log_path(target)
+    try:
+        reader = open_log(path, upgrade=False)
+    except LogError as exc:
+        raise ReplayError(f"{target}: {exc}") from None
+    try:
+        reader.check_integrity()
+        out = read_inputs(reader, path, run_id)
+        if MANAGER_ADDR in reader.actors(out.run_id):
+            from .state import state_at
+
+            out.manager = state_at(reader, MANAGER_ADDR, None, out.run_id).state
+        return out
+    finally:
+        reader.close()
