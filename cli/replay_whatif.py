@@ -73,10 +73,24 @@ def _whatif(args: argparse.Namespace) -> int:
     diff = None if result.first_difference is None else _builtins(result.first_difference)
     if args.json:
         print_json({"original": before, "whatif": after, "first_difference": diff, "changes": changes,
-                    "mode": inputs.mode})  # fmt: skip
+                    "mode": inputs.mode, "request": result.request})  # fmt: skip
         return 0
     _print(inputs, before, after, diff, changes)
+    if result.request is not None:
+        _print_request(result.request)
     return 0
+
+
+def _print_request(r: dict[str, Any]) -> None:
+    print(f"request {r['request_id']}:")
+    for side in ("original", "whatif"):
+        o = r[side]
+        if o is None:
+            print(f"  {side:>8}: not terminal")
+            continue
+        ttft = f"TTFT {o['ttft_ms']:.1f} ms, " if o["ttft_ms"] is not None else ""
+        print(f"  {side:>8}: {o['status']} ({o['reason']}) on {o['te'] or '-'}, {ttft}e2e {o['e2e_ms']:.1f} ms, "
+              f"{o['cached_prompt_tokens']} prompt tokens cached")
 
 
 def _scaling(res: Any) -> int:

@@ -47,6 +47,7 @@ class WhatIf(msgspec.Struct, kw_only=True):
     whatif: RunResult
     first_difference: FirstDifference | None
     changes: list[str]  # what was changed, as given (`--set`s, `--config`, the forced decision)
+    request: dict[str, Any] | None = None  # a forked decision's request: {"original": ..., "whatif": ...}
 
 
 def config_of(inputs: RunInputs, config: str | None, overrides: Sequence[str]) -> PlatformConfig:
@@ -155,9 +156,30 @@ def whatif(inputs: RunInputs, cfg: PlatformConfig, manager_state: Any, *, change
     comparer = Comparer(inputs.decisions)
     admin = [(i.t, i.actor, i.msg) for i in inputs.others if i.src == "ext/admin"]
     t0 = time.perf_counter()
-    after = run(cfg, sink=sink, feed=_feeder(inputs), faults=admin, taps=[decision_tap(comparer)], forced=forced)
+    rid = next(iter(forced)).partition("/")[0] if forced else None
+    seen: dict[str, Any] = {}
+
+    def on_done(msg: Any) -> None:
+        if msg.request_id == rid:
+            seen["whatif"] = outcome(msg)
+
+    after = run(cfg, sink=sink, feed=_feeder(inputs), faults=admin, taps=[decision_tap(comparer)], forced=forced,
+                on_done=on_done if rid else None)  # fmt: skip
     after.wall_s = time.perf_counter() - t0
-    return WhatIf(original=before, whatif=after, first_difference=comparer.first(), changes=changes)
+    if rid is not None:
+        done = [m for _t, m in inputs.terminal if m.request_id == rid]
+        seen["original"] = outcome(done[0]) if done and type(done[0]) is not Refused else None
+        seen.setdefault("whatif", None)
+        seen["request_id"] = rid
+    return WhatIf(original=before, whatif=after, first_difference=comparer.first(), changes=changes,
+                  request=seen or None)  # fmt: skip
+
+
+def outcome(m: Any) -> dict[str, Any]:
+    """A request's end, as the side-by-side shows it."""
+    ttft = (m.first_token_s - m.arrival_s) * 1e3 if m.first_token_s is not None else None
+    return {"status": m.status, "reason": m.reason, "te": m.te, "ttft_ms": ttft,
+            "e2e_ms": (m.finish_s - m.arrival_s) * 1e3, "cached_prompt_tokens": m.cached_prompt_tokens}
 
 
 def routing_decision(inputs: RunInputs, decision_id: str, te: str) -> dict[str, str]:

@@ -31,7 +31,7 @@ class Decision(msgspec.Struct, frozen=True, array_like=True):
     about: str  # what was decided on: a request, a task, a TE, a group
     choice: str  # what was chosen
     id: str = ""  # a routing decision's id (its task id); "" for the others
-    candidates: tuple[str, ...] = ()  # a routing decision's ranked TEs, best first
+    candidates: tuple[str, ...] = ()  # a routing decision's ranked TEs of the chosen subgroup, best first
 
 
 def decision_of(actor: str, seq: int, _idx: int, t: float, kind: str, ev: Any) -> Decision:
@@ -41,7 +41,7 @@ def decision_of(actor: str, seq: int, _idx: int, t: float, kind: str, ev: Any) -
     if kind in ("RouteDecided", "RouteQueued"):
         d = ev.decision
         about = ev.task_id if kind == "RouteDecided" else f"{ev.request_id} (queued)"
-        ranked = tuple(r.te for r in d.ranked)
+        ranked = tuple(r.te for r in d.ranked if r.subgroup == d.subgroup)  # another subgroup: another phase
         return Decision(t, actor, seq, kind, about, d.chosen, ev.task_id if kind == "RouteDecided" else "", ranked)
     if kind == "TeDeclaredFailed":
         return Decision(t, actor, seq, kind, f"{ev.te} generation {ev.generation}", f"declared failed ({ev.diagnosis or ev.reason})")

@@ -190,7 +190,8 @@ def _decision_lines(at: str, who: str, h: dict[str, Any], queued: str = "") -> I
     if queued:
         yield f"{at}  JE {who}: the policy chose {d['chosen']} ({d['subgroup']}) {policy}; {queued}"
     else:
-        yield f"{at}  JE {who}: {h['phase']} task {h['task_id']} -> {d['chosen']} {policy}"
+        # the task id is the decision's id: `replay whatif --at-decision ID --choose TE` forks there
+        yield f"{at}  JE {who}: {h['phase']} task {h['task_id']} -> {d['chosen']} {policy}; decision id {h['task_id']}"
     yield f"{'':14}why: {d['reason']}"
     facts = []
     if d.get("heatmap_cell"):
