@@ -13,6 +13,7 @@ from deepserve.cli import (
     bench_http,
     bench_policies,
     bench_recovery,
+    bench_replay,
     bench_routing,
     bench_scaling,
     bench_sim,
@@ -83,6 +84,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     bench_recovery.register(which)
     bench_scaling.register(which)
     bench_autoscale.register(which)
+    bench_replay.register(which)
 
 
 def check_pg(url: str) -> None:

@@ -31,7 +31,14 @@ from deepserve.adapters.scenario.loader import ScenarioError, apply_override, pa
 from deepserve.core import SimDriver
 from deepserve.core.records import LogSink
 from deepserve.replay.common import ReplayError
-from deepserve.replay.decisions import DECISION_TYPES, Comparer, FirstDifference, decision_of
+from deepserve.replay.decisions import (
+    DECISION_TYPES,
+    ROUTING_TYPES,
+    Comparer,
+    FirstDifference,
+    decision_of,
+    decoded,
+)
 from deepserve.replay.inputs import RunInputs
 
 from .assembly import MANAGER_ADDR, Built
@@ -145,6 +152,8 @@ def decision_tap(comparer: Comparer) -> Any:
             kind = type(ev).__name__
             if kind in DECISION_TYPES:
                 comparer.add(decision_of(cell.addr, cell.seq, k, driver.now, kind, ev))
+        if comparer.done:  # the runs have parted: nothing later is compared (decisions.py)
+            driver.invariants.remove(tap)
 
     return tap
 
@@ -184,9 +193,11 @@ def outcome(m: Any) -> dict[str, Any]:
 
 def routing_decision(inputs: RunInputs, decision_id: str, te: str) -> dict[str, str]:
     """`--at-decision ID --choose TE` as the JEs' forced choice; a bad id or TE is a ReplayError."""
-    found = [d for ds in inputs.decisions.values() for d in ds if d.id == decision_id]
+    routed = [p for ps in inputs.decisions.values() for p in ps if p.kind in ROUTING_TYPES]
+    key = decision_id.encode()  # (decoded only where the id's bytes are: a whole trace has 10^4 decisions)
+    found = [d for d in (decoded(p) for p in routed if key in p.payload) if d.id == decision_id]
     if not found:
-        some = [d.id for ds in inputs.decisions.values() for d in ds if d.id][:5]
+        some = [d.id for d in (decoded(p) for p in routed[:5])]
         raise ReplayError(f"--at-decision {decision_id}: no routing decision with this id in run {inputs.run_id!r} "
                           f"(ids are task ids, as `replay why` shows them, e.g. {', '.join(some) or 'none recorded'})")  # fmt: skip
     d = found[0]

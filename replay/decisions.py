@@ -5,9 +5,10 @@ A decision is an event by which an actor chose among alternatives: the gateway's
 (`GatewayRouted`), a JE's routing of a task (`RouteDecided`; `RouteQueued`: chose, then held back),
 the cluster manager declaring a TE failed (`TeDeclaredFailed`) or changing a group's target
 (`GroupTarget`, a scaling action). `choice` is what was chosen, `about` what it was about; two
-runs part at the first decision of an actor whose (about, choice) differ — compared per actor,
-in its own delivery order, so that two actors interleaving differently (a daemon's wall clock)
-is not a difference, and reported at the earliest time over the actors.
+runs part at the first decision the what-if makes (in its time order) that differs in (about,
+choice) from the original's at the same position of the same actor — compared per actor, so that
+two actors interleaving differently (a daemon's wall clock) is not a difference. A logged decision
+is decoded only when compared: a change that parts at once costs no decoding of the rest.
 
 A routing decision's id is its task id (`r12/chat.1`: request, phase, attempt — one id a task;
 `replay why` shows it): what `replay whatif --at-decision ID` names.
@@ -61,40 +62,60 @@ class FirstDifference(msgspec.Struct, kw_only=True):
     index: int = 0  # the decision's position in the actor's sequence
 
 
-class Comparer:
-    """Fed the what-if's decisions as they are made, compares each with the original's decision
-    at the same position of the same actor; keeps the first difference per actor."""
+class Pending(msgspec.Struct, frozen=True, array_like=True):
+    """A logged decision event not decoded yet: a what-if decodes only as far as the runs agree."""
 
-    def __init__(self, original: dict[str, list[Decision]]) -> None:
+    t: float
+    actor: str
+    seq: int
+    kind: str
+    payload: bytes
+
+
+class Comparer:
+    """Fed the what-if's decisions in its time order, compares each with the original's at the
+    same position of the same actor. The first that differs is where the runs part (`done`:
+    nothing later can be earlier in the what-if's order, so the tap can stop)."""
+
+    def __init__(self, original: dict[str, list[Pending]]) -> None:
         self.original = original
         self.pos: dict[str, int] = {}
-        self.parted: dict[str, FirstDifference] = {}
+        self.parted: FirstDifference | None = None
+        self.done = False
 
     def add(self, d: Decision) -> None:
-        if d.actor in self.parted:
+        if self.done:
             return
         i = self.pos.get(d.actor, 0)
         self.pos[d.actor] = i + 1
         theirs = self.original.get(d.actor, [])
-        o = theirs[i] if i < len(theirs) else None
+        o = decoded(theirs[i]) if i < len(theirs) else None
         if o is not None and o.kind == d.kind and o.about == d.about and o.choice == d.choice:
             return
-        self.parted[d.actor] = FirstDifference(
-            t=d.t if o is None else min(o.t, d.t), actor=d.actor, about=d.about if o is None else o.about,
+        self.parted = FirstDifference(
+            t=d.t, actor=d.actor, about=d.about if o is None else o.about,
             original="(none)" if o is None else _said(o), whatif=_said(d),
             original_t=None if o is None else o.t, whatif_t=d.t, index=i)  # fmt: skip
+        self.done = True
 
     def first(self) -> FirstDifference | None:
-        """The earliest difference; an actor whose original went on deciding after the what-if
-        stopped counts too (the what-if made no such decision)."""
-        found = list(self.parted.values())
-        for actor, theirs in self.original.items():
-            i = self.pos.get(actor, 0)
-            if actor not in self.parted and i < len(theirs):
-                o = theirs[i]
-                found.append(FirstDifference(t=o.t, actor=actor, about=o.about, original=_said(o), whatif="(none)",
-                                             original_t=o.t, index=i))  # fmt: skip
-        return min(found, key=lambda f: (f.t, f.actor)) if found else None
+        """Where the runs part; if every decision the what-if made was the original's, the earliest
+        decision the original made beyond them (the what-if made no such decision)."""
+        if self.parted is not None:
+            return self.parted
+        left = [(theirs[i], i) for actor, theirs in self.original.items() if (i := self.pos.get(actor, 0)) < len(theirs)]
+        if not left:
+            return None
+        p, i = min(left, key=lambda x: (x[0].t, x[0].actor))
+        o = decoded(p)
+        return FirstDifference(t=o.t, actor=o.actor, about=o.about, original=_said(o), whatif="(none)",
+                               original_t=o.t, index=i)  # fmt: skip
+
+
+def decoded(p: Pending) -> Decision:
+    from deepserve.core.codec import decode
+
+    return decision_of(p.actor, p.seq, 0, p.t, p.kind, decode(p.kind, p.payload))
 
 
 def _said(d: Decision) -> str:

@@ -32,7 +32,7 @@ from deepserve.core.messages import Message
 from deepserve.persistence.api import LogError, LogReader
 
 from .common import ReplayError, pick_run
-from .decisions import DECISION_TYPES, Decision, decision_of
+from .decisions import DECISION_TYPES, Pending
 
 CLIENT_SOURCES = ("ext/client", "ext/http")
 FAULT_SOURCES = ("ext/fault", "ext/admin")
@@ -64,7 +64,7 @@ class RunInputs(msgspec.Struct, kw_only=True):
     others: list[Input]  # faults, admin actions, cancels: every other external input kept
     terminal: list[tuple[float, Any]]  # (t, RequestDone | Refused) sent to ext/metrics, in log order
     recovery_events: list[tuple[float, str, Any]]
-    decisions: dict[str, list[Decision]]  # per deciding actor, in its delivery order
+    decisions: dict[str, list[Pending]]  # per deciding actor, in its delivery order (decoded when compared)
     deliveries: int
     end_t: float  # the clock at the last step, less t0
     manager: Any = None  # the cluster manager's state at the end (None: the run had none)
@@ -102,6 +102,8 @@ def read_inputs(reader: LogReader, path: str, run_id: str | None = None) -> RunI
                     terminal=[], recovery_events=[], decisions={}, deliveries=0, end_t=0.0)  # fmt: skip
     t0: float | None = None
     t = 0.0
+    # the recovery report's events: its lines are per `[[faults]]` entry (none: none read)
+    recovery = EVENT_TYPES if config.get("faults") else frozenset()
     for step in reader.steps(run.run_id):
         inp = step.input
         if t0 is None:
@@ -112,11 +114,10 @@ def read_inputs(reader: LogReader, path: str, run_id: str | None = None) -> RunI
         if inp.src.startswith("ext/"):
             _keep_input(out, inp, t)
         for ev in step.events:
-            if ev.type in EVENT_TYPES:
+            if ev.type in recovery:
                 out.recovery_events.append((t, inp.actor, _decode(ev.type, ev.payload)))
             if ev.type in DECISION_TYPES:
-                d = decision_of(inp.actor, inp.seq, ev.idx, t, ev.type, _decode(ev.type, ev.payload))
-                out.decisions.setdefault(inp.actor, []).append(d)
+                out.decisions.setdefault(inp.actor, []).append(Pending(t, inp.actor, inp.seq, ev.type, ev.payload))
         for o in step.outputs:
             if o.dst == METRICS_ADDR and o.type:
                 out.terminal.append((t, _decode(o.type, o.payload)))
