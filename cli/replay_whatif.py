@@ -64,6 +64,10 @@ def _whatif(args: argparse.Namespace) -> int:
     finally:
         if sink is not None:
             sink.close()
+    if inputs.mode != "sim":  # a daemon incident: how far its virtual re-run agrees (issue 32 §1)
+        from deepserve.cluster.whatif import agreement
+
+        result.agreement = agreement(inputs, config_of(inputs, None, []), result if not changes else None)
     trace = str(inputs.config.get("workload", {}).get("trace", ""))
     name, seed = str(inputs.config.get("name", "")), cfg.seed
     before = report(name, seed, trace, result.original, 0.0, inputs.path)
@@ -72,10 +76,17 @@ def _whatif(args: argparse.Namespace) -> int:
         out["scaling_actions"] = _scaling(res)
     diff = None if result.first_difference is None else _builtins(result.first_difference)
     if args.json:
+        agreed = None if result.agreement is None else _builtins(result.agreement)
+        if agreed is not None and agreed["rerun"] is not None:
+            agreed["rerun"] = report(name, seed, trace, result.agreement.rerun, 0.0, "none")  # type: ignore[union-attr]
         print_json({"original": before, "whatif": after, "first_difference": diff, "changes": changes,
-                    "mode": inputs.mode, "request": result.request})  # fmt: skip
+                    "mode": inputs.mode, "request": result.request, "agreement": agreed})  # fmt: skip
         return 0
     _print(inputs, before, after, diff, changes)
+    if result.agreement is not None:
+        a = result.agreement
+        print(f"the wall-clock run against its virtual re-run with no change: {a.same_te} of {a.routing_decisions} "
+              f"routing decisions chose the same TE, {a.same_end} of {a.requests} requests ended the same way")
     if result.request is not None:
         _print_request(result.request)
     return 0

@@ -49,12 +49,25 @@ from .schema import PlatformConfig
 from .sim import REPORTERS, SimEnd, refused_done, run
 
 
-class WhatIf(msgspec.Struct, kw_only=True):
+class WhatIf(msgspec.Struct, kw_only=True):  # (Agreement below: a forward reference msgspec resolves)
     original: RunResult
     whatif: RunResult
     first_difference: FirstDifference | None
     changes: list[str]  # what was changed, as given (`--set`s, `--config`, the forced decision)
     request: dict[str, Any] | None = None  # a forked decision's request: {"original": ..., "whatif": ...}
+    agreement: Agreement | None = None  # a daemon run: how far its virtual re-run (no change) agrees
+
+
+class Agreement(msgspec.Struct, kw_only=True):
+    """How far a daemon's wall-clock run and its virtual re-run with nothing changed agree: the
+    same TE chosen for the same task, the same end for the same request (the emulated timings
+    are one model; the wall clock adds the machine's own delays, which move load and so choices)."""
+
+    routing_decisions: int  # the original's
+    same_te: int  # of which the re-run routed the same task to the same TE
+    requests: int  # the original's terminal requests
+    same_end: int  # of which the re-run ended the same way (status)
+    rerun: RunResult | None = None  # the re-run's own summary (None: the what-if itself changed nothing)
 
 
 def config_of(inputs: RunInputs, config: str | None, overrides: Sequence[str]) -> PlatformConfig:
@@ -208,3 +221,25 @@ def routing_decision(inputs: RunInputs, decision_id: str, te: str) -> dict[str, 
         raise ReplayError(f"--choose {te}: not a candidate of decision {decision_id} "
                           f"(candidates: {', '.join(d.candidates) or 'none'})")  # fmt: skip
     return {decision_id: te}
+
+
+def agreement(inputs: RunInputs, cfg: PlatformConfig, same: WhatIf | None = None) -> Agreement:
+    """The daemon run against its virtual re-run with no change (`cfg`: the recorded config as
+    `config_of` makes it); `same`: a what-if that changed nothing already ran (its numbers are the
+    re-run's, but its decisions were compared only up to the first difference: re-run anyway)."""
+    chosen: dict[str, str] = {}
+    ends: dict[str, str] = {}
+
+    def tap(driver: SimDriver) -> None:
+        for ev in driver.step_cell.ctx.events:
+            if type(ev).__name__ == "RouteDecided":
+                chosen[ev.task_id] = ev.decision.chosen
+
+    admin = [(i.t, i.actor, i.msg) for i in inputs.others if i.src == "ext/admin"]
+    rerun = run(cfg, feed=_feeder(inputs), faults=admin, taps=[tap],
+                on_done=lambda m: ends.__setitem__(m.request_id, m.status))  # fmt: skip
+    mine = [decoded(p) for ps in inputs.decisions.values() for p in ps if p.kind in ROUTING_TYPES]
+    theirs = {m.request_id: m.status if type(m) is not Refused else "failed" for _t, m in inputs.terminal}
+    return Agreement(routing_decisions=len(mine), same_te=sum(chosen.get(d.id) == d.choice for d in mine),
+                     requests=len(theirs), same_end=sum(ends.get(r) == st for r, st in theirs.items()),
+                     rerun=None if same is not None else rerun)  # fmt: skip

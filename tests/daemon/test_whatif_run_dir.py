@@ -63,6 +63,10 @@ def test_whatif_on_a_daemon_run_dir_with_a_kill(tmp_path: Path, mode: tuple[str,
     assert got["original"]["faults_injected"] == got["whatif"]["faults_injected"] == 1  # the kill-te
     assert got["whatif"]["recoveries"] == 1 and got["whatif"]["completed"] + got["whatif"]["failed"] == REQUESTS
     assert got["whatif"]["deliveries"] > 0 and TOKENS
+    agreed = got["agreement"]  # the wall-clock run against its virtual re-run with no change
+    assert agreed["requests"] == REQUESTS and agreed["routing_decisions"] >= REQUESTS
+    assert 0 <= agreed["same_te"] <= agreed["routing_decisions"] and agreed["rerun"]["requests"] == REQUESTS
     text = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert text.returncode == 0, text.stderr
     assert "original" in text.stdout and "what-if" in text.stdout and "a daemon run" in text.stdout
+    assert "against its virtual re-run with no change" in text.stdout
