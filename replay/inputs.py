@@ -23,16 +23,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import msgspec
 
 from deepserve.core.codec import DecodeError, decode
 from deepserve.core.messages import Message
+from deepserve.core.records import EventRec, InputRec, OutputRec, Step
 from deepserve.persistence.api import LogError, LogReader
 
 from .common import ReplayError, pick_run
 from .decisions import DECISION_TYPES, Pending
+from .state import _Fold
 
 CLIENT_SOURCES = ("ext/client", "ext/http")
 FAULT_SOURCES = ("ext/fault", "ext/admin")
@@ -104,8 +108,10 @@ def read_inputs(reader: LogReader, path: str, run_id: str | None = None) -> RunI
     t = 0.0
     # the recovery report's events: its lines are per `[[faults]]` entry (none: none read)
     recovery = EVENT_TYPES if config.get("faults") else frozenset()
-    for step in reader.steps(run.run_id):
-        inp = step.input
+    manager = _Fold()  # the cluster manager's state, folded from its events (replay/state.py)
+    for inp, events, outputs in _steps(reader, run.run_id, DECISION_TYPES | recovery):
+        if inp.actor == MANAGER_ADDR and inp.seq >= 0:
+            _fold(manager, inp, events)
         if t0 is None:
             t0 = inp.t if run.mode != "sim" else 0.0
         t = inp.t - t0
@@ -113,16 +119,71 @@ def read_inputs(reader: LogReader, path: str, run_id: str | None = None) -> RunI
             out.deliveries += 1
         if inp.src.startswith("ext/"):
             _keep_input(out, inp, t)
-        for ev in step.events:
+        for ev in events():
             if ev.type in recovery:
                 out.recovery_events.append((t, inp.actor, _decode(ev.type, ev.payload)))
             if ev.type in DECISION_TYPES:
                 out.decisions.setdefault(inp.actor, []).append(Pending(t, inp.actor, inp.seq, ev.type, ev.payload))
-        for o in step.outputs:
+        for o in outputs():
             if o.dst == METRICS_ADDR and o.type:
                 out.terminal.append((t, _decode(o.type, o.payload)))
     out.t0, out.end_t = t0 or 0.0, t
+    out.manager = manager.state
     return out
+
+
+def _fold(fold: _Fold, inp: InputRec, events: Callable[[], Iterable[EventRec]]) -> None:
+    step = Step(inp, tuple(events()), ())
+    if inp.type == "Started":  # a spawn or a restart: start over
+        fold.start(step, decode("Started", inp.payload))  # type: ignore[arg-type]
+    if fold.actor is not None:
+        fold.apply(step)
+
+
+class _LightStep(msgspec.Struct, array_like=True, gc=False):
+    # A logged step with its events and outputs left as bytes until asked for (pages.py's
+    # `_StepSnapshot` does the same for snapshots): most of a run's steps are the TEs' and the
+    # NPUs', whose events and outputs a what-if never reads.
+    input: InputRec
+    events: msgspec.Raw
+    outputs: msgspec.Raw
+    snapshot: Any = None  # (few steps have one; Raw cannot be optional)
+
+
+_LIGHT = msgspec.msgpack.Decoder(list[_LightStep])
+_EVENTS = msgspec.msgpack.Decoder(tuple[EventRec, ...])
+_OUTPUTS = msgspec.msgpack.Decoder(tuple[OutputRec, ...])
+Steps = Iterator[tuple[InputRec, Callable[[], Iterable[EventRec]], Callable[[], Iterable[OutputRec]]]]
+
+
+def _steps(reader: LogReader, run_id: str, event_types: frozenset[str]) -> Steps:
+    """(input, its events, its outputs) per step, in log order; events and outputs as thunks. A
+    paged SQLite log's steps are decoded only as far as needed: events when their bytes name one
+    of `event_types` (the cluster manager's always: its state is folded), outputs when theirs name `ext/metrics` (other logs: whole steps)."""
+    from deepserve.persistence.pages import checked_body
+
+    bodies = getattr(reader, "page_bodies", None)
+    if bodies is None or not reader.is_paged(run_id):  # type: ignore[attr-defined]
+        for step in reader.steps(run_id):
+            yield step.input, (lambda s=step: s.events), (lambda s=step: s.outputs)
+        return
+    label = getattr(reader, "label", "log")
+    named = re.compile(b"|".join(re.escape(n.encode()) for n in sorted(event_types))).search
+    metrics = re.compile(re.escape(METRICS_ADDR.encode())).search
+    for page in bodies(run_id):
+        try:
+            light = _LIGHT.decode(checked_body(label, run_id, page))
+        except msgspec.DecodeError as exc:
+            raise LogError(f"{label}: damaged log: page {page[0]} of run {run_id!r} does not decode ({exc})") from None
+        for st in light:
+            evs, outs = memoryview(st.events), memoryview(st.outputs)
+            yield (st.input,
+                   (lambda e=evs: _EVENTS.decode(e)) if named(evs) or st.input.actor == MANAGER_ADDR else _nothing,
+                   (lambda o=outs: _OUTPUTS.decode(o)) if metrics(outs) else _nothing)  # fmt: skip
+
+
+def _nothing() -> tuple[()]:
+    return ()
 
 
 def _keep_input(out: RunInputs, inp: Any, t: float) -> None:
@@ -163,10 +224,6 @@ def open_run(target: str, run_id: str | None = None) -> RunInputs:
     try:
         reader.check_integrity()
         out = read_inputs(reader, path, run_id)
-        if MANAGER_ADDR in reader.actors(out.run_id):
-            from .state import state_at
-
-            out.manager = state_at(reader, MANAGER_ADDR, None, out.run_id).state
         return out
     finally:
         reader.close()
