@@ -16,6 +16,8 @@ def register(which: argparse._SubParsersAction) -> None:
                    help="only the first N requests of the trace (default: all)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a field of the mooncake-16te scenario (repeatable)")
+    p.add_argument("--rounds", type=positive_int, default=1, metavar="N",
+                   help="runs of the sim and the what-if, alternating, the fastest of each kept (default 1)")
     p.set_defaults(func=_run)
 
 
@@ -29,7 +31,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"measuring {label} ...", file=sys.stderr, flush=True)
 
     try:
-        title, rows = replay_bench(args.requests, progress, overrides=tuple(args.overrides))
+        title, rows = replay_bench(args.requests, progress, overrides=tuple(args.overrides), rounds=args.rounds)
     except (ScenarioError, TraceError) as exc:
         raise CliError(str(exc)) from None
     print(as_json_lines(rows) if args.json else render(title, rows))

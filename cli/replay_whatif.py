@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from deepserve.cli.util import CliParser, require_driver
-from deepserve.cmdline import CliError, print_json
+from deepserve.cmdline import CliError, print_json, seconds
 
 ROWS = (
     ("requests", "requests"), ("completed", "completed"), ("failed", "failed"), ("cancelled", "cancelled"),
@@ -34,6 +34,8 @@ def register(sub: Any) -> None:
     p.add_argument("--config", metavar="NEW.toml", help="a config file to run instead of the recorded one")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="change a config key, e.g. scheduling.policy=least_load (repeatable)")
+    p.add_argument("--from", dest="from_s", type=seconds, metavar="T",
+                   help="fork at time T: the run up to T re-run and checked against the log, the change applied from T")
     p.add_argument("--at-decision", metavar="ID", help="a routing decision's id (`replay why` shows it: a task id)")
     p.add_argument("--choose", metavar="TE", help="with --at-decision: the TE that decision chooses instead")
     p.add_argument("--log", dest="out_log", metavar="PATH", help="write the what-if's own log here (a new file)")
@@ -49,8 +51,14 @@ def _whatif(args: argparse.Namespace) -> int:
 
     if (args.at_decision is None) != (args.choose is None):
         raise CliError("--at-decision and --choose go together: the decision's id and the TE it chooses instead")
+    if args.from_s is not None and args.at_decision is not None:
+        raise CliError("--from and --at-decision: a forced decision is a fork at that decision already; give one")
+    if args.from_s is not None and args.out_log:
+        raise CliError("--from and --log: a forked run's log would not replay (its actors change config at T)")
     require_driver(args.log)
-    inputs = open_run(args.log, args.run)
+    inputs = open_run(args.log, args.run, args.from_s)
+    if args.from_s is not None and not 0 < args.from_s < inputs.end_t:
+        raise CliError(f"--from {args.from_s:g}: the run goes from 0 to {inputs.end_t:g} s; fork inside it")
     try:
         cfg = config_of(inputs, args.config, args.overrides)
     except ScenarioError as exc:
@@ -60,7 +68,7 @@ def _whatif(args: argparse.Namespace) -> int:
     changes += [f"--at-decision {args.at_decision} --choose {args.choose}"] if forced else []
     sink = _sink(args.out_log) if args.out_log else None
     try:
-        result = whatif(inputs, cfg, inputs.manager, changes=changes, sink=sink, forced=forced)
+        result = whatif(inputs, cfg, inputs.manager, changes=changes, sink=sink, forced=forced, from_s=args.from_s)
     finally:
         if sink is not None:
             sink.close()
@@ -79,10 +87,10 @@ def _whatif(args: argparse.Namespace) -> int:
         agreed = None if result.agreement is None else _builtins(result.agreement)
         if agreed is not None and agreed["rerun"] is not None:
             agreed["rerun"] = report(name, seed, trace, result.agreement.rerun, 0.0, "none")  # type: ignore[union-attr]
-        print_json({"original": before, "whatif": after, "first_difference": diff, "changes": changes,
+        print_json({"original": before, "whatif": after, "first_difference": diff, "changes": result.changes,
                     "mode": inputs.mode, "request": result.request, "agreement": agreed})  # fmt: skip
         return 0
-    _print(inputs, before, after, diff, changes)
+    _print(inputs, before, after, diff, result.changes)
     if result.agreement is not None:
         a = result.agreement
         print(f"the wall-clock run against its virtual re-run with no change: {a.same_te} of {a.routing_decisions} "

@@ -18,6 +18,7 @@ drops them and replays its recorded admin inputs. A daemon's run seed is `daemon
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -81,9 +82,10 @@ def config_of(inputs: RunInputs, config: str | None, overrides: Sequence[str]) -
     if config is not None:
         doc, labels, source = load_doc(config, [], "up" if daemon else "sim")
     else:
-        doc = {k: v for k, v in inputs.config.items() if k != "whatif"}
+        # a deep copy: `--set` writes into the document's tables, which are the recorded config's
+        doc = copy.deepcopy({k: v for k, v in inputs.config.items() if k != "whatif"})
         labels, source = {}, f"{inputs.path} (the run's config)"
-    doc["workload"] = inputs.config.get("workload", doc.get("workload", {}))
+    doc["workload"] = copy.deepcopy(inputs.config.get("workload", doc.get("workload", {})))
     if daemon:
         doc["faults"] = []
         doc["seed"] = inputs.config.get("daemon", {}).get("seed", 0)
@@ -172,12 +174,16 @@ def decision_tap(comparer: Comparer) -> Any:
 
 
 def whatif(inputs: RunInputs, cfg: PlatformConfig, manager_state: Any, *, changes: list[str],
-           sink: LogSink | None = None, forced: dict[str, str] | None = None) -> WhatIf:  # fmt: skip
-    """The original and the what-if side by side, and where their decisions first part."""
+           sink: LogSink | None = None, forced: dict[str, str] | None = None,
+           from_s: float | None = None) -> WhatIf:  # fmt: skip
+    """The original and the what-if side by side, and where their decisions first part. With
+    `from_s`, forked at that time (cluster/whatif_fork.py): `inputs` read with that prefix."""
     before = original(inputs, cfg, manager_state)
     comparer = Comparer(inputs.decisions)
     admin = [(i.t, i.actor, i.msg) for i in inputs.others if i.src == "ext/admin"]
     t0 = time.perf_counter()
+    if from_s is not None:
+        return _forked(inputs, cfg, before, comparer, admin, from_s, changes, t0)
     rid = next(iter(forced)).partition("/")[0] if forced else None
     seen: dict[str, Any] = {}
 
@@ -243,3 +249,24 @@ def agreement(inputs: RunInputs, cfg: PlatformConfig, same: WhatIf | None = None
     return Agreement(routing_decisions=len(mine), same_te=sum(chosen.get(d.id) == d.choice for d in mine),
                      requests=len(theirs), same_end=sum(ends.get(r) == st for r, st in theirs.items()),
                      rerun=None if same is not None else rerun)  # fmt: skip
+
+
+def _forked(inputs: RunInputs, cfg: PlatformConfig, before: RunResult, comparer: Comparer,
+            admin: list[tuple[float, str, Any]], from_s: float, changes: list[str], t0: float) -> WhatIf:  # fmt: skip
+    """The recorded config's run up to `from_s`, checked against the log, then `cfg`'s."""
+    from .whatif_fork import PrefixHash, changed_actors, fork_tap
+
+    assert inputs.prefix is not None, "read the inputs with the prefix (open_run's prefix_until_s)"
+    base = config_of(inputs, None, [])
+    hashed = PrefixHash(from_s)
+    forked: list[str] = []
+    tap = fork_tap(from_s, changed_actors(base, cfg), forked)
+    after = run(base, sink=hashed, feed=_feeder(inputs), faults=admin, taps=[tap, decision_tap(comparer)])  # type: ignore[arg-type]
+    after.wall_s = time.perf_counter() - t0
+    want, steps = inputs.prefix
+    if (hashed.h.hexdigest(), hashed.steps) != (want, steps):
+        raise ReplayError(f"--from {from_s:g}: the re-run up to t={from_s:g} is not the log's ({hashed.steps} "
+                          f"steps re-run, {steps} logged, different content): it cannot be forked there")  # fmt: skip
+    return WhatIf(original=before, whatif=after, first_difference=comparer.first(),
+                  changes=[*changes, f"--from {from_s:g}: the {steps} steps up to it re-run and checked against "
+                           f"the log; rebuilt with the change: {', '.join(forked) or 'no actor'}"])  # fmt: skip

@@ -21,6 +21,7 @@ control plane — where every external input enters and every terminal record le
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -72,6 +73,7 @@ class RunInputs(msgspec.Struct, kw_only=True):
     deliveries: int
     end_t: float  # the clock at the last step, less t0
     manager: Any = None  # the cluster manager's state at the end (None: the run had none)
+    prefix: tuple[str, int] | None = None  # (hash, steps) of the steps up to `--from T` (`Prefix`)
 
 
 def log_path(target: str) -> str:
@@ -89,7 +91,7 @@ def log_path(target: str) -> str:
     return os.path.join(target, files[0])
 
 
-def read_inputs(reader: LogReader, path: str, run_id: str | None = None) -> RunInputs:
+def read_inputs(reader: LogReader, path: str, run_id: str | None = None, prefix_until_s: float | None = None) -> RunInputs:
     """One pass over the run's steps (module docstring)."""
     _load_types()
     from deepserve.actors.cluster.recovery_report import EVENT_TYPES
@@ -109,7 +111,11 @@ def read_inputs(reader: LogReader, path: str, run_id: str | None = None) -> RunI
     # the recovery report's events: its lines are per `[[faults]]` entry (none: none read)
     recovery = EVENT_TYPES if config.get("faults") else frozenset()
     manager = _Fold()  # the cluster manager's state, folded from its events (replay/state.py)
-    for inp, events, outputs in _steps(reader, run.run_id, DECISION_TYPES | recovery):
+    prefix = Prefix(prefix_until_s) if prefix_until_s is not None else None
+    if prefix is not None and run.mode != "sim":
+        raise ReplayError("--from needs a simulation's log: a daemon's wall-clock run is not re-run step for step "
+                          "(its what-if from the start says how far its virtual re-run agrees)")  # fmt: skip
+    for inp, events, outputs in _steps(reader, run.run_id, DECISION_TYPES | recovery, prefix):
         if inp.actor == MANAGER_ADDR and inp.seq >= 0:
             _fold(manager, inp, events)
         if t0 is None:
@@ -129,6 +135,8 @@ def read_inputs(reader: LogReader, path: str, run_id: str | None = None) -> RunI
                 out.terminal.append((t, _decode(o.type, o.payload)))
     out.t0, out.end_t = t0 or 0.0, t
     out.manager = manager.state
+    if prefix is not None:
+        out.prefix = (prefix.h.hexdigest(), prefix.steps)
     return out
 
 
@@ -151,12 +159,32 @@ class _LightStep(msgspec.Struct, array_like=True, gc=False):
 
 
 _LIGHT = msgspec.msgpack.Decoder(list[_LightStep])
+_RAWS = msgspec.msgpack.Decoder(list[msgspec.Raw])  # each step's bytes, as stored
 _EVENTS = msgspec.msgpack.Decoder(tuple[EventRec, ...])
 _OUTPUTS = msgspec.msgpack.Decoder(tuple[OutputRec, ...])
 Steps = Iterator[tuple[InputRec, Callable[[], Iterable[EventRec]], Callable[[], Iterable[OutputRec]]]]
 
 
-def _steps(reader: LogReader, run_id: str, event_types: frozenset[str]) -> Steps:
+class Prefix:
+    """The hash of a run's steps up to `until_s`, each as the log stores it (`--from T`: the
+    re-run up to T must hash the same, cluster/whatif_fork.py)."""
+
+    def __init__(self, until_s: float) -> None:
+        self.until_s = until_s
+        self.h = hashlib.blake2b(digest_size=32)
+        self.steps = 0
+        self.done = False
+
+    def page(self, light: list[_LightStep], body: bytes) -> None:
+        for st, raw in zip(light, _RAWS.decode(body), strict=True):
+            if st.input.t > self.until_s:
+                self.done = True
+                return
+            self.h.update(raw)
+            self.steps += 1
+
+
+def _steps(reader: LogReader, run_id: str, event_types: frozenset[str], prefix: Prefix | None = None) -> Steps:
     """(input, its events, its outputs) per step, in log order; events and outputs as thunks. A
     paged SQLite log's steps are decoded only as far as needed: events when their bytes name one
     of `event_types` (the cluster manager's always: its state is folded), outputs when theirs name `ext/metrics` (other logs: whole steps)."""
@@ -164,6 +192,8 @@ def _steps(reader: LogReader, run_id: str, event_types: frozenset[str]) -> Steps
 
     bodies = getattr(reader, "page_bodies", None)
     if bodies is None or not reader.is_paged(run_id):  # type: ignore[attr-defined]
+        if prefix is not None:
+            raise ReplayError(f"--from needs a paged SQLite log (what `deepserve sim` writes); {reader.label} is not one")
         for step in reader.steps(run_id):
             yield step.input, (lambda s=step: s.events), (lambda s=step: s.outputs)
         return
@@ -172,7 +202,10 @@ def _steps(reader: LogReader, run_id: str, event_types: frozenset[str]) -> Steps
     metrics = re.compile(re.escape(METRICS_ADDR.encode())).search
     for page in bodies(run_id):
         try:
-            light = _LIGHT.decode(checked_body(label, run_id, page))
+            body = checked_body(label, run_id, page)
+            light = _LIGHT.decode(body)
+            if prefix is not None and not prefix.done:
+                prefix.page(light, body)
         except msgspec.DecodeError as exc:
             raise LogError(f"{label}: damaged log: page {page[0]} of run {run_id!r} does not decode ({exc})") from None
         for st in light:
@@ -212,7 +245,7 @@ def _load_types() -> None:
     import deepserve.actors.je.messages  # noqa: F401
 
 
-def open_run(target: str, run_id: str | None = None) -> RunInputs:
+def open_run(target: str, run_id: str | None = None, prefix_until_s: float | None = None) -> RunInputs:
     """Open `target` (a log file, URL or run directory) read-only and read its inputs."""
     from deepserve.persistence import open_log
 
@@ -223,7 +256,7 @@ def open_run(target: str, run_id: str | None = None) -> RunInputs:
         raise ReplayError(f"{target}: {exc}") from None
     try:
         reader.check_integrity()
-        out = read_inputs(reader, path, run_id)
+        out = read_inputs(reader, path, run_id, prefix_until_s)
         return out
     finally:
         reader.close()

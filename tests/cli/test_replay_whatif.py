@@ -101,3 +101,34 @@ def test_a_file_that_is_not_a_log_is_one_line(tmp_path: Path) -> None:
     bad.write_text("not a log")
     res = in_process("replay", "whatif", str(bad), cwd=tmp_path)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_from_t_with_no_change_is_the_run(run: tuple[dict[str, Any], Path]) -> None:
+    summary, log = run
+    out = whatif(log, "--from", "40")
+    same(out["whatif"], summary)
+    assert out["first_difference"] is None
+
+
+def test_from_t_applies_the_change_from_t_on_the_verified_state(run: tuple[dict[str, Any], Path]) -> None:
+    _, log = run
+    res = in_process("replay", "whatif", str(log), "--from", "40", "--set", "control.heartbeat_misses=6", cwd=log.parent)
+    assert res.returncode == 0, res.stderr
+    assert "--from 40: the " in res.stdout and "re-run and checked against the log" in res.stdout
+    assert "rebuilt with the change: cluster/heartbeat" in res.stdout
+    out = whatif(log, "--from", "40", "--set", "control.heartbeat_misses=6")
+    kill = [(f["detected_after_s"], g["detected_after_s"]) for f, g in zip(out["original"]["faults"],
+                                                                         out["whatif"]["faults"], strict=True)]  # fmt: skip
+    assert kill == [(1.0, 1.0), (3.0, 6.0)]  # the crash at 30 s as it was; the kill at 60 s under the change
+    assert out["first_difference"]["t"] > 60.0
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (("--from", "1e9"), "the run goes from 0 to"),
+    (("--from", "40", "--set", "scheduling.jes=2"), "adds or removes actors"),
+    (("--from", "40", "--at-decision", "r143/prefill.2", "--choose", "te/3"), "give one"),
+])  # fmt: skip
+def test_bad_from_is_one_line(run: tuple[dict[str, Any], Path], args: tuple[str, ...], says: str) -> None:
+    _, log = run
+    res = in_process("replay", "whatif", str(log), *args, cwd=log.parent)
+    assert res.returncode == 2 and says in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
