@@ -26,7 +26,8 @@ def test_each_bench_suite_registers_from_cli() -> None:
     (bench,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     suites = bench.choices["bench"]
     (which,) = [a for a in suites._actions if isinstance(a, argparse._SubParsersAction)]
-    assert list(which.choices) == ["kernel", "sim", "policies", "transport", "devices", "routing", "http", "autoscale"]
+    assert list(which.choices) == ["kernel", "sim", "policies", "transport", "devices", "routing", "http", "recovery",
+                                   "scaling", "autoscale", "replay"]  # fmt: skip
     for name, parser in which.choices.items():
         func = parser.get_default("func")
         assert func.__module__.startswith("deepserve.cli."), (name, func.__module__)
