@@ -80,8 +80,6 @@ def _whatif(args: argparse.Namespace) -> int:
     name, seed = str(inputs.config.get("name", "")), cfg.seed
     before = report(name, seed, trace, result.original, 0.0, inputs.path)
     after = report(name, seed, trace, result.whatif, result.whatif.wall_s, args.out_log or "none")
-    for out, res in ((before, result.original), (after, result.whatif)):
-        out["scaling_actions"] = _scaling(res)
     diff = None if result.first_difference is None else _builtins(result.first_difference)
     if args.json:
         agreed = None if result.agreement is None else _builtins(result.agreement)
@@ -110,10 +108,6 @@ def _print_request(r: dict[str, Any]) -> None:
         ttft = f"TTFT {o['ttft_ms']:.1f} ms, " if o["ttft_ms"] is not None else ""
         print(f"  {side:>8}: {o['status']} ({o['reason']}) on {o['te'] or '-'}, {ttft}e2e {o['e2e_ms']:.1f} ms, "
               f"{o['cached_prompt_tokens']} prompt tokens cached")
-
-
-def _scaling(res: Any) -> int:
-    return int(res.summary.get("scale_outs", 0)) + int(res.summary.get("scale_ins", 0))
 
 
 def _builtins(x: Any) -> Any:

@@ -123,22 +123,31 @@ def original(inputs: RunInputs, cfg: PlatformConfig, manager_state: Any) -> RunR
     cell = SimpleNamespace(actor=SimpleNamespace(state=manager_state))
     driver = SimpleNamespace(cells={MANAGER_ADDR: cell} if manager_state is not None else {}, now=inputs.end_t)
     layout = plan(cfg)
-    faults = [(i.t, i.actor, i.msg) for i in inputs.others if i.src in ("ext/admin",)]
+    faults = admin_faults(inputs)
     end = SimEnd(driver=driver, built=Built(layout, "", (), cfg.control.heartbeats), cfg=cfg, collector=c,
                  faults=faults, extra_faults=len(faults), recovery_events=inputs.recovery_events,
                  slo_attained=attained, by_model=by_model)  # fmt: skip
     summary = msgspec.to_builtins(c.summary())
     for report in REPORTERS:
         report(end, summary)
+    targets = [decoded(p).about for p in inputs.decisions.get(MANAGER_ADDR, ()) if p.kind == "GroupTarget"]
+    summary["scaling_actions"] = len(targets) - len(set(targets))  # each group's first: the deployment
     return RunResult(summary=summary, deliveries=inputs.deliveries, virtual_time_s=inputs.end_t, wall_s=0.0,
                      injected=len(inputs.requests), workload={})  # fmt: skip
+
+
+def admin_faults(inputs: RunInputs) -> list[tuple[float, str, Any]]:
+    """A daemon's `deepserve fault` inputs (to a pod, a device, a link); its `scale` commands go
+    to the cluster manager and are no fault."""
+    return [(i.t, i.actor, i.msg) for i in inputs.others if i.src == "ext/admin" and i.actor != MANAGER_ADDR]
 
 
 def _feeder(inputs: RunInputs) -> Any:
     """Inject the recorded requests as `sim._feed` injects a trace's, window by window; the other
     client inputs (cancels) go in at their times with the window they fall in."""
     reqs = inputs.requests
-    cancels = [i for i in inputs.others if i.src not in ("ext/fault", "ext/admin")]
+    # cancels, and an admin's commands to the cluster manager (`deepserve scale`): not faults
+    cancels = [i for i in inputs.others if i.src not in ("ext/fault", "ext/admin") or i.actor == MANAGER_ADDR]
 
     def feed(driver: SimDriver, gateway: str, model_of: dict[str, str] | None) -> tuple[int, float]:
         for i in cancels:
@@ -153,9 +162,28 @@ def _feeder(inputs: RunInputs) -> Any:
                 if model_of is not None:
                     model_of[i.msg.request_id] = i.msg.model
                 last = at
+        if inputs.mode != "sim" and inputs.others:  # a daemon's last admin action may come after its last request
+            driver.run(until=max(driver.now, max(i.t for i in inputs.others)))
         return len(reqs), last
 
     return feed
+
+
+def scaling_tap(into: list[int]) -> Any:
+    """Counts the cluster manager's group target changes after each group's first (scaling actions:
+    an admin's `scale`, an autoscaler's)."""
+
+    seen: set[str] = set()
+
+    def tap(driver: SimDriver) -> None:
+        cell = driver.step_cell
+        if cell.addr == MANAGER_ADDR:
+            for ev in cell.ctx.events:
+                if type(ev).__name__ == "GroupTarget":
+                    into[0] += ev.group in seen  # each group's first: the deployment
+                    seen.add(ev.group)
+
+    return tap
 
 
 def decision_tap(comparer: Comparer) -> Any:
@@ -180,7 +208,7 @@ def whatif(inputs: RunInputs, cfg: PlatformConfig, manager_state: Any, *, change
     `from_s`, forked at that time (cluster/whatif_fork.py): `inputs` read with that prefix."""
     before = original(inputs, cfg, manager_state)
     comparer = Comparer(inputs.decisions)
-    admin = [(i.t, i.actor, i.msg) for i in inputs.others if i.src == "ext/admin"]
+    admin = admin_faults(inputs)
     t0 = time.perf_counter()
     if from_s is not None:
         return _forked(inputs, cfg, before, comparer, admin, from_s, changes, t0)
@@ -191,9 +219,11 @@ def whatif(inputs: RunInputs, cfg: PlatformConfig, manager_state: Any, *, change
         if msg.request_id == rid:
             seen["whatif"] = outcome(msg)
 
-    after = run(cfg, sink=sink, feed=_feeder(inputs), faults=admin, taps=[decision_tap(comparer)], forced=forced,
-                on_done=on_done if rid else None)  # fmt: skip
+    scaled = [0]
+    after = run(cfg, sink=sink, feed=_feeder(inputs), faults=admin, taps=[decision_tap(comparer), scaling_tap(scaled)],
+                forced=forced, on_done=on_done if rid else None)  # fmt: skip
     after.wall_s = time.perf_counter() - t0
+    after.summary["scaling_actions"] = scaled[0]
     if rid is not None:
         done = [m for _t, m in inputs.terminal if m.request_id == rid]
         seen["original"] = outcome(done[0]) if done and type(done[0]) is not Refused else None
@@ -241,7 +271,7 @@ def agreement(inputs: RunInputs, cfg: PlatformConfig, same: WhatIf | None = None
             if type(ev).__name__ == "RouteDecided":
                 chosen[ev.task_id] = ev.decision.chosen
 
-    admin = [(i.t, i.actor, i.msg) for i in inputs.others if i.src == "ext/admin"]
+    admin = admin_faults(inputs)
     rerun = run(cfg, feed=_feeder(inputs), faults=admin, taps=[tap],
                 on_done=lambda m: ends.__setitem__(m.request_id, m.status))  # fmt: skip
     mine = [decoded(p) for ps in inputs.decisions.values() for p in ps if p.kind in ROUTING_TYPES]
@@ -261,8 +291,11 @@ def _forked(inputs: RunInputs, cfg: PlatformConfig, before: RunResult, comparer:
     hashed = PrefixHash(from_s)
     forked: list[str] = []
     tap = fork_tap(from_s, changed_actors(base, cfg), forked)
-    after = run(base, sink=hashed, feed=_feeder(inputs), faults=admin, taps=[tap, decision_tap(comparer)])  # type: ignore[arg-type]
+    scaled = [0]
+    after = run(base, sink=hashed, feed=_feeder(inputs), faults=admin,  # type: ignore[arg-type]
+                taps=[tap, decision_tap(comparer), scaling_tap(scaled)])  # fmt: skip
     after.wall_s = time.perf_counter() - t0
+    after.summary["scaling_actions"] = scaled[0]
     want, steps = inputs.prefix
     if (hashed.h.hexdigest(), hashed.steps) != (want, steps):
         raise ReplayError(f"--from {from_s:g}: the re-run up to t={from_s:g} is not the log's ({hashed.steps} "

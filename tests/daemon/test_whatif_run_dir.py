@@ -49,6 +49,9 @@ def test_whatif_on_a_daemon_run_dir_with_a_kill(tmp_path: Path, mode: tuple[str,
     try:
         answers = asyncio.run(load(info["url"], info["admin_url"]))
         served = httpx.get(info["admin_url"] + "/admin/status", timeout=10).json()["requests"]
+        if not mode:  # a scaling action by hand (an admin input): counted in both columns
+            down = cli("scale", "llama3-8b/colocated", "2", "--admin-url", info["admin_url"])
+            assert down.returncode == 0, down.stderr
     finally:
         out = stop_daemon(proc)
     assert proc.returncode == 0, out
@@ -61,6 +64,7 @@ def test_whatif_on_a_daemon_run_dir_with_a_kill(tmp_path: Path, mode: tuple[str,
     assert got["mode"] == "daemon" and got["original"]["requests"] == accepted == REQUESTS
     assert got["whatif"]["requests"] == REQUESTS
     assert got["original"]["faults_injected"] == got["whatif"]["faults_injected"] == 1  # the kill-te
+    assert got["original"]["scaling_actions"] == got["whatif"]["scaling_actions"] == (0 if mode else 1)
     assert got["whatif"]["recoveries"] == 1 and got["whatif"]["completed"] + got["whatif"]["failed"] == REQUESTS
     assert got["whatif"]["deliveries"] > 0 and TOKENS
     agreed = got["agreement"]  # the wall-clock run against its virtual re-run with no change
