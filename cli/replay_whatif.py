@@ -29,7 +29,7 @@ def register(sub: Any) -> None:
         "whatif", help="re-simulate a recorded run under another config or routing choice, side by side",
         description="Re-simulate a recorded run's external inputs (requests, faults, admin actions) on the "
                     "whole cluster in virtual time under a changed config, beside the original.")  # fmt: skip
-    p.add_argument("log", metavar="LOG_OR_RUN_DIR", help="a simulation's log or a daemon's run directory")
+    p.add_argument("log", metavar="LOG_OR_RUN_DIR", help="a simulation's log, a daemon's run directory or an incident bundle")
     p.add_argument("--run", metavar="RUN_ID", help="which run of the log (default: the last)")
     p.add_argument("--config", metavar="NEW.toml", help="a config file to run instead of the recorded one")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -55,6 +55,9 @@ def _whatif(args: argparse.Namespace) -> int:
         raise CliError("--from and --at-decision: a forced decision is a fork at that decision already; give one")
     if args.from_s is not None and args.out_log:
         raise CliError("--from and --log: a forked run's log would not replay (its actors change config at T)")
+    from deepserve.cli.replay_bundle import resolve_log
+
+    args.log = resolve_log(args.log)  # an incident bundle (replay bundle) is unpacked first
     require_driver(args.log)
     inputs = open_run(args.log, args.run, args.from_s)
     if args.from_s is not None and not 0 < args.from_s < inputs.end_t:

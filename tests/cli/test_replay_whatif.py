@@ -132,3 +132,13 @@ def test_bad_from_is_one_line(run: tuple[dict[str, Any], Path], args: tuple[str,
     _, log = run
     res = in_process("replay", "whatif", str(log), *args, cwd=log.parent)
     assert res.returncode == 2 and says in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_an_incident_bundle_is_read_as_its_log(run: tuple[dict[str, Any], Path]) -> None:
+    summary, log = run
+    bundle = log.parent / "incident.tar.gz"
+    made = in_process("replay", "bundle", str(log), "-o", str(bundle), cwd=log.parent)
+    assert made.returncode == 0, made.stderr
+    out = whatif(bundle, "--set", "control.heartbeat_misses=6")
+    same(out["original"], {**summary, "log": out["original"]["log"]})
+    assert out["whatif"]["e2e_ms_p99"] != out["original"]["e2e_ms_p99"]
