@@ -26,6 +26,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -195,7 +196,7 @@ def _steps(reader: LogReader, run_id: str, event_types: frozenset[str], prefix: 
         if prefix is not None:
             raise ReplayError(f"--from needs a paged SQLite log (what `deepserve sim` writes); {reader.label} is not one")
         for step in reader.steps(run_id):
-            yield step.input, (lambda s=step: s.events), (lambda s=step: s.outputs)
+            yield step.input, partial(tuple, step.events), partial(tuple, step.outputs)
         return
     label = getattr(reader, "label", "log")
     named = re.compile(b"|".join(re.escape(n.encode()) for n in sorted(event_types))).search
@@ -211,8 +212,8 @@ def _steps(reader: LogReader, run_id: str, event_types: frozenset[str], prefix: 
         for st in light:
             evs, outs = memoryview(st.events), memoryview(st.outputs)
             yield (st.input,
-                   (lambda e=evs: _EVENTS.decode(e)) if named(evs) or st.input.actor == MANAGER_ADDR else _nothing,
-                   (lambda o=outs: _OUTPUTS.decode(o)) if metrics(outs) else _nothing)  # fmt: skip
+                   partial(_EVENTS.decode, evs) if named(evs) or st.input.actor == MANAGER_ADDR else _nothing,
+                   partial(_OUTPUTS.decode, outs) if metrics(outs) else _nothing)  # fmt: skip
 
 
 def _nothing() -> tuple[()]:
