@@ -105,6 +105,11 @@ def read_inputs(reader: LogReader, path: str, run_id: str | None = None, prefix_
     if not isinstance(config, dict) or "cluster" not in config:
         raise ReplayError(f"{path}: run {run.run_id!r} is not a platform run (its config has no [cluster]): "
                           "a what-if re-simulates a `deepserve sim` or `deepserve up` run")  # fmt: skip
+    sch = config.get("scheduling", {})  # (the dispatcher's run records none)
+    if sch is None or sch.get("entry") == "dispatcher" or "partition" in config:
+        raise ReplayError(f"{path}: run {run.run_id!r} ran behind the workload dispatcher (no gateway, JE nor control "
+                          "plane: `scheduling.entry = \"dispatcher\"` or a `--workers` split): a what-if re-simulates "
+                          "the platform's runs")  # fmt: skip
     out = RunInputs(path=path, run_id=run.run_id, mode=run.mode, config=config, t0=0.0, requests=[], others=[],
                     terminal=[], recovery_events=[], decisions={}, deliveries=0, end_t=0.0)  # fmt: skip
     t0: float | None = None

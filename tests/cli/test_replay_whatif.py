@@ -142,3 +142,12 @@ def test_an_incident_bundle_is_read_as_its_log(run: tuple[dict[str, Any], Path])
     out = whatif(bundle, "--set", "control.heartbeat_misses=6")
     same(out["original"], {**summary, "log": out["original"]["log"]})
     assert out["whatif"]["e2e_ms_p99"] != out["original"]["e2e_ms_p99"]
+
+
+def test_a_dispatcher_run_is_refused_in_one_line(tmp_path: Path) -> None:
+    log = tmp_path / "d.db"
+    res = in_process("sim", SCENARIO, "--requests", "20", "--set", "scheduling.entry=dispatcher", "--set", "faults=[]",
+                     "--log", str(log), "--json", cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    res = in_process("replay", "whatif", str(log), cwd=tmp_path)
+    assert res.returncode == 2 and "workload dispatcher" in res.stderr and len(res.stderr.strip().splitlines()) == 1
