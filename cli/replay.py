@@ -72,6 +72,10 @@ def register(subparsers: Any) -> None:
 
     replay_bundle.register(sub)
 
+    from deepserve.cli import replay_report  # report, export (its own module: cli/replay_report.py)
+
+    replay_report.register(sub)
+
 
 def _command(sub: Any, name: str, func: Any, help_text: str, *, reads: bool = True) -> CliParser:
     """A replay command's parser. `reads`: it answers from one run, so it takes `--run`
