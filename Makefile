@@ -10,11 +10,11 @@ PY_OK := import sys; sys.exit(sys.version_info < (3, 11))
 # link) is rebuilt from scratch: re-running pip in it would only fail the same way.
 VENV_BROKEN := $(shell $(PY) -c '$(PY_OK); import pip' >/dev/null 2>&1 || echo yes)
 
-.PHONY: test demo demo-sim up lint typecheck typecheck-all bench setup clean venv compiled
+.PHONY: test demo demo-sim up lint typecheck typecheck-all bench setup clean venv compiled browser
 
 $(STAMP): pyproject.toml $(if $(VENV_BROKEN),venv)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,postgres,bench,ray]'
+	$(PY) -m pip install -q -e '.[dev,postgres,bench,ray,parquet]'
 	touch $(STAMP)
 
 # The interpreter is checked before anything is created: one line, and no .venv left behind.
@@ -36,10 +36,23 @@ compiled: $(STAMP)
 
 setup: $(STAMP) compiled
 
-# The compile (one core), lint and type check run side by side; then the suite, on every core.
+# The compile (one core), lint and type check run side by side (and chromium's install, if
+# needed); then the suite, on every core.
 test: $(STAMP)
-	$(MAKE) --no-print-directory -j2 compiled lint typecheck
+	$(MAKE) --no-print-directory -j2 compiled lint typecheck browser
 	$(PY) -m pytest -rs -n auto
+
+# The report's browser test (tests/replay/test_report_browser.py) drives Debian's chromium through
+# its chromedriver. A machine without them gets them here where apt-get can install (root); anywhere
+# else one line says so, and that test skips.
+BROWSER_PKGS := chromium chromium-driver
+browser:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "make: installing $(BROWSER_PKGS) (Debian) for the report's browser test"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BROWSER_PKGS) >/dev/null) \
+			|| echo "make: $(BROWSER_PKGS) could not be installed: the report's browser test will skip"; \
+	else echo "make: chromium is not installed and apt-get cannot install it here (not root, or not Debian): the report's browser test will skip"; fi
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
