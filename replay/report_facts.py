@@ -319,6 +319,17 @@ class _Pass:
             lane.kv_t.append(t)
             lane.kv_used.append(total)
 
+    def lost(self, t: float, te: str) -> None:
+        """A TE declared failed holds no KV any more: its generation's HBM went with it (its
+        replacement's DP masters start empty, under the same addresses)."""
+        for actor in [a for a in self.kv if te_of(a) == te]:
+            del self.kv[actor]
+        if self.kv_te.get(te):
+            self.kv_te[te] = 0
+            lane = self.lane(te)
+            lane.kv_t.append(t)
+            lane.kv_used.append(0)
+
     def snapshot(self, actor: str, payload: bytes) -> None:
         try:
             head = _MASTER.decode(payload)
@@ -342,6 +353,7 @@ class _Pass:
                 f.faults.append({"t": t, "category": "recovered", "kind": "TeReady", "target": d["te"], "te": d["te"],
                                  "source": actor, "detail": f"generation {key[1]} ready (a replacement)"})  # fmt: skip
         elif etype == "TeDeclaredFailed":
+            self.lost(t, d["te"])
             why = f" ({d['diagnosis']})" if d.get("diagnosis") else ""
             f.faults.append({"t": t, "category": "declared_failed", "kind": "TeDeclaredFailed", "target": d["te"],
                              "te": d["te"], "source": actor,

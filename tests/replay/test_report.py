@@ -176,3 +176,39 @@ def test_bad_input_is_one_line_and_exit_2(args: tuple[str, ...], says: str, run:
     argv = [a.format(log=log, dir=tmp_path) for a in args]
     res = in_process("replay", *argv, cwd=tmp_path)
     assert res.returncode == 2 and says in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+@pytest.mark.parametrize("actor", ["te/4/dp/0", "te/6/dp/0", "te/0/dp/0"])
+def test_the_kv_lane_is_the_rtc_s_own_count_of_blocks_in_use(actor: str, run: tuple[dict, Path]) -> None:
+    """At any T, the lane's KV usage is what `replay state` folds for the DP master: its HBM
+    blocks with a reference (Rtc.ref > 0), across the faults (te/6 decodes beside the killed te/5)."""
+    import numpy as np
+
+    from deepserve.replay.state import state_at
+
+    _, log = run
+    lane = _facts(log).lanes[actor.split("/dp/")[0]]
+    t, used = np.frombuffer(lane.kv_t, float), np.frombuffer(lane.kv_used, np.int32)
+    with open_log(str(log), upgrade=False) as reader:
+        for at in (12.0, 30.5, 45.0, 61.2, 70.0):
+            held = sum(1 for r in state_at(reader, actor, at).state.rtc.ref if r > 0)
+            k = np.searchsorted(t, at, "right") - 1
+            assert (int(used[k]) if k >= 0 else 0) == held, at
+    assert used.max() > 100  # the comparison saw blocks in use
+
+
+def test_busy_share_and_kv_bins_from_a_made_lane() -> None:
+    """Two batches [1, 3] and [3.5, 4] s over bins of 2 s; KV 10 blocks at 0.5 s, 40 at 2.5 s,
+    0 at 2.6 s, of a 100-block pool."""
+    from array import array
+
+    import numpy as np
+
+    from deepserve.replay.report_charts import busy_fraction, kv_percent
+    from deepserve.replay.report_facts import TeLane
+
+    lane = TeLane(batch_start=array("d", [1.0, 3.5]), batch_end=array("d", [3.0, 4.0]), batch_tasks=array("i", [1, 2]),
+                  kv_t=array("d", [0.5, 2.5, 2.6]), kv_used=array("i", [10, 40, 0]), kv_capacity=100)  # fmt: skip
+    edges = np.array([0.0, 2.0, 4.0, 6.0])
+    assert busy_fraction(lane, edges).tolist() == [0.5, 0.75, 0.0]
+    assert kv_percent(lane, edges).tolist() == [10.0, 40.0, 0.0]
