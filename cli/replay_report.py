@@ -27,6 +27,13 @@ def register(sub: Any) -> None:
                    "csv, parquet: a directory of requests, decisions, faults; sql: tables and views in the log itself")  # fmt: skip
     p.add_argument("-o", "--output", metavar="OUT", help="perfetto: the JSON file; csv, parquet: a directory "
                    "(created if needed); sql: not used (the views go into LOG)")  # fmt: skip
+    opening = p.get_default("func")  # LOG as given, before a bundle is unpacked (sql writes into LOG)
+
+    def export(args: argparse.Namespace) -> int:
+        args.log_given = args.log
+        return int(opening(args))
+
+    p.set_defaults(func=export)
 
 
 def _collect(args: argparse.Namespace) -> Any:
@@ -102,6 +109,9 @@ def _export_sql(args: argparse.Namespace) -> int:
 
     if args.output:
         raise CliError("--format sql writes its views into LOG itself: drop -o")
+    if args.log != args.log_given:
+        raise CliError(f"{args.log_given}: an incident bundle is not a log to write into: --format sql needs a "
+                       "SQLite log file (export csv or parquet from a bundle)")  # fmt: skip
     if not os.path.isfile(args.log):
         raise CliError(f"{args.log}: --format sql writes into one SQLite log file (of a run directory: "
                        "one of its .db files)")  # fmt: skip

@@ -212,3 +212,13 @@ def test_busy_share_and_kv_bins_from_a_made_lane() -> None:
     edges = np.array([0.0, 2.0, 4.0, 6.0])
     assert busy_fraction(lane, edges).tolist() == [0.5, 0.75, 0.0]
     assert kv_percent(lane, edges).tolist() == [10.0, 40.0, 0.0]
+
+
+def test_a_bundle_is_reported_and_exported_but_never_written_into(run: tuple[dict, Path], tmp_path: Path) -> None:
+    _, log = run
+    bundle = tmp_path / "incident.tar.gz"
+    assert in_process("replay", "bundle", str(log), "-o", str(bundle), cwd=tmp_path).returncode == 0
+    res = in_process("replay", "report", str(bundle), "-o", str(tmp_path / "r.html"), "--json", cwd=tmp_path)
+    assert res.returncode == 0 and json.loads(res.stdout)["requests"] == 250, res.stderr
+    res = in_process("replay", "export", str(bundle), "--format", "sql", cwd=tmp_path)
+    assert res.returncode == 2 and "incident bundle" in res.stderr and len(res.stderr.strip().splitlines()) == 1
