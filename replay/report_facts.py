@@ -76,9 +76,11 @@ class _MasterHead(msgspec.Struct):
     rtc: _RtcHead | None = None
 
 
-_DEC = {name: msgspec.msgpack.Decoder(cls) for name, cls in (
-    ("BatchPlanned", _Planned), ("BatchEnded", _Ended), ("RtcBlocksAllocated", _Alloc),
-    ("RtcFreed", _Freed), ("RtcCopyStarted", _Copy))}  # fmt: skip
+_PLANNED = msgspec.msgpack.Decoder(_Planned)
+_ENDED = msgspec.msgpack.Decoder(_Ended)
+_ALLOC = msgspec.msgpack.Decoder(_Alloc)
+_FREED = msgspec.msgpack.Decoder(_Freed)
+_COPY = msgspec.msgpack.Decoder(_Copy)
 _RID = msgspec.msgpack.Decoder(_Rid)
 _MASTER = msgspec.msgpack.Decoder(_MasterHead)
 
@@ -236,18 +238,18 @@ class _Pass:
         if etype in HOP_TYPES:
             self.hop(t, actor, etype, payload)
         elif etype == "BatchPlanned":
-            p = _DEC[etype].decode(payload)
+            p = _PLANNED.decode(payload)
             self.planned[(actor, p.step)] = (t, array_len(p.entries))
         elif etype == "BatchEnded":
-            self.batch_end(t, actor, _DEC[etype].decode(payload))
+            self.batch_end(t, actor, _ENDED.decode(payload))
         elif etype == "RtcBlocksAllocated":
-            a = _DEC[etype].decode(payload)
+            a = _ALLOC.decode(payload)
             self.kv_change(t, actor, lambda kv: kv.hold(a.seq, a.shared + a.blocks))
         elif etype == "RtcFreed":
-            seq = _DEC[etype].decode(payload).seq
+            seq = _FREED.decode(payload).seq
             self.kv_change(t, actor, lambda kv: kv.free(seq))
         elif etype == "RtcCopyStarted":
-            c = _DEC[etype].decode(payload)
+            c = _COPY.decode(payload)
             if c.kind == "populate" and c.seq:
                 self.kv_change(t, actor, lambda kv: kv.hold(c.seq, c.shared + c.hbm))
         elif etype == "RtcCleared":
