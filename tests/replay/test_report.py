@@ -8,6 +8,7 @@ test_report_browser.py."""
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import re
 import shutil
@@ -49,6 +50,7 @@ def refused(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     return json.loads(res.stdout.strip().splitlines()[-1]), log
 
 
+@functools.lru_cache(maxsize=4)  # one pass a log for the whole module (the tests only read the facts)
 def _facts(log: Path):  # type: ignore[no-untyped-def]
     with open_log(str(log), upgrade=False) as reader:
         return collect(reader)
