@@ -223,6 +223,33 @@ def over_time(facts: Facts) -> go.Figure:
     return _layout(fig, 520, "SLO attainment and throughput over time")
 
 
+def per_request(facts: Facts) -> go.Figure:
+    """Every request at its arrival: its TTFT (met the SLO or not), or, failed, how long it took
+    to fail. An incident shows as a column of late or red points after its fault line."""
+    rows = sorted(facts.requests.values(), key=lambda r: r["arrival_s"])
+    fig = go.Figure()
+    groups = (("met the SLO", "#2f9e44", "circle", lambda r: r["status"] == "completed" and r["slo_met"], "ttft_ms"),
+              ("missed the SLO", "#f59f00", "circle", lambda r: r["status"] == "completed" and not r["slo_met"], "ttft_ms"),
+              ("failed (time to failure)", COLORS["injected"], "x", lambda r: r["status"] != "completed", "e2e_ms"))  # fmt: skip
+    for name, color, symbol, keep, key in groups:
+        sel = [r for r in rows if keep(r) and r[key] is not None and r[key] > 0]
+        if not sel:
+            continue
+        fig.add_trace(go.Scatter(
+            x=[r["arrival_s"] for r in sel], y=[r[key] for r in sel], mode="markers", name=f"{name} ({len(sel):,})",
+            customdata=[[r["request_id"], r["te"] or "-", r["reason"][:80]] for r in sel],
+            marker={"color": color, "symbol": symbol, "size": 5 if symbol == "circle" else 8, "opacity": 0.6},
+            hovertemplate="%{customdata[0]} on %{customdata[1]}: %{y:,.1f} ms at t=%{x:.2f}s<br>%{customdata[2]}<extra></extra>"))  # fmt: skip
+    fig.add_hline(y=facts.slo_ttft_ms, line={"color": COLORS["injected"], "width": 1, "dash": "dash"})
+    for f in facts.faults:
+        if f["category"] == "injected":
+            fig.add_vline(x=f["t"], line={"color": COLORS["injected"], "width": 1, "dash": "dot"})
+    fig.update_yaxes(type="log", title_text="TTFT (ms)")
+    fig.update_xaxes(title_text="arrival time (s)")
+    return _layout(fig, 380, f"Every request's TTFT by arrival (dashed: the TTFT SLO, {facts.slo_ttft_ms:g} ms)")
+
+
 def figures(facts: Facts) -> dict[str, Any]:
-    """The page's figures by element id."""
-    return {"chart-timeline": timeline(facts), "chart-latency": distributions(facts), "chart-time": over_time(facts)}
+    """The page's figures by element id, in page order."""
+    return {"chart-timeline": timeline(facts), "chart-requests": per_request(facts),
+            "chart-latency": distributions(facts), "chart-time": over_time(facts)}  # fmt: skip

@@ -1,6 +1,6 @@
 """The report in a real browser (issue 32 §4): Debian's chromium, headless, through its
 chromedriver (selenium, told the driver's path: nothing is downloaded). The page, opened from a
-file with the network cut off, logs no console error, draws its three charts (plotly's SVG in
+file with the network cut off, logs no console error, draws its four charts (plotly's SVG in
 each), and its screenshot is kept in artifacts/ (gitignored) for a person to look at.
 
 `make test` installs chromium and chromium-driver (the Makefile's `browser` target) where
@@ -60,7 +60,7 @@ def test_the_report_renders_in_chromium_with_no_console_error(page: Path, tmp_pa
         driver.get(page.as_uri())
         # each chart's div gets plotly's SVG once drawn
         drawn = "return Array.from(document.querySelectorAll('.plot')).map(d => d.querySelectorAll('svg.main-svg').length)"
-        WebDriverWait(driver, 60).until(lambda d: all(n > 0 for n in d.execute_script(drawn)) and len(d.execute_script(drawn)) == 3)
+        WebDriverWait(driver, 60).until(lambda d: all(n > 0 for n in d.execute_script(drawn)) and len(d.execute_script(drawn)) == 4)
         traces = driver.execute_script("return Array.from(document.querySelectorAll('.plot')).map(d => d.data.length)")
         heat_cells = driver.execute_script("return document.querySelectorAll('#chart-timeline .heatmaplayer image, "
                                            "#chart-timeline .hm image').length")  # fmt: skip
@@ -71,6 +71,7 @@ def test_the_report_renders_in_chromium_with_no_console_error(page: Path, tmp_pa
     finally:
         driver.quit()
     assert not errors, errors
-    assert all(n >= 3 for n in traces), traces  # timeline: 2 heatmaps + markers; latency: 3; over time: 3
+    # timeline: 2 heatmaps + markers; requests: met, missed; latency: 3; over time: 3
+    assert traces[0] >= 5 and traces[1] >= 2 and traces[2:] == [3, 3], traces
     assert heat_cells >= 2 and curves == 3, (heat_cells, curves)
     assert (ARTIFACTS / "report.png").stat().st_size > 50_000
