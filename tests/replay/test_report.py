@@ -224,3 +224,17 @@ def test_a_bundle_is_reported_and_exported_but_never_written_into(run: tuple[dic
     assert res.returncode == 0 and json.loads(res.stdout)["requests"] == 250, res.stderr
     res = in_process("replay", "export", str(bundle), "--format", "sql", cwd=tmp_path)
     assert res.returncode == 2 and "incident bundle" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_a_damaged_log_is_refused_before_anything_is_written(run: tuple[dict, Path], tmp_path: Path) -> None:
+    _, original = run
+    log = tmp_path / "damaged.db"
+    shutil.copy(original, log)
+    with sqlite3.connect(log) as conn:  # a page whose checksum no longer matches its bytes
+        conn.execute("UPDATE pages SET crc32 = crc32 + 1 WHERE id = (SELECT min(id) FROM pages)")
+    for args in (("report", str(log), "-o", str(tmp_path / "r.html")), ("export", str(log), "--format", "sql")):
+        res = in_process("replay", *args, cwd=tmp_path)
+        assert res.returncode == 2 and "damaged log" in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not (tmp_path / "r.html").exists()
+    with sqlite3.connect(log) as conn:
+        assert conn.execute("SELECT count(*) FROM sqlite_master WHERE name LIKE 'derived_%'").fetchone() == (0,)
