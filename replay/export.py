@@ -28,7 +28,8 @@ COLUMNS: dict[str, dict[str, str]] = {
         "slo_met": "bool",
     },
     "decisions": {
-        "decision": "int", "t": "float", "je": "str", "request_id": "str", "task_id": "str", "phase": "str",
+        # the routed task's id is the decision's (`replay why` shows it, `replay whatif --at-decision` takes it)
+        "decision_id": "str", "t": "float", "je": "str", "request_id": "str", "phase": "str",
         "attempt": "int", "policy": "str", "chosen": "str", "subgroup": "str", "candidates": "int",
         "runner_up": "str", "excluded": "int", "reason": "str",
     },
@@ -96,7 +97,7 @@ def perfetto(facts: Facts) -> dict[str, Any]:
         ev.append({**common, "ph": "e", "ts": r["finish_s"] * us})
     for d in facts.decisions:
         ev.append({"ph": "i", "s": "t", "pid": 2, "tid": 1, "ts": d["t"] * us, "cat": "routing",
-                   "name": f"{d['request_id']} -> {d['chosen']}", "args": {k: d[k] for k in ("policy", "phase", "attempt", "reason")}})  # fmt: skip
+                   "name": f"{d['request_id']} -> {d['chosen']}", "args": {k: d[k] for k in ("decision_id", "policy", "phase", "attempt", "reason")}})  # fmt: skip
     for f in facts.faults:
         ev.append({"ph": "i", "s": "g" if f["category"] == "injected" else "p", "pid": 2, "tid": 2, "ts": f["t"] * us,
                    "cat": f["category"], "name": f"{f['kind']} {f['target']}", "args": {"detail": f["detail"]}})  # fmt: skip

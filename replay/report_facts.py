@@ -274,7 +274,7 @@ class _Pass:
         f.hops.setdefault(rid, []).append((t, actor, etype, payload))
         if etype == "RouteDecided":
             d = msgspec.to_builtins(decode(etype, payload))
-            f.decisions.append(_decision_row(t, actor, d, len(f.decisions)))
+            f.decisions.append(_decision_row(t, actor, d))
         elif etype == "GatewayRefused":
             r = msgspec.to_builtins(decode(etype, payload))
             from deepserve.actors.gateway.messages import REFUSED_429
@@ -383,11 +383,11 @@ def _request_row(done: dict[str, Any], f: Facts, je: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _decision_row(t: float, actor: str, d: dict[str, Any], n: int) -> dict[str, Any]:
+def _decision_row(t: float, actor: str, d: dict[str, Any]) -> dict[str, Any]:
     dec = d["decision"]
     ranked = dec.get("ranked") or []
     return {
-        "decision": n, "t": t, "je": actor, "request_id": d["request_id"], "task_id": d["task_id"],
+        "decision_id": d["task_id"], "t": t, "je": actor, "request_id": d["request_id"],
         "phase": d["phase"], "attempt": d["attempt"], "policy": dec["policy"], "chosen": dec.get("chosen", ""),
         "subgroup": dec.get("subgroup", ""), "candidates": len(ranked),
         "runner_up": ranked[1]["te"] if len(ranked) > 1 else "",
