@@ -39,6 +39,11 @@ class JobExecutor(Actor[JeState]):
     JE's state, the time, and this delivery's context as the port its effects go through."""
 
     snapshot_every = 4096
+    # The state changes only in `evolve` (the core reads it and records events), so a snapshot
+    # copies the live state instead of folding its events since the last one a second time (on
+    # the whole Mooncake trace: 20 snapshots of a ~0.9 MB state, each folding ~6k events).
+    # Each snapshot equals the fold in tests/actors/flowserve/test_snapshot_from_live.py.
+    snapshot_from_live = True
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.cfg = msgspec.convert(config or {}, JeConfig)

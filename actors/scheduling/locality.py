@@ -23,6 +23,7 @@ in decimal text because the kernel encodes state with sorted keys, which msgpack
 
 from __future__ import annotations
 
+import copy
 from operator import attrgetter
 
 import msgspec
@@ -44,6 +45,18 @@ def rank_shift(rank: int | None) -> int:
 class PromptTree(msgspec.Struct, kw_only=True):
     nodes: dict[str, dict[str, int]] = {}  # str(chain hash) -> {te: medium bits}
     max_blocks: int = MAX_BLOCKS_DEFAULT
+
+    def __deepcopy__(self, memo: dict[int, object]) -> PromptTree:
+        """`copy.deepcopy`, without its per-key dispatch: the kernel deep-copies the JE's state at
+        every snapshot, and the tree is most of it (34k nodes on the Mooncake trace: 58 ms by
+        `deepcopy`'s generic walk, 17 ms so). The same copy as `deepcopy_reference`: holders
+        map str to int (immutable), and no two nodes share a holders dict (`insert` makes each)."""
+        nodes = {h: holders.copy() for h, holders in self.nodes.items()}
+        return PromptTree(nodes=nodes, max_blocks=self.max_blocks)
+
+    def deepcopy_reference(self) -> PromptTree:
+        """`__deepcopy__`, readable: the generic walk (tests/actors/scheduling/test_tree_copy.py)."""
+        return msgspec.structs.replace(self, nodes=copy.deepcopy(self.nodes))
 
     def insert(self, te: str, hashes: tuple[int, ...] | list[int], bits: int = ROUTED) -> None:
         nodes = self.nodes
