@@ -42,7 +42,7 @@ class JobExecutor(Actor[JeState]):
     # The state changes only in `evolve` (the core reads it and records events), so a snapshot
     # copies the live state instead of folding its events since the last one a second time (on
     # the whole Mooncake trace: 20 snapshots of a ~0.9 MB state, each folding ~6k events).
-    # Each snapshot equals the fold in tests/actors/flowserve/test_snapshot_from_live.py.
+    # Each snapshot equals the fold in tests/actors/je/test_je_snapshot_from_live.py.
     snapshot_from_live = True
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
