@@ -9,7 +9,9 @@ TE (`te/{PREFILL}`: its NPU, its RoCE NIC, or its process) at `FAULT_AT_S`, whil
 
 Columns (every number read off the run's recorded events and its client-side outputs):
 - `detected_s`: fault → the TE declared failed (None: never declared, e.g. a link fault);
-- `recovered_s`: fault → every TE the rung relaunched is ready again (None: nothing relaunched);
+- `recovered_s`: fault → every TE the rung relaunched is ready again (None: nothing relaunched),
+  before a tainted node's repair (`recovery.node_repair_s`) brings back what the rung took down;
+- `whole_s`: fault → all the cluster's TEs ready again (after that repair, when one was needed);
 - `serving_min`: the fewest TEs ready at once from the fault on (the capacity dip);
 - `affected`: requests with a task ended failed (or migrated) after the fault, any TE;
 - `failed`: of those, requests that ended failed; `migrated`: requests moved to another TE with
@@ -28,7 +30,7 @@ from typing import Any
 
 import msgspec
 
-from deepserve.actors.cluster.ladder import LadderChose
+from deepserve.actors.cluster.ladder import LadderChose, NodeRepaired
 from deepserve.actors.cluster.state import TeDeclaredFailed, TeLaunching, TeReady, TeStopped
 from deepserve.actors.flowserve.messages import TokenBatch
 from deepserve.actors.gateway.messages import ApiRequest
@@ -61,7 +63,7 @@ TE_FAULTS = ("npu-crash", "npu-hang", "hbm-fault", "te-process-kill")  # a TE is
 RUNGS = ("replace", "restart-world", "pd-separate", "substitute")
 BASELINE = "replace"
 EVENTS = frozenset(c.__name__ for c in (TeDeclaredFailed, TeLaunching, TeReady, TeStopped, LadderChose,
-                                        JeTaskEnded, JobFinished))  # fmt: skip
+                                        NodeRepaired, JeTaskEnded, JobFinished))  # fmt: skip
 MIGRATED = "TaskMigrated"  # the JE's request migration (recorded by name: counted when present)
 
 
@@ -73,6 +75,7 @@ class Cell(msgspec.Struct, kw_only=True):
     detected_s: float | None
     diagnosis: str
     recovered_s: float | None
+    whole_s: float | None
     serving_min: int
     affected: int
     failed: int
@@ -155,8 +158,9 @@ def _cell(rung: str, fault: str, n: int, done: dict[str, RequestDone], sink: Mem
     te = f"te/{PREFILL}"
     declared = next(((t, e) for t, e in evs if type(e) is TeDeclaredFailed and e.te == te and t >= FAULT_AT_S), None)
     relaunched: dict[str, float] = {}
+    repaired_s = next((t for t, e in evs if type(e) is NodeRepaired), float("inf"))
     for t, e in evs:
-        if type(e) is TeLaunching and e.replacing and t >= FAULT_AT_S:
+        if type(e) is TeLaunching and e.replacing and FAULT_AT_S <= t < repaired_s:
             relaunched.setdefault(e.te, t)
     ready_at = {te_: next((t for t, e in evs if type(e) is TeReady and e.te == te_ and t >= t0), None)
                 for te_, t0 in relaunched.items()}  # fmt: skip
@@ -172,9 +176,32 @@ def _cell(rung: str, fault: str, n: int, done: dict[str, RequestDone], sink: Mem
     return Cell(fault=fault, rung=rung, requests=n, completed=len(ok),
                 detected_s=None if declared is None else declared[0] - FAULT_AT_S,
                 diagnosis="" if declared is None else declared[1].diagnosis, recovered_s=recovered,
-                serving_min=_serving_min(evs), affected=len(hit), failed=len(hit - ok), migrated=len(migrated),
+                whole_s=_whole_s(evs), serving_min=_serving_min(evs), affected=len(hit), failed=len(hit - ok), migrated=len(migrated),
                 recomputed=len((hit & ok) - migrated), tokens_regenerated=regenerated, choice=choice,
                 e2e_s_max=max(e2e, default=0.0), wall_s=wall)  # fmt: skip
+
+
+def _ready_counts(evs: list[tuple[float, Any]]) -> list[tuple[float, int]]:
+    """(t, TEs ready) after each change, from the fault on."""
+    ready: dict[str, bool] = {}
+    out = []
+    for t, e in evs:
+        if type(e) is TeReady:
+            ready[e.te] = True
+        elif type(e) in (TeDeclaredFailed, TeStopped):
+            ready[e.te] = False
+        else:
+            continue
+        if t >= FAULT_AT_S:
+            out.append((t, sum(ready.values())))
+    return out
+
+
+def _whole_s(evs: list[tuple[float, Any]]) -> float | None:
+    counts = _ready_counts(evs)
+    if not counts:
+        return None
+    return next((t - FAULT_AT_S for t, n in counts if n == PREFILL + DECODE), None)
 
 
 def _serving_min(evs: list[tuple[float, Any]]) -> int:
@@ -198,7 +225,7 @@ def run_table(faults: Sequence[str] = tuple(FAULTS), requests: int = 200, seed: 
     return [run_cell(r, f, requests, seed, stream) for f in faults for r in applicable(f) if r in rungs]
 
 
-COLUMNS = ("fault", "rung", "detected_s", "recovered_s", "serving_min", "affected", "failed", "migrated",
+COLUMNS = ("fault", "rung", "detected_s", "recovered_s", "whole_s", "serving_min", "affected", "failed", "migrated",
            "recomputed", "tokens_regenerated", "completed")  # fmt: skip
 
 

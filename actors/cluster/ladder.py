@@ -18,7 +18,10 @@ does when a serving TE is declared failed, as a selectable policy (`Recovery.run
   once it registered, so no request reaches it before it can serve.
 
 A node is tainted (Kubernetes marks it unschedulable) when a TE fails with a diagnosis in
-`Recovery.taint` — by default a lost or hung device, not a process that exited or went silent.
+`Recovery.taint` — by default a lost or hung device, not a process that exited or went silent —
+and repaired `node_repair_s` later (untainted, `NodeRepaired`): then the TEs the ladder took
+down come back, on their own NPUs or on ones a moved TE left free, and their groups' targets
+with them.
 Every rung but `replace` records its choice per failure (`LadderChose`), with the taint and any
 move (`NodeTainted`, `TeRelocated`), so the same fault under two rungs compares in `replay`.
 """
@@ -31,7 +34,7 @@ from typing import Literal
 import msgspec
 
 from deepserve.actors.ports.pod import LoadSource, TeSlot
-from deepserve.core.messages import Event
+from deepserve.core.messages import Event, Message
 
 from . import policy as P
 from .messages import DEVICE_LOST, HUNG
@@ -50,10 +53,15 @@ class Recovery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     spare_servers: int = msgspec.field(default=0)
     # the diagnoses that take a failed TE's node out of scheduling (Kubernetes' taint)
     taint: tuple[Diagnosis, ...] = (DEVICE_LOST, HUNG)  # type: ignore[assignment]
+    # a tainted node is repaired (untainted) this long after (assumption: the papers give no
+    # figure; 0: never within the run)
+    node_repair_s: float = 60.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.spare_servers <= 1024:
             raise ValueError(f"spare_servers: must be in [0, 1024], got {self.spare_servers}")
+        if not 0 <= self.node_repair_s <= 86_400 * 365:
+            raise ValueError(f"node_repair_s: must be in [0, 31536000], got {self.node_repair_s}")
 
 
 # ---- recorded events (only when a rung other than `replace` is on) -------------------------------
@@ -99,7 +107,31 @@ class WorldResumed(Event, frozen=True, kw_only=True):
     launched: tuple[str, ...]
 
 
-EVENTS = (LadderChose, NodeTainted, TeRelocated, WorldRestarted, WorldResumed)
+class TeTakenDown(Event, frozen=True, kw_only=True):
+    """The ladder stopped `te` for want of healthy NPUs (its group shrunk by one): it comes back
+    when a node is repaired."""
+
+    te: str
+    group: str
+
+
+class TeBroughtBack(Event, frozen=True, kw_only=True):
+    te: str
+    group: str
+
+
+class NodeRepaired(Event, frozen=True, kw_only=True):
+    server: int
+
+
+class NodeRepairDue(Message, frozen=True, kw_only=True):
+    """The manager's timer: the tainted node `server` is repaired."""
+
+    server: int
+
+
+EVENTS = (LadderChose, NodeTainted, TeRelocated, WorldRestarted, WorldResumed, NodeRepaired, TeTakenDown,
+          TeBroughtBack)
 
 
 class LadderState(CmState, kw_only=True):
@@ -108,6 +140,7 @@ class LadderState(CmState, kw_only=True):
     tainted: dict[str, str] = {}  # str(server) -> why
     placed: dict[str, tuple[int, tuple[str, ...]]] = {}  # TE -> (server, NPUs) when not its own slot's
     queued: dict[str, list[str]] = {}  # model -> prefills waiting for its decodes (restart-the-world)
+    down: dict[str, list[str]] = {}  # group -> TEs the ladder stopped and shrank it by
     choices: int = 0
 
 
@@ -123,16 +156,31 @@ def evolve(s: LadderState, e: Event) -> LadderState:
         s.queued[e.model] = list(e.queued)  # type: ignore[attr-defined]
     elif t is WorldResumed:
         s.queued.pop(e.model, None)  # type: ignore[attr-defined]
+    elif t is NodeRepaired:
+        s.tainted.pop(str(e.server), None)  # type: ignore[attr-defined]
+    elif t is TeTakenDown:
+        s.down.setdefault(e.group, []).append(e.te)  # type: ignore[attr-defined]
+    elif t is TeBroughtBack:
+        s.down[e.group].remove(e.te)  # type: ignore[attr-defined]
+        if not s.down[e.group]:  # type: ignore[attr-defined]
+            del s.down[e.group]  # type: ignore[attr-defined]
     return s
 
 
 class Note(msgspec.Struct, frozen=True):
-    """Record this event (the manager's only ladder-specific action)."""
+    """Record this event."""
 
     event: Event
 
 
-Action = P.Action | Note
+class Repair(msgspec.Struct, frozen=True):
+    """Set the timer of the tainted node's repair."""
+
+    server: int
+    delay_s: float
+
+
+Action = P.Action | Note | Repair
 
 
 # ---- placement -----------------------------------------------------------------------------------
@@ -193,6 +241,8 @@ def on_failed(st: CmState, slots: Mapping[str, TeSlot], cfg: Recovery, spares: t
     taint = diagnosis in cfg.taint and not _tainted(st, here.server)
     if taint:
         out.append(Note(NodeTainted(server=here.server, reason=f"{te} failed: {diagnosis} ({reason})")))
+        if cfg.node_repair_s > 0:
+            out.append(Repair(here.server, cfg.node_repair_s))
     gone = taint or _tainted(st, here.server)
     if cfg.rung == "restart-world":
         return out + _restart_world(st, slots, te, generation, diagnosis, gone, source)
@@ -211,13 +261,15 @@ def _in_place(te: str, generation: int, rung: str, diagnosis: str, source: LoadS
             P.StopPodOnly(te, why), P.Launch(te, generation + 1, source, replacing=True)]  # fmt: skip
 
 
-def _shrink(st: CmState, group: str, by: int = 1) -> Note:
+def _shrink(st: CmState, te: str, group: str) -> list[Action]:
+    """`te` taken down for want of NPUs: its group one smaller until its node is repaired."""
     g = st.groups[group]
-    return Note(GroupTarget(group=group, model=g.model, role=g.role, size=max(g.target - by, 0)))
+    return [Note(GroupTarget(group=group, model=g.model, role=g.role, size=max(g.target - 1, 0))),
+            Note(TeTakenDown(te=te, group=group))]  # fmt: skip
 
 
 def _down(st: CmState, slot: TeSlot, generation: int, rung: str, diagnosis: str, why: str) -> list[Action]:
-    return [_chose(slot.te, generation, rung, diagnosis, why), _shrink(st, slot.group),
+    return [_chose(slot.te, generation, rung, diagnosis, why), *_shrink(st, slot.te, slot.group),
             P.Stop(slot.te, f"generation {generation} failed: {why}")]  # fmt: skip
 
 
@@ -244,7 +296,7 @@ def _pd_separate(st: CmState, slots: Mapping[str, TeSlot], te: str, generation: 
                      f"its node s{here.server} is tainted and no prefill TE can give it its NPUs")
     why = f"kill-P-to-preserve-D: {victim.te}'s NPUs on s{victim.server} host decode {te}"
     return [_chose(te, generation, "pd-separate", diagnosis, why, (victim.te,)),
-            _shrink(st, victim.group), P.Stop(victim.te, why),
+            *_shrink(st, victim.te, victim.group), P.Stop(victim.te, why),
             Note(TeRelocated(te=te, server=victim.server, npus=victim.npus, why=why)),
             P.StopPodOnly(te, f"generation {generation} failed"), P.Launch(te, generation + 1, source, replacing=True)]  # fmt: skip
 
@@ -284,17 +336,17 @@ def _restart_world(st: CmState, slots: Mapping[str, TeSlot], te: str, generation
             free = [p for p in reversed(prefills) if p not in taken and not _tainted(st, here[p].server)
                     and len(here[p].npus) >= len(here[t].npus)]  # fmt: skip
             if not free:
-                out += [_shrink(st, slots[t].group)]
+                out += _shrink(st, t, slots[t].group)
                 first = [x for x in first if x != t]
                 continue
             taken.append(free[0])
             out.append(Note(TeRelocated(te=t, server=here[free[0]].server, npus=here[free[0]].npus,
                                         why=f"restart-the-world, decode first: on {free[0]}'s NPUs")))  # fmt: skip
     for p in taken:
-        out.append(_shrink(st, slots[p].group))
+        out += _shrink(st, p, slots[p].group)
     left = [p for p in prefills if p not in taken and not (p == te and gone)]
     if te in prefills and gone:
-        out.append(_shrink(st, slots[te].group))
+        out += _shrink(st, te, slots[te].group)
     what = (f"stopped {len(world)} TEs of {model}; decode first ({', '.join(first) or 'none'}), then prefill "
             f"({', '.join(left) or 'none'})" + (f"; {', '.join(taken)} gave its NPUs to a decode" if taken else ""))
     out.insert(0, _chose(te, generation, "restart-world", diagnosis, what, tuple(world)))
@@ -321,3 +373,33 @@ def on_ready(st: CmState, slots: Mapping[str, TeSlot], te: str, source: LoadSour
     tes = tuple(queued[slot.model])
     return [Note(WorldResumed(model=slot.model, launched=tes)),
             *(P.Launch(t, st.tes[t].generation + 1, source, replacing=True) for t in tes)]  # fmt: skip
+
+
+def on_repaired(st: CmState, slots: Mapping[str, TeSlot], server: int, source: LoadSource = "cold") -> list[Action]:
+    """A tainted node is repaired: every TE the ladder took down comes back where NPUs are free and
+    healthy — its own slot's, else those a moved TE left (as many) — and its group grows again."""
+    if not _tainted(st, server):
+        return []
+    out: list[Action] = [Note(NodeRepaired(server=server))]
+    healthy = {s: not _tainted(st, s) or s == server for s in {sl.server for sl in slots.values()}}
+    busy = {n for t, r in st.tes.items() if t in slots and r.state != "stopped" for n in slot_of(st, slots[t]).npus}
+    homes = [slots[t].npus for t in sorted(getattr(st, "placed", {})) if t in slots]  # left by a moved TE
+    grown: dict[str, int] = {}
+    for group, tes in sorted(getattr(st, "down", {}).items()):
+        for te in tes:
+            if st.tes[te].state != "stopped":
+                continue
+            own = slots[te].npus
+            free = [n for n in (own, *homes) if len(n) == len(own) and not busy & set(n)
+                    and healthy.get(server_of(n[0]), False)]  # fmt: skip
+            if not free:
+                continue
+            busy |= set(free[0])
+            g = st.groups[group]
+            grown[group] = grown.get(group, 0) + 1
+            out += [Note(GroupTarget(group=group, model=g.model, role=g.role, size=g.target + grown[group])),
+                    Note(TeBroughtBack(te=te, group=group)),
+                    Note(TeRelocated(te=te, server=server_of(free[0][0]), npus=free[0],
+                                     why=f"back after node s{server}'s repair")),
+                    P.Launch(te, st.tes[te].generation + 1, source, replacing=True)]  # fmt: skip
+    return out

@@ -173,6 +173,9 @@ class ClusterManager(Actor[CmState]):
             self._cancel_owner(ctx, msg)
         elif isinstance(msg, FlipTe):
             flip(self, ctx, msg)
+        elif isinstance(msg, L.NodeRepairDue):
+            for a in L.on_repaired(st, self.slots, msg.server, self.cfg.replace_source):
+                self._do(ctx, a)
         elif isinstance(msg, ClusterStatusQuery):
             ctx.reply(ClusterStatus(req_id=msg.req_id, state=msgspec.to_builtins(st)))
 
@@ -287,6 +290,8 @@ class ClusterManager(Actor[CmState]):
         st, cfg = self.state, self.cfg
         if isinstance(a, L.Note):
             ctx.record(a.event)
+        elif isinstance(a, L.Repair):
+            ctx.after(a.delay_s, L.NodeRepairDue(server=a.server), key=f"repair/s{a.server}")
         elif isinstance(a, P.Launch):
             self._launch(ctx, a)
         elif isinstance(a, P.Ready):

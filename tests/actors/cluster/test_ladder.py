@@ -153,3 +153,28 @@ def test_boot_failures_and_stale_declarations_go_the_default_way() -> None:
 def test_a_bad_recovery_section_names_its_field(doc: dict[str, object], says: str) -> None:
     with pytest.raises(msgspec.ValidationError, match=says):
         msgspec.convert(doc, L.Recovery)
+
+
+def test_a_repaired_node_brings_back_what_the_ladder_took_down_on_free_npus() -> None:
+    st = world()
+    out = decide("pd-separate", "te/2", "device-lost", st)
+    assert L.Repair(1, 60.0) in out  # the node's repair is due node_repair_s later
+    apply(st, out)
+    st.tes["te/1"].state, st.tes["te/2"].state = "stopped", "ready"
+    assert st.down == {PG: ["te/1"]} and st.groups[PG].target == 1
+    back = L.on_repaired(st, SLOTS, 1)
+    assert back[0] == L.Note(L.NodeRepaired(server=1))
+    # te/1's own NPU is te/2's now: it takes the one te/2 left on the repaired server
+    (moved,) = notes(back, L.TeRelocated)
+    assert (moved.te, moved.npus) == ("te/1", ("hw/s1/npu0",))  # type: ignore[attr-defined]
+    assert notes(back, GroupTarget) == [GroupTarget(group=PG, model="m", role="prefill", size=2)]
+    assert back[-1] == P.Launch("te/1", 2, "cold", replacing=True)
+    apply(st, back)
+    assert st.tainted == {} and st.down == {}
+    assert L.on_repaired(st, SLOTS, 1) == []  # once
+
+
+def test_no_repair_when_node_repair_s_is_zero() -> None:
+    cfg = L.Recovery(rung="pd-separate", node_repair_s=0.0)
+    out = L.on_failed(world(), SLOTS, cfg, (), "te/2", 1, "why", "device-lost", "cold", NO)
+    assert not any(isinstance(a, L.Repair) for a in out) and notes(out, L.NodeTainted)

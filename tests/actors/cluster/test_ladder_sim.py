@@ -12,12 +12,14 @@ import pytest
 from deepserve.actors.cluster.ladder import (
     LadderChose,
     LadderState,
+    NodeRepaired,
     NodeTainted,
     TeRelocated,
     WorldRestarted,
 )
 from deepserve.actors.cluster.state import (
     CmState,
+    GroupTarget,
     MembershipPushed,
     TeLaunching,
     TeReady,
@@ -31,6 +33,7 @@ from deepserve.replay import verify
 
 REQUESTS = 60
 LADDER = (LadderChose, NodeTainted, TeRelocated, WorldRestarted)
+REPAIR_AT_S = FAULT_AT_S + 60.0  # recovery.node_repair_s's default
 
 
 def events(run: Run, *classes: type) -> list[tuple[float, Any]]:
@@ -91,18 +94,21 @@ def test_pd_separate_kills_a_prefill_to_preserve_the_decode(runs: dict[str, Run]
     assert slot_npus(r, "te/2") == ("hw/s0/npu1",)  # te/1's NPU
     c = cell(runs, "pd-separate")
     assert c.serving_min == 2 and c.recovered_s == pytest.approx(6.567, abs=1e-3)
+    assert c.whole_s == pytest.approx(60 + 6.567, abs=1e-3)  # te/1 back after the repair and its boot
+    targets = [(t, e.size) for t, e in events(r, GroupTarget) if e.group == "llama3-8b/prefill" and t > 0]
+    assert targets == [(FAULT_AT_S, 1), (REPAIR_AT_S, 2)]  # one prefill fewer until the node's repair
+    # repaired, server 1 takes te/1 back, on the NPU te/2 left: the cluster whole again
+    assert [e.server for _, e in events(r, NodeRepaired)] == [1] and slot_npus(r, "te/1") == ("hw/s1/npu0",)
     st = r.driver.actor(MANAGER_ADDR).state
-    assert {te: x.state for te, x in st.tes.items()} == {"te/0": "ready", "te/1": "stopped", "te/2": "ready",
-                                                         "te/3": "ready"}  # fmt: skip
-    assert st.groups["llama3-8b/prefill"].target == 1
+    assert {x.state for x in st.tes.values()} == {"ready"} and st.tainted == {} and st.down == {}
 
 
 def test_restart_world_restarts_every_te_decode_before_prefill(runs: dict[str, Run]) -> None:
     r = runs["restart-world"]
     (restart,) = [e for _, e in events(r, WorldRestarted)]
     assert restart.stopped == ("te/0", "te/1", "te/2", "te/3") and restart.queued == ("te/0",)
-    ready = {e.te: t for t, e in events(r, TeReady) if t > FAULT_AT_S}
-    launched = {e.te: t for t, e in events(r, TeLaunching) if t > FAULT_AT_S}
+    ready = {e.te: t for t, e in events(r, TeReady) if FAULT_AT_S < t < REPAIR_AT_S}
+    launched = {e.te: t for t, e in events(r, TeLaunching) if FAULT_AT_S < t < REPAIR_AT_S}
     assert set(ready) == {"te/0", "te/2", "te/3"}  # te/1 gave its NPUs to te/2 (its node is tainted)
     assert launched["te/0"] == max(ready["te/2"], ready["te/3"]) and ready["te/0"] > launched["te/0"]
     c = cell(runs, "restart-world")
