@@ -75,7 +75,7 @@ class ProcRuntime(Runtime):
         d.on_external = self._on_external_procs
         d.timer_late = self.on_timer_late  # (the NPUs' timers fire in the TE processes)
         c = self.cfg.cluster
-        topo = build(c.topology, self.placement.servers)
+        topo = build(c.topology, self.placement.servers + self.cfg.recovery.spare_servers)  # + the ladder's spares
         # The hardware shared across TEs stays here; each TE's NPUs live in its process.
         d.spawn(FABRIC, Fabric, cluster=topo.cluster, servers=topo.servers)
         for s in range(topo.servers):
@@ -95,8 +95,10 @@ class ProcRuntime(Runtime):
         """The launcher first (the manager's first `LaunchPod`s go to it at once), subscribed to
         the manager's directory; no in-process pods."""
         d.spawn(PODS_ADDR, ProcessPods, config={"te_preload_s": self.cfg.control.te_preload_s})
+        spares = tuple(range(self.placement.servers, self.placement.servers + self.cfg.recovery.spare_servers))
         spawn_control_plane(d, self.slots, self.groups, pushed_to(self.cfg, self.jes), self.cfg.control,
-                            directory_subscribers=(PODS_ADDR,), pods_addr=PODS_ADDR, in_process_pods=False)  # fmt: skip
+                            directory_subscribers=(PODS_ADDR,), pods_addr=PODS_ADDR, in_process_pods=False,
+                            recovery=self.cfg.recovery, spare_servers=spares)  # fmt: skip
         if self.cfg.autoscale.enabled:
             spawn_autoscaler(d, self.cfg, self.slots, self.groups)
 
