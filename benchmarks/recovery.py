@@ -4,11 +4,15 @@ touched and how they ended, the tokens generated again.
 
 The cluster is a small P/D pool (xDeepServe §6.2 stage 1's kind: `PREFILL` prefill and `DECODE`
 decode Llama-3-8B TEs on 910B over RoCE, one spare server), serving the first `requests` of the
-built-in Azure conversation trace as streamed chat completions. Each fault hits the first decode
-TE (`te/{PREFILL}`: its NPU, its RoCE NIC, or its process) at `FAULT_AT_S`, while it decodes.
+built-in Azure conversation trace (one body a request; `stream`: streamed). Each fault hits the
+first decode TE (`te/{PREFILL}`: its NPU, its RoCE NIC, or its process) at `FAULT_AT_S`, while
+it decodes. Rungs: the cluster manager's ladder (`RUNGS`: replace, restart-world, pd-separate,
+substitute) and, each on the baseline plus one setting (`SETTINGS`), the JE's request migration
+(streamed requests only), the engine's token recomputation and HBM masking, KV link probing.
 
 Columns (every number read off the run's recorded events and its client-side outputs):
-- `detected_s`: fault → the TE declared failed (None: never declared, e.g. a link fault);
+- `detected_s`: fault → the TE declared failed, else the engine's own handling (a pass rolled
+  back, an HBM part masked) or a probed link's verdict (None: nothing noticed it; `diagnosis`);
 - `recovered_s`: fault → every TE the rung relaunched is ready again (None: nothing relaunched),
   before a tainted node's repair (`recovery.node_repair_s`) brings back what the rung took down;
 - `whole_s`: fault → all the cluster's TEs ready again (after that repair, when one was needed);
@@ -17,8 +21,9 @@ Columns (every number read off the run's recorded events and its client-side out
 - `failed`: of those, requests that ended failed; `migrated`: requests moved to another TE with
   their stream continued (a `TaskMigrated` event, the JE's request migration when it is on);
   `recomputed`: affected requests that completed by running again from their prompt;
-- `tokens_regenerated`: output tokens the failed tasks had produced (streamed) for requests that
-  later completed: work done twice.
+- `tokens_regenerated`: output tokens produced twice: those a failed task had streamed for a
+  request that completed later (past its resume point when migrated), and those of passes rolled
+  back and run again.
 The `replace` rung is today's behaviour, the baseline of every other row of its fault.
 """
 
@@ -32,9 +37,12 @@ import msgspec
 
 from deepserve.actors.cluster.ladder import LadderChose, NodeRepaired
 from deepserve.actors.cluster.state import TeDeclaredFailed, TeLaunching, TeReady, TeStopped
+from deepserve.actors.flowserve.distflow.probe import LinkDiagnosed
+from deepserve.actors.flowserve.master.recovery import HbmFaultMasked, IterationRolledBack
 from deepserve.actors.flowserve.messages import TokenBatch
 from deepserve.actors.gateway.messages import ApiRequest
 from deepserve.actors.je.messages import JeTaskEnded, JobFinished
+from deepserve.actors.je.migration import TaskMigrated
 from deepserve.actors.workload.messages import RequestDone
 from deepserve.adapters.scenario.faults import FaultSpec, fault_inputs
 from deepserve.cluster.assembly import assemble
@@ -54,17 +62,28 @@ CLIENT = "ext/client"
 FAULTS: dict[str, dict[str, Any]] = {
     "npu-crash": {"kind": "npu-crash", "target": "hw/s1/npu0"},
     "npu-hang": {"kind": "hang-npu", "target": "hw/s1/npu0"},
-    "hbm-fault": {"kind": "hbm-fault", "target": "hw/s1/npu0"},
+    # the first 0.5 % of its KV region: masking can keep the TE serving (otherwise the device is lost)
+    "hbm-fault": {"kind": "hbm-fault", "target": "hw/s1/npu0", "span": (0.0, 0.005)},
     "link-down": {"kind": "link-down", "target": "s1/npu0/roce"},
-    "link-transient": {"kind": "link-flap", "target": "s1/npu0/roce", "down_s": 0.2, "up_s": 5.0},
+    # a transient error of the NPU's collective link: the pass running fails, the device stays fine
+    "link-transient": {"kind": "link-error", "target": "hw/s1/npu0"},
     "te-process-kill": {"kind": "kill-te-process", "target": f"te/{PREFILL}"},
 }
 TE_FAULTS = ("npu-crash", "npu-hang", "hbm-fault", "te-process-kill")  # a TE is declared failed
-RUNGS = ("replace", "restart-world", "pd-separate", "substitute")
+RUNGS = ("replace", "restart-world", "pd-separate", "substitute")  # the cluster manager's (ladder.py)
+# The rungs below the manager, each the baseline's config plus its setting: the JE's request
+# migration, the engine's token recomputation and HBM masking (cluster.resilience), KV link probing
+# (detection only: a link fault's diagnosis)
+SETTINGS: dict[str, tuple[str, ...]] = {
+    "migrate": ("scheduling.migration.enabled=true",),
+    "token-recompute": ("cluster.resilience.token_recompute=true",),
+    "hbm-mask": ("cluster.resilience.hbm_masking=true",),
+    "link-probe": ("cluster.resilience.kv_link_probe_s=2.0",),
+}
 BASELINE = "replace"
 EVENTS = frozenset(c.__name__ for c in (TeDeclaredFailed, TeLaunching, TeReady, TeStopped, LadderChose,
-                                        NodeRepaired, JeTaskEnded, JobFinished))  # fmt: skip
-MIGRATED = "TaskMigrated"  # the JE's request migration (recorded by name: counted when present)
+                                        NodeRepaired, JeTaskEnded, JobFinished, TaskMigrated, IterationRolledBack,
+                                        HbmFaultMasked, LinkDiagnosed))  # fmt: skip
 
 
 class Cell(msgspec.Struct, kw_only=True):
@@ -89,15 +108,20 @@ class Cell(msgspec.Struct, kw_only=True):
 
 def config(rung: str, fault: str, requests: int, seed: int) -> PlatformConfig:
     overrides = [f"cluster.prefill_tes={PREFILL}", f"cluster.decode_tes={DECODE}", f"workload.requests={requests}",
-                 "log=none", f"seed={seed}", f"recovery.rung={rung}", "recovery.spare_servers=1"]  # fmt: skip
+                 "log=none", f"seed={seed}", f"recovery.rung={rung if rung in RUNGS else BASELINE}",
+                 "recovery.spare_servers=1", *SETTINGS.get(rung, ())]  # fmt: skip
     cfg = load("pd-1p1d", overrides)
     return msgspec.structs.replace(cfg, faults=(FaultSpec(at_s=FAULT_AT_S, **FAULTS[fault]),))
 
 
-def applicable(fault: str) -> tuple[str, ...]:
-    """The rungs that act on `fault`: a ladder acts on a TE declared failed; a link fault
-    declares none, so its rows would repeat the baseline's."""
-    return RUNGS if fault in TE_FAULTS else (BASELINE,)
+def applicable(fault: str, stream: bool = False) -> tuple[str, ...]:
+    """The rungs that act on `fault`: the manager's on a TE declared failed (a link fault declares
+    none: its rows would repeat the baseline's), HBM masking on an HBM fault, token recomputation
+    on a transient link error, link probing on a link down, migration on streamed requests only
+    (an unstreamed one is run again from its prompt anyway)."""
+    own = {"hbm-fault": ("hbm-mask",), "link-transient": ("token-recompute",), "link-down": ("link-probe",)}
+    rungs = (RUNGS if fault in TE_FAULTS else (BASELINE,)) + own.get(fault, ())
+    return rungs + (("migrate",) if stream else ())
 
 
 class Run(msgspec.Struct, kw_only=True):
@@ -137,26 +161,41 @@ def run_cell(rung: str, fault: str, requests: int = 200, seed: int = 0, stream: 
     return _cell(rung, fault, r.requests, r.done, r.sink, r.wall_s)
 
 
-def _read(sink: MemorySink) -> tuple[list[tuple[float, Any]], dict[str, int], set[str]]:
-    """(t, event) of the events the table reads; output tokens streamed per task; migrated requests."""
-    evs, tokens, migrated = [], {}, set()
+def _read(sink: MemorySink) -> tuple[list[tuple[float, Any]], dict[str, int]]:
+    """(t, event) of the events the table reads; output tokens streamed per task."""
+    evs, tokens = [], {}
     for step in sink.steps:
         for ev in step.events:
             if ev.type in EVENTS:
                 evs.append((step.input.t, decode(ev.type, ev.payload)))
-            elif ev.type == MIGRATED:
-                migrated.add(decode(ev.type, ev.payload).request_id)
         for out in step.outputs:
             if out.dst == STREAM and out.type == TokenBatch.__name__:
                 for c in decode(out.type, out.payload).chunks:
                     tokens[c.task_id] = max(tokens.get(c.task_id, 0), c.first_index + len(c.times_s))
-    return evs, tokens, migrated
+    return evs, tokens
+
+
+def _detected(evs: list[tuple[float, Any]]) -> tuple[float | None, str]:
+    """(after the fault, how): the TE declared failed, else the engine's own handling (a rollback,
+    a masked HBM part) or a probed link's verdict."""
+    te = f"te/{PREFILL}"
+    for t, e in evs:
+        if t < FAULT_AT_S:
+            continue
+        if type(e) is TeDeclaredFailed and e.te == te:
+            return t - FAULT_AT_S, e.diagnosis
+        if type(e) is IterationRolledBack:
+            return t - FAULT_AT_S, "rolled back"
+        if type(e) is HbmFaultMasked:
+            return t - FAULT_AT_S, "masked"
+        if type(e) is LinkDiagnosed:
+            return e.detected_s - FAULT_AT_S, e.verdict
+    return None, ""
 
 
 def _cell(rung: str, fault: str, n: int, done: dict[str, RequestDone], sink: MemorySink, wall: float) -> Cell:
-    evs, tokens, migrated = _read(sink)
-    te = f"te/{PREFILL}"
-    declared = next(((t, e) for t, e in evs if type(e) is TeDeclaredFailed and e.te == te and t >= FAULT_AT_S), None)
+    evs, tokens = _read(sink)
+    detected_s, diagnosis = _detected(evs)
     relaunched: dict[str, float] = {}
     repaired_s = next((t for t, e in evs if type(e) is NodeRepaired), float("inf"))
     for t, e in evs:
@@ -165,20 +204,26 @@ def _cell(rung: str, fault: str, n: int, done: dict[str, RequestDone], sink: Mem
     ready_at = {te_: next((t for t, e in evs if type(e) is TeReady and e.te == te_ and t >= t0), None)
                 for te_, t0 in relaunched.items()}  # fmt: skip
     recovered = None if not ready_at or None in ready_at.values() else max(ready_at.values()) - FAULT_AT_S  # type: ignore[type-var]
-    failed_tasks = [(t, e) for t, e in evs if type(e) is JeTaskEnded and e.status == "failed" and t >= FAULT_AT_S]
+    failed_tasks = [e for t, e in evs if type(e) is JeTaskEnded and e.status == "failed" and t >= FAULT_AT_S]
+    moved = {e.task_id: e for t, e in evs if type(e) is TaskMigrated and t >= FAULT_AT_S}
+    migrated = {e.request_id for e in moved.values()}
     ok = {r for r, m in done.items() if m.status == "completed"}
     # a request failed after the fault without a task failing was refused for want of a TE
-    hit = {e.request_id for _, e in failed_tasks} | migrated | {r for r, m in done.items()
-                                                                  if r not in ok and m.finish_s >= FAULT_AT_S}  # fmt: skip
-    regenerated = sum(tokens.get(e.task_id, 0) for _, e in failed_tasks if e.request_id in ok)
+    hit = ({e.request_id for e in failed_tasks} | migrated
+           | {r for r, m in done.items() if r not in ok and m.finish_s >= FAULT_AT_S})  # fmt: skip
+    # tokens a failed task had sent, produced again by the next: all of them when it ran again from
+    # its prompt; those past the resume point when migrated (the client had the rest); plus the
+    # tokens of passes rolled back and run again (token recomputation)
+    regenerated = sum(max(tokens.get(e.task_id, 0) - (moved[e.task_id].resume_from if e.task_id in moved else 0), 0)
+                      for e in failed_tasks if e.request_id in ok)  # fmt: skip
+    regenerated += sum(e.outputs for t, e in evs if type(e) is IterationRolledBack)
     choice = next((e.action for _, e in evs if type(e) is LadderChose), "")
     e2e = [m.finish_s - m.arrival_s for m in done.values()]
-    return Cell(fault=fault, rung=rung, requests=n, completed=len(ok),
-                detected_s=None if declared is None else declared[0] - FAULT_AT_S,
-                diagnosis="" if declared is None else declared[1].diagnosis, recovered_s=recovered,
-                whole_s=_whole_s(evs), serving_min=_serving_min(evs), affected=len(hit), failed=len(hit - ok), migrated=len(migrated),
-                recomputed=len((hit & ok) - migrated), tokens_regenerated=regenerated, choice=choice,
-                e2e_s_max=max(e2e, default=0.0), wall_s=wall)  # fmt: skip
+    return Cell(fault=fault, rung=rung, requests=n, completed=len(ok), detected_s=detected_s, diagnosis=diagnosis,
+                recovered_s=recovered, whole_s=_whole_s(evs), serving_min=_serving_min(evs), affected=len(hit),
+                failed=len(hit - ok), migrated=len(migrated), recomputed=len((hit & ok) - migrated),
+                tokens_regenerated=regenerated, choice=choice, e2e_s_max=max(e2e, default=0.0),
+                wall_s=wall)  # fmt: skip
 
 
 def _ready_counts(evs: list[tuple[float, Any]]) -> list[tuple[float, int]]:
@@ -221,8 +266,10 @@ def _serving_min(evs: list[tuple[float, Any]]) -> int:
 
 
 def run_table(faults: Sequence[str] = tuple(FAULTS), requests: int = 200, seed: int = 0,
-              rungs: Sequence[str] = RUNGS, stream: bool = False) -> list[Cell]:  # fmt: skip
-    return [run_cell(r, f, requests, seed, stream) for f in faults for r in applicable(f) if r in rungs]
+              rungs: Sequence[str] | None = None, stream: bool = False) -> list[Cell]:  # fmt: skip
+    """Every (fault, rung that applies to it) cell; `rungs`: only these (None: all)."""
+    return [run_cell(r, f, requests, seed, stream) for f in faults for r in applicable(f, stream)
+            if rungs is None or r in rungs]  # fmt: skip
 
 
 COLUMNS = ("fault", "rung", "detected_s", "recovered_s", "whole_s", "serving_min", "affected", "failed", "migrated",

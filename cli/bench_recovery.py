@@ -7,10 +7,11 @@ import sys
 
 from deepserve.cmdline import positive_int
 
-# benchmarks/recovery.py's FAULTS and the ladder's RUNGS (a test keeps them equal): named here so
-# that building the parser imports no cluster
+# benchmarks/recovery.py's FAULTS, RUNGS and SETTINGS (a test keeps them equal): named here so that
+# building the parser imports no cluster
 FAULT_NAMES = ("npu-crash", "npu-hang", "hbm-fault", "link-down", "link-transient", "te-process-kill")
-RUNG_NAMES = ("replace", "restart-world", "pd-separate", "substitute")
+RUNG_NAMES = ("replace", "restart-world", "pd-separate", "substitute", "migrate", "token-recompute", "hbm-mask",
+              "link-probe")  # fmt: skip
 
 
 def _choices(known: tuple[str, ...], what: str) -> object:
@@ -36,8 +37,8 @@ def register(which: argparse._SubParsersAction) -> None:
     p.add_argument("--rungs", type=_choices(RUNG_NAMES, "rung"), metavar="A,B",
                    help=f"ladder rungs (default: all that apply: {', '.join(RUNG_NAMES)})")
     p.add_argument("--stream", action="store_true",
-                   help="clients stream (a streamed request on a failed TE fails, or migrates when the JE "
-                        "migrates); default: one body at the end, so a failed task is run again")
+                   help="clients stream (a streamed request on a failed TE fails, or moves on with rung "
+                        "migrate); default: one body at the end, so a failed task is run again")
     p.set_defaults(func=_run)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cliproc import assert_one_line_error, deepserve, in_process
 
-from deepserve.benchmarks.recovery import FAULTS, RUNGS
+from deepserve.benchmarks.recovery import FAULTS, RUNGS, SETTINGS
 from deepserve.cli.bench_recovery import FAULT_NAMES, RUNG_NAMES
 
 
@@ -33,10 +33,24 @@ def test_bench_recovery_json_table(tmp_path: Path) -> None:
 
 
 def test_bench_recovery_names_match_the_bench() -> None:
-    assert FAULT_NAMES == tuple(FAULTS) and RUNG_NAMES == RUNGS
+    assert FAULT_NAMES == tuple(FAULTS) and RUNG_NAMES == RUNGS + tuple(SETTINGS)
 
 
 def test_bench_recovery_bad_arguments(tmp_path: Path) -> None:
     assert_one_line_error(in_process("bench", "recovery", "--faults", "npu-melt", cwd=tmp_path), "npu-melt")
     assert_one_line_error(in_process("bench", "recovery", "--rungs", "reboot", cwd=tmp_path), "reboot")
     assert_one_line_error(in_process("bench", "recovery", "--requests", "0", cwd=tmp_path), "--requests")
+
+
+def test_the_rungs_below_the_manager_on_a_transient_link_error_with_streaming_clients() -> None:
+    from deepserve.benchmarks.recovery import run_table
+
+    rows = {c.rung: c for c in run_table(["link-transient"], requests=40, stream=True)}
+    assert list(rows) == ["replace", "token-recompute", "migrate"]
+    base, recompute, migrate = rows["replace"], rows["token-recompute"], rows["migrate"]
+    assert base.failed == base.affected > 0 and base.migrated == 0  # today: the pass's streams fail
+    # every DP group rolls the pass back and runs it again: nothing fails, the pass's tokens again
+    assert (recompute.affected, recompute.failed, recompute.diagnosis) == (0, 0, "rolled back")
+    assert recompute.tokens_regenerated == base.affected  # one token each of the tasks in the pass
+    # the JE moves the failed streams on: none fails, each continues where its client was
+    assert migrate.failed == 0 and migrate.migrated == base.affected and migrate.completed == 40
