@@ -34,7 +34,8 @@ FAULT_SOURCES = frozenset({"ext/admin", "ext/fault"})  # `deepserve fault`/`scal
 MAX_FAULTS = 100_000
 FAULTS_BEFORE = 3  # faults shown from before the request arrived
 MAX_KNOWN = 8  # request ids named when the one asked for is absent
-CONTROL_TYPES = frozenset({"TeDeclaredFailed", "TeReady"})  # the cluster manager's, about one TE
+# the cluster manager's, about one TE (LadderChose: the recovery ladder's rung and what it did)
+CONTROL_TYPES = frozenset({"TeDeclaredFailed", "TeReady", "LadderChose"})
 
 
 def _load_types() -> None:
@@ -173,6 +174,8 @@ def _hop_lines(h: dict[str, Any]) -> Iterator[str]:
     elif ev == "Control" and h["kind"] == "TeDeclaredFailed":
         why = f" ({h['diagnosis']})" if h.get("diagnosis") else ""
         yield f"{at}  CONTROL {who}: {h['te']} generation {h['generation']} declared failed{why}: {h['reason']}"
+    elif ev == "Control" and h["kind"] == "LadderChose":
+        yield f"{at}  CONTROL {who}: recovery ladder ({h['rung']}) for {h['te']} generation {h['generation']}: {h['action']}"
     elif ev == "Control":
         yield f"{at}  CONTROL {who}: {h['te']} generation {h['generation']} ready (its replacement, booted cold)"
     elif ev == "Fault":

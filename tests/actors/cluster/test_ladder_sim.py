@@ -120,3 +120,19 @@ def test_restart_world_restarts_every_te_decode_before_prefill(runs: dict[str, R
 def test_every_rung_s_log_replays_identically(runs: dict[str, Run]) -> None:
     for rung, r in runs.items():
         assert verify(MemoryLog(r.sink)).identical, rung  # type: ignore[arg-type]
+
+
+def test_replay_why_shows_the_rung_s_choice_for_a_request_on_the_failed_te(runs: dict[str, Run]) -> None:
+    from deepserve.replay.why import request_hops, why_lines
+
+    r = runs["pd-separate"]
+    hit = sorted(e.request_id for _, e in events_of(r, "JeTaskEnded") if e.te == "te/2" and e.status == "failed")
+    assert hit
+    story = list(why_lines(request_hops(MemoryLog(r.sink), hit[0])))  # type: ignore[arg-type]
+    declared = next(i for i, ln in enumerate(story) if "te/2 generation 1 declared failed (device-lost)" in ln)
+    assert ("CONTROL cluster: recovery ladder (pd-separate) for te/2 generation 1: kill-P-to-preserve-D: "
+            "te/1's NPUs on s0 host decode te/2") in story[declared + 1]  # fmt: skip
+
+
+def events_of(run: Run, name: str) -> list[tuple[float, Any]]:
+    return [(s.input.t, decode(e.type, e.payload)) for s in run.sink.steps for e in s.events if e.type == name]
