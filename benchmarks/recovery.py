@@ -35,7 +35,7 @@ from typing import Any
 
 import msgspec
 
-from deepserve.actors.cluster.ladder import LadderChose, NodeRepaired
+from deepserve.actors.cluster.ladder import LadderChose, NodeRepaired, TeScaledIn
 from deepserve.actors.cluster.state import TeDeclaredFailed, TeLaunching, TeReady, TeStopped
 from deepserve.actors.flowserve.distflow.probe import LinkDiagnosed
 from deepserve.actors.flowserve.master.recovery import HbmFaultMasked, IterationRolledBack
@@ -68,8 +68,11 @@ FAULTS: dict[str, dict[str, Any]] = {
     # a transient error of the NPU's collective link: the pass running fails, the device stays fine
     "link-transient": {"kind": "link-error", "target": "hw/s1/npu0"},
     "te-process-kill": {"kind": "kill-te-process", "target": f"te/{PREFILL}"},
+    # the NPU of one DP group (dp/1) of te/2, in the same pool with 2 DP groups a TE
+    "dp-npu-crash": {"kind": "npu-crash", "target": "hw/s1/npu1"},
 }
-TE_FAULTS = ("npu-crash", "npu-hang", "hbm-fault", "te-process-kill")  # a TE is declared failed
+CLUSTER_OF: dict[str, tuple[str, ...]] = {"dp-npu-crash": ("cluster.dp_groups=2",)}  # a fault's own pool
+TE_FAULTS = ("npu-crash", "npu-hang", "hbm-fault", "te-process-kill", "dp-npu-crash")  # a TE is declared failed
 RUNGS = ("replace", "restart-world", "pd-separate", "substitute")  # the cluster manager's (ladder.py)
 # The rungs below the manager, each the baseline's config plus its setting: the JE's request
 # migration, the engine's token recomputation and HBM masking (cluster.resilience), KV link probing
@@ -82,7 +85,7 @@ SETTINGS: dict[str, tuple[str, ...]] = {
 }
 BASELINE = "replace"
 EVENTS = frozenset(c.__name__ for c in (TeDeclaredFailed, TeLaunching, TeReady, TeStopped, LadderChose,
-                                        NodeRepaired, JeTaskEnded, JobFinished, TaskMigrated, IterationRolledBack,
+                                        NodeRepaired, TeScaledIn, JeTaskEnded, JobFinished, TaskMigrated, IterationRolledBack,
                                         HbmFaultMasked, LinkDiagnosed))  # fmt: skip
 
 
@@ -106,10 +109,10 @@ class Cell(msgspec.Struct, kw_only=True):
     wall_s: float
 
 
-def config(rung: str, fault: str, requests: int, seed: int) -> PlatformConfig:
+def config(rung: str, fault: str, requests: int, seed: int, extra: Sequence[str] = ()) -> PlatformConfig:
     overrides = [f"cluster.prefill_tes={PREFILL}", f"cluster.decode_tes={DECODE}", f"workload.requests={requests}",
                  "log=none", f"seed={seed}", f"recovery.rung={rung if rung in RUNGS else BASELINE}",
-                 "recovery.spare_servers=1", *SETTINGS.get(rung, ())]  # fmt: skip
+                 "recovery.spare_servers=1", *SETTINGS.get(rung, ()), *CLUSTER_OF.get(fault, ()), *extra]  # fmt: skip
     cfg = load("pd-1p1d", overrides)
     return msgspec.structs.replace(cfg, faults=(FaultSpec(at_s=FAULT_AT_S, **FAULTS[fault]),))
 
@@ -132,9 +135,13 @@ class Run(msgspec.Struct, kw_only=True):
     wall_s: float
 
 
-def simulate(rung: str, fault: str, requests: int = 200, seed: int = 0, stream: bool = False) -> Run:
-    """One cell's run, its whole log in memory."""
-    cfg = for_driver(config(rung, fault, requests, seed), "sim")
+def simulate(rung: str, fault: str, requests: int = 200, seed: int = 0, stream: bool = False,
+             extra: Sequence[str] = (), target: str = "") -> Run:  # fmt: skip
+    """One cell's run, its whole log in memory; `extra`: more overrides, `target`: another one."""
+    cfg = config(rung, fault, requests, seed, extra)
+    if target:
+        cfg = msgspec.structs.replace(cfg, faults=(msgspec.structs.replace(cfg.faults[0], target=target),))
+    cfg = for_driver(cfg, "sim")
     sink = MemorySink()
     driver = SimDriver(cfg.seed, sink=sink)
     done: dict[str, RequestDone] = {}
@@ -188,6 +195,8 @@ def _detected(evs: list[tuple[float, Any]]) -> tuple[float | None, str]:
             return t - FAULT_AT_S, "rolled back"
         if type(e) is HbmFaultMasked:
             return t - FAULT_AT_S, "masked"
+        if type(e) is TeScaledIn:
+            return t - FAULT_AT_S, "scaled in"
         if type(e) is LinkDiagnosed:
             return e.detected_s - FAULT_AT_S, e.verdict
     return None, ""

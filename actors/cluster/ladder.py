@@ -10,8 +10,11 @@ does when a serving TE is declared failed, as a selectable policy (`Recovery.run
   is tainted takes a prefill's NPUs (a degraded cluster still runs its decode), that prefill is
   not restarted.
 - `pd-separate` (stage 2): only the failed TE is touched — a failed prefill never takes a decode
-  down. On a tainted node a prefill (or colocated TE) stays down; a decode is kept alive by
-  kill-P-to-preserve-D: one prefill is stopped and the decode relaunched on its NPUs.
+  down. A decode of several DP groups whose one group lost its device scales in vertically: it
+  serves on with the others, which keep their requests (the lost group's fail over; its
+  heartbeat responder stops asking it). On a tainted node a prefill (or colocated TE) stays
+  down; a decode is kept alive by kill-P-to-preserve-D: one prefill is stopped and the decode
+  relaunched on its NPUs.
 - `substitute` (P/D-Serve §3.4, minimum-cost): only the failed TE is replaced, in place when its
   node is healthy, else by one new instance on a spare server (`spare_servers`, empty servers
   beyond the layout) under the same address; it enters the JEs' membership (their routing) only
@@ -28,6 +31,7 @@ move (`NodeTainted`, `TeRelocated`), so the same fault under two rungs compares 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Literal
 
@@ -124,6 +128,15 @@ class NodeRepaired(Event, frozen=True, kw_only=True):
     server: int
 
 
+class TeScaledIn(Event, frozen=True, kw_only=True):
+    """Decode vertical scaling: the TE's generation serves on without DP group `dp`."""
+
+    te: str
+    generation: int
+    dp: int
+    dps_left: int
+
+
 class NodeRepairDue(Message, frozen=True, kw_only=True):
     """The manager's timer: the tainted node `server` is repaired."""
 
@@ -131,7 +144,7 @@ class NodeRepairDue(Message, frozen=True, kw_only=True):
 
 
 EVENTS = (LadderChose, NodeTainted, TeRelocated, WorldRestarted, WorldResumed, NodeRepaired, TeTakenDown,
-          TeBroughtBack)
+          TeBroughtBack, TeScaledIn)
 
 
 class LadderState(CmState, kw_only=True):
@@ -141,6 +154,7 @@ class LadderState(CmState, kw_only=True):
     placed: dict[str, tuple[int, tuple[str, ...]]] = {}  # TE -> (server, NPUs) when not its own slot's
     queued: dict[str, list[str]] = {}  # model -> prefills waiting for its decodes (restart-the-world)
     down: dict[str, list[str]] = {}  # group -> TEs the ladder stopped and shrank it by
+    scaled: dict[str, list[int]] = {}  # "te#generation" -> its DP groups dropped (vertical scaling)
     choices: int = 0
 
 
@@ -158,6 +172,8 @@ def evolve(s: LadderState, e: Event) -> LadderState:
         s.queued.pop(e.model, None)  # type: ignore[attr-defined]
     elif t is NodeRepaired:
         s.tainted.pop(str(e.server), None)  # type: ignore[attr-defined]
+    elif t is TeScaledIn:
+        s.scaled.setdefault(f"{e.te}#{e.generation}", []).append(e.dp)  # type: ignore[attr-defined]
     elif t is TeTakenDown:
         s.down.setdefault(e.group, []).append(e.te)  # type: ignore[attr-defined]
     elif t is TeBroughtBack:
@@ -173,6 +189,13 @@ class Note(msgspec.Struct, frozen=True):
     event: Event
 
 
+class DropDp(msgspec.Struct, frozen=True):
+    """Tell the TE's heartbeat responder to stop asking DP group `dp` (HbDropDp)."""
+
+    te: str
+    dp: int
+
+
 class Repair(msgspec.Struct, frozen=True):
     """Set the timer of the tainted node's repair."""
 
@@ -180,7 +203,7 @@ class Repair(msgspec.Struct, frozen=True):
     delay_s: float
 
 
-Action = P.Action | Note | Repair
+Action = P.Action | Note | Repair | DropDp
 
 
 # ---- placement -----------------------------------------------------------------------------------
@@ -237,6 +260,8 @@ def on_failed(st: CmState, slots: Mapping[str, TeSlot], cfg: Recovery, spares: t
     if not isinstance(base[-1], P.Launch):  # the group no longer wants it: stopped, nothing to choose
         return base
     head, here = base[:3], slot_of(st, slots[te])
+    if cfg.rung == "pd-separate" and (scaled := _scale_in(st, here, generation, reason, diagnosis)):
+        return scaled
     out: list[Action] = list(head)
     taint = diagnosis in cfg.taint and not _tainted(st, here.server)
     if taint:
@@ -271,6 +296,25 @@ def _shrink(st: CmState, te: str, group: str) -> list[Action]:
 def _down(st: CmState, slot: TeSlot, generation: int, rung: str, diagnosis: str, why: str) -> list[Action]:
     return [_chose(slot.te, generation, rung, diagnosis, why), *_shrink(st, slot.te, slot.group),
             P.Stop(slot.te, f"generation {generation} failed: {why}")]  # fmt: skip
+
+
+def _scale_in(st: CmState, slot: TeSlot, generation: int, reason: str, diagnosis: str) -> list[Action]:
+    """Decode vertical scaling: a decode TE whose one DP group's device is lost (the heartbeat
+    answer names its master) serves on with the others; [] when that does not apply."""
+    if slot.role != "decode" or slot.dp_groups < 2 or diagnosis != DEVICE_LOST:
+        return []
+    m = re.search(rf"{re.escape(slot.te)}/dp/(\d+)\b", reason)
+    lost = getattr(st, "scaled", {}).get(f"{slot.te}#{generation}", [])
+    if m is None or int(m.group(1)) in lost or int(m.group(1)) >= slot.dp_groups:
+        return []
+    dp, left = int(m.group(1)), slot.dp_groups - len(lost) - 1
+    if left < 1:
+        return []
+    why = (f"decode vertical scaling: {slot.te} serves on with {left} of {slot.dp_groups} DP groups "
+           f"(dp/{dp}'s device lost; the other groups keep their requests)")  # fmt: skip
+    return [_chose(slot.te, generation, "pd-separate", diagnosis, why),
+            Note(TeScaledIn(te=slot.te, generation=generation, dp=dp, dps_left=left)),
+            DropDp(slot.te, dp), P.Watch(slot.te, generation)]  # fmt: skip
 
 
 def _victim(st: CmState, slots: Mapping[str, TeSlot], model: str, need: int) -> TeSlot | None:

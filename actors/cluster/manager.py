@@ -43,6 +43,7 @@ from .messages import (
     DirectoryUpdate,
     DrainPoll,
     DrainTe,
+    HbDropDp,
     RelaunchTe,
     RemoveTe,
     ScaleGroup,
@@ -292,6 +293,8 @@ class ClusterManager(Actor[CmState]):
             ctx.record(a.event)
         elif isinstance(a, L.Repair):
             ctx.after(a.delay_s, L.NodeRepairDue(server=a.server), key=f"repair/s{a.server}")
+        elif isinstance(a, L.DropDp):
+            ctx.send(f"{a.te}/hb", HbDropDp(dp=a.dp))
         elif isinstance(a, P.Launch):
             self._launch(ctx, a)
         elif isinstance(a, P.Ready):

@@ -128,6 +128,13 @@ class DpHeartbeatAck(Message, frozen=True, kw_only=True):
     in_run: bool = False
 
 
+class HbDropDp(Message, frozen=True, kw_only=True):
+    """Manager → `{te}/hb`: stop asking DP group `dp`'s master, its device is lost and the TE
+    serves on with its other groups (the recovery ladder's decode vertical scaling)."""
+
+    dp: int
+
+
 class TeFailed(Message, frozen=True, kw_only=True):
     """Monitor (or an operator) → manager: declare the TE's `generation` failed."""
 

@@ -18,7 +18,15 @@ import msgspec
 from deepserve.actors.ports.npu import NpuError, NpuProbe, NpuStatus
 from deepserve.core import Actor, AskFailed, Context, Event, Message
 
-from .messages import DEVICE_LOST, HUNG, DpHeartbeat, DpHeartbeatAck, Heartbeat, HeartbeatAck
+from .messages import (
+    DEVICE_LOST,
+    HUNG,
+    DpHeartbeat,
+    DpHeartbeatAck,
+    HbDropDp,
+    Heartbeat,
+    HeartbeatAck,
+)
 
 
 class HbState(msgspec.Struct, kw_only=True):
@@ -33,6 +41,7 @@ class HbState(msgspec.Struct, kw_only=True):
     failed_rounds: int = 0
     lease_s: float = 0.0  # the round in flight's lease (0: none)
     lease_until_s: float = 0.0
+    dropped: list[int] = []  # DP groups no longer asked (the manager scaled the TE in: HbDropDp)
 
 
 class HbRound(Event, frozen=True, kw_only=True):
@@ -53,6 +62,10 @@ class HbRoundEnded(Event, frozen=True, kw_only=True):
     # ok: every DP group's step this round (the last answer's HbAnswer is folded in here: one
     # event less per TE and round)
     steps: tuple[int, ...] = ()
+
+
+class HbDpDropped(Event, frozen=True, kw_only=True):
+    dp: int
 
 
 class HbProbing(Event, frozen=True, kw_only=True):
@@ -90,6 +103,8 @@ class HbResponder(Actor[HbState]):
         elif isinstance(e, HbAnswer):
             s.answers[str(e.dp)] = e.step
             s.last_steps[e.dp] = e.step
+        elif isinstance(e, HbDpDropped):
+            s.dropped.append(e.dp)
         elif isinstance(e, HbRoundEnded):
             for dp, step in enumerate(e.steps):
                 s.last_steps[dp] = step
@@ -102,12 +117,15 @@ class HbResponder(Actor[HbState]):
         if isinstance(msg, Heartbeat):
             # A round still open is superseded: the monitor counted it as a miss already.
             asks = tuple(ctx.ask(m, DpHeartbeat(seq=msg.seq, last_step=st.last_steps[i]), self.timeout_s)
-                         for i, m in enumerate(self.masters))  # fmt: skip
+                         for i, m in enumerate(self.masters) if i not in st.dropped)  # fmt: skip
             lease = msg.lease_s if self.npus else 0.0  # no NPU to promise: no lease
             ctx.record(HbRound(seq=msg.seq, reply_to=msg.reply_to, asks=asks, lease_s=lease,
                                lease_until_s=ctx.now() + lease if lease else 0.0))  # fmt: skip
+        elif isinstance(msg, HbDropDp):
+            if 0 <= msg.dp < len(self.masters) and msg.dp not in st.dropped:
+                ctx.record(HbDpDropped(dp=msg.dp))
         elif isinstance(msg, DpHeartbeatAck):
-            if msg.seq != st.seq or str(msg.dp) in st.answers:
+            if msg.seq != st.seq or str(msg.dp) in st.answers or msg.dp in st.dropped:
                 return
             if msg.failed:
                 self._end(ctx, False, f"{self.masters[msg.dp]}: {msg.failed}", (), DEVICE_LOST)
@@ -142,11 +160,11 @@ class HbResponder(Actor[HbState]):
             self._end(ctx, False, why, (), HUNG)
 
     def _answered(self, ctx: Context, dp: int, step: int) -> None:
-        answers = self.state.answers
-        if len(answers) + 1 < len(self.masters):
+        answers, dropped = self.state.answers, self.state.dropped
+        if len(answers) + 1 < len(self.masters) - len(dropped):
             ctx.record(HbAnswer(dp=dp, step=step))
             return
-        steps = tuple(step if i == dp else answers[str(i)] for i in range(len(self.masters)))
+        steps = tuple(step if i == dp else -1 if i in dropped else answers[str(i)] for i in range(len(self.masters)))
         self._end(ctx, True, "", steps)
 
     def _end(self, ctx: Context, ok: bool, reason: str, steps: tuple[int, ...], diagnosis: str = "") -> None:

@@ -178,3 +178,22 @@ def test_no_repair_when_node_repair_s_is_zero() -> None:
     cfg = L.Recovery(rung="pd-separate", node_repair_s=0.0)
     out = L.on_failed(world(), SLOTS, cfg, (), "te/2", 1, "why", "device-lost", "cold", NO)
     assert not any(isinstance(a, L.Repair) for a in out) and notes(out, L.NodeTainted)
+
+
+def test_pd_separate_scales_a_decode_of_several_dp_groups_in_vertically() -> None:
+    two = {**SLOTS, "te/2": msgspec.structs.replace(SLOTS["te/2"], dp_groups=2)}
+    cfg = L.Recovery(rung="pd-separate")
+    st = world()
+    why = "its heartbeat said: te/2/dp/1: device lost: hw/s1/npu1 crashed"
+    out = L.on_failed(st, two, cfg, (), "te/2", 1, why, "device-lost", "cold", NO)
+    # not failed: no Fail, no push, no stop nor launch — dp/1 dropped, the TE watched again
+    assert [type(a) for a in out] == [L.Note, L.Note, L.DropDp, P.Watch]
+    assert notes(out, L.TeScaledIn) == [L.TeScaledIn(te="te/2", generation=1, dp=1, dps_left=1)]
+    assert out[2:] == [L.DropDp("te/2", 1), P.Watch("te/2", 1)]
+    apply(st, out)
+    # the last group left: nothing to scale in to, the TE fails over as the rung says
+    again = L.on_failed(st, two, cfg, (), "te/2", 1, "te/2/dp/0: device lost", "device-lost", "cold", NO)
+    assert isinstance(again[0], P.Fail) and notes(again, L.TeScaledIn) == []
+    # a hang, a one-group decode or a prefill: the other paths
+    for te, slots, diagnosis in (("te/2", two, "hang"), ("te/2", SLOTS, "device-lost")):
+        assert notes(L.on_failed(world(), slots, cfg, (), te, 1, why, diagnosis, "cold", NO), L.TeScaledIn) == []

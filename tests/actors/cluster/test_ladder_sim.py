@@ -136,3 +136,22 @@ def test_replay_why_shows_the_rung_s_choice_for_a_request_on_the_failed_te(runs:
 
 def events_of(run: Run, name: str) -> list[tuple[float, Any]]:
     return [(s.input.t, decode(e.type, e.payload)) for s in run.sink.steps for e in s.events if e.type == name]
+
+
+def test_decode_vertical_scaling_keeps_the_other_dp_group_s_requests() -> None:
+    # te/2 with 2 DP groups (hw/s1/npu0, npu1); dp/1's NPU crashes at 20 s
+    cells, tasks = {}, {}
+    for rung in ("replace", "pd-separate"):
+        r = simulate(rung, "dp-npu-crash", REQUESTS)
+        cells[rung] = _cell(rung, "dp-npu-crash", r.requests, r.done, r.sink, r.wall_s)
+        tasks[rung] = {e.task_id for _, e in events_of(r, "JeTaskEnded") if e.te == "te/2" and e.status == "failed"}
+        if rung == "pd-separate":
+            assert r.driver.actor(MANAGER_ADDR).state.tes["te/2"].generation == 1  # never replaced
+            assert r.driver.actor("te/2/hb").state.dropped == [1]
+            assert [(e.dp, e.dps_left) for _, e in events_of(r, "TeScaledIn")] == [(1, 1)]
+            assert events_of(r, "TeDeclaredFailed") == []
+            assert verify(MemoryLog(r.sink)).identical  # type: ignore[arg-type]
+    base, vs = cells["replace"], cells["pd-separate"]
+    assert (vs.detected_s, vs.diagnosis, vs.serving_min, vs.failed) == (0.0, "scaled in", 4, 0)
+    # only dp/1's tasks failed over; the TE replaced whole fails dp/0's too
+    assert tasks["pd-separate"] < tasks["replace"] and vs.affected < base.affected
