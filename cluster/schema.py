@@ -15,9 +15,9 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from deepserve.actors.cluster.autoscaler_config import Autoscale
 from deepserve.actors.cluster.ladder import Recovery
 from deepserve.actors.cluster.prewarm import Scaling
-from deepserve.actors.cluster.autoscaler_config import Autoscale
 from deepserve.adapters.scenario.control import ControlPlane
 from deepserve.adapters.scenario.faults import FaultSpec
 from deepserve.adapters.scenario.sched import Scheduling
