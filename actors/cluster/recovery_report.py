@@ -34,10 +34,11 @@ from deepserve.actors.gateway.messages import GatewayJeDown
 from deepserve.actors.je.messages import JeTaskEnded, JobFinished
 from deepserve.core.codec import decode
 
+from .ladder_state import TeScaledIn
 from .state import GroupTarget, TeDeclaredFailed, TeReady, TeStopped
 
 EVENT_TYPES = frozenset(c.__name__ for c in (TeDeclaredFailed, TeReady, TeStopped, GroupTarget, JeTaskEnded,
-                                              JobFinished, GatewayJeDown))  # fmt: skip
+                                              JobFinished, GatewayJeDown, TeScaledIn))  # fmt: skip
 REPAIRS = ("npu-reset", "link-up")
 LINK_KINDS = ("link-down", "link-degrade", "link-flap")
 
@@ -114,10 +115,16 @@ def recovery_report(faults: Sequence[FaultLike], events: Iterable[tuple[float, s
 
 
 def _te_line(f: FaultLike, te: str, end_s: float, evs: list[tuple[float, str, Any]]) -> FaultLine:
-    declared = next(((t, e) for t, _, e in evs if type(e) is TeDeclaredFailed and e.te == te and f.at_s <= t < end_s),
-                    None)  # fmt: skip
+    declared = next(((t, e) for t, _, e in evs if type(e) in (TeDeclaredFailed, TeScaledIn) and e.te == te
+                      and f.at_s <= t < end_s), None)  # fmt: skip
     if declared is None:
         return FaultLine(kind=f.kind, target=f.target, at_s=f.at_s, te=te)
+    if type(declared[1]) is TeScaledIn:  # the recovery ladder's vertical scaling: the TE serves on
+        t_in, e_in = declared
+        failed, retried = _requests(evs, lambda e: e.te == te, f.at_s, t_in)
+        return FaultLine(kind=f.kind, target=f.target, at_s=f.at_s, te=te, detected_after_s=t_in - f.at_s,
+                         diagnosis=f"scaled in: dp/{e_in.dp} dropped, {e_in.dps_left} left", failed=failed,
+                         retried=retried, recovered_after_s=t_in - f.at_s)  # it serves on at once  # fmt: skip
     t_fail, e_fail = declared
     ready = next((t for t, _, e in evs if type(e) is TeReady and e.te == te and e.generation > e_fail.generation
                   and t >= t_fail), None)  # fmt: skip

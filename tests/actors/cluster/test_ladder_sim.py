@@ -25,7 +25,7 @@ from deepserve.actors.cluster.state import (
     TeReady,
     TeStopped,
 )
-from deepserve.benchmarks.recovery import FAULT_AT_S, Run, _cell, simulate
+from deepserve.benchmarks.recovery import FAULT_AT_S, Run, _cell, config, simulate
 from deepserve.cluster.control import MANAGER_ADDR
 from deepserve.core.codec import decode
 from deepserve.persistence.memory import MemoryLog
@@ -155,3 +155,14 @@ def test_decode_vertical_scaling_keeps_the_other_dp_group_s_requests() -> None:
     assert (vs.detected_s, vs.diagnosis, vs.serving_min, vs.failed) == (0.0, "scaled in", 4, 0)
     # only dp/1's tasks failed over; the TE replaced whole fails dp/0's too
     assert tasks["pd-separate"] < tasks["replace"] and vs.affected < base.affected
+
+
+def test_the_recovery_report_line_of_a_scaled_in_decode() -> None:
+    from deepserve.actors.cluster.recovery_report import recovery_events, recovery_report
+
+    r = simulate("pd-separate", "dp-npu-crash", REQUESTS)
+    cfg = config("pd-separate", "dp-npu-crash", REQUESTS, 0)
+    npus = {"te/2": ("hw/s1/npu0", "hw/s1/npu1")}
+    (line,) = recovery_report(cfg.faults, recovery_events(r.sink.steps), npus).lines  # type: ignore[arg-type]
+    assert line.text() == ("fault at 20 s: npu-crash hw/s1/npu1 (te/2): detected after 0 s (scaled in: dp/1 "
+                           "dropped, 1 left), recovered after 0 s; requests: 0 failed, 2 retried")  # fmt: skip
