@@ -269,3 +269,14 @@ def on_repaired(st: CmState, slots: Mapping[str, TeSlot], server: int, source: L
                                      why=f"back after node s{server}'s repair")),
                     P.Launch(te, st.tes[te].generation + 1, source, replacing=True)]  # fmt: skip
     return out
+
+
+def blocked_slots(st: CmState, slots: tuple[TeSlot, ...]) -> frozenset[str]:
+    """Slots a scale-up must not launch on: their TE is not running and their NPUs host a TE the
+    ladder moved there, or their node is tainted (empty without a ladder)."""
+    placed = getattr(st, "placed", {})
+    if not placed and not getattr(st, "tainted", {}):
+        return frozenset()
+    busy = {n for t, (_, npus) in placed.items() if t in st.tes and st.tes[t].state != "stopped" for n in npus}
+    idle = [s for s in slots if s.te not in st.tes or st.tes[s.te].state == "stopped"]
+    return frozenset(s.te for s in idle if busy & set(s.npus) or _tainted(st, s.server))

@@ -226,7 +226,8 @@ class ClusterManager(Actor[CmState]):
 
     def _scale(self, ctx: Context, msg: ScaleGroup) -> None:
         st = self.state
-        actions = P.on_scale(st, self.cfg.slots, msg.group, msg.size, self.cfg.replace_source)
+        actions = P.on_scale(st, self.cfg.slots, msg.group, msg.size, self.cfg.replace_source,
+                             L.blocked_slots(st, self.cfg.slots))  # fmt: skip
         refused = [a for a in actions if isinstance(a, P.Refuse)]
         if refused:
             ctx.record(ScaleRefused(group=msg.group, size=msg.size, reason=refused[0].reason))

@@ -173,9 +173,11 @@ def on_registered(st: CmState, te: str) -> list[Action]:
     return [Ready(te, r.generation), Push(r.group), Watch(te, r.generation)]
 
 
-def on_scale(st: CmState, slots: tuple[TeSlot, ...], group: str, size: int,
-             source: LoadSource = "cold") -> list[Action]:  # fmt: skip
-    """Set the group's size: launch on free slots, or drain (starting TEs are stopped first)."""
+def on_scale(st: CmState, slots: tuple[TeSlot, ...], group: str, size: int, source: LoadSource = "cold",
+             blocked: frozenset[str] = frozenset()) -> list[Action]:  # fmt: skip
+    """Set the group's size: launch on free slots, or drain (starting TEs are stopped first).
+    `blocked`: free slots not to launch on (the recovery ladder's: their NPUs host a moved TE or
+    their node is tainted)."""
     ours = [s for s in slots if s.group == group]
     if group not in st.groups or not ours:
         known = sorted({s.group for s in slots} | set(st.groups))
@@ -184,7 +186,7 @@ def on_scale(st: CmState, slots: tuple[TeSlot, ...], group: str, size: int,
         return [Refuse(f"size: must be in [0, {len(ours)}] (the group's TE slots), got {size}")]
     act = active(st, group)
     if size > len(act):
-        free = free_slots(st, slots, group)[: size - len(act)]
+        free = [s for s in free_slots(st, slots, group) if s.te not in blocked][: size - len(act)]
         return [Launch(s.te, next_generation(st, s.te), source) for s in free]
     out: list[Action] = []
     booting = [te for te in act if st.tes[te].state != "ready"]

@@ -197,3 +197,16 @@ def test_pd_separate_scales_a_decode_of_several_dp_groups_in_vertically() -> Non
     # a hang, a one-group decode or a prefill: the other paths
     for te, slots, diagnosis in (("te/2", two, "hang"), ("te/2", SLOTS, "device-lost")):
         assert notes(L.on_failed(world(), slots, cfg, (), te, 1, why, diagnosis, "cold", NO), L.TeScaledIn) == []
+
+
+def test_a_scale_up_does_not_launch_on_npus_a_moved_te_holds_nor_on_a_tainted_node() -> None:
+    st = world()
+    apply(st, decide("pd-separate", "te/2", "device-lost", st))  # te/2 on te/1's NPU, s1 tainted
+    st.tes["te/1"].state = "stopped"
+    slots = tuple(SLOTS.values())
+    assert L.blocked_slots(st, slots) == frozenset({"te/1"})
+    assert P.on_scale(st, slots, PG, 2, blocked=L.blocked_slots(st, slots)) == []  # nothing launched on it
+    assert P.on_scale(st, slots, PG, 2) == [P.Launch("te/1", 2, "cold")]  # what it did before
+    st.tes["te/3"].state = "stopped"  # a slot on the tainted node
+    assert L.blocked_slots(st, slots) == frozenset({"te/1", "te/3"})
+    assert L.blocked_slots(world(), slots) == frozenset()
