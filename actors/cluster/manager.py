@@ -175,8 +175,8 @@ class ClusterManager(Actor[CmState]):
         elif isinstance(msg, FlipTe):
             flip(self, ctx, msg)
         elif isinstance(msg, L.NodeRepairDue):
-            for a in L.on_repaired(st, self.slots, msg.server, self.cfg.replace_source):
-                self._do(ctx, a)
+            for step in L.on_repaired(st, self.slots, msg.server, self.cfg.replace_source):
+                self._do(ctx, step)
         elif isinstance(msg, ClusterStatusQuery):
             ctx.reply(ClusterStatus(req_id=msg.req_id, state=msgspec.to_builtins(st)))
 
@@ -186,8 +186,8 @@ class ClusterManager(Actor[CmState]):
         if r is not None:
             for a in P.on_registered(st, msg.te):
                 self._do(ctx, a)
-            for a in L.on_ready(self.state, self.slots, msg.te, self.cfg.replace_source):
-                self._do(ctx, a)
+            for step in L.on_ready(self.state, self.slots, msg.te, self.cfg.replace_source):
+                self._do(ctx, step)
             return
         # A TE nobody launched (a simulation's builder spawned it): the stand-in's behaviour.
         group = P.group_of(msg.model, msg.role)
