@@ -41,7 +41,13 @@ class HbState(msgspec.Struct, kw_only=True):
     failed_rounds: int = 0
     lease_s: float = 0.0  # the round in flight's lease (0: none)
     lease_until_s: float = 0.0
-    dropped: list[int] = []  # DP groups no longer asked (the manager scaled the TE in: HbDropDp)
+
+
+class HbDroppingState(HbState, kw_only=True):
+    """The state once the manager dropped a DP group (HbDropDp: the recovery ladder's vertical
+    scaling); a plain `HbState` until then, so a run without one logs what it logged before."""
+
+    dropped: list[int] = []  # DP groups no longer asked
 
 
 class HbRound(Event, frozen=True, kw_only=True):
@@ -104,6 +110,8 @@ class HbResponder(Actor[HbState]):
             s.answers[str(e.dp)] = e.step
             s.last_steps[e.dp] = e.step
         elif isinstance(e, HbDpDropped):
+            if not isinstance(s, HbDroppingState):
+                s = HbDroppingState(**{f: getattr(s, f) for f in HbState.__struct_fields__})
             s.dropped.append(e.dp)
         elif isinstance(e, HbRoundEnded):
             for dp, step in enumerate(e.steps):
@@ -117,15 +125,15 @@ class HbResponder(Actor[HbState]):
         if isinstance(msg, Heartbeat):
             # A round still open is superseded: the monitor counted it as a miss already.
             asks = tuple(ctx.ask(m, DpHeartbeat(seq=msg.seq, last_step=st.last_steps[i]), self.timeout_s)
-                         for i, m in enumerate(self.masters) if i not in st.dropped)  # fmt: skip
+                         for i, m in enumerate(self.masters) if i not in dropped(st))  # fmt: skip
             lease = msg.lease_s if self.npus else 0.0  # no NPU to promise: no lease
             ctx.record(HbRound(seq=msg.seq, reply_to=msg.reply_to, asks=asks, lease_s=lease,
                                lease_until_s=ctx.now() + lease if lease else 0.0))  # fmt: skip
         elif isinstance(msg, HbDropDp):
-            if 0 <= msg.dp < len(self.masters) and msg.dp not in st.dropped:
+            if 0 <= msg.dp < len(self.masters) and msg.dp not in dropped(st):
                 ctx.record(HbDpDropped(dp=msg.dp))
         elif isinstance(msg, DpHeartbeatAck):
-            if msg.seq != st.seq or str(msg.dp) in st.answers or msg.dp in st.dropped:
+            if msg.seq != st.seq or str(msg.dp) in st.answers or msg.dp in dropped(st):
                 return
             if msg.failed:
                 self._end(ctx, False, f"{self.masters[msg.dp]}: {msg.failed}", (), DEVICE_LOST)
@@ -160,11 +168,11 @@ class HbResponder(Actor[HbState]):
             self._end(ctx, False, why, (), HUNG)
 
     def _answered(self, ctx: Context, dp: int, step: int) -> None:
-        answers, dropped = self.state.answers, self.state.dropped
-        if len(answers) + 1 < len(self.masters) - len(dropped):
+        answers, gone = self.state.answers, dropped(self.state)
+        if len(answers) + 1 < len(self.masters) - len(gone):
             ctx.record(HbAnswer(dp=dp, step=step))
             return
-        steps = tuple(step if i == dp else -1 if i in dropped else answers[str(i)] for i in range(len(self.masters)))
+        steps = tuple(step if i == dp else -1 if i in gone else answers[str(i)] for i in range(len(self.masters)))
         self._end(ctx, True, "", steps)
 
     def _end(self, ctx: Context, ok: bool, reason: str, steps: tuple[int, ...], diagnosis: str = "") -> None:
@@ -173,6 +181,10 @@ class HbResponder(Actor[HbState]):
         ctx.record(HbRoundEnded(ok=ok, steps=steps if ok else ()))
         ctx.send(to, HeartbeatAck(te=self.te, generation=self.generation, seq=seq, ok=ok, reason=reason, steps=steps,
                                   diagnosis=diagnosis, lease_until_s=lease))  # fmt: skip
+
+
+def dropped(st: HbState) -> list[int]:
+    return st.dropped if isinstance(st, HbDroppingState) else []
 
 
 def lease_key(te: str, generation: int) -> str:
