@@ -24,7 +24,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +167,32 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
+@contextmanager
+def _interrupt_once() -> Iterator[None]:
+    """The first Ctrl-C interrupts the bench; later ones are ignored until it has stopped its
+    servers. (asyncio.run's own handler raises KeyboardInterrupt again on a second Ctrl-C, which
+    could land between the first one's unwinding and `_stop`'s signal mask: an orphaned daemon.)"""
+    interrupted = False
+
+    def handler(signum: int, frame: Any) -> None:
+        nonlocal interrupted
+        if not interrupted:
+            interrupted = True
+            raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
 def http_bench(requests: int, concurrency: int, tokens: int, progress: Callable[[str], None]) -> tuple[str, list[Row]]:
+    with _interrupt_once():
+        return _http_bench(requests, concurrency, tokens, progress)
+
+
+def _http_bench(requests: int, concurrency: int, tokens: int, progress: Callable[[str], None]) -> tuple[str, list[Row]]:
     with tempfile.TemporaryDirectory(prefix="deepserve-bench-http-") as tmp:
         run_dir = Path(tmp) / "run"
         progress(f"the daemon: {requests} streamed requests x {tokens} tokens, {concurrency} at a time")
