@@ -38,6 +38,8 @@ from deepserve.actors.flowserve.messages import TaskTokens, TokenBatch
 from deepserve.actors.workload.messages import RequestDone
 from deepserve.adapters.hardware.devices.npu import GRAPH_KEY
 
+from .tally import Tallies
+
 # vLLM's buckets (vllm/v1/metrics/loggers.py), so dashboards built for vLLM read these as theirs
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
@@ -150,6 +152,9 @@ class Metrics:
     def __init__(self, model: str, cache_info: dict[str, str] | None = None, max_model_len: int = 40_960) -> None:
         r = self.registry = CollectorRegistry()
         self.model = model
+        # The hooks' series observe through tallies, folded at each scrape (tally.py: ~6 % of the
+        # event loop's CPU under load was prometheus_client's per-call locks)
+        self._t = Tallies()
         self._wall_clock()
         self._emulated()
         self._counts(max_model_len)
@@ -245,8 +250,8 @@ class Metrics:
     def _per_token(self) -> tuple[Any, Any, Any, Any]:
         """The series `tokens` moves, bound to the model once: `labels()` a chunk was 1-2 % of
         the daemon's CPU under load (a lock and a dict lookup each, four times a chunk)."""
-        m = self.model
-        return self.gen_tokens.labels(m), self.ttft.labels(m), self.itl.labels(m), self.emu_itl.labels(m)
+        m, t = self.model, self._t
+        return t.counter(self.gen_tokens, m), t.hist(self.ttft, m), t.hist(self.itl, m), t.hist(self.emu_itl, m)
 
     def tokens(self, msg: TaskTokens) -> None:
         """A token message reached the frontend: the wall clock's first token or gap, and each gap
@@ -290,54 +295,55 @@ class Metrics:
                 w = wall.get(rid) or wall.get(rid.rpartition("-n")[0])
                 if w is not None:
                     per[times[0]] += w.prompt_tokens
-        h = self.iteration.labels(self.model)
+        h = self._t.hist(self.iteration, self.model)
         for n in per.values():
             h.observe(n)
 
     def rejected(self, request_id: str = "") -> None:
         """A request the gateway refused with 429 (over `daemon.max_inflight`): never admitted."""
         self._wall.pop(request_id, None)
-        self.terminal.labels("rejected_429").inc()
+        self._t.counter(self.terminal, "rejected_429").inc()
 
     def done(self, d: RequestDone) -> None:
         now = time.perf_counter()
-        rid, m = d.request_id, self.model
+        rid, m, t = d.request_id, self.model, self._t
+        hist, count = t.hist, t.counter
         last_s = self._last_token_s.pop(rid, None)
-        self.terminal.labels(d.status).inc()
-        self.success.labels(m, finished_reason(d)).inc()
-        self.prompt_tokens.labels(m).inc(d.prompt_tokens)
-        self.preemptions.labels(m).inc(d.preemptions)
-        self.pc_queries.labels(m).inc(d.prompt_tokens)
-        self.pc_hits.labels(m).inc(d.cached_prompt_tokens)
-        self.req_prompt.labels(m).observe(d.prompt_tokens)
-        self.req_gen.labels(m).observe(d.output_tokens)
-        self.emu_e2e.labels(m).observe(max(0.0, d.finish_s - d.arrival_s))
+        count(self.terminal, d.status).inc()
+        count(self.success, m, finished_reason(d)).inc()
+        count(self.prompt_tokens, m).inc(d.prompt_tokens)
+        count(self.preemptions, m).inc(d.preemptions)
+        count(self.pc_queries, m).inc(d.prompt_tokens)
+        count(self.pc_hits, m).inc(d.cached_prompt_tokens)
+        hist(self.req_prompt, m).observe(d.prompt_tokens)
+        hist(self.req_gen, m).observe(d.output_tokens)
+        hist(self.emu_e2e, m).observe(max(0.0, d.finish_s - d.arrival_s))
         if d.first_token_s is not None:
-            self.emu_ttft.labels(m).observe(max(0.0, d.first_token_s - d.arrival_s))
+            hist(self.emu_ttft, m).observe(max(0.0, d.first_token_s - d.arrival_s))
             if last_s is not None:  # first_token_s: the attempt the client got (a retry's own)
-                self.decode_time.labels(m).observe(max(0.0, last_s - d.first_token_s))
+                hist(self.decode_time, m).observe(max(0.0, last_s - d.first_token_s))
         self._phases(d, last_s)
         w = self._wall.pop(rid, None)
         if w is None:
             return
-        self.e2e.labels(m).observe(now - w.arrival)
-        self.params_n.labels(m).observe(w.n)
-        self.params_max.labels(m).observe(w.max_tokens)
+        hist(self.e2e, m).observe(now - w.arrival)
+        hist(self.params_n, m).observe(w.n)
+        hist(self.params_max, m).observe(w.max_tokens)
         if w.first is not None and w.last is not None and d.output_tokens > 1:
-            self.tpot.labels(m).observe((w.last - w.first) / (d.output_tokens - 1))
+            hist(self.tpot, m).observe((w.last - w.first) / (d.output_tokens - 1))
 
     def _phases(self, d: RequestDone, last_s: float | None) -> None:
         """vLLM's queue, prefill and inference times, each once the request has both its ends: one
         cancelled while queued has none, one cancelled before its first token a queue time only."""
-        m, sched = self.model, d.scheduled_s
+        m, sched, hist = self.model, d.scheduled_s, self._t.hist
         if sched is None:
             return
         if d.queued_s is not None:
-            self.queue_time.labels(m).observe(max(0.0, sched - d.queued_s))
+            hist(self.queue_time, m).observe(max(0.0, sched - d.queued_s))
         if d.first_token_s is not None:
-            self.prefill_time.labels(m).observe(max(0.0, d.first_token_s - sched))
+            hist(self.prefill_time, m).observe(max(0.0, d.first_token_s - sched))
         if last_s is not None:
-            self.inference_time.labels(m).observe(max(0.0, last_s - sched))
+            hist(self.inference_time, m).observe(max(0.0, last_s - sched))
 
     def timer_late(self, key: str, late_s: float) -> None:
         """The driver fired a timer `late_s` after its deadline: an NPU's forward-pass end counts."""
@@ -345,6 +351,7 @@ class Metrics:
 
     def render(self, status: dict[str, Any]) -> tuple[bytes, str]:
         m = self.model
+        self._t.fold()
         dps = [dp for te in status["tes"] for dp in te["dps"] if dp.get("alive")]
         self.running.labels(m).set(sum(dp["running"] for dp in dps))
         self.waiting.labels(m).set(sum(dp["waiting"] for dp in dps))
