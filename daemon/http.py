@@ -344,6 +344,11 @@ def create_app(rt: Runtime, metrics: Metrics) -> FastAPI:
         req.prompt = prompt if isinstance(prompt, str) else fe.tokenizer.decode(prompt)
         return await fe.run(request, req, stops, prompt, "cmpl")
 
+    # served past FastAPI's per-request layers (fastpath.py; these routes stay the readable version)
+    app.state.fast_routes = {"/v1/chat/completions": chat, "/v1/completions": completions}
+    app.state.fast_errors = [(HttpError, _on_http_error), (StarletteHTTPException, _on_route_error),
+                             (Exception, _on_any)]  # fmt: skip
+
     health_doc = {200: {"description": "Serving", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Health"}}}},
                   503: {"description": "Stopping", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Health"}}}}}  # fmt: skip
 

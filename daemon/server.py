@@ -25,6 +25,7 @@ import uvicorn
 from .admin import create_admin_app
 from .auth import check_exposure, daemon_token, redact_processor, redacted
 from .config import DaemonConfig
+from .fastpath import fast_routes
 from .http import create_app
 from .metrics import Metrics, cache_info
 from .runtime import Runtime
@@ -137,7 +138,7 @@ async def _serve(cfg: DaemonConfig, run_dir: Path, grace_s: float, ready: Any, r
     rt.on_rejected = metrics.rejected
     rt.on_timer_late = metrics.timer_late
     await rt.start()
-    api = _Server(uvicorn.Config(create_app(rt, metrics), host=d.host, port=d.port, log_level="warning",
+    api = _Server(uvicorn.Config(fast_routes(create_app(rt, metrics)), host=d.host, port=d.port, log_level="warning",
                                  lifespan="off", timeout_graceful_shutdown=2))  # fmt: skip
     admin = _Server(uvicorn.Config(create_admin_app(rt, metrics, token), host=d.admin_host, port=admin_port(cfg),
                                    log_level="warning", lifespan="off"))  # fmt: skip
