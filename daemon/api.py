@@ -152,12 +152,22 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 }  # fmt: skip
 
 
+def _refusable(cls: type) -> tuple[str, ...]:
+    """A request class's REFUSED fields, in declaration order (the order `_refusal` reports in)."""
+    fields = _REFUSABLE.get(cls)
+    if fields is None:
+        fields = _REFUSABLE[cls] = tuple(f for f in cls.__struct_fields__ if f in REFUSED)  # type: ignore[attr-defined]
+    return fields
+
+
+_REFUSABLE: dict[type, tuple[str, ...]] = {}
+
+
 def _refusal(req: msgspec.Struct) -> tuple[str, str] | None:
-    """(field, message) for the first field asking what deepserve cannot do."""
-    for field in req.__struct_fields__:
-        why = REFUSED.get(field)
-        if why is None:
-            continue
+    """(field, message) for the first field asking what deepserve cannot do (only the REFUSED
+    fields are read: a walk over all ~70 was ~1 % of the daemon's CPU under load)."""
+    for field in _refusable(type(req)):
+        why = REFUSED[field]
         value = getattr(req, field)
         if value in (None, False, "", [], {}) or value in NEUTRAL.get(field, ()):
             continue
