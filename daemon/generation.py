@@ -40,8 +40,9 @@ async def first_item(request: Request, q: asyncio.Queue[Any], deadline_s: float)
         left = end - time.monotonic()
         if left <= 0:
             raise TimeoutError
-        try:
-            return await asyncio.wait_for(q.get(), min(left, DISCONNECT_POLL_S))
+        try:  # (asyncio.timeout, not wait_for: no task a call)
+            async with asyncio.timeout(min(left, DISCONNECT_POLL_S)):
+                return await q.get()
         except TimeoutError:
             if await request.is_disconnected():
                 raise Disconnected from None
