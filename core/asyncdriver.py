@@ -63,7 +63,9 @@ class AsyncDriver(InlineDelivery):
         self._t0 = 0.0
         self._timer_heap: list[tuple[float, int, Envelope, str]] = []
         self._timer_seq = 0
-        self._timer_wake = asyncio.Event()  # asyncio's: an anyio Event a wake was ~5 % of the CPU
+        # The loop callback armed for the heap's top deadline (`_arm_timer`, `_fire_timers`)
+        self._timer_handle: asyncio.TimerHandle | None = None
+        self._timers_on = False  # between __aenter__ and __aexit__: timers fire
         self._held: deque[tuple[int, Cell, list[Out], float]] = deque()
         self._committed: asyncio.Event | None = None  # outbox: set when the store commits
         self._committed_upto = -1
@@ -94,7 +96,7 @@ class AsyncDriver(InlineDelivery):
         # task (`_drain_inline`). Both keep each actor's order; `inline_deliveries` counts.
         self.inline_local = True
         self.inline_deliveries = 0
-        self.timer_wakes = 0  # times the timer task woke (a deadline, or a timer due earlier)
+        self.timer_wakes = 0  # times the timer callback ran (at the heap's top deadline)
         # Called as `timer_late(key, seconds)` for each timer fired, how long after its deadline
         # the event loop got to it (a measurement of the platform, outside the actors' state)
         self.timer_late: Callable[[str, float], None] | None = None
@@ -111,7 +113,9 @@ class AsyncDriver(InlineDelivery):
         self._loop = asyncio.get_running_loop()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
-        self._tg.start_soon(self._timer_loop)
+        self._timers_on = True
+        if self._timer_heap:  # timers set before the start
+            self._arm_timer(self._timer_heap[0][0])
         if self.transport is not None:
             if hasattr(self.transport, "attach_admit"):
                 self._flow = self.transport
@@ -128,6 +132,10 @@ class AsyncDriver(InlineDelivery):
         if self._tg is None:
             raise RuntimeError("AsyncDriver.__aexit__ without __aenter__")
         self._tg.cancel_scope.cancel()
+        self._timers_on = False
+        if self._timer_handle is not None:
+            self._timer_handle.cancel()
+            self._timer_handle = None
         result = await self._tg.__aexit__(*exc)
         self._snapshot_live(self.clock())
         if self.transport is not None:
@@ -460,8 +468,8 @@ class AsyncDriver(InlineDelivery):
         heap = self._timer_heap
         if len(heap) > 2 * len(timers) + TIMER_HEAP_SLACK:
             self._compact_timers()
-        if not heap or deadline < heap[0][0]:
-            self._timer_wake.set()
+        if (not heap or deadline < heap[0][0]) and self._timers_on:
+            self._arm_timer(deadline)
         _heappush(heap, (deadline, self._timer_seq, env, key))
 
     def _compact_timers(self) -> None:
@@ -474,30 +482,25 @@ class AsyncDriver(InlineDelivery):
         heap[:] = [e for e in heap if timers.get((e[2].dst, e[3])) == e[1]]
         heapify(heap)
 
-    async def _timer_loop(self) -> None:
+    def _arm_timer(self, deadline: float) -> None:
+        """Run `_fire_timers` at `deadline` (the heap's new top), in place of the one armed.
+        A loop callback, not a task woken by an event: the task's wake-ups (an Event wait, a
+        task step, the callback setting the event) were ~4 % of the daemon's event-loop CPU
+        under HTTP load (py-spy, issue 30 §1). A timer only puts an envelope in a mailbox: no
+        handler runs and no task starts here (`_send` outside a step: `_stepping` is False)."""
+        handle = self._timer_handle
+        if handle is not None:
+            handle.cancel()
+        loop = self._loop
+        assert loop is not None
+        self._timer_handle = loop.call_later(max(0.0, deadline - self.clock()), self._fire_timers)
+
+    def _fire_timers(self) -> None:
         heap, timers = self._timer_heap, self._timers
-        loop = asyncio.get_running_loop()
-        wake = self._timer_wake
-        while True:
-            # One asyncio Event, cleared each round (a new anyio Event a round asked anyio for
-            # its backend each time: ~5 % of a daemon's CPU under HTTP load, py-spy, issue 30).
-            # The heap is read again after the clear, so a set() it drops was for a timer seen.
-            wake.clear()
-            if not heap:
-                await wake.wait()
-                self.timer_wakes += 1
-                continue
+        self._timer_handle = None
+        self.timer_wakes += 1
+        try:
             now = self.clock()
-            delay = heap[0][0] - now
-            if delay > 0:  # a new timer due earlier than the top sets the wake event
-                # The deadline sets the same event from a loop callback: no cancel scope (a
-                # `move_on_after` a wake cancelled this task at every deadline, ~13 % of a
-                # daemon's CPU under HTTP load, py-spy, issue 30).
-                handle = loop.call_later(delay, wake.set)
-                await wake.wait()
-                handle.cancel()
-                self.timer_wakes += 1
-                continue
             late = self.timer_late
             while heap and heap[0][0] <= now:  # every timer due, in deadline order, in one wake
                 deadline, seq, env, key = heappop(heap)
@@ -509,11 +512,13 @@ class AsyncDriver(InlineDelivery):
                     self._send(env, t)
             # A cancelled timer (an answered ask's timeout) leaves its entry: drop those now
             # at the top, so the next wake is for a live one, not one wake per old deadline.
-            # Only here: dropping them on a new timer's wake-up would empty the heap between
-            # asks, and every ask would then wake this task.
+            # Only here: dropping them on a new timer's arming would empty the heap between
+            # asks, and every ask would then arm a callback.
             while heap and timers.get((heap[0][2].dst, heap[0][3])) != heap[0][1]:
                 heappop(heap)
-
+        finally:  # early (the loop's clock is coarser than ours) or not: the next top is armed
+            if heap and self._timer_handle is None and self._timers_on:
+                self._arm_timer(heap[0][0])
 
 
 def run(main: Any, *args: Any) -> Any:
