@@ -20,6 +20,7 @@ from deepserve.adapters.tokenizer import output_text
 
 from .api import error_body, usage
 from .runtime import Runtime
+from .stream import Stream
 
 DISCONNECT_POLL_S = 0.25
 # A text no piece holds, encoded where a chunk's piece goes (`Generation.piece_event`)
@@ -34,7 +35,7 @@ class GenerationFailed(Exception):
     """A non-streamed request that failed after its first token (the frontend's 503)."""
 
 
-async def first_item(request: Request, q: asyncio.Queue[Any], deadline_s: float) -> Any:
+async def first_item(request: Request, q: Stream, deadline_s: float) -> Any:
     end = time.monotonic() + deadline_s
     while True:
         left = end - time.monotonic()
@@ -67,7 +68,7 @@ class Generation:
     chunks and choice object (`index` among the response's n)."""
 
     def __init__(self, rt: Runtime, rid: str, kind: str, model: str, stops: list[str], req: Any,
-                 q: asyncio.Queue[Any], first: Any, index: int = 0, head: Head | None = None) -> None:  # fmt: skip
+                 q: Stream, first: Any, index: int = 0, head: Head | None = None) -> None:  # fmt: skip
         self.rt, self.rid, self.kind, self.model, self.stops, self.req, self.q = rt, rid, kind, model, stops, req, q
         self.index = index
         self.head = head if head is not None else Head(rid, kind, model, "")

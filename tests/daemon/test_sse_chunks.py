@@ -3,12 +3,12 @@ is byte for byte the readable build: the chunk's dicts encoded whole."""
 
 from __future__ import annotations
 
-import asyncio
 from types import SimpleNamespace
 
 import msgspec
 
 from deepserve.daemon.generation import Generation, Head
+from deepserve.daemon.stream import Stream
 
 PIECES = ["", "word ", 'a "quoted" \\ piece', "naïve 日本語 🙂", "\x00\x1f\n\t", "deepserve:piece", "}]}"]
 
@@ -22,7 +22,7 @@ def test_piece_events_are_the_encoded_chunks() -> None:
     for kind in ("chat", "cmpl"):
         for index in (0, 3):
             head = Head(f"{kind}-x-1", kind, "llama3-8b", "fp_0123456789")
-            g = Generation(SimpleNamespace(), f"{kind}-1", kind, "llama3-8b", [], req, asyncio.Queue(), None,
+            g = Generation(SimpleNamespace(), f"{kind}-1", kind, "llama3-8b", [], req, Stream(), None,
                            index, head)  # fmt: skip
             for piece in PIECES:
                 assert g.piece_event(piece) == _readable(g, piece), (kind, index, piece)
