@@ -138,10 +138,12 @@ async def _serve(cfg: DaemonConfig, run_dir: Path, grace_s: float, ready: Any, r
     rt.on_rejected = metrics.rejected
     rt.on_timer_late = metrics.timer_late
     await rt.start()
+    # No access log: at log level "warning" it printed nothing, yet each response still built its
+    # line's arguments (the bare server of `bench http` runs with --no-access-log too)
     api = _Server(uvicorn.Config(fast_routes(create_app(rt, metrics)), host=d.host, port=d.port, log_level="warning",
-                                 lifespan="off", timeout_graceful_shutdown=2))  # fmt: skip
+                                 lifespan="off", timeout_graceful_shutdown=2, access_log=False))  # fmt: skip
     admin = _Server(uvicorn.Config(create_admin_app(rt, metrics, token), host=d.admin_host, port=admin_port(cfg),
-                                   log_level="warning", lifespan="off"))  # fmt: skip
+                                   log_level="warning", lifespan="off", access_log=False))  # fmt: skip
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
