@@ -187,3 +187,25 @@ async def test_answered_asks_do_not_pile_up_in_the_timer_heap() -> None:
         assert ("c/0", "late") in d._timers
         await d.idle(timers=True)
     assert d.actor("c/0").state.total == 7
+
+
+async def test_no_timer_fires_after_the_driver_exits() -> None:
+    # timers fire from a loop callback armed at the heap's top deadline (`_arm_timer`): the exit
+    # disarms it, and a timer set at the exit arms nothing, so nothing is sent into a stopped driver
+    async with AsyncDriver() as d:
+        d.spawn("c/0", Counter)
+        await d.inject("c/0", SetTimer("soon", 0.05, 1))
+        await d.idle()
+        assert d._timer_handle is not None
+    assert d._timer_handle is None
+    await anyio.sleep(0.1)
+    assert d.timer_wakes == 0 and d.actor("c/0").state.total == 0
+
+
+async def test_timers_fire_in_deadline_order_from_the_callback() -> None:
+    async with AsyncDriver() as d:
+        d.spawn("c/0", Counter)
+        for key, delay, n in (("b", 0.06, 10), ("a", 0.02, 1), ("c", 0.04, 100)):
+            await d.inject("c/0", SetTimer(key, delay, n))
+        await anyio.sleep(0.2)
+        assert d.actor("c/0").state.total == 111 and not d._timer_heap and d._timer_handle is None
