@@ -277,6 +277,35 @@ class Metrics:
         if prev is not None:
             self._last_token_s[rid] = prev
 
+    def pass_output(self, msg: TokenBatch) -> None:
+        """`batch(msg)`, then `tokens(c)` for each of its chunks (the readable version, which
+        tests/daemon/test_metrics_pass.py checks this against), in one loop with the series bound
+        once and one clock read: the chunks reached the frontend together. The runtime's hook."""
+        self.batch(msg)
+        now = time.perf_counter()
+        gen_tokens, ttft, wall_itl, itl = self._per_token
+        wall, last_token_s = self._wall, self._last_token_s
+        emitted = 0
+        for c in msg.chunks:
+            rid, times, first_index = c.request_id, c.times_s, c.first_index
+            emitted += len(times)
+            w = wall.get(rid)
+            if w is not None:
+                if w.first is None:
+                    w.first = now
+                    ttft.observe(now - w.arrival)
+                elif w.last is not None and first_index:
+                    wall_itl.observe(now - w.last)
+                w.last = now
+            prev = last_token_s.get(rid) if first_index else None
+            for t in times:
+                if prev is not None:
+                    itl.observe(max(0.0, t - prev))
+                prev = t
+            if prev is not None:
+                last_token_s[rid] = prev
+        gen_tokens.inc(emitted)
+
     def batch(self, msg: TokenBatch) -> None:
         """A forward pass's output reached the frontend (a DP master's `TokenBatch`): vLLM's
         `iteration_tokens_total`, the tokens the pass emitted plus the prompt of each request whose

@@ -106,6 +106,8 @@ class Runtime:
         # moving the request to another TE asks for it: `StreamPositionAsk`)
         self.positions: dict[str, int] = {}
         self.on_batch: Any = None  # metrics hook: (TokenBatch) -> None, a forward pass's output
+        # metrics hook: (TokenBatch) -> None, on_batch and on_tokens for each chunk in one call
+        self.on_pass: Any = None
         self.on_rejected: Any = None  # metrics hook: (request id) -> None, a request refused with 429
         self.on_timer_late: Any = None  # metrics hook: (timer key, seconds late), the driver's timers
 
@@ -221,7 +223,10 @@ class Runtime:
         msg = env.msg
         if type(msg) is TokenBatch:  # a pass's chunks, straight from a DP master
             streams, on_tokens = self.streams, self.on_tokens
-            if self.on_batch is not None:
+            if self.on_pass is not None:  # the pass's metrics in one call (Metrics.pass_output)
+                self.on_pass(msg)
+                on_tokens = None
+            elif self.on_batch is not None:
                 self.on_batch(msg)
             for chunk in msg.chunks:
                 if on_tokens is not None:

@@ -133,8 +133,7 @@ async def _serve(cfg: DaemonConfig, run_dir: Path, grace_s: float, ready: Any, r
     rt = runtime(redacted(cfg, token), run_dir)  # what the runtime logs (its run record) has no secret
     metrics = Metrics(cfg.model_name(), cache_info(cfg), d.max_prompt_tokens + d.max_tokens_limit)
     rt.on_done = metrics.done
-    rt.on_batch = metrics.batch
-    rt.on_tokens = metrics.tokens
+    rt.on_pass = metrics.pass_output  # metrics.batch, then metrics.tokens for each chunk
     rt.on_rejected = metrics.rejected
     rt.on_timer_late = metrics.timer_late
     await rt.start()
