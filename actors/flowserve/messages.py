@@ -95,10 +95,12 @@ class SubmitTask(Message, frozen=True, kw_only=True):
     # non-streaming job in a simulation) needs nothing from the chunks, and each would be a
     # delivery and a record.
     tokens: bool = True
-    # Request migration by recomputation (xLLM §3.5): a `chat` task that continues a stream whose
-    # first `resume_from` output tokens were produced elsewhere (a failed TE). The TE prefills the
+    # Request migration by recomputation (xLLM §3.5): a task that continues a stream whose first
+    # `resume_from` output tokens were produced elsewhere (a failed TE). A `chat` task prefills the
     # prompt and those tokens (the emulated stream is a pure function of the seed and the index,
-    # so they need not be sent) and emits from index `resume_from` on. 0: a fresh task.
+    # so they need not be sent) and emits from index `resume_from` on; in P/D, the `prefill` task
+    # does the same and emits token `resume_from` only (its KV handle covers prompt + resume_from
+    # tokens), and the `decode` task, given that handle, emits from `resume_from + 1`. 0: fresh.
     resume_from: int = 0
 
 

@@ -162,7 +162,7 @@ class JobFlow:
             reply_to=self.me, arrival_s=j.arrival_s, kv_source=j.kv if phase == "decode" else None,
             # a non-streaming client sees nothing before the end: the JE needs no chunk of its
             # tasks (a failed one is retried from scratch whatever it produced)
-            stream_to=self.cfg.stream_to, tokens=j.stream, resume_from=j.resume_from if phase == "chat" else 0,
+            stream_to=self.cfg.stream_to, tokens=j.stream, resume_from=j.resume_from,
         ), corr=rid)  # fmt: skip
         fx.after(self.cfg.forwarding.accept_timeout_s, AcceptTimeout(task_id=tid), key=f"acc/{tid}")
 

@@ -185,8 +185,8 @@ class DpMaster(Actor[MasterState]):
         if msg.kind == "decode":
             pd.submit_decode(self, ctx, msg, out_len, stop)
             return
-        if msg.kind == "prefill" and out_len > 1:
-            out_len, stop = 1, "prefilled"
+        if msg.kind == "prefill" and out_len > msg.resume_from + 1:  # a resumed one: token `resume_from`
+            out_len, stop = msg.resume_from + 1, "prefilled"
         if msg.resume_from >= out_len > 0:  # a migrated stream whose output was all out already
             ctx.record(TaskQueued(task=msg, out_len=out_len, stop=stop, emitted=out_len, at_s=ctx.now()))
             self.end(ctx, self.state.reqs[msg.task_id], "completed", stop)
@@ -234,8 +234,8 @@ class DpMaster(Actor[MasterState]):
                     f"group has ({cfg.hbm_blocks} of {B} tokens)")  # fmt: skip
         if msg.kind == "decode" and msg.kv_source is None:
             return "kv_source: a decode task needs the prefill side's KV handle"
-        if msg.resume_from and (msg.kind != "chat" or not 0 < msg.resume_from < msg.sampling.max_tokens):
-            return f"resume_from: only a chat task resumes, inside [1, max_tokens), got {msg.resume_from}"
+        if msg.resume_from and not 0 < msg.resume_from < msg.sampling.max_tokens:
+            return f"resume_from: a resumed task starts inside [1, max_tokens), got {msg.resume_from}"
         if len(st.reqs) >= cfg.max_waiting:
             return f"queue full: {len(st.reqs)} tasks (max_waiting={cfg.max_waiting})"
         return None
@@ -366,7 +366,7 @@ class DpMaster(Actor[MasterState]):
             task = r.task
             chunk = chunks.get(tid)
             # the short-circuit (`stream_to`, sent above): the requester hears of the first only
-            head = 1 if task.kind == "decode" else task.resume_from  # the task's first output token
+            head = task.resume_from + (task.kind == "decode")  # the task's first output token
             if chunk is not None and task.tokens and (not task.stream_to or first == head):
                 ctx.send(task.reply_to, chunk, corr=task.request_id)
             prompt = task.prompt

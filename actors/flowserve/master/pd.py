@@ -50,7 +50,9 @@ from deepserve.actors.flowserve.master.state import (
 from deepserve.actors.flowserve.messages import KV_TRANSFER_FAILED, KvHandle, SubmitTask
 from deepserve.actors.flowserve.sampling import sampled_tokens
 from deepserve.actors.flowserve.tokens import (
+    ROOT_HASH,
     blocks_needed,
+    combine,
     eos_token_id,
     kv_fingerprints,
 )
@@ -66,15 +68,16 @@ __all__ = ["ARRIVED", "DEFERRED", "RECEIVING", "WAITING", "KvHandle", "KvRelease
 def hold(m: DpMaster, ctx: Context, r: Req) -> None:
     """Prefill done: register the transfer (metadata only), keep the blocks, finish the task."""
     cfg, st = m.cfg, m.state
-    p, tid = r.task.prompt, r.task.task_id
+    p, tid, resume = r.task.prompt, r.task.task_id, r.task.resume_from
     table = rtc.block_table(st.rtc, tid)
-    first = eos_token_id(cfg.vocab) if r.stop == "stop" and r.out_len == 1 else sampled_tokens(
-        r.task.sampling, 0, 1, cfg.vocab
+    first = eos_token_id(cfg.vocab) if r.stop == "stop" and r.out_len == resume + 1 else sampled_tokens(
+        r.task.sampling, resume, 1, cfg.vocab
     )[0]
+    n = p.num_tokens + resume  # a resumed prefill's KV holds the tokens the client has too
     handle = KvHandle(
-        transfer_id=tid, src=ctx.self, npus=cfg.npus, model=cfg.model, num_tokens=p.num_tokens,
-        block_ids=tuple(table[: blocks_needed(p.num_tokens, cfg.block_tokens)]),
-        fingerprints=kv_fingerprints(cfg.model, p.num_tokens, p.block_hashes, cfg.block_tokens),
+        transfer_id=tid, src=ctx.self, npus=cfg.npus, model=cfg.model, num_tokens=n,
+        block_ids=tuple(table[: blocks_needed(n, cfg.block_tokens)]),
+        fingerprints=_fingerprints(cfg.model, r.task, cfg.block_tokens),
         block_bytes=cfg.kv_block_bytes, first_token_id=first,
     )  # fmt: skip
     ctx.record(TransferHeld(task_id=tid, handle=handle))
@@ -82,6 +85,21 @@ def hold(m: DpMaster, ctx: Context, r: Req) -> None:
     msg = finished_message(r, "completed", "prefilled", ctx.now(), cfg, kv=handle)
     ctx.record(TaskEnded(task_id=tid, status="completed", reason="prefilled"))
     ctx.send(r.task.reply_to, msg, corr=r.task.request_id)
+
+
+def _fingerprints(model: str, task: SubmitTask, block_tokens: int) -> tuple[int, ...]:
+    """The fingerprints of a transfer's blocks, computed alike on both sides: the prompt's, and
+    for a resumed task (`resume_from`) blocks chained on over the output tokens it covers."""
+    p, extra = task.prompt, task.resume_from
+    if not extra:
+        return kv_fingerprints(model, p.num_tokens, p.block_hashes, block_tokens)
+    n = p.num_tokens + extra
+    hashes = list(p.block_hashes)
+    parent = hashes[-1] if hashes else ROOT_HASH
+    for end in range((len(hashes) + 1) * block_tokens, n + 1, block_tokens):
+        parent = combine(parent, end)  # a full block past the prompt: named by its end index
+        hashes.append(parent)
+    return kv_fingerprints(model, n, hashes, block_tokens)
 
 
 def release(m: DpMaster, ctx: Context, transfer_id: str) -> None:
@@ -96,8 +114,9 @@ def release(m: DpMaster, ctx: Context, transfer_id: str) -> None:
 
 def submit_decode(m: DpMaster, ctx: Context, msg: SubmitTask, out_len: int, stop: str) -> None:
     st = m.state
-    ctx.record(TaskQueued(task=msg, out_len=out_len, stop=stop, status=ARRIVED, emitted=1, at_s=ctx.now()))
-    if out_len <= 1:  # the prefill's token was the whole answer
+    emitted = 1 + msg.resume_from  # the prefill produced the token after the ones the client has
+    ctx.record(TaskQueued(task=msg, out_len=out_len, stop=stop, status=ARRIVED, emitted=emitted, at_s=ctx.now()))
+    if out_len <= emitted:  # the prefill's token was the whole answer
         m.end(ctx, st.reqs[msg.task_id], "completed", stop)
         return
     if st.deferred or not _fits(m, msg.task_id):
@@ -129,8 +148,7 @@ def _receive(m: DpMaster, ctx: Context, tid: str) -> None:
     ctx.record(rtc.allocate(st.rtc, tid, blocks_needed(src.num_tokens + 1, cfg.block_tokens)))
     ctx.record(TaskStatus(task_id=tid, status=RECEIVING, copy_id=src.transfer_id))
     dst_blocks = tuple(rtc.block_table(st.rtc, tid)[: len(src.block_ids)])
-    p = r.task.prompt
-    expected = kv_fingerprints(cfg.model, p.num_tokens, p.block_hashes, cfg.block_tokens)
+    expected = _fingerprints(cfg.model, r.task, cfg.block_tokens)
     corrupt = None
     for i, (target, block) in enumerate(st.corrupt):
         if target is None or target == tid:
@@ -170,7 +188,7 @@ def received(m: DpMaster, ctx: Context, tid: str, ok: bool, reason: str) -> None
     elif not ok:
         m.end(ctx, r, "failed", f"{KV_TRANSFER_FAILED}: {reason}")
     else:
-        computed = r.task.prompt.num_tokens
+        computed = r.task.prompt.num_tokens + r.task.resume_from
         ctx.record(TaskStatus(task_id=tid, status=WAITING, num_computed=computed))
     try_receive(m, ctx)
     m.advance(ctx)

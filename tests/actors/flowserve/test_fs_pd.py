@@ -47,7 +47,7 @@ def _te(name: str, role: str, npu: str, **kw):
 
 
 def run_pd(n: int = 6, faults=(), corrupt: str | None = None, out: int = 40, step: int = 300,
-           **dkw):  # fmt: skip
+           resume: int = 0, **dkw):  # fmt: skip
     d = driver()
     hardware(d, servers=2)
     d.spawn(P, TeShell, config=_te(P, "prefill", "hw/s0/npu0"))
@@ -55,7 +55,7 @@ def run_pd(n: int = 6, faults=(), corrupt: str | None = None, out: int = 40, ste
     d.spawn(CLIENT, PdClient)
     for i in range(n):
         pre = task(i, 1000 + step * i, out, kind="prefill", reply_to=CLIENT)
-        pre = _with(pre, task_id=f"t{i}:p")
+        pre = _with(pre, task_id=f"t{i}:p", resume_from=resume)  # the decode task inherits it
         d.inject(CLIENT, pre, at=0.01 * i, src="ext/wl")
     if corrupt is not None:
         d.inject(f"{D}/dp/0", CorruptKvBlock(task_id=f"{corrupt}:d", block_index=2), at=0.001)
