@@ -63,7 +63,7 @@ class Checker:
         self.streamed: dict[str, int] = {}  # request -> tokens streamed so far (next index)
         self.all_done = False
         self.late_chunks = 0  # chunks for requests already terminal (a client never sees them)
-        self.follows: dict[str, tuple[str, tuple[int, int]]] = {}  # request -> the task followed, its order
+        self.follows: dict[str, tuple[str, tuple[int, int, int]]] = {}  # request -> the task followed, its order
         self.ids: dict[str, list[int]] = {}  # request -> the token ids streamed (when the TEs send ids)
         self.taken_over: set[str] = set()  # requests whose stream another task took over mid-way
         self.superseded_chunks = 0  # an older task's chunks after a newer one took over (dropped)
@@ -144,7 +144,7 @@ class Checker:
             self.late_chunks += 1
             return
         expected = self.streamed.get(rid, 0)  # the client's next index
-        task, order, own = self.follows.get(rid, ("", (-1, -1), 0))  # `own`: the followed task's next
+        task, order, own = self.follows.get(rid, ("", (-1, -1, -1), 0))  # `own`: the followed task's next
         if task_id != task:
             new = task_order(task_id)
             if task and new <= order:

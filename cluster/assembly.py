@@ -95,6 +95,8 @@ def spawn_front(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR
         gw.update(wake=MONITOR_ADDR, wake_after_s=c.heartbeat_interval_s)
     if cfg.autoscale.enabled:  # the autoscaler hears of each request and its answer
         gw["observer"] = AUTOSCALER_ADDR
+    if cfg.scheduling.migration.enabled:  # a lost JE's streams move to another JE, which resumes them
+        gw["migrate_streams"] = True
     driver.spawn(gateway, Gateway, config=gw)
     return jes
 

@@ -55,6 +55,10 @@ class GatewayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     # The autoscaler ("": none): told of each admitted request and sent a copy of its answer (its
     # demand and SLO signal, actors/cluster/autoscaler.py); two deliveries a request, only when on.
     observer: str = ""
+    # Zombie protection for streams (P/D-Serve §3.4; on with `scheduling.migration`): a lost JE's
+    # streaming jobs go to another JE too, which resumes each at its client's position (the
+    # frontend merges a stream by token index: actors/je/stream.py). Off: they fail, naming the JE.
+    migrate_streams: bool = False
 
     def __post_init__(self) -> None:
         if not self.jes:
@@ -95,6 +99,7 @@ class Gateway(Actor[GatewayState]):
             s.down.append(e.je)  # type: ignore[attr-defined]
             for rid, je in e.retried:  # type: ignore[attr-defined]
                 s.clients[rid].je = je
+                s.clients[rid].epoch += 1
             s.je_retried += len(e.retried)  # type: ignore[attr-defined]
         return s
 
@@ -145,7 +150,11 @@ class Gateway(Actor[GatewayState]):
             ctx.send(cfg.wake, HeartbeatWake())
         k = ctx.rng.randrange(len(live))
         je = live[k]
-        keep = None if stream else Resubmit(prompt=prompt, sampling=sampling, predicted_bucket=bucket)
+        keep = None
+        if not stream:
+            keep = Resubmit(prompt=prompt, sampling=sampling, predicted_bucket=bucket)
+        elif cfg.migrate_streams:
+            keep = Resubmit(prompt=prompt, sampling=sampling, predicted_bucket=bucket, stream=True)
         ctx.record(GatewayRouted(request_id=rid, model=model, je=je, reply_to=reply_to, arrival_s=ctx.now(),
                                  inflight=inflight + 1, limit=cfg.max_inflight_per_model,
                                  draw=JeDraw(candidates=live, draw=k), resubmit=keep))  # fmt: skip
@@ -161,8 +170,9 @@ class Gateway(Actor[GatewayState]):
 
     def _je_lost(self, ctx: Context, m: JeLost) -> None:
         """A JE died: each of its jobs whose client has seen nothing (not streaming) goes to a
-        JE drawn among the live ones, keeping its arrival time; the others fail naming the JE
-        (a streaming client may have seen tokens the gateway cannot know of)."""
+        JE drawn among the live ones, keeping its arrival time; with `migrate_streams` the
+        streaming ones too (the new JE resumes each at its client's position); the others fail
+        naming the JE (a streaming client may have seen tokens the gateway cannot know of)."""
         s = self.state
         if m.je not in self.cfg.jes or m.je in s.down:
             return
@@ -184,9 +194,11 @@ class Gateway(Actor[GatewayState]):
             c = s.clients[rid]
             r = c.resubmit
             assert r is not None
+            # moved by a gateway that moves streams: the new JE's task ids are the next epoch's
+            epoch = c.epoch if self.cfg.migrate_streams else 0
             ctx.send(je, JobRequest(request_id=rid, model=c.model, prompt=r.prompt, sampling=r.sampling,
                                     reply_to=ctx.self, arrival_s=c.arrival_s, predicted_bucket=r.predicted_bucket,
-                                    stream=False), corr=rid)  # fmt: skip
+                                    stream=r.stream, epoch=epoch, lost=why if epoch else ""), corr=rid)  # fmt: skip
         for rid in failed:
             c = s.clients[rid]
             reason = f"{why}; " + ("a streaming response cannot be resumed" if live else "no JE alive")

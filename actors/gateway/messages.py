@@ -77,12 +77,14 @@ class GatewayDone(Event, frozen=True, kw_only=True):
 
 
 class Resubmit(msgspec.Struct, frozen=True, kw_only=True):
-    """What a job needs to be sent again to another JE: kept only for a job whose client does not
-    stream (a streaming one that lost its JE fails: the gateway cannot know what it has seen)."""
+    """What a job needs to be sent again to another JE: kept for a job whose client does not
+    stream, and (`GatewayConfig.migrate_streams`) for a streaming one too — the new JE resumes
+    it at its client's position; without, a streaming one that lost its JE fails."""
 
     prompt: Prompt
     sampling: Sampling
     predicted_bucket: int | None = None
+    stream: bool = False
 
 
 class Client(msgspec.Struct, kw_only=True):
@@ -91,6 +93,7 @@ class Client(msgspec.Struct, kw_only=True):
     je: str
     arrival_s: float = 0.0
     resubmit: Resubmit | None = None
+    epoch: int = 0  # times it moved to another JE (JobRequest.epoch)
 
 
 class JeLost(Message, frozen=True, kw_only=True):

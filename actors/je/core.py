@@ -177,6 +177,16 @@ class JeCore(JobFlow):
         else:
             self.dispatch(s, now, fx, rid, j, verdict.phase, verdict.attempt, verdict.last)
 
+    def start(self, s: JeState, now: float, fx: Effects, m: JobRequest, j: Job, match: dict[str, int]) -> None:
+        """Zombie protection (P/D-Serve §3.4), the JE's half: a streamed job the gateway moved
+        here from a lost JE is a migration with no TE to cancel — it resumes at the client's
+        position (asked of the frontend when so configured; else from token 0, the frontend
+        dropping what its client has)."""
+        if m.epoch and m.stream and self.cfg.migration.enabled:
+            self.migrate(s, now, fx, m.request_id, j, "", m.lost or "its JE was lost")
+        else:
+            super().start(s, now, fx, m, j, match)
+
     def migrate(self, s: JeState, now: float, fx: Effects, rid: str, j: Job, te: str, reason: str) -> None:
         """Request migration (xLLM §3.5): the streamed request continues on another TE from the
         output token its client has — asked of the live frontend first when so configured."""

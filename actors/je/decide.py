@@ -21,8 +21,9 @@ from .messages import JeState, Job, Phase, SubmitBatch
 from .migration import MigrationParams
 
 
-def task_id(request_id: str, phase: str, attempt: int) -> str:
-    return f"{request_id}/{phase}.{attempt}"
+def task_id(request_id: str, phase: str, attempt: int, epoch: int = 0) -> str:
+    """`epoch`: the times the gateway moved the request to another JE (its ids stay apart)."""
+    return f"{request_id}/{phase}.{attempt}.{epoch}" if epoch else f"{request_id}/{phase}.{attempt}"
 
 
 route_request = routing.route_request

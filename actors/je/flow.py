@@ -76,8 +76,13 @@ class JobFlow:
         match, longest = routing.group_walk(s, m.model, m.prompt.block_hashes)  # the decision's one walk
         bucket = m.predicted_bucket if m.predicted_bucket is not None else self.predict(m, longest)
         fx.record(JobAccepted(request_id=m.request_id, model=m.model, prompt=m.prompt, sampling=m.sampling,
-                              reply_to=m.reply_to, arrival_s=arrival, predicted_bucket=bucket, stream=m.stream))  # fmt: skip
-        self.dispatch(s, now, fx, m.request_id, s.jobs[m.request_id], "chat", 1, match=match)
+                              reply_to=m.reply_to, arrival_s=arrival, predicted_bucket=bucket, stream=m.stream,
+                              epoch=m.epoch))  # fmt: skip
+        self.start(s, now, fx, m, s.jobs[m.request_id], match)
+
+    def start(self, s: JeState, now: float, fx: Effects, m: JobRequest, j: Job, match: dict[str, int]) -> None:
+        """A new job's first task (JeCore: a job moved here from a lost JE resumes its stream)."""
+        self.dispatch(s, now, fx, m.request_id, j, "chat", 1, match=match)
 
     def batch(self, s: JeState, now: float, fx: Effects, m: SubmitBatch) -> None:
         why = D.batch_refusal(s, m)
@@ -151,7 +156,7 @@ class JobFlow:
 
     def send_task(self, s: JeState, fx: Effects, rid: str, j: Job, phase: Phase, attempt: int,
                   decision: Decision) -> None:  # fmt: skip
-        tid = D.task_id(rid, phase, attempt)
+        tid = D.task_id(rid, phase, attempt, j.epoch)
         if self.cfg.forced and (te := self.cfg.forced.get(tid)) is not None and te != decision.chosen:
             decision = msgspec.structs.replace(decision, chosen=te, reason=(
                 f"what-if: {te} forced instead of the policy's {decision.chosen} ({decision.reason})"))

@@ -60,6 +60,10 @@ class JobRequest(Message, frozen=True, kw_only=True):
     # False: the client sees no output before the job ends (one response body), so a task that
     # failed after producing tokens is retried from scratch, its tokens discarded
     stream: bool = True
+    # >0: the gateway moved the job here after its JE was lost (`lost`: why), the `epoch`-th
+    # time; a streamed one resumes at its client's position (zombie protection, gateway/actor.py)
+    epoch: int = 0
+    lost: str = ""
 
 
 class BatchItem(msgspec.Struct, frozen=True, kw_only=True):
@@ -125,6 +129,7 @@ class JobAccepted(Event, frozen=True, kw_only=True):
     predicted_bucket: int | None = None
     batch_id: str = ""  # "" = online
     stream: bool = True  # JobRequest.stream
+    epoch: int = 0  # JobRequest.epoch
 
 
 class BatchAccepted(Event, frozen=True, kw_only=True):
@@ -298,6 +303,7 @@ class Job(msgspec.Struct, kw_only=True):
     migrations: int = 0  # times its stream moved to another TE (migration.TaskMigrated)
     asked: MigrationAsked | None = None  # moving: waiting for the frontend's stream position
     resume_from: int = 0  # the output token its next chat task starts at (0: from the start)
+    epoch: int = 0  # JobRequest.epoch: in its task ids (decide.task_id)
 
 
 class Batch(msgspec.Struct, kw_only=True):

@@ -158,6 +158,7 @@ def _migrated(s: JeState, e: TaskMigrated, _: int) -> None:
     j = s.jobs[e.request_id]
     j.migrations += 1
     j.resume_from, j.asked = e.resume_from, None
+    j.output_tokens = max(j.output_tokens, e.resume_from)  # the frontend's answer may be ahead
 
 
 def _asked(s: JeState, e: MigrationAsked, _: int) -> None:
@@ -216,7 +217,7 @@ def _accepted(s: JeState, e: JobAccepted, _: int) -> None:
     s.jobs[e.request_id] = Job(
         model=e.model, prompt=e.prompt, sampling=e.sampling, reply_to=e.reply_to,
         arrival_s=e.arrival_s, predicted_bucket=e.predicted_bucket, batch_id=e.batch_id,
-        queued=bool(e.batch_id), stream=e.stream,
+        queued=bool(e.batch_id), stream=e.stream, epoch=e.epoch,
     )  # fmt: skip
     if e.batch_id:
         s.batch_queue.append(e.request_id)

@@ -14,11 +14,15 @@ from __future__ import annotations
 DROP = -1
 
 
-def task_order(task_id: str) -> tuple[int, int]:
-    """A task's place among its request's tasks (the JE names them `rid/phase.attempt`,
-    decide.task_id): a later attempt is newer; within one, the decode follows its prefill."""
-    phase, _, attempt = task_id.rpartition("/")[2].partition(".")
-    return (int(attempt) if attempt.isdigit() else 0, 1 if phase == "decode" else 0)
+def task_order(task_id: str) -> tuple[int, int, int]:
+    """A task's place among its request's tasks (the JE names them `rid/phase.attempt`, and
+    `rid/phase.attempt.epoch` once the gateway moved the request to another JE, decide.task_id):
+    a later epoch is newer (the lost JE's tasks are abandoned); within one, a later attempt;
+    within one, the decode follows its prefill."""
+    phase, _, rest = task_id.rpartition("/")[2].partition(".")
+    attempt, _, epoch = rest.partition(".")
+    return (int(epoch) if epoch.isdigit() else 0, int(attempt) if attempt.isdigit() else 0,
+            1 if phase == "decode" else 0)  # fmt: skip
 
 
 class StreamMerge:
@@ -30,7 +34,7 @@ class StreamMerge:
     def __init__(self) -> None:
         self.next = 0  # the index of the client's next token
         self.task = ""  # the task followed
-        self.order = (-1, -1)
+        self.order = (-1, -1, -1)
 
     def take(self, task_id: str, first: int, count: int) -> int:
         if task_id != self.task:

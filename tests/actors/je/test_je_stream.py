@@ -33,3 +33,15 @@ def test_a_new_task_that_would_leave_a_gap_is_not_taken() -> None:
     m = StreamMerge()
     m.take("r/chat.1", 0, 2)
     assert m.take("r/chat.2", 5, 1) == DROP and m.task == "r/chat.1" and m.next == 2
+
+
+def test_a_job_moved_to_another_je_is_a_new_epoch_and_the_lost_je_s_tasks_are_dropped() -> None:
+    """The gateway moved the request after its JE was lost (JobRequest.epoch): the new JE's ids
+    end in the epoch, newer than any task of the lost JE whatever its attempt."""
+    assert task_order("r/prefill.1.1") > task_order("r/decode.7") > task_order("r/prefill.7")
+    assert task_order("r/prefill.1.1") < task_order("r/decode.1.1") < task_order("r/chat.1.2")
+    m = StreamMerge()
+    assert m.take("r/prefill.3", 0, 1) == 0 and m.take("r/decode.3", 1, 8) == 0 and m.next == 9
+    assert m.take("r/prefill.1.1", 9, 1) == 0 and m.next == 10  # resumed at the client's position
+    assert m.take("r/decode.3", 9, 4) == DROP  # the lost JE's decode, still running: dropped
+    assert m.take("r/decode.1.1", 10, 2) == 0 and m.next == 12
