@@ -316,6 +316,10 @@ def format_status(st: dict[str, Any]) -> str:
         lines.append(f"group {g}: {row['ready']} ready of target {row['target']} ({slots})")
     for model, pool in st.get("pools", {}).items():  # xLLM §3.2's four instance pools
         lines.append(f"pools {model}: " + "  ".join(f"{k} [{' '.join(v)}]" for k, v in pool.items()))
+    if "prewarm" in st:  # DeepServe §6.1: the pod launcher's pools, taken by a scale-out
+        w = st["prewarm"]
+        execs = " ".join(f"{k} {v}" for k, v in w["executors"].items()) or "-"
+        lines.append(f"pre-warmed ({w['policy']}): {w['pods']} pods, {w['masters']} masters, executors {execs}")
     if "autoscale" in st:
         a = st["autoscale"]
         lines.append(f"autoscale {','.join(a['policies'])}{' (advisory)' if a['advisory'] else ''}: "

@@ -27,6 +27,7 @@ import structlog
 
 from deepserve.actors.cluster.heartbeat import HeartbeatWake
 from deepserve.actors.cluster.messages import StopMonitor
+from deepserve.actors.cluster.pods import InProcessPods
 from deepserve.actors.flowserve.master.status import dp_load
 from deepserve.actors.flowserve.messages import Prompt, Sampling, TokenBatch
 from deepserve.actors.gateway.messages import ApiRequest, Refused, is_refused
@@ -37,6 +38,7 @@ from deepserve.adapters.hardware.devices.topology import build, spawn_topology
 from deepserve.cluster.assembly import (
     MANAGER_ADDR,
     MONITOR_ADDR,
+    PODS_ADDR,
     je_addrs,
     spawn_control,
     spawn_front,
@@ -309,7 +311,21 @@ class Runtime:
                   for g, rec in (cm.groups.items() if cm is not None else ())}  # fmt: skip
         return {"model": self.cfg.model_name(), "uptime_s": round(time.time() - self.started_wall, 1),
                 "inflight": len(self.streams), "requests": dict(self.counts), "log": str(self.log_path),
-                "groups": groups, "tes": rows, **autoscale_status(d, cm)}  # fmt: skip
+                "groups": groups, "tes": rows, **autoscale_status(d, cm), **prewarm_status(d)}  # fmt: skip
+
+
+def prewarm_status(d: Any) -> dict[str, Any]:
+    """`prewarm`: the pod launcher's pre-warmed pods, masters and executors per server (DeepServe
+    §6.1), when `[scaling]` is on and the launcher is the in-process one (it keeps the pools)."""
+    cell = d.cells.get(PODS_ADDR) if d is not None else None
+    pods = cell.actor if cell is not None and cell.alive else None
+    if not isinstance(pods, InProcessPods):
+        return {}
+    p = pods.pools_status()
+    if not p.enabled:
+        return {}
+    return {"prewarm": {"policy": p.policy, "pods": p.pods, "masters": p.masters,
+                        "executors": {f"s{k}": v for k, v in sorted(p.executors.items(), key=lambda kv: int(kv[0]))}}}
 
 
 def _last_failure(r: Any) -> str:

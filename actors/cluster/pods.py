@@ -133,6 +133,16 @@ class InProcessPods(Actor[PodsState]):
         if self.cfg.scaling is not None:
             ctx.record(PoolsSet(pools=initial_pools(self.cfg.scaling, self.cfg.servers)))
 
+    def pools_status(self, req_id: str = "") -> PoolsStatus:
+        """What the launcher holds pre-warmed now: `PoolsQuery`'s answer, and (read off the live
+        actor, no recorded input) the daemon's status."""
+        st, cfg = self.state, self.cfg.scaling
+        if isinstance(st, ScalingPodsState) and cfg is not None:
+            p = st.pools
+            return PoolsStatus(req_id=req_id, enabled=True, pods=p.pods, masters=p.masters,
+                               executors=dict(p.executors), policy=cfg.pool_policy)  # fmt: skip
+        return PoolsStatus(req_id=req_id, enabled=False)
+
     def evolve(self, s: PodsState, e: Event) -> PodsState:
         if isinstance(s, ScalingPodsState) and isinstance(e, PoolsSet | BootPlanned | PoolRefilled):
             _evolve_pools(s, e)
@@ -158,13 +168,7 @@ class InProcessPods(Actor[PodsState]):
         elif isinstance(msg, PoolRefill):
             self._refill(ctx, msg)
         elif isinstance(msg, PoolsQuery):
-            cfg = self.cfg.scaling
-            if isinstance(st, ScalingPodsState) and cfg is not None:
-                p = st.pools
-                ctx.reply(PoolsStatus(req_id=msg.req_id, enabled=True, pods=p.pods, masters=p.masters,
-                                      executors=dict(p.executors), policy=cfg.pool_policy))  # fmt: skip
-            else:
-                ctx.reply(PoolsStatus(req_id=msg.req_id, enabled=False))
+            ctx.reply(self.pools_status(msg.req_id))
         elif isinstance(msg, StopPod):
             if msg.pod_id in st.pods:
                 self._end(ctx, msg.pod_id, False, msg.reason)
