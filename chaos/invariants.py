@@ -63,7 +63,7 @@ class Checker:
         self.streamed: dict[str, int] = {}  # request -> tokens streamed so far (next index)
         self.all_done = False
         self.late_chunks = 0  # chunks for requests already terminal (a client never sees them)
-        self.follows: dict[str, tuple[str, tuple[int, int, int]]] = {}  # request -> the task followed, its order
+        self.follows: dict[str, tuple[str, tuple[int, int, int], int]] = {}  # request -> the task followed, its order
         self.ids: dict[str, list[int]] = {}  # request -> the token ids streamed (when the TEs send ids)
         self.taken_over: set[str] = set()  # requests whose stream another task took over mid-way
         self.superseded_chunks = 0  # an older task's chunks after a newer one took over (dropped)
