@@ -157,7 +157,8 @@ def _hop_lines(h: dict[str, Any]) -> Iterator[str]:
         yield f"{at}  {who}: task {h['task_id']} lost on {h['from_te']}: asked the frontend how far its stream got"
     elif ev == "TaskMigrated":
         c = h["choice"]
-        yield (f"{at}  {who}: MIGRATED off {h['from_te']} by {c['mode']}: {c['reason']} ({c['kv_bytes']} KV bytes); "
+        off = f"off {h['from_te']}" if h["from_te"] else f"here, moved by the gateway ({h['failure']})"
+        yield (f"{at}  {who}: MIGRATED {off} by {c['mode']}: {c['reason']} ({c['kv_bytes']} KV bytes); "
                f"the stream resumes at output token {h['resume_from']} ({h.get('basis') or 'the chunks the JE saw'}; "
                "what its client has already is not sent again)")
     elif ev == "JobCancelRequested":  # when the client gave up (TTFT deadline, disconnect, stop)

@@ -14,6 +14,8 @@ from deepserve.actors.je.migration import StreamPosition, StreamPositionAsk
 from deepserve.adapters.scenario.faults import FaultSpec
 from deepserve.chaos import runner
 from deepserve.chaos.platform import load_config
+from deepserve.persistence import open_log
+from deepserve.replay.why import request_hops, why_lines
 
 
 @pytest.fixture
@@ -49,7 +51,7 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, int, int]]:
 def test_a_lost_je_s_streams_move_to_another_je_and_resume_at_the_client_s_token(tmp_path, seen) -> None:
     cfg = load_config("pd-1p1d", ("cluster.decode_tes=2", "workload.requests=16", "scheduling.jes=2",
                                   "scheduling.migration.ask_stream_s=0.5"))  # fmt: skip
-    r = runner.run_seed(cfg, 1, None, str(tmp_path))
+    r = runner.run_seed(cfg, 1, None, str(tmp_path), keep_log=True)
     assert r.violations == 0, r.first
     assert r.faults == ("6s kill-je je/1",) and (r.completed, r.failed) == (r.requests, 0), r.failed_reasons
     firsts: dict[tuple[str, str], tuple[int, int]] = {}
@@ -60,3 +62,11 @@ def test_a_lost_je_s_streams_move_to_another_je_and_resume_at_the_client_s_token
     resumed = [(first, client) for (rid, tid), (first, client) in moved.items() if "/decode." not in tid]
     assert resumed and all(first == client for first, client in resumed)  # exactly where the client was
     assert any(first > 0 for first, _ in resumed)  # mid-stream, not restarted from token 0
+    # `replay why` shows the move: on the new JE, by the gateway, naming the lost JE
+    rid = next(iter(moved))[0]
+    reader = open_log(r.log)
+    try:
+        lines = list(why_lines(request_hops(reader, rid)))
+    finally:
+        reader.close()
+    assert any("MIGRATED here, moved by the gateway (its JE je/1 was lost" in ln for ln in lines), lines
