@@ -151,10 +151,10 @@ class JeCore(JobFlow):
         fx.record(JePrefilled(request_id=rid, first_token_s=m.first_token_s, kv=m.kv, te=te,
                               cached_prompt_tokens=m.cached_prompt_tokens, prompt_tokens=m.prompt_tokens,
                               queued_s=m.queued_s, scheduled_s=m.scheduled_s))  # fmt: skip
-        # a restarted job's next decode; a moved one's is named after its prefill's attempt, so the
-        # frontend's merge (stream.task_order) orders it after that prefill (P/D resume)
-        attempt = max(j.decodes + 1, j.start_attempt) if j.migrations else j.decodes + 1
-        self.dispatch(s, now, fx, rid, j, "decode", attempt)
+        # named after its prefill's attempt (a restarted job's next decode at least), so the
+        # frontend's merge (stream.task_order) orders it after that prefill — after a refused or
+        # retried prefill too, whose first token the client already has
+        self.dispatch(s, now, fx, rid, j, "decode", max(j.decodes + 1, j.start_attempt))
         if self.on_demand:
             self.feed(s, now, fx, te)  # a prefill slot freed: the prefill's state changed
 

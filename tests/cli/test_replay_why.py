@@ -67,7 +67,8 @@ def test_why_prints_the_path_and_the_numbers_that_decided(log: Path, tmp_path: P
 def test_why_shows_the_pd_hops_and_the_refusal(log: Path, tmp_path: Path) -> None:
     out = in_process("replay", "why", str(log), "r1", cwd=tmp_path).stdout
     assert "= +0.500" in out and "p/0 refused r1/prefill.1: queue full: no free slot; busy" in out
-    assert "policy on_demand" in out and "decode task r1/decode.1 -> d/0" in out
+    # the decode is named after the prefill that took the task (prefill.2): the merge follows it
+    assert "policy on_demand" in out and "decode task r1/decode.2 -> d/0" in out
 
 
 def test_why_tells_the_whole_decision(log: Path, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from deepserve.actors.flowserve.messages import CancelTask, SubmitTask, TaskToke
 from deepserve.actors.je.effects import Send
 from deepserve.actors.je.messages import JobFinished, RouteDecided
 from deepserve.actors.je.migration import MigrationParams, TaskMigrated, choose
-from deepserve.actors.je.stream import task_order
+from deepserve.actors.je.stream import StreamMerge, task_order
 
 COLO = {"colocated": ["te/0", "te/1"]}
 PD = {"prefill": ["te/p0"], "decode": ["te/d0", "te/d1"]}
@@ -103,8 +103,10 @@ def test_a_moved_decode_after_a_retried_prefill_is_ordered_after_its_new_prefill
     h.deliver(request(1))
     h.finish("r1/prefill.1", ok=False)  # nothing streamed: an ordinary retry
     h.finish("r1/prefill.2")
-    streamed(h, "r1/decode.1", 4)
-    h.finish("r1/decode.1", ok=False)
+    first = [t for t in h.sent if t.startswith("r1/decode.")][-1]
+    assert task_order(first) > task_order("r1/prefill.2")
+    streamed(h, first, 4)
+    h.finish(first, ok=False)
     h.finish("r1/prefill.3")
     dec = [t for t in h.sent if t.startswith("r1/decode.")][-1]
     assert h.sent[dec].resume_from == 4 and task_order(dec) > task_order("r1/prefill.3")
@@ -174,3 +176,17 @@ def test_without_an_answer_the_je_resumes_at_what_it_saw() -> None:
     steps = h.deliver(AskTimeout(request_id="r1", task_id="r1/chat.1"))
     moved = next(e for e in steps if isinstance(e, TaskMigrated))
     assert moved.resume_from == 2 and moved.basis.startswith("no answer from the frontend")
+
+
+def test_a_decode_after_a_refused_prefill_is_ordered_after_the_prefill_the_client_follows() -> None:
+    """On-demand forwarding (the default): a busy prefill refuses, the next one takes the task as
+    `prefill.2` and streams token 0 to the client; its decode must be newer than it for the
+    frontend's merge, or every decode token would be dropped."""
+    h = Harness({"kv_events": False, "policy": "least_load"}, {"prefill": ["te/p0", "te/p1"], "decode": ["te/d0"]})
+    h.deliver(request(1))
+    h.reject("r1/prefill.1")  # busy: offered to the next prefill
+    h.finish("r1/prefill.2")
+    dec = [t for t in h.sent if t.startswith("r1/decode.")][-1]
+    m = StreamMerge()
+    assert m.take("r1/prefill.2", 0, 1) == 0
+    assert m.take(dec, 1, 4) == 0 and m.next == 5, dec
