@@ -59,7 +59,9 @@ def _whatif(args: argparse.Namespace) -> int:
 
     args.log = resolve_log(args.log)  # an incident bundle (replay bundle) is unpacked first
     require_driver(args.log)
-    inputs = open_run(args.log, args.run, args.from_s)
+    from deepserve.replay.fork import Cut
+
+    inputs = open_run(args.log, args.run, args.from_s, cut=Cut(args.from_s) if args.from_s is not None else None)
     if args.from_s is not None and not 0 < args.from_s < inputs.end_t:
         raise CliError(f"--from {args.from_s:g}: the run goes from 0 to {inputs.end_t:g} s; fork inside it")
     try:

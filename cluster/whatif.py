@@ -169,11 +169,11 @@ def _feeder(inputs: RunInputs) -> Any:
     return feed
 
 
-def scaling_tap(into: list[int]) -> Any:
+def scaling_tap(into: list[int], seen: set[str] | None = None) -> Any:
     """Counts the cluster manager's group target changes after each group's first (scaling actions:
-    an admin's `scale`, an autoscaler's)."""
+    an admin's `scale`, an autoscaler's); `seen`: the groups that had their first already."""
 
-    seen: set[str] = set()
+    seen = set() if seen is None else seen
 
     def tap(driver: SimDriver) -> None:
         cell = driver.step_cell
@@ -283,14 +283,49 @@ def agreement(inputs: RunInputs, cfg: PlatformConfig, same: WhatIf | None = None
 
 def _forked(inputs: RunInputs, cfg: PlatformConfig, before: RunResult, comparer: Comparer,
             admin: list[tuple[float, str, Any]], from_s: float, changes: list[str], t0: float) -> WhatIf:  # fmt: skip
+    """Forked at `from_s`: the driver restored from the log at that time (cluster/whatif_restore.py),
+    or, where the log cannot say everything the driver held (replay/fork.py), the recorded
+    config's run up to `from_s`, checked against the log, then `cfg`'s (cluster/whatif_fork.py)."""
+    from .whatif_fork import changed_actors
+
+    base = config_of(inputs, None, [])
+    changed = changed_actors(base, cfg)
+    if inputs.cut is not None:
+        from .whatif_restore import restored_run
+
+        forked: list[str] = []
+        before_t = {a: [p for p in ps if p.t <= from_s] for a, ps in inputs.decisions.items()}
+        comparer.pos = {a: len(ps) for a, ps in before_t.items() if ps}
+        targets = [decoded(p).about for p in before_t.get(MANAGER_ADDR, ()) if p.kind == "GroupTarget"]
+        scaled, seen = [len(targets) - len(set(targets))], set(targets)
+        try:
+            after = restored_run(inputs, base, cfg, inputs.cut, admin, [decision_tap(comparer), scaling_tap(scaled, seen)],
+                                 changed, forked)  # fmt: skip
+        except ReplayError as why:
+            fallback = f"{why}; re-ran the prefix instead"
+        else:
+            after.wall_s = time.perf_counter() - t0
+            after.summary["scaling_actions"] = scaled[0]
+            return WhatIf(original=before, whatif=after, first_difference=comparer.first(),
+                          changes=[*changes, f"--from {from_s:g}: restored from the log at t={from_s:g} "
+                                   f"({inputs.cut.delivered} deliveries before it not re-run); rebuilt with the "
+                                   f"change: {', '.join(forked) or 'no actor'}"])  # fmt: skip
+        comparer = Comparer(inputs.decisions)
+    else:
+        fallback = "re-ran the prefix"
+    return _rerun_prefix(inputs, base, cfg, before, comparer, admin, from_s, [*changes, fallback], t0, changed)
+
+
+def _rerun_prefix(inputs: RunInputs, base: PlatformConfig, cfg: PlatformConfig, before: RunResult,
+                  comparer: Comparer, admin: list[tuple[float, str, Any]], from_s: float, changes: list[str],
+                  t0: float, changed: dict[str, Any]) -> WhatIf:  # fmt: skip
     """The recorded config's run up to `from_s`, checked against the log, then `cfg`'s."""
-    from .whatif_fork import PrefixHash, changed_actors, fork_tap
+    from .whatif_fork import PrefixHash, fork_tap
 
     assert inputs.prefix is not None, "read the inputs with the prefix (open_run's prefix_until_s)"
-    base = config_of(inputs, None, [])
     hashed = PrefixHash(from_s)
     forked: list[str] = []
-    tap = fork_tap(from_s, changed_actors(base, cfg), forked)
+    tap = fork_tap(from_s, changed, forked)
     scaled = [0]
     after = run(base, sink=hashed, feed=_feeder(inputs), faults=admin,  # type: ignore[arg-type]
                 taps=[tap, decision_tap(comparer), scaling_tap(scaled)])  # fmt: skip

@@ -97,6 +97,15 @@ class _Recorder:
         return addr
 
 
+def built_of(cfg: PlatformConfig) -> Any:
+    """What `assemble` says it built for `cfg` (the gateway's address, the layout), spawning nothing."""
+    return assemble(_Recorder(), cfg, stream_to=STREAM_ADDR)
+
+
+def gateway_of(cfg: PlatformConfig) -> str:
+    return str(built_of(cfg).gateway)
+
+
 def spawns(cfg: PlatformConfig, forced: dict[str, str] | None = None) -> dict[str, tuple[type, dict[str, Any]]]:
     rec = _Recorder()
     assemble(rec, cfg, stream_to=STREAM_ADDR, forced=forced)

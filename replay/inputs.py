@@ -75,6 +75,7 @@ class RunInputs(msgspec.Struct, kw_only=True):
     end_t: float  # the clock at the last step, less t0
     manager: Any = None  # the cluster manager's state at the end (None: the run had none)
     prefix: tuple[str, int] | None = None  # (hash, steps) of the steps up to `--from T` (`Prefix`)
+    cut: Any = None  # `--from T`: the driver's image at T (replay/fork.py `Cut`), when read with one
 
 
 def log_path(target: str) -> str:
@@ -92,8 +93,9 @@ def log_path(target: str) -> str:
     return os.path.join(target, files[0])
 
 
-def read_inputs(reader: LogReader, path: str, run_id: str | None = None, prefix_until_s: float | None = None) -> RunInputs:
-    """One pass over the run's steps (module docstring)."""
+def read_inputs(reader: LogReader, path: str, run_id: str | None = None, prefix_until_s: float | None = None,
+                cut: Prefix | None = None) -> RunInputs:  # fmt: skip
+    """One pass over the run's steps (module docstring); `cut` (replay/fork.py) sees the pages up to its time."""
     _load_types()
     from deepserve.actors.cluster.recovery_report import EVENT_TYPES
 
@@ -117,7 +119,7 @@ def read_inputs(reader: LogReader, path: str, run_id: str | None = None, prefix_
     # the recovery report's events: its lines are per `[[faults]]` entry (none: none read)
     recovery = EVENT_TYPES if config.get("faults") else frozenset()
     manager = _Fold()  # the cluster manager's state, folded from its events (replay/state.py)
-    prefix = Prefix(prefix_until_s) if prefix_until_s is not None else None
+    prefix = cut if cut is not None else Prefix(prefix_until_s) if prefix_until_s is not None else None
     if prefix is not None and run.mode != "sim":
         raise ReplayError("--from needs a simulation's log: a daemon's wall-clock run is not re-run step for step "
                           "(its what-if from the start says how far its virtual re-run agrees)")  # fmt: skip
@@ -143,6 +145,7 @@ def read_inputs(reader: LogReader, path: str, run_id: str | None = None, prefix_
     out.manager = manager.state
     if prefix is not None:
         out.prefix = (prefix.h.hexdigest(), prefix.steps)
+    out.cut = cut
     return out
 
 
@@ -251,7 +254,8 @@ def _load_types() -> None:
     import deepserve.actors.je.messages  # noqa: F401
 
 
-def open_run(target: str, run_id: str | None = None, prefix_until_s: float | None = None) -> RunInputs:
+def open_run(target: str, run_id: str | None = None, prefix_until_s: float | None = None,
+             cut: Prefix | None = None) -> RunInputs:  # fmt: skip
     """Open `target` (a log file, URL or run directory) read-only and read its inputs."""
     from deepserve.persistence import open_log
 
@@ -262,7 +266,7 @@ def open_run(target: str, run_id: str | None = None, prefix_until_s: float | Non
         raise ReplayError(f"{target}: {exc}") from None
     try:
         reader.check_integrity()
-        out = read_inputs(reader, path, run_id, prefix_until_s)
+        out = read_inputs(reader, path, run_id, prefix_until_s, cut)
         return out
     finally:
         reader.close()

@@ -114,7 +114,7 @@ def test_from_t_applies_the_change_from_t_on_the_verified_state(run: tuple[dict[
     _, log = run
     res = in_process("replay", "whatif", str(log), "--from", "40", "--set", "control.heartbeat_misses=6", cwd=log.parent)
     assert res.returncode == 0, res.stderr
-    assert "--from 40: the " in res.stdout and "re-run and checked against the log" in res.stdout
+    assert "--from 40: restored from the log at t=40 (" in res.stdout and "not re-run" in res.stdout
     assert "rebuilt with the change: cluster/heartbeat" in res.stdout
     out = whatif(log, "--from", "40", "--set", "control.heartbeat_misses=6")
     kill = [(f["detected_after_s"], g["detected_after_s"]) for f, g in zip(out["original"]["faults"],
