@@ -311,6 +311,9 @@ def _forked(inputs: RunInputs, cfg: PlatformConfig, before: RunResult, comparer:
                                    f"({inputs.cut.delivered} deliveries before it not re-run); rebuilt with the "
                                    f"change: {', '.join(forked) or 'no actor'}"])  # fmt: skip
         comparer = Comparer(inputs.decisions)
+        from deepserve.replay.inputs import open_run
+
+        inputs.prefix = open_run(inputs.path, inputs.run_id, from_s).prefix  # (a cut keeps no hash)
     else:
         fallback = "re-ran the prefix"
     return _rerun_prefix(inputs, base, cfg, before, comparer, admin, from_s, [*changes, fallback], t0, changed)

@@ -52,6 +52,21 @@ class _Actor:
         self.unsure = False  # a handler failed after the last logged output
 
 
+def _state_type(addr: str, path: str) -> type:
+    """A logged snapshot's state class: one the actor's own modules defined (loaded already, never
+    imported for this: a log is data), a msgspec Struct or a builtin type."""
+    import builtins
+    import sys
+
+    module_name, _, qualname = path.partition(":")
+    obj: Any = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if isinstance(obj, type) and (issubclass(obj, msgspec.Struct) or getattr(builtins, obj.__name__, None) is obj):
+        return obj
+    raise ReplayError(f"--from: {addr}'s snapshot is of state type {path!r}, which its actor's modules do not define")
+
+
 class Timer(msgspec.Struct, array_like=True):
     order: tuple[int, int]  # (step index, output index): the order the original armed it in
     deadline: float
@@ -76,7 +91,8 @@ class Cut(Prefix):
         self.terminal_at: list[int] = []  # for each terminal record sent outside: the deliveries made with it
 
     def page(self, light: list[Any], body: bytes) -> None:
-        super().page(light, body)
+        # (no hash of the steps, as `Prefix` keeps: a restore checks nothing against them; the
+        # re-run fallback reads its prefix's hash again)
         for st in light:
             if st.input.t > self.until_s:
                 self.done = True
@@ -124,8 +140,8 @@ class Cut(Prefix):
             else:
                 img.failed_asks.pop(rid, None)
         h = inp.hlc
-        outs = bytes(st.outputs)
-        if outs != b"\x90":  # an empty array: no outputs
+        outs = st.outputs
+        if len(outs) > 1:  # more than an empty array
             pt = int(inp.t * 1_000_000) << HLC_LOGICAL_BITS
             for o in _OUTPUTS.decode(outs):
                 h = pt if pt > h else h + 1
@@ -143,8 +159,9 @@ class Cut(Prefix):
                         self.terminal_at.append(self.delivered)
             a.unsure = False
         img.hlc = h
-        evs = bytes(st.events)
-        if evs != b"\x90":
+        evs = st.events
+        if len(evs) > 1:
+            evs = bytes(evs)
             a.raw_events.append(evs)
             if _SYSTEM(evs):
                 self._system(a, inp, evs)
@@ -177,8 +194,7 @@ class Cut(Prefix):
             img = a.image
             load_logged_class(img.started.cls)  # its module registers its events' types
             if a.snap is not None:
-                cls = load_logged_class(a.snap[0])
-                img.snap_state = msgspec.msgpack.decode(a.snap[1], type=cls)
+                img.snap_state = msgspec.msgpack.decode(a.snap[1], type=_state_type(img.addr, a.snap[0]))
                 img.snap_bytes = a.snap[1]
             events, n_bytes = [], 0
             for raw in a.raw_events:
