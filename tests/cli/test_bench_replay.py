@@ -19,6 +19,10 @@ def test_bench_replay_rows(tmp_path: Path) -> None:
     assert 0 < rows["whatif_read_s"]["value"] < rows["whatif_s"]["value"]
     assert rows["whatif_cpu_s"]["value"] > 0 and rows["whatif_cpu_s"]["baseline_value"] > 0
     assert rows["requests"]["value"] == rows["requests"]["baseline_value"] == 200
+    half = rows["whatif_from_half_s"]  # forked at half the run (restored from its log), the whole what-if beside it
+    assert half["baseline"].startswith("whatif_s") and half["value"] > 0
+    assert half["baseline_value"] == rows["whatif_s"]["value"]
+    assert rows["whatif_from_half_cpu_s"]["value"] > 0
 
 
 def test_bench_replay_bad_override_is_one_line(tmp_path: Path) -> None:
