@@ -1,17 +1,16 @@
-"""`replay whatif --from T`: the what-if forked at time T (issue 32 §1).
+"""`replay whatif --from T`: the change, and the fallback when the driver cannot be restored at T.
 
-What it does (and does not): the recorded run is re-run under its own config from the start up
-to T, every step hashed as the log stores it, and the hash checked against the log's own steps up
-to T (replay/inputs.py `prefix_digest`) — so the state at T is the recorded state, verified, not
-assumed. At T the change is applied to the live cluster: every actor whose spawn arguments differ
-under the new config (the gateway, the JEs, the cluster manager, the heartbeat monitor, the pod
-launcher, a device) is rebuilt with the new ones and keeps its state (an actor's state is all
-it has: the kernel's fold contract), and the run goes on from there. TEs are configured by the
-pod launcher when they boot, so a TE-level change reaches the TEs booted after T (replacements),
-not the running ones. A change that adds or removes actors (more TEs, another JE count) is
-refused: it has no state at T to keep. It is a re-run of the prefix rather than a restore from
-the log's snapshots: restoring every in-flight message and timer at T from a log is a kernel
-feature this does not build, so a fork at T costs a whole re-run, not the part after T.
+The fork itself restores the driver at T from the log (cluster/whatif_restore.py, replay/fork.py,
+core/restore.py). What this module keeps: which root actors a change alters (`changed_actors`:
+the gateway, the JEs, the cluster manager, the heartbeat monitor, the pod launcher, a device;
+rebuilt with the new spawn arguments at T, keeping their state; a change that adds or removes
+actors is refused, having no state at T), and the path taken when the log cannot say everything
+the driver held at T (replay/fork.py `Cut.unsure`; a snapshot of a state type the actor's modules
+do not define): the recorded run re-run under its own config from the start up to T, every step
+hashed as the log stores it and checked against the log's steps up to T (`PrefixHash`), the
+change applied to the live cluster there (`fork_tap`), and the run goes on — a whole re-run's
+cost. TEs are configured by the pod launcher when they boot, so in both paths a TE-level change
+reaches the TEs booted after T (replacements), not the running ones.
 """
 
 from __future__ import annotations

@@ -106,9 +106,14 @@ def restored_run(inputs: RunInputs, base: PlatformConfig, cfg: PlatformConfig, c
     T = cut.until_s
     collector, slo = Collector(), cfg.slo
     attained = [0]
+    models = cfg.workload.models or (cfg.cluster.model,)
+    by_model = {m: Collector() for m in models} if len(models) > 1 else {}
+    model_of = {i.msg.request_id: i.msg.model for i in inputs.requests} if by_model else {}
 
     def add(msg: Any) -> None:
         collector.add(msg)
+        if by_model and (m := model_of.get(msg.request_id)) in by_model:
+            by_model[m].add(msg)
         if msg.status == "completed" and msg.first_token_s is not None:
             ttft_ms = (msg.first_token_s - msg.arrival_s) * 1e3
             tpot_ms = (msg.finish_s - msg.first_token_s) * 1e3 / (msg.output_tokens - 1) if msg.output_tokens > 1 else 0.0
@@ -156,7 +161,7 @@ def restored_run(inputs: RunInputs, base: PlatformConfig, cfg: PlatformConfig, c
     faults = [*admin, *fault_inputs(base.faults)]
     summary: dict[str, Any] = dict(_builtins(collector.summary()))
     end = SimEnd(driver=driver, built=built, cfg=cfg, collector=collector, faults=faults, slo_attained=attained[0],
-                 extra_faults=len(admin), recovery_events=recovery)  # fmt: skip
+                 extra_faults=len(admin), recovery_events=recovery, by_model=by_model)  # fmt: skip
     for report in REPORTERS:
         report(end, summary)
     return RunResult(summary=summary, deliveries=cut.delivered + driver.deliveries, virtual_time_s=driver.now,
