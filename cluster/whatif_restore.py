@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from deepserve.actors.gateway.messages import Refused
@@ -50,7 +51,8 @@ def restored_driver(inputs: RunInputs, base: PlatformConfig, cut: Cut, admin: li
     if unsure:
         raise ReplayError(f"--from {cut.until_s:g}: {', '.join(unsure[:3])} failed a delivery after its last logged "
                           "output, so its output counter at T is not in the log")  # fmt: skip
-    if cut.first_request_id is None:
+    first_id = cut.first_request_id
+    if first_id is None:
         raise ReplayError(f"--from {cut.until_s:g}: no request was delivered by then: fork later")
     T = cut.until_s
     driver = SimDriver(base.seed, sink=sink)
@@ -58,39 +60,38 @@ def restored_driver(inputs: RunInputs, base: PlatformConfig, cut: Cut, admin: li
         restore_cell(driver, img)
     faults = [*admin, *fault_inputs(base.faults)]
     cancels = [i for i in inputs.others if i.src not in ("ext/fault", "ext/admin") or i.actor == "cluster"]
-    fault_base = cut.first_request_id - 1 - len(cancels) - len(faults)
-    n0 = cut.boundary(0.0, cut.first_request_id)
+    fault_base = first_id - 1 - len(cancels) - len(faults)
+    n0 = cut.boundary(0.0, first_id)
     # every pending entry with the position the original queued it at: (steps made, 0, k) for an
     # injection after that many steps, (step, 1, output) for a timer armed by that step
     pending: list[tuple[tuple[int, int, int], Callable[[], None]]] = []
     for k, (at, dst, msg) in enumerate(faults):
         if at > T:
             env = _ext_env(driver, dst, msg, None, "ext/fault", at, fault_base + k + 1)
-            pending.append(((n0, 0, k), lambda at=at, env=env: restore_scheduled(driver, at, env)))
+            pending.append(((n0, 0, k), partial(restore_scheduled, driver, at, env)))
     k0 = len(faults)
     for k, i in enumerate(cancels):
         if i.t > T:
             env = _ext_env(driver, i.actor, i.msg, i.corr, i.src, i.t, fault_base + k0 + k + 1)
-            pending.append(((n0, 0, k0 + k), lambda at=i.t, env=env: restore_scheduled(driver, at, env)))
+            pending.append(((n0, 0, k0 + k), partial(restore_scheduled, driver, i.t, env)))
     reqs = inputs.requests
     window = 0
     while window * WINDOW_REQUESTS < len(reqs) and (window == 0 or reqs[window * WINDOW_REQUESTS].t <= T):
         start = window * WINDOW_REQUESTS
-        at_step = n0 if window == 0 else cut.boundary(reqs[start].t, cut.first_request_id + start)
+        at_step = n0 if window == 0 else cut.boundary(reqs[start].t, first_id + start)
         for j in range(start, min(start + WINDOW_REQUESTS, len(reqs))):
             i = reqs[j]
             if i.t > T:
-                env = _ext_env(driver, i.actor, i.msg, i.corr, i.src, i.t, cut.first_request_id + j)
-                pending.append(((at_step, 0, len(faults) + len(cancels) + j),
-                                lambda at=i.t, env=env: restore_scheduled(driver, at, env)))  # fmt: skip
+                env = _ext_env(driver, i.actor, i.msg, i.corr, i.src, i.t, first_id + j)
+                pending.append(((at_step, 0, len(faults) + len(cancels) + j), partial(restore_scheduled, driver, i.t, env)))
         window += 1
     for tm in cut.pending_timers():
-        pending.append(((tm.order[0], 1, tm.order[1]), lambda tm=tm: restore_timer(driver, tm.deadline, tm.env, tm.key)))
+        pending.append(((tm.order[0], 1, tm.order[1]), partial(restore_timer, driver, tm.deadline, tm.env, tm.key)))
     pending.sort(key=lambda p: p[0])
     for _pos, put in pending:
         put()
     injected = min(window * WINDOW_REQUESTS, len(reqs))
-    set_clock(driver, cut.last_t, cut.first_request_id - 1 + injected, cut.retired.items())
+    set_clock(driver, cut.last_t, first_id - 1 + injected, cut.retired.items())
     return driver, window
 
 
@@ -151,7 +152,7 @@ def restored_run(inputs: RunInputs, base: PlatformConfig, cfg: PlatformConfig, c
             driver.inject(gateway, i.msg, at=max(i.t, driver.now), corr=i.corr, src=i.src)
     if window * WINDOW_REQUESTS >= len(reqs):  # the original was draining at T: finish its chunk first
         k = (window - 1) * WINDOW_REQUESTS
-        left = _chunk_left(cut, len(reqs), cut.boundary(reqs[k].t if k else 0.0, cut.first_request_id + k))
+        left = _chunk_left(cut, len(reqs), cut.boundary(reqs[k].t if k else 0.0, (cut.first_request_id or 0) + k))
         if left and collector.terminal < len(reqs):
             driver.run(max_deliveries=left)
     drain(driver, collector, len(reqs), last + drain_limit_s, gateway)

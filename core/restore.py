@@ -60,8 +60,8 @@ def restore_cell(driver: SimDriver, image: CellImage) -> Cell:
     cell = Cell(image.addr, driver.seed, image.seq)
     driver.cells[image.addr] = cell
     actor = cell.actor = build_actor(image.started)
-    if image.snap_state is None:
-        snap = actor.initial_state()
+    if image.snap_state is None or image.snap_bytes is None:
+        snap: Any = actor.initial_state()
         snap_bytes = encode_state(cell, snap)
     else:
         snap, snap_bytes = image.snap_state, image.snap_bytes

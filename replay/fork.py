@@ -63,7 +63,7 @@ def _state_type(addr: str, path: str) -> type:
     for part in qualname.split("."):
         obj = getattr(obj, part, None)
     if isinstance(obj, type) and (issubclass(obj, msgspec.Struct) or getattr(builtins, obj.__name__, None) is obj):
-        return obj
+        return obj  # type: ignore[return-value]
     raise ReplayError(f"--from: {addr}'s snapshot is of state type {path!r}, which its actor's modules do not define")
 
 
@@ -149,9 +149,10 @@ class Cut(Prefix):
                 kind = o.kind
                 if kind == _TIMER:
                     env = Envelope(addr, addr, o.msg_id, h, o.corr, (o.type, o.payload), o.reply_to)
-                    self.timers[(addr, o.key)] = Timer((i, o.idx), inp.t + o.delay, env, o.key)
+                    key = str(o.key)  # (a timer's and a cancel's key is never None)
+                    self.timers[(addr, key)] = Timer((i, o.idx), inp.t + o.delay, env, key)
                 elif kind == _CANCEL:
-                    self.timers.pop((addr, o.key), None)
+                    self.timers.pop((addr, str(o.key)), None)
                 elif kind == _SEND:
                     if o.ask:
                         img.open_asks.add(o.msg_id)
