@@ -9,24 +9,24 @@ from deepserve.core import Actor, Context, Event, Message, ReplyHandle
 from deepserve.core.messages import AskFailed
 
 
-class Tick(Message, frozen=True):
+class RsTick(Message, frozen=True):
     n: int
 
 
-class Ping(Message, frozen=True):
+class RsPing(Message, frozen=True):
     n: int
 
 
-class Pong(Message, frozen=True):
+class RsPong(Message, frozen=True):
     n: int
 
 
-class Ticked(Event, frozen=True):
+class RsTicked(Event, frozen=True):
     n: int
     draw: float
 
 
-class Answered(Event, frozen=True):
+class RsAnswered(Event, frozen=True):
     ok: bool
 
 
@@ -51,37 +51,37 @@ class Asker(Actor[AskerState]):
         return AskerState()
 
     def evolve(self, state: AskerState, event: Event) -> AskerState:
-        if isinstance(event, Ticked):
+        if isinstance(event, RsTicked):
             state.ticks += 1
             state.total += event.draw
-        elif isinstance(event, Answered):
+        elif isinstance(event, RsAnswered):
             state.answered += event.ok
             state.failed += not event.ok
         return state
 
     def on_start(self, ctx: Context) -> None:
-        ctx.after(0.5, Tick(n=0), key="tick")
+        ctx.after(0.5, RsTick(n=0), key="tick")
 
     def handle(self, ctx: Context, msg: Message) -> None:
-        if isinstance(msg, Tick):
+        if isinstance(msg, RsTick):
             draw = ctx.rng.random()
-            ctx.record(Ticked(n=msg.n, draw=draw))
+            ctx.record(RsTicked(n=msg.n, draw=draw))
             if msg.n < 0:  # the slow timer: a timer set (its id taken), then a failure the supervisor restarts
-                ctx.after(1.0, Tick(n=-2), key="dropped")
+                ctx.after(1.0, RsTick(n=-2), key="dropped")
                 raise RuntimeError("a failure the supervisor restarts")
-            ctx.ask(self.peer, Ping(n=msg.n), timeout_s=0.3 + draw)
-            ctx.after(0.2 + draw, Tick(n=msg.n + 1), key="tick")
+            ctx.ask(self.peer, RsPing(n=msg.n), timeout_s=0.3 + draw)
+            ctx.after(0.2 + draw, RsTick(n=msg.n + 1), key="tick")
             if msg.n % 5 == 0:
-                ctx.after(1.5, Tick(n=-1), key="slow")
+                ctx.after(1.5, RsTick(n=-1), key="slow")
             elif msg.n % 7 == 1:
                 ctx.cancel("slow")
-        elif isinstance(msg, Pong):
-            ctx.record(Answered(ok=True))
+        elif isinstance(msg, RsPong):
+            ctx.record(RsAnswered(ok=True))
         elif isinstance(msg, AskFailed):
-            ctx.record(Answered(ok=False))
+            ctx.record(RsAnswered(ok=False))
 
 
-class Later(Message, frozen=True):
+class RsLater(Message, frozen=True):
     to: ReplyHandle
     n: int
 
@@ -91,7 +91,7 @@ class Answerer(Actor[None]):
     the asker's timeout (a late answer, recorded and not delivered)."""
 
     def handle(self, ctx: Context, msg: Message) -> None:
-        if isinstance(msg, Ping):
-            ctx.after(ctx.rng.random(), Later(to=ctx.reply_handle(), n=msg.n), key=f"answer{msg.n}")
-        elif isinstance(msg, Later):
-            ctx.reply(Pong(n=msg.n), to=msg.to)
+        if isinstance(msg, RsPing):
+            ctx.after(ctx.rng.random(), RsLater(to=ctx.reply_handle(), n=msg.n), key=f"answer{msg.n}")
+        elif isinstance(msg, RsLater):
+            ctx.reply(RsPong(n=msg.n), to=msg.to)

@@ -47,7 +47,7 @@ def test_restored_at_t_the_driver_makes_the_logs_steps_after_t(at: float) -> Non
     after = [s for s in steps if msgspec.msgpack.decode(s)[0][2] > at]
     kinds = [msgspec.msgpack.decode(s)[0] for s in steps]
     assert any(k[10] == "AskFailed" for k in kinds) and any(k[4] == 4 for k in kinds)  # timeouts, late answers
-    assert any(k[10] == "Pong" and k[4] == 0 for k in kinds)  # and answers in time
+    assert any(k[10] == "RsPong" and k[4] == 0 for k in kinds)  # and answers in time
     mine, cut = restored(5, steps, at)
     assert cut.delivered > 10 and len(after) > 10
     assert not cut.unsure()
