@@ -121,3 +121,24 @@ def test_the_restore_does_not_re_run_the_prefix(log: Path, monkeypatch: pytest.M
     out = whatif(inputs, cfg, inputs.manager, changes=[], from_s=at)
     assert seen and min(seen) > at
     assert len(seen) == inputs.deliveries - cut.delivered == out.whatif.deliveries - cut.delivered
+
+
+def test_where_the_log_cannot_say_the_driver_at_t_the_prefix_is_re_run(log: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback: an actor whose output counter at T the log cannot say (replay/fork.py
+    `Cut.unsure`) sends the fork back to re-running the prefix, checked against the log, and
+    the what-if says so; its numbers are the restore's."""
+    at, change = 40.0, ["control.heartbeat_misses=6"]
+    cut = Cut(at)
+    inputs = open_run(str(log), cut=cut)
+    cfg = config_of(inputs, None, change)
+    restored = whatif(inputs, cfg, inputs.manager, changes=change, from_s=at)
+    monkeypatch.setattr(Cut, "unsure", lambda self: ["je/0"])
+    cut = Cut(at)
+    inputs = open_run(str(log), cut=cut)
+    rerun = whatif(inputs, cfg, inputs.manager, changes=change, from_s=at)
+    said = " ".join(rerun.changes)
+    assert "je/0 failed a delivery after its last logged output" in said and "re-ran the prefix instead" in said
+    assert "re-run and checked against the log" in said
+    wall = ("wall_s",)
+    assert ({k: v for k, v in rerun.whatif.summary.items() if k not in wall}
+            == {k: v for k, v in restored.whatif.summary.items() if k not in wall})  # fmt: skip
