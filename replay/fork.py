@@ -81,7 +81,7 @@ class Cut(Prefix):
         super().__init__(until_s)
         self.live: dict[str, _Actor] = {}  # in the order the driver's cells were made
         self.retired: dict[str, int] = {}  # a stopped address's delivery counter
-        self.timers: dict[tuple[str, str], Timer] = {}
+        self.timers: dict[tuple[str, str], tuple[int, OutputRec, int, float]] = {}  # -> (step, output, HLC, time)
         self.times: list[float] = []  # every step's time up to T, in log order
         self.first_request_id: int | None = None  # the external id of the first ApiRequest
         self.request_step: dict[int, int] = {}  # a request's external id -> the step delivering it
@@ -147,10 +147,8 @@ class Cut(Prefix):
                 h = pt if pt > h else h + 1
                 img.out_seq = o.msg_id
                 kind = o.kind
-                if kind == _TIMER:
-                    env = Envelope(addr, addr, o.msg_id, h, o.corr, (o.type, o.payload), o.reply_to)
-                    key = str(o.key)  # (a timer's and a cancel's key is never None)
-                    self.timers[(addr, key)] = Timer((i, o.idx), inp.t + o.delay, env, key)
+                if kind == _TIMER:  # (kept as read: most are cancelled, re-armed or fired by T)
+                    self.timers[(addr, str(o.key))] = (i, o, h, inp.t)
                 elif kind == _CANCEL:
                     self.timers.pop((addr, str(o.key)), None)
                 elif kind == _SEND:
@@ -213,12 +211,14 @@ class Cut(Prefix):
 
     def pending_timers(self) -> list[Timer]:
         """The timers armed by T and due after it, in the order they were armed, their messages decoded."""
-        live = sorted((tm for tm in self.timers.values() if tm.deadline > self.until_s), key=lambda tm: tm.order)
-        for tm in live:
-            type_name, payload = tm.env.msg
-            tm.env.msg = decode(type_name, payload)
-            tm.env.payload = payload
-        return live
+        live = []
+        for (addr, key), (i, o, h, t) in self.timers.items():
+            deadline = t + o.delay  # as the driver computes it
+            if deadline > self.until_s:
+                env = Envelope(addr, addr, o.msg_id, h, o.corr, decode(o.type, o.payload), o.reply_to)
+                env.payload = o.payload
+                live.append(Timer((i, o.idx), deadline, env, key))
+        return sorted(live, key=lambda tm: tm.order)
 
     def delivered_at(self, step: int) -> int:
         """The deliveries among the first `step` steps."""
