@@ -35,7 +35,8 @@ def register(sub: Any) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="change a config key, e.g. scheduling.policy=least_load (repeatable)")
     p.add_argument("--from", dest="from_s", type=seconds, metavar="T",
-                   help="fork at time T: the run up to T re-run and checked against the log, the change applied from T")
+                   help="fork at time T: the cluster restored from the log at T (the part before T not re-run), "
+                        "the change applied from T")
     p.add_argument("--at-decision", metavar="ID", help="a routing decision's id (`replay why` shows it: a task id)")
     p.add_argument("--choose", metavar="TE", help="with --at-decision: the TE that decision chooses instead")
     p.add_argument("--log", dest="out_log", metavar="PATH", help="write the what-if's own log here (a new file)")
