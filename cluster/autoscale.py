@@ -98,10 +98,11 @@ def pools(cm: Any, autoscaler: Any) -> dict[str, dict[str, list[str]]]:
 def status(driver: Any, cm: Any) -> dict[str, Any]:
     """The daemon status' autoscaling keys: the role pools, and the autoscaler's counts when on."""
     cell = driver.cells.get(AUTOSCALER_ADDR) if driver is not None else None
-    st = cell.actor.state if cell is not None and cell.actor is not None else None
+    actor = cell.actor if cell is not None else None
+    st = actor.state if actor is not None else None
     out: dict[str, Any] = {"pools": pools(cm, st)}
     if st is not None:
-        a = cell.actor.cfg.autoscale
+        a = actor.cfg.autoscale
         out["autoscale"] = {"policies": list(a.policies), "advisory": a.advisory, "decisions": st.decisions,
                             "scale_outs": st.scale_outs, "scale_ins": st.scale_ins, "flips": st.flips,
                             "last": st.last_decision}  # fmt: skip
