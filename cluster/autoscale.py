@@ -101,7 +101,7 @@ def status(driver: Any, cm: Any) -> dict[str, Any]:
     actor = cell.actor if cell is not None else None
     st = actor.state if actor is not None else None
     out: dict[str, Any] = {"pools": pools(cm, st)}
-    if st is not None:
+    if actor is not None and st is not None:
         a = actor.cfg.autoscale
         out["autoscale"] = {"policies": list(a.policies), "advisory": a.advisory, "decisions": st.decisions,
                             "scale_outs": st.scale_outs, "scale_ins": st.scale_ins, "flips": st.flips,
