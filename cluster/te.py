@@ -72,7 +72,7 @@ def master_config(scenario: Scenario, te: TePlacement, dp: int) -> dict[str, Any
         "tp": c.tp, "max_num_seqs": s.max_running, "max_num_batched_tokens": s.max_batch_tokens,
         "chunked_prefill": s.chunked_prefill, "sched_gap_s": s.schedule_gap_ms / 1e3,
         "eos_rate": s.eos_rate, "aggregate": s.aggregate, "max_waiting": s.max_waiting,
-        "te": te.addr, "dp": dp,
+        "te": te.addr, "dp": dp, "kv_ride": True,
         "eos_lognormal": (s.eos_lognormal_mu, s.eos_lognormal_sigma) if s.eos_model == "lognormal" else None,
     }  # fmt: skip
     # PD transfer settings, where the engine's MasterConfig has them (it grows additively).

@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from deepserve.actors.flowserve.master.kv_publish import TaskAnswerKv
 from deepserve.actors.flowserve.rtc.kv_events import KVEventBatch
 from deepserve.actors.scheduling import Decision
 from deepserve.core import Actor, Context, Event, Message
@@ -62,6 +63,9 @@ class JobExecutor(Actor[JeState]):
         core.me = ctx.self
         if type(msg) is KVEventBatch:  # the one input whose sender it needs (the publisher)
             core.kv_batch(ctx, ctx.sender, msg)
+        elif type(msg) is TaskAnswerKv:  # an answer and the batch of the same delivery, in that order
+            core.handle(self.state, ctx.now(), ctx, msg.answer)  # type: ignore[attr-defined]
+            core.kv_batch(ctx, ctx.sender, msg.batch)  # type: ignore[attr-defined]
         else:
             core.handle(self.state, ctx.now(), ctx, msg)
 

@@ -108,7 +108,7 @@ class DpMaster(Actor[MasterState]):
     def __init__(self, config: Any) -> None:
         self.cfg = config if isinstance(config, MasterConfig) else msgspec.convert(config, MasterConfig)
         self.npu = self.cfg.npus[0]
-        self.kv = KvPublisher(self.cfg.block_tokens, self.cfg.dp)  # KV events to subscribers
+        self.kv = KvPublisher(self.cfg.block_tokens, self.cfg.dp, self.cfg.kv_ride)  # KV events to subscribers
         # The batch in flight and whether it has a head (`has_head`): computed at its launch,
         # read again when it ends (its entries' progress does not change in between). Not
         # state: a restarted actor computes it again.

@@ -13,10 +13,18 @@ The subscriber list is the master's state, changed only by the recorded `KvSubsc
 replay rebuilds it), but it lives in this publisher beside the `MasterState` rather than in it;
 `DpMaster.evolve` hands the event here. A subscriber that must survive the master's process
 restarting subscribes again (the JE does on every membership push that adds the TE).
+
+Riding (`MasterConfig.kv_ride`, on in every assembled cluster; absent from older spawn configs,
+so their logs replay as written): when the same delivery also answers the subscriber about a
+task (`TaskAccepted`, `TaskFinished`, `TaskRejected`: a quarter of the batches on the Mooncake
+trace), the batch travels with that answer as one `TaskAnswerKv` instead of a second message.
+The subscriber handles the answer, then folds the batch: the order in which it would have
+received the two, with nothing delayed (the batch still leaves with the delivery that made it).
 """
 
 from __future__ import annotations
 
+from deepserve.actors.flowserve.messages import TaskAccepted, TaskFinished, TaskRejected
 from deepserve.actors.flowserve.rtc.events import (
     RtcBlocksAllocated,
     RtcBlocksCached,
@@ -27,6 +35,8 @@ from deepserve.actors.flowserve.rtc.events import (
 )
 from deepserve.actors.flowserve.rtc.kv_events import KVCacheEvent, KVEventBatch, kv_events_of
 from deepserve.core import Context, Event, Message
+from deepserve.core.context import Out
+from deepserve.core.records import SEND
 
 MAX_SUBSCRIBERS = 64  # a limit on everything: subscribers one DP master sends to
 _RTC_EVENTS = (RtcBlocksAllocated, RtcBlocksCached, RtcCleared, RtcCopyFinished, RtcCopyStarted, RtcBlocksMasked)
@@ -44,6 +54,29 @@ class SubscribeKvEvents(Message, frozen=True, kw_only=True):
     subscribe: bool = True
 
 
+class TaskAnswerKv(Message, frozen=True, kw_only=True):
+    """A task answer with the KV events of the same delivery riding on it (see the module's
+    docstring): to be handled as `answer` followed by `batch` from the same sender."""
+
+    answer: TaskAccepted | TaskFinished | TaskRejected
+    batch: KVEventBatch
+
+
+_SEND = int(SEND)  # `Out.kind` is a plain int
+# The answers a batch may ride on (exact types: none is subclassed).
+_ANSWERS = frozenset((TaskAccepted, TaskFinished, TaskRejected))
+
+
+def ride(outputs: list[Out], dst: str, batch: KVEventBatch) -> bool:
+    """Put `batch` on the LAST plain send of this delivery's task answers to `dst` (so it is
+    folded after every answer, as the separate batch sent at the end would be); False if none."""
+    for o in reversed(outputs):
+        if o.dst == dst and o.delay == 0.0 and o.kind == _SEND and type(o.msg) in _ANSWERS:
+            o.msg = TaskAnswerKv(answer=o.msg, batch=batch)
+            return True
+    return False
+
+
 class KvSubscribed(Event, frozen=True, kw_only=True):
     subscriber: str
     subscribed: bool
@@ -52,10 +85,10 @@ class KvSubscribed(Event, frozen=True, kw_only=True):
 class KvPublisher:
     """The subscriber list and the per-delivery batching of one DP master."""
 
-    __slots__ = ("block_tokens", "dp", "refused", "subscribers")
+    __slots__ = ("block_tokens", "dp", "refused", "ride", "subscribers")
 
-    def __init__(self, block_tokens: int, dp: int) -> None:
-        self.block_tokens, self.dp = block_tokens, dp
+    def __init__(self, block_tokens: int, dp: int, ride: bool = False) -> None:
+        self.block_tokens, self.dp, self.ride = block_tokens, dp, ride
         self.subscribers: tuple[str, ...] = ()
         self.refused = 0  # subscriptions beyond MAX_SUBSCRIBERS (not state: a count for tests)
 
@@ -86,4 +119,5 @@ class KvPublisher:
             return
         batch = KVEventBatch(ts=ctx.now(), events=tuple(out), data_parallel_rank=self.dp)
         for sub in self.subscribers:
-            ctx.send(sub, batch)
+            if not (self.ride and ride(ctx.outputs, sub, batch)):
+                ctx.send(sub, batch)

@@ -59,6 +59,9 @@ class MasterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     aggregate: bool = False  # the simulation fast path (NpuForwardRun); False: step every pass
     token_ids: bool = True  # False (simulation): TaskTokens carry times only, ids left empty
     solo: bool = False  # the TE's only DP group (set by its shell): TaskAccepted.solo
+    # KV events ride on a task answer of the same delivery (kv_publish.py); False in spawn
+    # configs written before it, whose logs replay with a separate batch as recorded
+    kv_ride: bool = False
     max_run_iterations: int = 4_096
     # RTC background swap-out: copies of at least this many cold blocks (unless one is about to
     # be evicted). 32 of the default 64-block batch halves the copies of a Mooncake replay at
@@ -103,7 +106,7 @@ class MasterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 # Settings added after logs existed, left out of a spawn's recorded config while at their
 # defaults: a run that does not use them logs exactly what it logged before they were added.
 _LATER_DEFAULTS = {"token_recompute": False, "hbm_masking": False, "kv_link_probe_s": 0.0, "dp_groups": 1,
-                   "health_to": ""}  # fmt: skip
+                   "health_to": "", "kv_ride": False}  # fmt: skip
 
 
 def spawn_config(cfg: MasterConfig) -> dict[str, Any]:
