@@ -137,6 +137,7 @@ def je_config(sch: Scheduling, kv_block_tokens: int = 128) -> dict[str, Any]:
         "forwarding": msgspec.to_builtins(sch.forwarding), "max_attempts": sch.max_attempts,
         "kv_fail_cooldown_s": sch.kv_fail_cooldown_s, "kv_events": sch.kv_events,
         "predictor": load_predictor(sch.predictor) if sch.predictor else None,
+        "quiet_accept": True,  # no TaskAccepted for direct chat tasks (JeConfig.quiet_accept)
     }  # fmt: skip
 
 

@@ -20,7 +20,7 @@ from deepserve.actors.cluster.messages import Heartbeat
 from deepserve.actors.flowserve.balancer import Pending, assign
 from deepserve.actors.flowserve.distflow.messages import CorruptKvBlock
 from deepserve.actors.flowserve.master.actor import DpMaster
-from deepserve.actors.flowserve.master.kv_publish import SubscribeKvEvents
+from deepserve.actors.flowserve.master.kv_publish import QuietAccepts, SubscribeKvEvents
 from deepserve.actors.flowserve.master.messages import (
     DpMatch,
     DpMatchQuery,
@@ -180,7 +180,7 @@ class TeShell(Actor[ShellState]):
             self._answer(ctx, msg.req_id, msg)
         elif isinstance(msg, AskFailed) and msg.target in self.dp_addrs:
             self._ask_failed(ctx, msg)
-        elif isinstance(msg, CancelTask | CancelOwner | CorruptKvBlock | SubscribeKvEvents):
+        elif isinstance(msg, CancelTask | CancelOwner | CorruptKvBlock | SubscribeKvEvents | QuietAccepts):
             for addr in self.dp_addrs:  # the group that has it acts; the others ignore it
                 ctx.send(addr, msg)
         elif isinstance(msg, CreateContext | GetContext | DeleteContext):

@@ -29,6 +29,11 @@ class JeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     predictor: dict[str, Any] | None = None  # a DecodeLengthTree as data (`deepserve profile predictor`)
     kv_block_tokens: int = 128  # the cluster's block size: prompt-tree matches in tokens
     stream_to: str = ""  # a live frontend's address: the TEs stream output tokens there ("": none)
+    # No TaskAccepted for a chat task sent straight to a TE's only DP master (`JeState.direct`),
+    # and no accept timeout armed for it: the JE asks each new TE (`QuietAccepts`, beside its KV
+    # subscription); like an accepted task, a TE that dies holding one is found by the control
+    # plane (its membership push fails the task). Absent from JE configs recorded before it.
+    quiet_accept: bool = False
     kv_events: bool = True  # subscribe to the TEs' KV cache events (False: ROUTED guesses only)
     # A prefill TE whose KV failed to reach its decode TE, or that refused a task because it is
     # down (device lost: `forwarding.te_down`), gets no new P/D task for this long while another

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from deepserve.actors.flowserve.master.kv_publish import SubscribeKvEvents
+from deepserve.actors.flowserve.master.kv_publish import QuietAccepts, SubscribeKvEvents
 from deepserve.actors.flowserve.master.pd import KvRelease
 from deepserve.actors.flowserve.messages import (
     KV_TRANSFER_FAILED,
@@ -240,6 +240,10 @@ class JeCore(JobFlow):
             for te in m.tes:
                 if te not in known:  # new, or a replacement at the same address: its cache is empty
                     fx.send(te, SubscribeKvEvents(subscriber=self.me))
+        if self.cfg.quiet_accept and m.role != "decode":  # before any task to it (the same path)
+            for te in m.tes:
+                if te not in known:
+                    fx.send(te, QuietAccepts(requester=self.me))
         members = {te for tes in s.groups.get(m.model, {}).values() for te in tes}
         prefix = f"{m.model}/"
         members |= {te for k, tes in s.draining.items() if k.startswith(prefix) for te in tes}

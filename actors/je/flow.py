@@ -162,14 +162,16 @@ class JobFlow:
                 f"what-if: {te} forced instead of the policy's {decision.chosen} ({decision.reason})"))
         fx.record(RouteDecided(request_id=rid, task_id=tid, phase=phase, attempt=attempt, decision=decision))
         te = decision.chosen  # a single-DP TE's master directly (TaskAcked.direct): its shell only forwards
-        fx.send(s.direct.get(te, te), SubmitTask(
+        dst = s.direct.get(te, te)
+        fx.send(dst, SubmitTask(
             task_id=tid, request_id=rid, kind=phase, model=j.model, prompt=j.prompt, sampling=j.sampling,
             reply_to=self.me, arrival_s=j.arrival_s, kv_source=j.kv if phase == "decode" else None,
             # a non-streaming client sees nothing before the end: the JE needs no chunk of its
             # tasks (a failed one is retried from scratch whatever it produced)
             stream_to=self.cfg.stream_to, tokens=j.stream, resume_from=j.resume_from,
         ), corr=rid)  # fmt: skip
-        fx.after(self.cfg.forwarding.accept_timeout_s, AcceptTimeout(task_id=tid), key=f"acc/{tid}")
+        if not (self.cfg.quiet_accept and phase == "chat" and dst != te):  # no TaskAccepted will come
+            fx.after(self.cfg.forwarding.accept_timeout_s, AcceptTimeout(task_id=tid), key=f"acc/{tid}")
 
     # ---- on-demand forwarding: the JE-side wait, batch forwarding, bounded sweeps -------------
     def wait(self, s: JeState, now: float, fx: Effects, rid: str, j: Job, reason: str,

@@ -24,8 +24,10 @@ from deepserve.actors.flowserve import rtc
 from deepserve.actors.flowserve.master import context, pd, recovery
 from deepserve.actors.flowserve.master.evolve import evolve_master
 from deepserve.actors.flowserve.master.kv_publish import (
+    AcceptsQuieted,
     KvPublisher,
     KvSubscribed,
+    QuietAccepts,
     SubscribeKvEvents,
 )
 from deepserve.actors.flowserve.master.messages import (
@@ -119,7 +121,7 @@ class DpMaster(Actor[MasterState]):
         return new_state(self.cfg)
 
     def evolve(self, state: MasterState, event: Event) -> MasterState:
-        if type(event) is KvSubscribed:
+        if type(event) is KvSubscribed or type(event) is AcceptsQuieted:
             self.kv.evolve(event)  # type: ignore[arg-type]
             return state
         return evolve_master(state, event)
@@ -163,6 +165,8 @@ class DpMaster(Actor[MasterState]):
             pd.handle(self, ctx, msg)
         elif type(msg) is SubscribeKvEvents:
             self.kv.subscribe(ctx, msg)  # type: ignore[arg-type]
+        elif type(msg) is QuietAccepts:
+            self.kv.quieten(ctx, msg)  # type: ignore[arg-type]
         elif isinstance(msg, DpHeartbeat):  # xDeepServe §6.1: answered only while the loop moves
             answer_heartbeat(self, ctx, msg)
         elif type(msg) is recovery.RollbackIteration:
@@ -179,7 +183,7 @@ class DpMaster(Actor[MasterState]):
             return
         s = msg.sampling
         out_len, stop = output_length_of(s, cfg.eos_rate, cfg.eos_lognormal)
-        if msg.stream:
+        if msg.stream and (not self.kv.quiet or self.kv.acknowledges(ctx, msg.kind, msg.reply_to)):
             accepted = TaskAccepted(task_id=msg.task_id, te=cfg.te, dp=cfg.dp, master=ctx.self, solo=cfg.solo)
             ctx.send(msg.reply_to, accepted)
         if msg.kind == "decode":

@@ -82,17 +82,35 @@ class KvSubscribed(Event, frozen=True, kw_only=True):
     subscribed: bool
 
 
+class QuietAccepts(Message, frozen=True, kw_only=True):
+    """To a TE shell (forwarded to its DP masters) or a DP master: `requester` wants no
+    `TaskAccepted` for a chat task it sends to the master directly (it learnt the master from an
+    earlier `TaskAccepted.solo` and arms no accept timeout for such a task: JeConfig.quiet_accept).
+    Sent beside `SubscribeKvEvents`, along the same path, so it is recorded before the first task."""
+
+    requester: str
+
+
+class AcceptsQuieted(Event, frozen=True, kw_only=True):
+    requester: str
+
+
 class KvPublisher:
     """The subscriber list and the per-delivery batching of one DP master."""
 
-    __slots__ = ("block_tokens", "dp", "refused", "ride", "subscribers")
+    __slots__ = ("block_tokens", "dp", "quiet", "refused", "ride", "subscribers")
 
     def __init__(self, block_tokens: int, dp: int, ride: bool = False) -> None:
         self.block_tokens, self.dp, self.ride = block_tokens, dp, ride
         self.subscribers: tuple[str, ...] = ()
+        self.quiet: frozenset[str] = frozenset()  # requesters that asked for QuietAccepts
         self.refused = 0  # subscriptions beyond MAX_SUBSCRIBERS (not state: a count for tests)
 
-    def evolve(self, e: KvSubscribed) -> None:
+    def evolve(self, e: KvSubscribed | AcceptsQuieted) -> None:
+        if type(e) is AcceptsQuieted:
+            self.quiet = self.quiet | {e.requester}
+            return
+        assert isinstance(e, KvSubscribed)
         subs = [s for s in self.subscribers if s != e.subscriber]
         if e.subscribed:
             subs.append(e.subscriber)
@@ -106,6 +124,15 @@ class KvPublisher:
             self.refused += 1
             return
         ctx.record(KvSubscribed(subscriber=msg.subscriber, subscribed=msg.subscribe))
+
+    def quieten(self, ctx: Context, msg: QuietAccepts) -> None:
+        if msg.requester not in self.quiet and len(self.quiet) < MAX_SUBSCRIBERS:
+            ctx.record(AcceptsQuieted(requester=msg.requester))
+
+    def acknowledges(self, ctx: Context, task_kind: str, reply_to: str) -> bool:
+        """Whether a task is answered with `TaskAccepted`: all but the chat tasks a quiet
+        requester sent here itself (not through the TE shell)."""
+        return not (task_kind == "chat" and reply_to in self.quiet and ctx.sender == reply_to)
 
     def flush(self, ctx: Context) -> None:
         """One batch per subscriber with the KV events of the RTC events recorded in this
