@@ -37,3 +37,14 @@ def test_a_kill_je_notice_reaches_the_gateway_where_chaos_put_it(tmp_path: Path)
     # and its tasks are cancelled on the TEs (the cluster manager's CancelOwner): before, they ran on
     # to their end and streamed 3,452 token chunks for requests the gateway had already failed
     assert r.late_chunks == 0
+
+
+def test_a_pd_request_whose_prefill_was_retried_streams_its_decode(tmp_path: Path) -> None:
+    # 2P2D with the ladder's `replace` rung, seed 15 of 40 requests: r2's prefill failed on a TE
+    # before any output and ran again as prefill.2; its decode went out as decode.1, which the
+    # stream merge orders below prefill.2 (stream.task_order), so all its tokens were dropped:
+    # "r2: completed with 55 output tokens, 1 streamed" (`tokens`). Now the decode is decode.2.
+    cfg = load_config(PD[0], ("cluster.prefill_tes=2", "cluster.decode_tes=2", "recovery.rung=replace"))
+    r = run_seed(cfg, 15, 40, str(tmp_path))
+    assert (r.violations, r.first) == (0, None)
+    assert r.completed + r.failed == 40 and r.tokens_streamed > 0

@@ -31,6 +31,7 @@ from deepserve.actors.je.messages import (
     TaskStreamed,
     TeGroupMembership,
 )
+from deepserve.actors.je.stream import StreamMerge
 from deepserve.actors.workload.messages import RequestDone
 
 COLO = {"colocated": ["te/0", "te/1"]}
@@ -145,6 +146,25 @@ def test_a_prefill_hands_its_kv_to_the_least_loaded_decode() -> None:
     assert isinstance(decode, Send) and decode.dst == "te/d1" and isinstance(decode.msg, SubmitTask)
     assert decode.msg.kind == "decode" and decode.msg.kv_source == prefilled.kv
     assert h.state.jobs["r1"].task_id == "r1/decode.1"
+
+
+@pytest.mark.parametrize("mode", ["local_queue", "on_demand"])
+def test_a_decode_takes_its_prefill_s_attempt_so_the_client_s_stream_follows_it(mode: str) -> None:
+    """`deepserve chaos` (2P2D, seeds 7, 8, 13, 15, 19 of 40 requests): a prefill that failed (or,
+    on demand, was refused) before any output was retried as `prefill.2`, and its decode went out
+    as `decode.1` — ordered below `prefill.2` (stream.task_order), so the frontend dropped every
+    decode chunk and the client got 1 token of a completed request."""
+    h = Harness({**QUIET, "policy": "least_load", "forwarding": {"mode": mode}}, PD)
+    h.deliver(request(1))
+    if mode == "on_demand":
+        h.reject("r1/prefill.1", "queue full: no free slot; busy")
+    else:
+        h.finish("r1/prefill.1", ok=False)
+    assert h.state.jobs["r1"].task_id == "r1/prefill.2"
+    h.finish("r1/prefill.2")
+    assert h.state.jobs["r1"].task_id == "r1/decode.2"
+    m = StreamMerge()  # the frontend: the prefill's first token, then the decode's
+    assert m.take("r1/prefill.2", 0, 1) == 0 and m.take("r1/decode.2", 1, 3) == 0 and m.next == 4
 
 
 def test_on_demand_a_lost_prefill_is_set_aside_and_a_busy_one_only_passed_over() -> None:
