@@ -81,6 +81,8 @@ def spawn_front(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR
     a = cfg.autoscale
     if a.enabled and a.min_tes == 0 and not a.advisory:  # a model scaled to zero comes back on demand
         je["park_empty"] = True
+    if cfg.recovery.rung == "restart-world":  # every TE of the world restarts: a job waits for one
+        je["park_empty"] = True
     if forced:  # a what-if's fork at a decision (replay/whatif.py): task id -> TE
         je["forced"] = dict(forced)
     for addr in jes:

@@ -141,9 +141,12 @@ class JobFlow:
                     fx.record(RouteQueued(request_id=rid, decision=decision, reason=why))
                     self.wait(s, now, fx, rid, j, why, front=j.waited)
                     return
-        # a model never heard of, or (scale to zero, `park_empty`) whose groups are all empty: the
+        # a model never heard of, or (`park_empty`: scale to zero, a restarting world) with no TE in
+        # the groups that could take this task (a decode: decode; else colocated or prefill): the
         # job waits for a TE (parked, until its TTFT deadline) instead of failing at once
-        empty = j.model not in s.groups or (self.cfg.park_empty and not any(s.groups[j.model].values()))
+        groups = s.groups.get(j.model)
+        takers = ("decode",) if phase == "decode" else ("colocated", "prefill")
+        empty = groups is None or (self.cfg.park_empty and not any(groups.get(k) for k in takers))
         if decision is None and not last and empty:
             if rid not in s.parked:
                 fx.record(JobParked(request_id=rid))
