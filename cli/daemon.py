@@ -16,7 +16,7 @@ from typing import Any
 from deepserve.adapters.scenario.loader import ScenarioError
 from deepserve.cmdline import CliError, print_json
 
-FAULTS = ("kill-te", "hang-npu", "link-down", "link-up", "link-degrade", "hbm-fault")
+FAULTS = ("kill-te", "kill-je", "hang-npu", "link-down", "link-up", "link-degrade", "hbm-fault")
 
 
 def register(sub: Any) -> None:
@@ -45,7 +45,7 @@ def register(sub: Any) -> None:
     ft = sub.add_parser("fault", help="inject a fault into the running daemon (recorded in its log)")
     ft.add_argument("kind", choices=FAULTS,
                     help="link-up repairs a link that link-down or link-degrade broke (up, full bandwidth)")
-    ft.add_argument("target", help="a TE (te/0), an NPU (hw/s0/npu1) or a link (s0/npu0/roce)")
+    ft.add_argument("target", help="a TE (te/0), a JE (je/1), an NPU (hw/s0/npu1) or a link (s0/npu0/roce)")
     ft.add_argument("--bw-factor", type=float, default=None,
                     help="link-degrade: the share of bandwidth left, in (0, 1] (default 0.5)")
     ft.add_argument("--region", default=None, help="hbm-fault: the HBM region, kv or weights (default kv)")

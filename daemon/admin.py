@@ -15,10 +15,12 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from deepserve.actors.cluster.messages import ScaleGroup
+from deepserve.actors.gateway.messages import JeLost
 from deepserve.actors.ports.faults import HbmRegionFault, LinkDegrade, LinkDown, LinkUp, NpuHang
 from deepserve.actors.ports.npu import DEFAULT_REGIONS
 from deepserve.actors.ports.pod import KillPod
 from deepserve.cluster.control import MANAGER_ADDR, PODS_ADDR
+from deepserve.core.messages import Stop
 
 from .api import error_body, route_error_body
 from .auth import bearer_ok
@@ -31,8 +33,8 @@ HBM_REGIONS = DEFAULT_REGIONS  # what a TE allocates ("weights", "kv"): a fault 
 
 
 class Fault(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    kind: Literal["kill-te", "hang-npu", "link-down", "link-up", "link-degrade", "hbm-fault"]
-    target: str  # a TE ("te/0"), an NPU ("hw/s0/npu3") or a link ("s0/npu3/roce")
+    kind: Literal["kill-te", "kill-je", "hang-npu", "link-down", "link-up", "link-degrade", "hbm-fault"]
+    target: str  # a TE ("te/0"), a JE ("je/1"), an NPU ("hw/s0/npu3") or a link ("s0/npu3/roce")
     bw_factor: float | None = None  # link-degrade only (default 0.5)
     region: str | None = None  # hbm-fault only: an HBM region the TEs use (`HBM_REGIONS`; default kv)
 
@@ -101,6 +103,13 @@ def fault_inputs(rt: Runtime, f: Fault) -> list[tuple[str, Any]]:
     if f.kind == "kill-te":
         _check_launched(rt, f.target)
         return [(PODS_ADDR, KillPod(te=f.target, reason=f"kill-te {f.target}"))]
+    if f.kind == "kill-je":
+        # as a scenario's kill-je: the JE stops, and the gateway learns it at once (its connection
+        # to the JE broke); it moves the JE's jobs to another JE, streams too with migration on
+        if f.target not in rt.jes:
+            raise ValueError(f"target: no JE {f.target!r} (JEs: {', '.join(rt.jes)})")
+        return [(f.target, Stop(by="ext/admin")),
+                (rt.cfg.daemon.ingress, JeLost(je=f.target, reason=f"kill-je {f.target}"))]  # fmt: skip
     if f.kind in ("hang-npu", "hbm-fault"):
         npus = {n for t in rt.placement.tes for n in t.npus}
         if f.target not in npus:
