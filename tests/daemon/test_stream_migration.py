@@ -27,9 +27,11 @@ STREAMS = 10
 TOKENS = 200
 MID_CHUNKS = 8  # every stream has this many content chunks before the kill: it lands mid-stream
 # Two colocated TEs (the victim and where its streams go), no P/D pair. Prefix locality with one
-# prompt: the first request lands on a TE and the rest follow its cached prefix there.
+# prompt and no load bound: the first request lands on a TE and all the others follow its cached
+# prefix there, so the kill hits every stream (the default bound of 4 spreads them 5/5).
 COMMON = ("control.pod_start_s=0.2", "control.te_preload_s=0.3", "pd.prefill_tes=0", "pd.decode_tes=0",
-          "cluster.tes=2", "control.spare_tes=0", "scheduling.policy=locality")  # fmt: skip
+          "cluster.tes=2", "control.spare_tes=0", "scheduling.policy=locality",
+          f"scheduling.params.load_bound={STREAMS}")  # fmt: skip
 PROMPT = "tell me a long story about a lighthouse keeper " * 8
 
 
@@ -92,7 +94,7 @@ def check(run: Path, info: dict[str, Any], during: list[Any], again: list[Any], 
             # TE prefills the prompt and those tokens, it does not decode them again
             at = int(why.stdout.split("resumes at output token ")[1].split()[0])
             assert "(the frontend's position" in why.stdout and at >= MID_CHUNKS, why.stdout
-    assert len(moved) >= STREAMS // 2, (len(moved), victim)
+    assert len(moved) == STREAMS, (len(moved), victim)  # all of them were on the TE killed
 
 
 def test_kill_te_mid_stream_every_stream_finishes_with_its_200_tokens(tmp_path: Path) -> None:
