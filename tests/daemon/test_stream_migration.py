@@ -78,7 +78,8 @@ async def wave(url: str, kill: Any = None) -> tuple[list[tuple[str, str, str, in
         await c.close()
 
 
-def check(run: Path, info: dict[str, Any], during: list[Any], again: list[Any], victim: str) -> None:
+def check(run: Path, info: dict[str, Any], during: list[Any], again: list[Any], victim: str,
+          moved_at_least: int = STREAMS) -> None:  # fmt: skip
     for (rid, text, finish, used), (_, text2, finish2, used2) in zip(during, again, strict=True):
         assert (finish, used) == ("length", TOKENS), (rid, finish, used)
         assert (finish2, used2) == ("length", TOKENS)
@@ -94,7 +95,7 @@ def check(run: Path, info: dict[str, Any], during: list[Any], again: list[Any], 
             # TE prefills the prompt and those tokens, it does not decode them again
             at = int(why.stdout.split("resumes at output token ")[1].split()[0])
             assert "(the frontend's position" in why.stdout and at >= MID_CHUNKS, why.stdout
-    assert len(moved) == STREAMS, (len(moved), victim)  # all of them were on the TE killed
+    assert len(moved) >= moved_at_least, (len(moved), victim)  # here: all of them were on the TE killed
 
 
 def test_kill_te_mid_stream_every_stream_finishes_with_its_200_tokens(tmp_path: Path) -> None:

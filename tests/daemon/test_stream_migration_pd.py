@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx2 as httpx
 from daemonproc import start_daemon, stop_daemon
-from test_stream_migration import check, cli, serving, wave
+from test_stream_migration import STREAMS, check, cli, serving, wave
 
 from deepserve.actors.flowserve.master.state import TaskQueued
 from deepserve.actors.je.migration import TaskMigrated
@@ -53,7 +53,8 @@ def test_kill_the_decode_te_mid_stream_every_stream_resumes_and_finishes(tmp_pat
     finally:
         out = stop_daemon(proc)
     assert proc.returncode == 0, out
-    check(run, info, during, again, victim["te"])
+    # the two decode TEs share the streams (P/D routing has no prefix to follow): half move
+    check(run, info, during, again, victim["te"], moved_at_least=STREAMS // 2)
     log, resumed = open_log(str(run)), 0
     try:
         for rid, *_ in during:
