@@ -41,7 +41,7 @@ from deepserve.actors.flowserve.distflow.probe import LinkDiagnosed
 from deepserve.actors.flowserve.master.recovery import HbmFaultMasked, IterationRolledBack
 from deepserve.actors.flowserve.messages import TokenBatch
 from deepserve.actors.gateway.messages import ApiRequest
-from deepserve.actors.je.messages import JeTaskEnded, JobFinished
+from deepserve.actors.je.messages import JeTaskEnded, JobFinished, RouteDecided
 from deepserve.actors.je.migration import TaskMigrated
 from deepserve.actors.workload.messages import RequestDone
 from deepserve.adapters.scenario.faults import FaultSpec, fault_inputs
@@ -65,6 +65,8 @@ FAULTS: dict[str, dict[str, Any]] = {
     # the first 0.5 % of its KV region: masking can keep the TE serving (otherwise the device is lost)
     "hbm-fault": {"kind": "hbm-fault", "target": "hw/s1/npu0", "span": (0.0, 0.005)},
     "link-down": {"kind": "link-down", "target": "s1/npu0/roce"},
+    # the same NIC at 0.01 % of its bandwidth: KV transfers time out, a probe's dummy gets through
+    "kv-saturation": {"kind": "link-degrade", "target": "s1/npu0/roce", "bw_factor": 0.0001},
     # a transient error of the NPU's collective link: the pass running fails, the device stays fine
     "link-transient": {"kind": "link-error", "target": "hw/s1/npu0"},
     "te-process-kill": {"kind": "kill-te-process", "target": f"te/{PREFILL}"},
@@ -82,11 +84,16 @@ SETTINGS: dict[str, tuple[str, ...]] = {
     "token-recompute": ("cluster.resilience.token_recompute=true",),
     "hbm-mask": ("cluster.resilience.hbm_masking=true",),
     "link-probe": ("cluster.resilience.kv_link_probe_s=2.0",),
+    # the JEs act on the probes' verdicts instead of the cool-down (actors/je/kvlinks.py) ...
+    "link-route": ("cluster.resilience.kv_link_probe_s=2.0", "cluster.resilience.kv_link_routing=true"),
+    # ... and the ladder's rung for a dead NIC: its TE serves whole requests as a colocated one
+    "reroute": ("cluster.resilience.kv_link_probe_s=2.0", "cluster.resilience.kv_link_routing=true",
+                "recovery.rung=reroute"),
 }
 BASELINE = "replace"
 EVENTS = frozenset(c.__name__ for c in (TeDeclaredFailed, TeLaunching, TeReady, TeStopped, LadderChose,
                                         NodeRepaired, TeScaledIn, JeTaskEnded, JobFinished, TaskMigrated, IterationRolledBack,
-                                        HbmFaultMasked, LinkDiagnosed))  # fmt: skip
+                                        HbmFaultMasked, LinkDiagnosed, RouteDecided))  # fmt: skip
 
 
 class Cell(msgspec.Struct, kw_only=True):
@@ -105,6 +112,7 @@ class Cell(msgspec.Struct, kw_only=True):
     recomputed: int
     tokens_regenerated: int
     choice: str  # the rung's recorded decision ("" for replace: it records none)
+    target_tasks: int  # tasks routed to the fault's TE (te/2) after the fault: is it still of use
     e2e_s_max: float
     wall_s: float
 
@@ -122,7 +130,8 @@ def applicable(fault: str, stream: bool = False) -> tuple[str, ...]:
     none: its rows would repeat the baseline's), HBM masking on an HBM fault, token recomputation
     on a transient link error, link probing on a link down, migration on streamed requests only
     (an unstreamed one is run again from its prompt anyway)."""
-    own = {"hbm-fault": ("hbm-mask",), "link-transient": ("token-recompute",), "link-down": ("link-probe",)}
+    own = {"hbm-fault": ("hbm-mask",), "link-transient": ("token-recompute",),
+           "link-down": ("link-probe", "link-route", "reroute"), "kv-saturation": ("link-probe", "link-route", "reroute")}
     rungs = (RUNGS if fault in TE_FAULTS else (BASELINE,)) + own.get(fault, ())
     return rungs + (("migrate",) if stream else ())
 
@@ -136,11 +145,14 @@ class Run(msgspec.Struct, kw_only=True):
 
 
 def simulate(rung: str, fault: str, requests: int = 200, seed: int = 0, stream: bool = False,
-             extra: Sequence[str] = (), target: str = "") -> Run:  # fmt: skip
-    """One cell's run, its whole log in memory; `extra`: more overrides, `target`: another one."""
+             extra: Sequence[str] = (), target: str = "", more: Sequence[FaultSpec] = ()) -> Run:  # fmt: skip
+    """One cell's run, its whole log in memory; `extra`: more overrides, `target`: another one,
+    `more`: faults after the cell's (a repair)."""
     cfg = config(rung, fault, requests, seed, extra)
     if target:
         cfg = msgspec.structs.replace(cfg, faults=(msgspec.structs.replace(cfg.faults[0], target=target),))
+    if more:
+        cfg = msgspec.structs.replace(cfg, faults=(*cfg.faults, *more))
     cfg = for_driver(cfg, "sim")
     sink = MemorySink()
     driver = SimDriver(cfg.seed, sink=sink)
@@ -236,6 +248,8 @@ def _cell(rung: str, fault: str, n: int, done: dict[str, RequestDone], sink: Mem
                 recovered_s=recovered, whole_s=_whole_s(evs), serving_min=_serving_min(evs), affected=len(hit),
                 failed=len(hit - ok), migrated=len(migrated), recomputed=len((hit & ok) - migrated),
                 tokens_regenerated=regenerated, choice=choice, e2e_s_max=max(e2e, default=0.0),
+                target_tasks=sum(1 for t, e in evs if type(e) is RouteDecided and t >= FAULT_AT_S
+                                 and e.decision.chosen == f"te/{PREFILL}"),
                 wall_s=wall)  # fmt: skip
 
 
@@ -286,7 +300,7 @@ def run_table(faults: Sequence[str] = tuple(FAULTS), requests: int = 200, seed: 
 
 
 COLUMNS = ("fault", "rung", "detected_s", "recovered_s", "whole_s", "serving_min", "affected", "failed", "migrated",
-           "recomputed", "tokens_regenerated", "completed")  # fmt: skip
+           "recomputed", "tokens_regenerated", "completed", "target_tasks")  # fmt: skip
 
 
 def render(cells: Sequence[Cell]) -> str:

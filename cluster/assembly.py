@@ -32,7 +32,7 @@ from deepserve.adapters.scenario.schema import Scenario
 
 from .autoscale import AUTOSCALER_ADDR, pushed_to, spawn_autoscaler
 from .control import MANAGER_ADDR, MONITOR_ADDR, PODS_ADDR, spawn_control_plane
-from .health import spawn_health
+from .health import kv_link_routing, spawn_health
 from .layout import Layout, plan
 from .migration_costs import migration_config
 from .schema import PlatformConfig
@@ -83,6 +83,8 @@ def spawn_front(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR
         je["park_empty"] = True
     if cfg.recovery.rung == "restart-world":  # every TE of the world restarts: a job waits for one
         je["park_empty"] = True
+    if kv_link_routing(cfg) > 0:  # issue 33: link probing's verdicts, not a blind cool-down (kvlinks.py)
+        je["kv_fail_cooldown_s"] = 0.0
     if forced:  # a what-if's fork at a decision (replay/whatif.py): task id -> TE
         je["forced"] = dict(forced)
     for addr in jes:
@@ -110,7 +112,8 @@ def spawn_control(driver: Any, cfg: PlatformConfig, layout: Layout, jes: tuple[s
     # the autoscaler takes the membership pushes the JEs take (the manager pushes to each)
     spawn_control_plane(driver, layout.slots, layout.groups, pushed_to(cfg, jes), cfg.control,
                         in_process_pods=in_process_pods, recovery=cfg.recovery, spare_servers=spares,
-                        scaling=cfg.scaling, topology=cfg.cluster.topology)  # fmt: skip
+                        scaling=cfg.scaling, topology=cfg.cluster.topology,
+                        kv_link_routing=kv_link_routing(cfg) > 0)  # fmt: skip
     if cfg.autoscale.enabled:
         spawn_autoscaler(driver, cfg, layout.slots, layout.groups)
 

@@ -25,7 +25,7 @@ def spawn_control_plane(driver: Any, slots: tuple[TeSlot, ...], groups: dict[str
                         control: ControlPlane, directory_subscribers: tuple[str, ...] = (),
                         pods_addr: str = PODS_ADDR, in_process_pods: bool = True, recovery: Any = None,
                         spare_servers: tuple[int, ...] = (), scaling: Scaling | None = None,
-                        topology: str = "gen1") -> None:  # fmt: skip
+                        topology: str = "gen1", kv_link_routing: bool = False) -> None:  # fmt: skip
     """The pod launcher (in-process unless another launcher serves `pods_addr`, e.g. processes
     mode's supervisor), the heartbeat monitor (when on) and the cluster manager, which launches
     each group's first `groups[g]` slots as resident TEs at once. `recovery`: the `[recovery]`
@@ -51,6 +51,8 @@ def spawn_control_plane(driver: Any, slots: tuple[TeSlot, ...], groups: dict[str
             "misses": control.heartbeat_misses, "idle_max_interval_s": control.heartbeat_idle_max_interval_s,
             "lease_s": control.heartbeat_lease_s})  # fmt: skip
     ladder: dict[str, Any] = {}
+    if kv_link_routing:  # issue 33 (actors/cluster/kvpaths.py): absent otherwise, the config as before
+        manager["kv_link_routing"] = True
     if recovery is not None and recovery.rung != "replace":  # the default: the config as before
         ladder = {"recovery": msgspec.to_builtins(recovery), "spare_servers": list(spare_servers)}
     driver.spawn(MANAGER_ADDR, ClusterManager, config={**ladder,

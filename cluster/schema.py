@@ -176,6 +176,8 @@ def check_recovery(cfg: PlatformConfig) -> list[tuple[str, str]]:
     r = cfg.recovery
     if r.rung == "substitute" and r.spare_servers < 1:
         return [("recovery.spare_servers", "substitute needs a spare pool: at least 1 spare server")]
+    if r.rung == "reroute" and not any(s.cluster.resilience.kv_link_routing for _, s in cfg.group_scenarios()):
+        return [("recovery.rung", "reroute acts on KV link verdicts: needs cluster.resilience.kv_link_routing = true")]
     if r.rung != "replace" and not cfg.control.heartbeats:
         return [("recovery.rung", f"{r.rung} acts on a TE declared failed: needs control.heartbeats = true")]
     return []

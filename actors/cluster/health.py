@@ -27,6 +27,8 @@ from deepserve.actors.flowserve.distflow.probe import LINK_FAULT, KvLinkDiagnosi
 from deepserve.actors.ports.npu import CRASHED, RESET, NpuError, NpuLeaseBroken, NpuProbe, NpuStatus
 from deepserve.core import Actor, AskFailed, Context, Event, Message
 
+from . import kvpaths
+
 HEALTHY = "healthy"
 RECOVERABLE = "recoverable-in-place"
 INSTANCE = "instance"
@@ -41,10 +43,18 @@ class HealthConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     probe_timeout_s: float = 1.0  # an NPU silent this long is hung
     node_fraction: float = 0.5  # this share of NPUs at instance level: the node is down
     report_to: str = ""
+    # KV link routing (issue 33, kvpaths.py): each KV path verdict goes on to `report_to` (the
+    # cluster manager, which tells the JEs), and a blocked path is probed again every this many
+    # seconds until a dummy payload gets through (verdict `healthy`). 0: off (records only).
+    reprobe_s: float = 0.0
+    fabric: str = "hw/fabric"
+    probe_bytes: int = 4096
 
     def __post_init__(self) -> None:
         if not self.npus or not self.probe_timeout_s > 0 or not 0 < self.node_fraction <= 1:
             raise ValueError("HealthConfig: npus non-empty, probe_timeout_s > 0, node_fraction in (0, 1]")
+        if self.reprobe_s < 0 or self.probe_bytes < 1:
+            raise ValueError("HealthConfig: reprobe_s >= 0, probe_bytes >= 1")
 
 
 class DeviceHealth(Event, frozen=True, kw_only=True):
@@ -76,6 +86,8 @@ class HealthState(msgspec.Struct, kw_only=True):
     devices: dict[str, list[str]] = {}  # device -> [kind, level]
     node_down: bool = False
     asked: int = 0
+    blocked: dict[str, str] = {}  # KV paths re-probed until healthy ("src>dst" -> the link named)
+    reprobes: int = 0
 
 
 class HealthAsked(Event, frozen=True, kw_only=True):
@@ -105,7 +117,9 @@ class DeviceHealthMonitor(Actor[HealthState]):
         return HealthState()
 
     def evolve(self, s: HealthState, e: Event) -> HealthState:
-        if isinstance(e, DeviceHealth):
+        if isinstance(e, kvpaths.KvPathWatched):
+            kvpaths.evolve(s, e)
+        elif isinstance(e, DeviceHealth):
             s.devices[e.device] = [e.kind, e.level]
         elif isinstance(e, NodeDown):
             s.node_down = e.down
@@ -139,6 +153,10 @@ class DeviceHealthMonitor(Actor[HealthState]):
         elif isinstance(msg, KvLinkDiagnosis) and msg.dst in self.cfg.npus:
             level = INSTANCE if msg.verdict == LINK_FAULT else RECOVERABLE
             self._set(ctx, msg.dst, msg.verdict, level, f"KV path from {msg.src}" + (f" over {msg.link}" if msg.link else ""))
+            if self.cfg.reprobe_s > 0:
+                kvpaths.diagnosed(self, ctx, msg)
+        elif self.cfg.reprobe_s > 0 and kvpaths.handles(msg):
+            kvpaths.handle(self, ctx, msg)
 
     def _ask(self, ctx: Context, npu: str) -> None:
         ctx.record(HealthAsked(device=npu))

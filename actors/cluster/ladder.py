@@ -15,6 +15,10 @@ does when a serving TE is declared failed, as a selectable policy (`Recovery.run
   heartbeat responder stops asking it). On a tainted node a prefill (or colocated TE) stays
   down; a decode is kept alive by kill-P-to-preserve-D: one prefill is stopped and the decode
   relaunched on its NPUs.
+- `reroute` (xDeepServe §6.2, P/D-Serve §3.4; with KV link routing, kvpaths.py): a TE whose RoCE
+  NIC link probing found dead, its NPUs fine, is not replaced: it moves to its model's colocated
+  group (a role flip, no reload) and serves whole requests, which need no KV link, until its NIC
+  carries data again, then moves back (`on_kv_verdict`). A TE declared failed is substituted.
 - `substitute` (P/D-Serve §3.4, minimum-cost): only the failed TE is replaced, in place when its
   node is healthy, else by one new instance on a spare server (`spare_servers`, empty servers
   beyond the layout) under the same address; it enters the JEs' membership (their routing) only
@@ -34,6 +38,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from deepserve.actors.je.kvlinks import HEALTHY, LINK_FAULT, KvLinkVerdict
 from deepserve.actors.ports.pod import LoadSource, TeSlot
 
 from . import policy as P
@@ -43,6 +48,7 @@ from .ladder_state import (  # noqa: F401 (re-exported: the ladder's one import)
     Action,
     Diagnosis,
     DropDp,
+    Flip,
     LadderChose,
     LadderState,
     NodeRepairDue,
@@ -95,7 +101,7 @@ def on_failed(st: CmState, slots: Mapping[str, TeSlot], cfg: Recovery, spares: t
         return out + _restart_world(st, slots, te, generation, diagnosis, gone, source)
     if cfg.rung == "pd-separate":
         return out + _pd_separate(st, slots, te, generation, diagnosis, gone, source)
-    return out + _substitute(st, slots, spares, te, generation, diagnosis, gone, source)
+    return out + _substitute(st, slots, spares, te, generation, diagnosis, gone, source, cfg.rung)
 
 
 def _chose(te: str, generation: int, rung: str, diagnosis: str, action: str, tes: tuple[str, ...] = ()) -> Note:
@@ -168,9 +174,9 @@ def _pd_separate(st: CmState, slots: Mapping[str, TeSlot], te: str, generation: 
 
 
 def _substitute(st: CmState, slots: Mapping[str, TeSlot], spares: tuple[int, ...], te: str, generation: int,
-                diagnosis: str, gone: bool, source: LoadSource) -> list[Action]:  # fmt: skip
+                diagnosis: str, gone: bool, source: LoadSource, rung: str = "substitute") -> list[Action]:  # fmt: skip
     if not gone:
-        return _in_place(te, generation, "substitute", diagnosis, source)
+        return _in_place(te, generation, rung, diagnosis, source)
     here = slot_of(st, slots[te])
     used = {server for server, _ in getattr(st, "placed", {}).values()}
     free = [s for s in spares if s not in used and not _tainted(st, s)]
@@ -179,7 +185,7 @@ def _substitute(st: CmState, slots: Mapping[str, TeSlot], spares: tuple[int, ...
                      f"its node s{here.server} is tainted and the spare pool is empty")
     npus = tuple(f"hw/s{free[0]}/{n.split('/', 2)[2]}" for n in here.npus)
     why = f"substituted on spare server s{free[0]}: its node s{here.server} is tainted"
-    return [_chose(te, generation, "substitute", diagnosis, why),
+    return [_chose(te, generation, rung, diagnosis, why),
             Note(TeRelocated(te=te, server=free[0], npus=npus, why=why)),
             P.StopPodOnly(te, f"generation {generation} failed"), P.Launch(te, generation + 1, source, replacing=True)]  # fmt: skip
 
@@ -224,6 +230,43 @@ def _restart_world(st: CmState, slots: Mapping[str, TeSlot], te: str, generation
     launch = first if first else left  # a prefill-only world has nothing to wait for
     out += [P.Launch(t, gens[t], source, replacing=True) for t in launch]
     return out
+
+
+def on_kv_verdict(st: CmState, slots: Mapping[str, TeSlot], cfg: Recovery, v: KvLinkVerdict) -> list[Action]:
+    """`reroute` (xDeepServe §6.2, P/D-Serve §3.4): a TE whose RoCE NIC is dead while its NPUs are
+    fine is not replaced (a new pod on the same node keeps the dead NIC; the JEs already stop
+    pairing over it). A P/D TE reaches no peer without it (its group's TEs are on other servers),
+    so it moves to its model's colocated group — membership only, as a role flip: it serves whole
+    requests, which need no KV link — and back to its own group once its NIC carries data again.
+    Other rungs: nothing (the JEs' routing alone)."""
+    if cfg.rung != "reroute":
+        return []
+    if v.verdict == LINK_FAULT and v.nic_te in slots:
+        return _nic_down(st, slots[v.nic_te], v)
+    if v.verdict == HEALTHY:
+        return [a for te in dict.fromkeys((v.src_te, v.dst_te)) if te in slots for a in _nic_back(st, slots[te], v)]
+    return []
+
+
+def _nic_down(st: CmState, slot: TeSlot, v: KvLinkVerdict) -> list[Action]:
+    r, colocated = st.tes.get(slot.te), P.group_of(slot.model, "colocated")
+    if r is None or r.state != "ready" or slot.role == "colocated" or r.group != slot.group:
+        return []  # not serving, needs no KV link, or moved already
+    why = (f"its RoCE NIC {v.link} is dead, its NPUs are fine: not replaced; it serves whole requests in "
+           f"{colocated} (no KV link) until the NIC carries data again")  # fmt: skip
+    out: list[Action] = [_chose(slot.te, r.generation, "reroute", "link-fault", why, (slot.te,))]
+    if colocated not in st.groups:
+        out.append(Note(GroupTarget(group=colocated, model=slot.model, role="colocated", size=0)))
+    return [*out, Flip(slot.te, r.group, colocated, f"reroute: NIC {v.link} dead")]
+
+
+def _nic_back(st: CmState, slot: TeSlot, v: KvLinkVerdict) -> list[Action]:
+    r, colocated = st.tes.get(slot.te), P.group_of(slot.model, "colocated")
+    if r is None or r.state != "ready" or slot.role == "colocated" or r.group != colocated:
+        return []
+    why = f"its KV path {v.src_te}->{v.dst_te} carries data again: back to {slot.group}"
+    return [_chose(slot.te, r.generation, "reroute", "link-healthy", why, (slot.te,)),
+            Flip(slot.te, colocated, slot.group, "reroute: NIC healthy")]  # fmt: skip
 
 
 def on_ready(st: CmState, slots: Mapping[str, TeSlot], te: str, source: LoadSource = "cold") -> list[Action]:

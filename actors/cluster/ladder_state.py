@@ -15,8 +15,8 @@ from . import policy as P
 from .messages import DEVICE_LOST, HUNG
 from .state import CmState
 
-Rung = Literal["replace", "restart-world", "pd-separate", "substitute"]
-RUNGS: tuple[str, ...] = ("replace", "restart-world", "pd-separate", "substitute")
+Rung = Literal["replace", "restart-world", "pd-separate", "substitute", "reroute"]
+RUNGS: tuple[str, ...] = ("replace", "restart-world", "pd-separate", "substitute", "reroute")
 Diagnosis = Literal["device-lost", "hang", "silent", "exited", "boot"]
 
 
@@ -167,6 +167,15 @@ class DropDp(msgspec.Struct, frozen=True):
     dp: int
 
 
+class Flip(msgspec.Struct, frozen=True):
+    """Move the ready TE to another group of its model (flip.py: membership only, no reload)."""
+
+    te: str
+    src: str
+    dst: str
+    reason: str
+
+
 class Repair(msgspec.Struct, frozen=True):
     """Set the timer of the tainted node's repair."""
 
@@ -174,7 +183,7 @@ class Repair(msgspec.Struct, frozen=True):
     delay_s: float
 
 
-Action = P.Action | Note | Repair | DropDp
+Action = P.Action | Note | Repair | DropDp | Flip
 
 
 # ---- placement -----------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from deepserve.actors.flowserve.distflow.probe import KvLinkDiagnosis
 from deepserve.actors.flowserve.master.messages import DpStatus, DpStatusQuery
 from deepserve.actors.flowserve.messages import CancelOwner, RegisterTe
 from deepserve.actors.je.messages import TeGroupMembership
@@ -30,6 +31,7 @@ from deepserve.actors.ports.pod import (
 )
 from deepserve.core import Actor, Context, Event, Message
 
+from . import kvpaths as K
 from . import ladder as L
 from . import policy as P
 from .autoscaler_messages import FlipTe
@@ -92,6 +94,8 @@ class ManagerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     boot_backoff_max_s: float = 30.0
     recovery: L.Recovery = L.Recovery()  # the recovery ladder's rung (ladder.py); default: replace
     spare_servers: tuple[int, ...] = ()  # the servers of the substitution's spare pool
+    # KV link routing (kvpaths.py): a replacement, once registered, has the JEs forget its KV paths
+    kv_link_routing: bool = False
 
     def __post_init__(self) -> None:
         names = [s.te for s in self.slots]
@@ -125,6 +129,8 @@ class ClusterManager(Actor[CmState]):
     def evolve(self, state: CmState, event: Event) -> CmState:
         if isinstance(event, L.EVENTS):
             return L.evolve(state, event)  # type: ignore[arg-type]
+        if type(event) is K.KvPathVerdict:  # a record: the JEs keep the routing view
+            return state
         return evolve(state, event)
 
     def on_start(self, ctx: Context) -> None:
@@ -177,6 +183,10 @@ class ClusterManager(Actor[CmState]):
         elif isinstance(msg, L.NodeRepairDue):
             for step in L.on_repaired(st, self.slots, msg.server, self.cfg.replace_source):
                 self._do(ctx, step)
+        elif isinstance(msg, KvLinkDiagnosis):  # a KV path's verdict, from a host's monitor
+            v = K.verdict(self, ctx, msg)
+            for step in L.on_kv_verdict(st, self.slots, self.cfg.recovery, v):
+                self._do(ctx, step)
         elif isinstance(msg, ClusterStatusQuery):
             ctx.reply(ClusterStatus(req_id=msg.req_id, state=msgspec.to_builtins(st)))
 
@@ -184,6 +194,8 @@ class ClusterManager(Actor[CmState]):
         st = self.state
         r = st.tes.get(msg.te)
         if r is not None:
+            if self.cfg.kv_link_routing and r.generation > 1 and r.state in ("starting", "replacing"):
+                K.reset(self, ctx, msg.te)
             for a in P.on_registered(st, msg.te):
                 self._do(ctx, a)
             for step in L.on_ready(self.state, self.slots, msg.te, self.cfg.replace_source):
@@ -294,6 +306,8 @@ class ClusterManager(Actor[CmState]):
             ctx.record(a.event)
         elif isinstance(a, L.Repair):
             ctx.after(a.delay_s, L.NodeRepairDue(server=a.server), key=f"repair/s{a.server}")
+        elif isinstance(a, L.Flip):
+            flip(self, ctx, FlipTe(te=a.te, src=a.src, dst=a.dst, reason=a.reason))
         elif isinstance(a, L.DropDp):
             ctx.send(f"{a.te}/hb", HbDropDp(dp=a.dp))
         elif isinstance(a, P.Launch):

@@ -29,6 +29,7 @@ from deepserve.core import Actor, Context, Event, Message
 from .config import JeConfig
 from .core import JeCore
 from .decide import decide, task_id
+from .kvlinks import KvLinkVerdict, on_verdict
 from .messages import JeState, Job, JobRequest
 from .state import evolve
 
@@ -66,6 +67,8 @@ class JobExecutor(Actor[JeState]):
         elif type(msg) is TaskAnswerKv:  # an answer and the batch of the same delivery, in that order
             core.handle(self.state, ctx.now(), ctx, msg.answer)  # type: ignore[attr-defined]
             core.kv_batch(ctx, ctx.sender, msg.batch)  # type: ignore[attr-defined]
+        elif type(msg) is KvLinkVerdict:  # issue 33: link probing's verdicts drive routing
+            on_verdict(self.state, ctx.now(), ctx, msg, self.cfg.kv_saturated_s)
         else:
             core.handle(self.state, ctx.now(), ctx, msg)
 

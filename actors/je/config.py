@@ -40,6 +40,9 @@ class JeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # TE can take it (outlier ejection: a down link is invisible to heartbeats, so every request
     # sent that way would find it down once). 0: never set aside.
     kv_fail_cooldown_s: float = 5.0
+    # A decode whose KV path link probing found saturated (busy, not down: kvlinks.py) gets no new
+    # decode task for this long while another decode can take one. Only a verdict sets it off.
+    kv_saturated_s: float = 5.0
     # A streamed request on a failed TE moves to another (migration.py); off: it fails, as before
     migration: MigrationParams = msgspec.field(default_factory=MigrationParams)
     # A job for a model whose TE groups are all empty parks until a TE joins (or its TTFT

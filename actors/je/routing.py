@@ -18,6 +18,7 @@ from deepserve.actors.scheduling.decision import (
 )
 from deepserve.actors.scheduling.pool import Pool
 
+from .kvlinks import path_down
 from .messages import JeState, Job
 
 PREFIX_ROLES = ("colocated", "prefill")  # decode TEs never enter the prompt tree
@@ -48,6 +49,9 @@ def candidates(s: JeState, j: Job, roles: tuple[str, ...], now: float = -1.0,
         tes, load = s.groups.get(j.model, {}).get("decode", ()), s.open.get
         failed = tuple([Excluded(tes=(te,), subgroup="pd", reason="failed this job or refused it for good")
                         for te in tes if te in j.excluded])  # fmt: skip
+        if s.kv_down or s.kv_busy:  # link probing's verdicts (kvlinks.py)
+            tes, cut = kv_decodes(s, j.prefill_te, [te for te in tes if te not in j.excluded])
+            failed += cut
         return tuple([Candidate(te=te, subgroup="pd", load=load(te, 0)) for te in tes if te not in j.excluded]), failed
     if "decode" in roles:
         raise ValueError(f"roles {roles}: decode TEs are candidates on their own")
@@ -63,7 +67,7 @@ def pool(s: JeState, j: Job, roles: tuple[str, ...] = ("colocated", "prefill"), 
     if match is None:
         match = group_match(s, j.model, j.prompt.block_hashes)
     excluded = j.excluded
-    if not excluded and (now < 0 or not s.set_aside) and roles == PREFIX_ROLES:  # the usual arrival
+    if not excluded and (now < 0 or not s.set_aside) and roles == PREFIX_ROLES and not s.kv_down:  # the usual arrival
         decode_load = least_open(s.open, group.get("decode", ()))
         return Pool(group.get("colocated", ()), group.get("prefill", ()), s.open, match, decode_load), ()
     colo: Sequence[str] = ()
@@ -84,6 +88,13 @@ def pool(s: JeState, j: Job, roles: tuple[str, ...] = ("colocated", "prefill"), 
             aside += [te for te in tes if s.set_aside.get(te, -1.0) > now]
             tes = [te for te in tes if s.set_aside.get(te, -1.0) <= now]
         pre = tes
+    if s.kv_down and pre:  # a prefill whose KV reaches no decode (kvlinks.py) while another TE can serve
+        cut = [te for te in pre if not reachable(s, te, group.get("decode", ()))]
+        if cut and (colo or len(cut) < len(pre)):
+            pre = [te for te in pre if te not in cut]
+            gone += [Excluded(tes=(te,), subgroup="pd", reason=f"its KV reaches no decode TE: "
+                              f"{path_down(s, te, group['decode'][0]) if group.get('decode') else ''}")
+                     for te in cut]  # fmt: skip
     decode_load = 0
     if "prefill" in roles:
         decodes = group.get("decode", ())
@@ -95,6 +106,26 @@ def pool(s: JeState, j: Job, roles: tuple[str, ...] = ("colocated", "prefill"), 
     gone += [Excluded(tes=(te,), subgroup="pd", reason=f"set aside until t={s.set_aside[te]:.3f}: "
                       f"{s.set_aside_why.get(te, '')}") for te in aside]  # fmt: skip
     return Pool(colo, pre, s.open, match, decode_load), tuple(gone)
+
+
+def reachable(s: JeState, prefill: str, decodes: Sequence[str]) -> bool:
+    """Some decode TE of `decodes` takes `prefill`'s KV over a path not diagnosed blocked."""
+    return any(not path_down(s, prefill, d) for d in decodes)
+
+
+def kv_decodes(s: JeState, prefill: str, tes: Sequence[str]) -> tuple[list[str], tuple[Excluded, ...]]:
+    """(the decode TEs of `tes` to offer `prefill`'s KV, the others with why): link probing's
+    verdicts (kvlinks.py) leave out a decode the KV cannot reach, and one backed off as busy
+    (a saturated KV path) while another can take the task."""
+    cut = [Excluded(tes=(d,), subgroup="pd", reason=f"KV path blocked: {path_down(s, prefill, d)}")
+           for d in tes if prefill and path_down(s, prefill, d)]  # fmt: skip
+    left = [d for d in tes if not (prefill and path_down(s, prefill, d))]
+    busy = [d for d in left if d in s.kv_busy]
+    if busy and len(busy) < len(left):
+        cut += [Excluded(tes=(d,), subgroup="pd", reason=f"backed off until t={s.kv_busy[d]:.3f}: its KV path "
+                         "is saturated (busy, not down)") for d in busy]  # fmt: skip
+        left = [d for d in left if d not in s.kv_busy]
+    return left, tuple(cut)
 
 
 def route_request(rid: str, j: Job) -> RouteRequest:

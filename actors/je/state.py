@@ -258,3 +258,9 @@ _FOLD: dict[type, Callable[[JeState, Any, int], None]] = {
     JeLateMessage: _late, JobCancelRequested: _cancel_requested, KvEventsFolded: _kv_folded,
     TaskMigrated: _migrated, MigrationAsked: _asked,
 }  # fmt: skip
+
+
+# issue 33: the KV link verdicts' routing view (kvlinks.py)
+from .kvlinks import KvRouteChanged, fold_route  # noqa: E402
+
+_FOLD[KvRouteChanged] = fold_route
