@@ -17,7 +17,8 @@ A fault's window on its TE runs from its time to the next fault on the same TE. 
 detected = the first `TeDeclaredFailed` of that TE; recovered = the first `TeReady` of a later
 generation; affected requests = the TE's tasks that ended failed up to the detection (after it,
 nothing more is routed there): `retried` if their job went on, `failed` if the job failed with
-them. A `kill-je` is noticed by the gateway (`GatewayJeDown`), its jobs retried or failed there.
+them. Under restart-the-world (`WorldRestarted`) every TE it stopped counts, until the last of them
+is ready again, and so do the requests that failed meanwhile for want of a TE. A `kill-je` is noticed by the gateway (`GatewayJeDown`), its jobs retried or failed there.
 A link fault fails transfers, not TEs: its requests are the tasks whose failure names the link;
 nothing declares a link failed, so it has no detection time. Repairs (`npu-reset`, `link-up`)
 are listed and counted as injected inputs, with nothing to detect.
@@ -34,11 +35,11 @@ from deepserve.actors.gateway.messages import GatewayJeDown
 from deepserve.actors.je.messages import JeTaskEnded, JobFinished
 from deepserve.core.codec import decode
 
-from .ladder_state import TeScaledIn
+from .ladder_state import TeScaledIn, WorldRestarted
 from .state import GroupTarget, TeDeclaredFailed, TeReady, TeStopped
 
 EVENT_TYPES = frozenset(c.__name__ for c in (TeDeclaredFailed, TeReady, TeStopped, GroupTarget, JeTaskEnded,
-                                              JobFinished, GatewayJeDown, TeScaledIn))  # fmt: skip
+                                              JobFinished, GatewayJeDown, TeScaledIn, WorldRestarted))  # fmt: skip
 REPAIRS = ("npu-reset", "link-up")
 LINK_KINDS = ("link-down", "link-degrade", "link-flap")
 
@@ -128,7 +129,11 @@ def _te_line(f: FaultLike, te: str, end_s: float, evs: list[tuple[float, str, An
     t_fail, e_fail = declared
     ready = next((t for t, _, e in evs if type(e) is TeReady and e.te == te and e.generation > e_fail.generation
                   and t >= t_fail), None)  # fmt: skip
-    failed, retried = _requests(evs, lambda e: e.te == te, f.at_s, t_fail)
+    world = next((e for t, _, e in evs if type(e) is WorldRestarted and e.failed == te and t >= t_fail), None)
+    if world is not None:  # restart-the-world: every TE it stopped, until the last is back
+        failed, retried = _world_requests(evs, world, f.at_s, t_fail)
+    else:
+        failed, retried = _requests(evs, lambda e: e.te == te, f.at_s, t_fail)
     return FaultLine(kind=f.kind, target=f.target, at_s=f.at_s, te=te, detected_after_s=t_fail - f.at_s,
                      diagnosis=e_fail.diagnosis, recovered_after_s=None if ready is None else ready - f.at_s,
                      failed=failed, retried=retried)  # fmt: skip
@@ -154,6 +159,23 @@ def _requests(evs: list[tuple[float, str, Any]], mine: Any, from_s: float, to_s:
            if type(e) is JeTaskEnded and e.status == "failed" and from_s <= t <= to_s and mine(e)}  # fmt: skip
     failed = {e.done.request_id for _, _, e in evs if type(e) is JobFinished and e.done.status == "failed"}
     return len(hit & failed), len(hit - failed)
+
+
+def _world_requests(evs: list[tuple[float, str, Any]], world: WorldRestarted, from_s: float,
+                    t_fail: float) -> tuple[int, int]:  # fmt: skip
+    """(failed, retried) of a restart-the-world: the requests with a task that failed on any TE it
+    stopped, from the fault until every one of them is ready again (a prefill left down for want of
+    NPUs: until the run's end), and those that failed meanwhile with no task failing (nothing to
+    route to: parked until their deadline)."""
+    stopped = set(world.stopped)
+    back = {e.te: t for t, _, e in reversed(evs) if type(e) is TeReady and e.te in stopped and t >= t_fail}
+    to_s = max(back.values()) if len(back) == len(stopped) else float("inf")
+    hit = {e.request_id for t, _, e in evs if type(e) is JeTaskEnded and e.status == "failed"
+           and from_s <= t <= to_s and e.te in stopped}  # fmt: skip
+    failed = {e.done.request_id for _, _, e in evs if type(e) is JobFinished and e.done.status == "failed"}
+    stranded = {e.done.request_id for t, _, e in evs if type(e) is JobFinished and e.done.status == "failed"
+                and t_fail <= t <= to_s}  # fmt: skip
+    return len((hit & failed) | stranded), len(hit - failed)
 
 
 def _recoveries(evs: list[tuple[float, str, Any]]) -> int:

@@ -166,3 +166,15 @@ def test_the_recovery_report_line_of_a_scaled_in_decode() -> None:
     (line,) = recovery_report(cfg.faults, recovery_events(r.sink.steps), npus).lines  # type: ignore[arg-type]
     assert line.text() == ("fault at 20 s: npu-crash hw/s1/npu1 (te/2): detected after 0 s (scaled in: dp/1 "
                            "dropped, 1 left), recovered after 0 s; requests: 0 failed, 2 retried")  # fmt: skip
+
+
+def test_the_recovery_report_of_restart_the_world_counts_every_request_the_restart_affected(
+        runs: dict[str, Run]) -> None:  # fmt: skip
+    # it stops every TE of the model: their requests count too, not only the failed TE's (3 of the 7)
+    from deepserve.actors.cluster.recovery_report import recovery_events, recovery_report
+
+    r, c = runs["restart-world"], cell(runs, "restart-world")
+    cfg = config("restart-world", "npu-crash", REQUESTS, 0)
+    (line,) = recovery_report(cfg.faults, recovery_events(r.sink.steps), {"te/2": ("hw/s1/npu0",)}).lines  # type: ignore[arg-type]
+    assert (line.failed, line.retried) == (c.failed, c.affected - c.failed) == (7, 0)
+    assert line.text().endswith("requests: 7 failed, 0 retried")
