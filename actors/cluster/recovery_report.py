@@ -20,7 +20,7 @@ nothing more is routed there): `retried` if their job went on, `failed` if the j
 them. Under restart-the-world (`WorldRestarted`) every TE it stopped counts, until the last of them
 is ready again, and so do the requests that failed meanwhile for want of a TE. A `kill-je` is noticed by the gateway (`GatewayJeDown`), its jobs retried or failed there.
 A link fault fails transfers, not TEs: its requests are the tasks whose failure names the link;
-nothing declares a link failed, so it has no detection time. Repairs (`npu-reset`, `link-up`)
+it is detected by the first link-probe verdict naming it (`LinkDiagnosed`), if probing is on. Repairs (`npu-reset`, `link-up`)
 are listed and counted as injected inputs, with nothing to detect.
 """
 
@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from deepserve.actors.flowserve.distflow.probe import LinkDiagnosed
 from deepserve.actors.gateway.messages import GatewayJeDown
 from deepserve.actors.je.messages import JeTaskEnded, JobFinished
 from deepserve.core.codec import decode
@@ -39,7 +40,8 @@ from .ladder_state import TeScaledIn, WorldRestarted
 from .state import GroupTarget, TeDeclaredFailed, TeReady, TeStopped
 
 EVENT_TYPES = frozenset(c.__name__ for c in (TeDeclaredFailed, TeReady, TeStopped, GroupTarget, JeTaskEnded,
-                                              JobFinished, GatewayJeDown, TeScaledIn, WorldRestarted))  # fmt: skip
+                                              JobFinished, GatewayJeDown, TeScaledIn, WorldRestarted,
+                                              LinkDiagnosed))  # fmt: skip
 REPAIRS = ("npu-reset", "link-up")
 LINK_KINDS = ("link-down", "link-degrade", "link-flap")
 
@@ -150,7 +152,11 @@ def _je_line(f: FaultLike, evs: list[tuple[float, str, Any]]) -> FaultLine:
 
 def _link_line(f: FaultLike, evs: list[tuple[float, str, Any]]) -> FaultLine:
     failed, retried = _requests(evs, lambda e: f.target in e.reason, f.at_s, float("inf"))
-    return FaultLine(kind=f.kind, target=f.target, at_s=f.at_s, failed=failed, retried=retried)
+    # with link probing, the first verdict naming the link detects it (distflow/probe.py)
+    seen = next((e for t, _, e in evs if type(e) is LinkDiagnosed and e.link == f.target and t >= f.at_s), None)
+    return FaultLine(kind=f.kind, target=f.target, at_s=f.at_s, failed=failed, retried=retried,
+                     detected_after_s=None if seen is None else seen.detected_s - f.at_s,
+                     diagnosis="" if seen is None else seen.verdict)  # fmt: skip
 
 
 def _requests(evs: list[tuple[float, str, Any]], mine: Any, from_s: float, to_s: float) -> tuple[int, int]:

@@ -108,3 +108,17 @@ def test_reroute_serves_whole_requests_on_the_te_with_the_dead_nic_and_moves_it_
     c = _cell("reroute", "link-down", run.requests, run.done, run.sink, 0.0)
     assert (c.failed, c.completed) == (0, 300)
     assert verify(MemoryLog(run.sink)).identical  # type: ignore[arg-type]
+
+
+def test_the_recovery_report_line_of_a_link_fault_says_when_probing_detected_it() -> None:
+    from deepserve.actors.cluster.recovery_report import recovery_events, recovery_report
+    from deepserve.benchmarks.recovery import config
+
+    lines = {}
+    for rung in ("replace", "link-route"):
+        run = simulate(rung, "link-down", N)
+        (lines[rung],) = recovery_report(config(rung, "link-down", N, 0).faults, recovery_events(run.sink.steps),
+                                         {}).lines  # fmt: skip
+    assert lines["replace"].text() == "fault at 20 s: link-down s1/npu0/roce: not detected; requests: 0 failed, 89 retried"
+    assert lines["link-route"].text() == ("fault at 20 s: link-down s1/npu0/roce: detected after 0.165 s (link-fault); "
+                                          "requests: 0 failed, 1 retried")  # fmt: skip
