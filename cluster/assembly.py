@@ -34,7 +34,7 @@ from .autoscale import AUTOSCALER_ADDR, pushed_to, spawn_autoscaler
 from .control import MANAGER_ADDR, MONITOR_ADDR, PODS_ADDR, spawn_control_plane
 from .health import kv_link_routing, spawn_health
 from .layout import Layout, plan
-from .migration_costs import migration_config
+from .migration_costs import kv_migration_config, migration_config
 from .schema import PlatformConfig
 from .te import spawn_te
 
@@ -78,6 +78,8 @@ def spawn_front(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR
     if mig.enabled:  # only then: a config without it spawns its JEs exactly as before
         je["migration"] = {**migration_config(cfg.cluster, mig.enabled, mig.max_migrations),
                            "ask_stream_s": mig.ask_stream_s}  # fmt: skip
+        if mig.kv:  # KV migration from a failed TE's host DRAM (actors/flowserve/distflow/migrate.py)
+            je["migration"].update(kv_migration_config(cfg.cluster))
     a = cfg.autoscale
     if a.enabled and a.min_tes == 0 and not a.advisory:  # a model scaled to zero comes back on demand
         je["park_empty"] = True

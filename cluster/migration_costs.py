@@ -10,7 +10,7 @@ from deepserve.adapters.hardware.batch import Batch, Parallel, Seq
 from deepserve.adapters.hardware.compute import forward_time
 from deepserve.adapters.hardware.models import model_profile
 from deepserve.adapters.hardware.sizes import kv_bytes_per_token
-from deepserve.adapters.hardware.specs import link_spec, npu_spec
+from deepserve.adapters.hardware.specs import link_spec, npu_spec, server_spec
 from deepserve.adapters.hardware.transfer import effective_bw_bytes_per_s
 from deepserve.adapters.scenario.schema import Cluster
 
@@ -28,3 +28,12 @@ def migration_config(c: Cluster, enabled: bool, max_migrations: int) -> dict[str
         "link_bytes_per_s": effective_bw_bytes_per_s(link_spec(c.link)),
         "prefill_tokens_per_s": PROBE_TOKENS / pass_s,
     }  # fmt: skip
+
+
+def kv_migration_config(c: Cluster) -> dict[str, Any]:
+    """`MigrationParams.kv` on, with the rate KV leaves a host's DRAM at (its host link: PCIe on
+    gen1, UB on a CloudMatrix; the path's slower side with the network link)."""
+    from deepserve.adapters.hardware.devices.topology import build
+
+    kind = build(c.topology, 1).server_kind
+    return {"kv": True, "host_bytes_per_s": effective_bw_bytes_per_s(link_spec(server_spec(kind).host_link))}

@@ -19,6 +19,7 @@ import msgspec
 from deepserve.actors.cluster.messages import Heartbeat
 from deepserve.actors.flowserve.balancer import Pending, assign
 from deepserve.actors.flowserve.distflow.messages import CorruptKvBlock
+from deepserve.actors.flowserve.distflow.migrate import KvExportAsk, KvImport
 from deepserve.actors.flowserve.master.actor import DpMaster
 from deepserve.actors.flowserve.master.kv_publish import QuietAccepts, SubscribeKvEvents
 from deepserve.actors.flowserve.master.messages import (
@@ -183,6 +184,11 @@ class TeShell(Actor[ShellState]):
         elif isinstance(msg, CancelTask | CancelOwner | CorruptKvBlock | SubscribeKvEvents | QuietAccepts):
             for addr in self.dp_addrs:  # the group that has it acts; the others ignore it
                 ctx.send(addr, msg)
+        elif isinstance(msg, KvExportAsk):  # KV migration: every group answers for its own DRAM tier
+            for addr in self.dp_addrs:
+                ctx.send(addr, msg)
+        elif isinstance(msg, KvImport):  # into group 0: its prefix hit steers the task's dispatch there
+            ctx.send(self.dp_addrs[0], msg)
         elif isinstance(msg, CreateContext | GetContext | DeleteContext):
             self._context(ctx, msg)
         elif isinstance(msg, ReportTick):

@@ -11,6 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from deepserve.actors.flowserve.distflow.migrate import (
+    KvExportAsk,
+    KvExportOffer,
+    KvExportRelease,
+    KvImported,
+)
 from deepserve.actors.flowserve.master.kv_publish import QuietAccepts, SubscribeKvEvents
 from deepserve.actors.flowserve.master.pd import KvRelease
 from deepserve.actors.flowserve.messages import (
@@ -216,9 +222,58 @@ class JeCore(JobFlow):
              basis: str) -> None:  # fmt: skip
         """The request's next task resumes at output token `client`, its KV rebuilt the cheaper
         way (migration.py); zombie protection for what the failed task leaves behind."""
-        _, longest = routing.group_walk(s, j.model, j.prompt.block_hashes)
         resume = min(client, j.sampling.max_tokens - 1)
-        choice = M.choose(self.cfg.migration, j.prompt.num_tokens, resume, longest * self.cfg.kv_block_tokens, "")
+        p = self.cfg.migration
+        if p.kv and te:  # KV migration: first ask the failed TE what its host still holds
+            fx.record(M.KvSurveyStarted(request_id=rid, task_id=j.task_id, from_te=te, resume_from=resume,
+                                        failure=reason, basis=basis))  # fmt: skip
+            fx.send(te, KvExportAsk(request_id=rid, hashes=j.prompt.block_hashes, reply_to=self.me), corr=rid)
+            fx.after(p.survey_s, M.KvSurveyTimeout(request_id=rid, task_id=j.task_id), key=f"survey/{rid}")
+            return
+        choice = M.choose(p, j.prompt.num_tokens, resume, self.cached_tokens(s, j), "")
+        self.moved(s, now, fx, rid, j, te, reason, resume, basis, choice)
+
+    def cached_tokens(self, s: JeState, j: Job, lost: str = "") -> int:
+        """The prompt tokens the best TE of the job's group caches (the JE's prompt tree) — with
+        `lost`, that failed TE's cache (still in the tree) and those the job failed on left out."""
+        match, longest = routing.group_walk(s, j.model, j.prompt.block_hashes)
+        if lost:
+            longest = max((n for te, n in match.items() if te != lost and te not in j.excluded), default=0)
+        return longest * self.cfg.kv_block_tokens
+
+    def kv_offered(self, s: JeState, now: float, fx: Effects, m: KvExportOffer | M.KvSurveyTimeout) -> None:
+        """The failed TE's answer (its first DP group to answer; the others are late), or none in
+        time: migrate or recompute, priced (migration.choose_kv)."""
+        j = s.jobs.get(m.request_id)
+        sv = j.surveying if j is not None else None
+        if j is None or sv is None or (isinstance(m, M.KvSurveyTimeout) and m.task_id != sv.task_id):
+            return
+        fx.cancel(f"survey/{m.request_id}")
+        offer = m if isinstance(m, KvExportOffer) else None
+        choice = M.choose_kv(self.cfg.migration, j.prompt.num_tokens, sv.resume_from, self.cached_tokens(s, j, sv.from_te),
+                             sv.from_te, offer, self.cfg.kv_block_tokens)  # fmt: skip
+        if offer is not None and choice.mode == "recompute":  # the pinned run will not be pulled
+            fx.send(offer.master, KvExportRelease(request_id=m.request_id), corr=m.request_id)
+        self.moved(s, now, fx, m.request_id, j, sv.from_te, sv.failure, sv.resume_from, sv.basis, choice)
+
+    def kv_imported(self, s: JeState, now: float, fx: Effects, m: KvImported | M.KvImportTimeout) -> None:
+        """The target has the surviving blocks (or could not get them): the held task goes."""
+        j = s.jobs.get(m.request_id)
+        imp = j.importing if j is not None else None
+        if j is None or imp is None or m.task_id != imp.task_id:
+            return
+        fx.cancel(f"import/{m.request_id}")
+        if isinstance(m, KvImported):
+            fx.record(M.KvImportEnded(request_id=m.request_id, task_id=m.task_id, ok=m.ok, te=m.te, blocks=m.blocks,
+                                      nbytes=m.nbytes, duration_s=m.duration_s, reason=m.reason))  # fmt: skip
+        else:
+            why = f"no answer within {self.cfg.migration.import_timeout_s:g}s: the task recomputes"
+            fx.record(M.KvImportEnded(request_id=m.request_id, task_id=m.task_id, ok=False, reason=why))
+        self.send_task(s, fx, m.request_id, j, imp.phase, imp.attempt, imp.decision)  # type: ignore[arg-type]
+
+    def moved(self, s: JeState, now: float, fx: Effects, rid: str, j: Job, te: str, reason: str, resume: int,
+              basis: str, choice: M.Choice) -> None:  # fmt: skip
+        """The move, chosen: recorded, the failed task's remains cleaned up, the next task sent."""
         old, kv = j.task_id, j.kv if j.phase == "decode" else None
         fx.record(M.TaskMigrated(request_id=rid, task_id=old, from_te=te, resume_from=resume,
                                  failure=reason, choice=choice, basis=basis))  # fmt: skip
@@ -307,4 +362,6 @@ _ON: dict[type, Callable[[JeCore, JeState, float, Effects, Any], None]] = {
     SubmitBatch: JeCore.batch, ParkTimeout: JeCore.park_timeout, BatchTick: _batch_tick,
     CancelJob: JeCore.cancel, CancelDeadline: JeCore.cancel_deadline, EndOfRun: JeCore.end_of_run,
     M.StreamPosition: JeCore.position, M.AskTimeout: JeCore.ask_timeout,
+    KvExportOffer: JeCore.kv_offered, M.KvSurveyTimeout: JeCore.kv_offered, KvImported: JeCore.kv_imported,
+    M.KvImportTimeout: JeCore.kv_imported,
 }  # fmt: skip

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
+from deepserve.actors.flowserve.distflow.migrate import KvImport
 from deepserve.actors.flowserve.messages import SubmitTask, TaskFinished
 from deepserve.actors.scheduling import Decision, Policy
 from deepserve.actors.scheduling.predictor import DecodeLengthTree, bucket_memo
@@ -42,6 +43,7 @@ from .messages import (
     SweepMissed,
     SweepTick,
 )
+from .migration import KvImportSent, KvImportTimeout, offer_of
 
 
 class JobFlow:
@@ -160,6 +162,9 @@ class JobFlow:
     def send_task(self, s: JeState, fx: Effects, rid: str, j: Job, phase: Phase, attempt: int,
                   decision: Decision) -> None:  # fmt: skip
         tid = D.task_id(rid, phase, attempt, j.epoch)
+        if j.kv_move is not None and phase != "decode":  # a moved request's KV is pulled there first
+            self.kv_import(s, fx, rid, j, phase, attempt, decision, tid)
+            return
         if self.cfg.forced and (te := self.cfg.forced.get(tid)) is not None and te != decision.chosen:
             decision = msgspec.structs.replace(decision, chosen=te, reason=(
                 f"what-if: {te} forced instead of the policy's {decision.chosen} ({decision.reason})"))
@@ -175,6 +180,20 @@ class JobFlow:
         ), corr=rid)  # fmt: skip
         if not (self.cfg.quiet_accept and phase == "chat" and dst != te):  # no TaskAccepted will come
             fx.after(self.cfg.forwarding.accept_timeout_s, AcceptTimeout(task_id=tid), key=f"acc/{tid}")
+
+    def kv_import(self, s: JeState, fx: Effects, rid: str, j: Job, phase: Phase, attempt: int, decision: Decision,
+                  tid: str) -> None:  # fmt: skip
+        """KV migration (migration.py): the routed task waits while its target pulls the blocks
+        that survived on the failed TE's host (distflow/migrate.py); `JeCore.kv_imported` sends it."""
+        c = j.kv_move
+        assert c is not None
+        te = decision.chosen
+        fx.record(KvImportSent(request_id=rid, task_id=tid, phase=phase, attempt=attempt, decision=decision,
+                               blocks=c.survived_blocks))  # fmt: skip
+        p = self.cfg.migration
+        fx.send(s.direct.get(te, te), KvImport(request_id=rid, task_id=tid, hashes=j.prompt.block_hashes[:c.survived_blocks],
+                                               offer=offer_of(rid, c), reply_to=self.me, timeout_s=p.import_timeout_s), corr=rid)  # fmt: skip
+        fx.after(p.import_timeout_s + p.survey_s, KvImportTimeout(request_id=rid, task_id=tid), key=f"import/{rid}")
 
     # ---- on-demand forwarding: the JE-side wait, batch forwarding, bounded sweeps -------------
     def wait(self, s: JeState, now: float, fx: Effects, rid: str, j: Job, reason: str,

@@ -16,7 +16,7 @@ from deepserve.actors.scheduling.locality import PromptTree
 from deepserve.actors.workload.messages import RequestDone
 from deepserve.core.messages import Event, Message
 
-from .migration import MigrationAsked
+from .migration import Choice, KvImportSent, KvSurveyStarted, MigrationAsked
 
 GroupRole = Literal["colocated", "prefill", "decode"]
 Phase = Literal["chat", "prefill", "decode"]
@@ -302,6 +302,9 @@ class Job(msgspec.Struct, kw_only=True):
     cancel_completes: bool = False  # ... and it ends completed, not cancelled (a stop sequence)
     migrations: int = 0  # times its stream moved to another TE (migration.TaskMigrated)
     asked: MigrationAsked | None = None  # moving: waiting for the frontend's stream position
+    surveying: KvSurveyStarted | None = None  # moving: waiting for the failed TE's KV offer
+    kv_move: Choice | None = None  # moved with KV migration chosen: its next task imports first
+    importing: KvImportSent | None = None  # its next task waits while its target imports the KV
     resume_from: int = 0  # the output token its next chat task starts at (0: from the start)
     epoch: int = 0  # JobRequest.epoch: in its task ids (decide.task_id)
 

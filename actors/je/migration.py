@@ -24,6 +24,8 @@ from typing import Literal
 
 import msgspec
 
+from deepserve.actors.flowserve.distflow.migrate import KvExportOffer
+from deepserve.actors.scheduling import Decision
 from deepserve.core.messages import Event, Message
 
 
@@ -40,6 +42,13 @@ class MigrationParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # >0: ask the live frontend (`stream_to`) how far the client's stream got, and wait this long
     # for its answer before resuming at what the JE knows (the first chunk of each task)
     ask_stream_s: float = 0.0
+    # KV migration from a failed TE's host DRAM (actors/flowserve/distflow/migrate.py; its masters
+    # write their prompt blocks through with `cluster.resilience.kv_backup`): ask the failed TE
+    # which blocks its host still holds (waiting `survey_s` at most), and move them when cheaper
+    kv: bool = False
+    survey_s: float = 0.05
+    import_timeout_s: float = 10.0
+    host_bytes_per_s: float = 0.0  # the host side's rate the bytes leave DRAM at (PCIe); 0: the link's
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_migrations <= 64:
@@ -51,17 +60,33 @@ class MigrationParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             raise ValueError("scheduling.migration.setup_s: must be in [0, 60]")
         if not 0 <= self.ask_stream_s <= 60:
             raise ValueError("scheduling.migration.ask_stream_s: must be in [0, 60]")
+        if not 0 < self.survey_s <= 60:
+            raise ValueError("scheduling.migration.survey_s: must be in (0, 60]")
+        if not 0 < self.import_timeout_s <= 600:
+            raise ValueError("scheduling.migration.import_timeout_s: must be in (0, 600]")
+        if self.host_bytes_per_s < 0:
+            raise ValueError("scheduling.migration.host_bytes_per_s: must be >= 0")
 
 
 Mode = Literal["migrate", "recompute"]
 
 
-class Choice(msgspec.Struct, frozen=True, kw_only=True):
+class Choice(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     mode: Mode
     kv_bytes: int  # the KV of the prompt and the generated tokens
     migrate_s: float | None  # None: the KV is not readable anywhere
     recompute_s: float
     reason: str
+    # KV migration from host DRAM (`MigrationParams.kv`; left out of the record when unused, so
+    # older records read the same): where the surviving blocks are, how many of them lead the
+    # request's chain, what moving them sends, and the tokens recomputed either way
+    master: str = ""  # the failed TE's DP master whose host DRAM holds them
+    host: str = ""
+    survived_blocks: int = 0
+    block_bytes: int = 0  # one block's KV on ONE rank (the offer's)
+    tp: int = 0
+    moved_bytes: int = 0  # what migrating sends (blocks the target does not cache already)
+    recompute_tokens: int = 0  # the tail prefilled when migrating
 
 
 def choose(p: MigrationParams, prompt_tokens: int, generated: int, cached_tokens: int,
@@ -83,6 +108,89 @@ def choose(p: MigrationParams, prompt_tokens: int, generated: int, cached_tokens
            f"recompute {tokens - cached_tokens} tokens ({recompute_s * 1e3:.2f} ms) <= migrate from {source} "
            f"({migrate_s * 1e3:.2f} ms)")  # fmt: skip
     return Choice(mode=mode, kv_bytes=kv_bytes, migrate_s=migrate_s, recompute_s=recompute_s, reason=why)
+
+
+def choose_kv(p: MigrationParams, prompt_tokens: int, generated: int, cached_tokens: int, te: str,
+              offer: KvExportOffer | None, block_tokens: int) -> Choice:  # fmt: skip
+    """Migrate or recompute when the failed TE's host may still hold the request's leading
+    blocks (`offer`: its answer, None when none came): moving them (host DRAM -> the network ->
+    the target's HBM, at the slower of the link and the host side) plus prefilling the tail they
+    do not cover, against prefilling everything the target does not cache."""
+    if offer is None or not offer.blocks:
+        c = choose(p, prompt_tokens, generated, cached_tokens, "")
+        return msgspec.structs.replace(c, reason=(
+            f"recompute {prompt_tokens + generated - cached_tokens} tokens ({c.recompute_s * 1e3:.2f} ms): "
+            f"{te or 'the failed TE'}'s host offered no KV within {p.survey_s:g}s (its HBM is lost; "
+            "its process or node too, or nothing was written through to DRAM)"))  # fmt: skip
+    tokens = prompt_tokens + generated
+    kv_bytes = int(tokens * p.kv_bytes_per_token)
+    recompute_s = max(tokens - cached_tokens, 1) / p.prefill_tokens_per_s
+    survived = min(offer.blocks * block_tokens, prompt_tokens)
+    movable = max(survived - cached_tokens, 0)
+    rate = min(p.link_bytes_per_s, p.host_bytes_per_s) if p.host_bytes_per_s > 0 else p.link_bytes_per_s
+    moved = int(movable * p.kv_bytes_per_token)
+    tail = tokens - max(cached_tokens, survived)
+    migrate_s = p.setup_s + moved / rate + max(tail, 1) / p.prefill_tokens_per_s
+    mode: Mode = "migrate" if movable > 0 and migrate_s < recompute_s else "recompute"
+    where = f"{offer.blocks} blocks in {offer.master}'s host DRAM"
+    why = (f"migrate {moved} bytes ({where}) and recompute {tail} tokens ({migrate_s * 1e3:.2f} ms) < recompute "
+           f"{tokens - cached_tokens} tokens ({recompute_s * 1e3:.2f} ms)" if mode == "migrate" else
+           f"recompute {tokens - cached_tokens} tokens ({recompute_s * 1e3:.2f} ms) <= migrate {moved} bytes ({where}) "
+           f"and recompute {tail} ({migrate_s * 1e3:.2f} ms)")  # fmt: skip
+    return Choice(mode=mode, kv_bytes=kv_bytes, migrate_s=migrate_s, recompute_s=recompute_s, reason=why,
+                  master=offer.master, host=offer.host, survived_blocks=offer.blocks, block_bytes=offer.block_bytes,
+                  tp=offer.tp, moved_bytes=moved, recompute_tokens=tail if mode == "migrate" else tokens - cached_tokens)  # fmt: skip
+
+
+def offer_of(request_id: str, c: Choice) -> KvExportOffer:
+    """The source's offer a migrate choice was made on (what the target's importer pulls from)."""
+    return KvExportOffer(request_id=request_id, master=c.master, host=c.host, blocks=c.survived_blocks,
+                         block_bytes=c.block_bytes, tp=c.tp)  # fmt: skip
+
+
+class KvSurveyStarted(Event, frozen=True, kw_only=True):
+    """Moving the request: the JE asked the failed TE which of its KV blocks its host still
+    holds (`KvExportAsk`), before it chooses between migrating and recomputing."""
+
+    request_id: str
+    task_id: str
+    from_te: str
+    resume_from: int
+    failure: str
+    basis: str = ""
+
+
+class KvImportSent(Event, frozen=True, kw_only=True):
+    """The moved request's next task is routed (`decision`) but held back while its target pulls
+    the surviving blocks (`KvImport`); it is sent when the import ends, either way."""
+
+    request_id: str
+    task_id: str
+    phase: str
+    attempt: int
+    decision: Decision
+    blocks: int
+
+
+class KvImportEnded(Event, frozen=True, kw_only=True):
+    request_id: str
+    task_id: str
+    ok: bool
+    te: str = ""
+    blocks: int = 0  # moved over the fabric
+    nbytes: int = 0
+    duration_s: float = 0.0
+    reason: str = ""
+
+
+class KvSurveyTimeout(Message, frozen=True, kw_only=True):
+    request_id: str
+    task_id: str
+
+
+class KvImportTimeout(Message, frozen=True, kw_only=True):
+    request_id: str
+    task_id: str
 
 
 class TaskMigrated(Event, frozen=True, kw_only=True):

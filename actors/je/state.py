@@ -32,7 +32,7 @@ from .messages import (
     TaskAcked,
     TaskStreamed,
 )
-from .migration import MigrationAsked, TaskMigrated
+from .migration import KvImportEnded, KvImportSent, KvSurveyStarted, MigrationAsked, TaskMigrated
 from .trees import KvEventsFolded, fold_kv_batch
 
 
@@ -158,11 +158,31 @@ def _migrated(s: JeState, e: TaskMigrated, _: int) -> None:
     j = s.jobs[e.request_id]
     j.migrations += 1
     j.resume_from, j.asked = e.resume_from, None
+    j.surveying = None
+    j.kv_move = e.choice if e.choice.mode == "migrate" and e.choice.master else None
     j.output_tokens = max(j.output_tokens, e.resume_from)  # the frontend's answer may be ahead
 
 
 def _asked(s: JeState, e: MigrationAsked, _: int) -> None:
     s.jobs[e.request_id].asked = e
+
+
+def _surveying(s: JeState, e: KvSurveyStarted, _: int) -> None:
+    s.jobs[e.request_id].surveying = e
+
+
+def _import_sent(s: JeState, e: KvImportSent, _: int) -> None:
+    j = s.jobs[e.request_id]
+    j.importing, j.kv_move = e, None
+    te = e.decision.chosen  # its task is as good as there: the load the next decisions see
+    s.open[te] = s.open.get(te, 0) + 1
+
+
+def _import_ended(s: JeState, e: KvImportEnded, _: int) -> None:
+    j = s.jobs[e.request_id]
+    if j.importing is not None:
+        _close(s, j.importing.decision.chosen)  # the task's own RouteDecided counts it from here
+    j.importing = None
 
 
 def _membership_changed(s: JeState, e: MembershipChanged, max_tree_blocks: int) -> None:
@@ -229,6 +249,8 @@ def _finished(s: JeState, e: JobFinished, _: int) -> None:
     rid = e.done.request_id
     j = s.jobs.pop(rid)
     _close(s, j.te)
+    if j.importing is not None:
+        _close(s, j.importing.decision.chosen)
     if j.queued:
         s.batch_queue.remove(rid)
     if rid in s.parked:
@@ -256,7 +278,8 @@ _FOLD: dict[type, Callable[[JeState, Any, int], None]] = {
     OfferRefused: _offer_refused, JePrefilled: _prefilled, JobAccepted: _accepted, JobFinished: _finished,
     MembershipChanged: _membership_changed, BatchAccepted: _batch_accepted, JobParked: _parked,
     JeLateMessage: _late, JobCancelRequested: _cancel_requested, KvEventsFolded: _kv_folded,
-    TaskMigrated: _migrated, MigrationAsked: _asked,
+    TaskMigrated: _migrated, MigrationAsked: _asked, KvSurveyStarted: _surveying, KvImportSent: _import_sent,
+    KvImportEnded: _import_ended,
 }  # fmt: skip
 
 

@@ -7,6 +7,7 @@ setting off by default — a config without this section behaves, and logs, as b
     kv_link_probe_s = 2.0    # probe a failed KV transfer's path with a dummy payload (0: off)
     device_health = true     # a device-health monitor per server (actors/cluster/health.py)
     kv_link_routing = true   # the JEs route by the probes' verdicts, not a cool-down (needs kv_link_probe_s)
+    kv_backup = true         # prompt KV written through to host DRAM (survives a device fault)
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ class Resilience(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
     # instead of the blind cool-down; a blocked path is probed again every `kv_link_probe_s` until
     # it carries data. Spawns the per-server monitors that pass the verdicts on.
     kv_link_routing: bool = False
+    # Every prompt block a DP master indexes in HBM is written through to its host's DRAM tier
+    # (xLLM's multi-level KV cache): the copy a device fault leaves readable for KV migration
+    kv_backup: bool = False
 
     def __post_init__(self) -> None:
         if self.kv_link_routing and not self.kv_link_probe_s:
@@ -52,4 +56,6 @@ def master_settings(r: Resilience, dp_groups: int, server: int) -> dict[str, Any
         out["hbm_masking"] = True
     if r.kv_link_probe_s:
         out["kv_link_probe_s"] = r.kv_link_probe_s
+    if r.kv_backup:
+        out["kv_backup"] = True
     return out

@@ -40,6 +40,10 @@ class Migration(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     # >0: the JE asks the live frontend how far the client's stream got, and waits this long for
     # the answer before resuming at what it knows itself (the first chunk of each task; `up` only)
     ask_stream_s: Annotated[float, msgspec.Meta(ge=0, le=60)] = 0.0
+    # Move the KV that survived on the failed TE's host DRAM when cheaper than recomputing it
+    # (actors/flowserve/distflow/migrate.py; the masters write it through with
+    # `cluster.resilience.kv_backup`, which needs `cluster.kv_dram_gb` > 0)
+    kv: bool = False
 
 
 class Scheduling(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -106,6 +110,8 @@ def check_scheduling(s: Any) -> list[tuple[str, str]]:
             load_predictor(sch.predictor)
     except ValueError as exc:
         return [("scheduling.predictor", str(exc))]
+    if sch.migration.kv and not sch.migration.enabled:
+        return [("scheduling.migration.kv", "needs scheduling.migration.enabled = true")]
     try:
         Policy(sch.policy, dict(sch.params), heat)
     except ValueError as exc:

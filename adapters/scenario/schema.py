@@ -183,6 +183,8 @@ def check(s: Scenario, known_models: tuple[str, ...]) -> list[tuple[str, str]]:
             "cluster.kv_dram_gb",
             f"{c.kv_dram_gb} GB x {groups_per_server} DP groups on a server exceeds its {dram_gb} GB of DRAM",
         ))  # fmt: skip
+    if c.resilience.kv_backup and c.kv_dram_gb <= 0:
+        problems.append(("cluster.resilience.kv_backup", "needs a DRAM tier: set cluster.kv_dram_gb > 0"))
     if c.scheduler.max_batch_tokens < c.kv_block_tokens and not c.scheduler.chunked_prefill:
         problems.append(("cluster.scheduler.max_batch_tokens", "is below one KV block without chunked prefill"))
     problems += check_scheduling(s)

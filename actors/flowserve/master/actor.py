@@ -21,6 +21,7 @@ import msgspec
 from deepserve.actors.cluster.liveness import answer_heartbeat
 from deepserve.actors.cluster.messages import DpHeartbeat
 from deepserve.actors.flowserve import rtc
+from deepserve.actors.flowserve.distflow import migrate
 from deepserve.actors.flowserve.master import context, pd, recovery
 from deepserve.actors.flowserve.master.evolve import evolve_master
 from deepserve.actors.flowserve.master.kv_publish import (
@@ -163,6 +164,8 @@ class DpMaster(Actor[MasterState]):
             ctx.send(ctx.sender, status)
         elif pd.handles(msg):
             pd.handle(self, ctx, msg)
+        elif migrate.handles(msg):  # KV migration from a failed TE's host DRAM (distflow/migrate.py)
+            migrate.handle(self, ctx, msg)
         elif type(msg) is SubscribeKvEvents:
             self.kv.subscribe(ctx, msg)  # type: ignore[arg-type]
         elif type(msg) is QuietAccepts:
@@ -381,6 +384,8 @@ class DpMaster(Actor[MasterState]):
                 ev = rtc.cache_blocks(st.rtc, tid, prompt.block_hashes, full)
                 if ev is not None:
                     ctx.record(ev)
+                    if cfg.kv_backup:  # write-through to host DRAM (distflow/migrate.py)
+                        migrate.backup(self, ctx, ev)
             if r.cancelled is not None:
                 self.end(ctx, r, "cancelled", r.cancelled)
             elif r.emitted >= r.out_len:

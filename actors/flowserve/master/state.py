@@ -86,6 +86,7 @@ class MasterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     kv_link_probe_s: float = 0.0  # PD decode side: DistFlow link probing (distflow/probe.py; 0: off)
     health_to: str = ""  # the host's device-health monitor, told of link-probe verdicts ("": none)
     dp_groups: int = 1  # the TE's DP groups (`{te}/dp/0..dp_groups-1`): the rollback's broadcast
+    kv_backup: bool = False  # write each indexed prompt block through to host DRAM (distflow/migrate.py)
 
     def __post_init__(self) -> None:
         for name in ("kv_block_bytes", "hbm_blocks", "block_tokens", "tp", "max_num_seqs",
@@ -106,7 +107,7 @@ class MasterConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 # Settings added after logs existed, left out of a spawn's recorded config while at their
 # defaults: a run that does not use them logs exactly what it logged before they were added.
 _LATER_DEFAULTS = {"token_recompute": False, "hbm_masking": False, "kv_link_probe_s": 0.0, "dp_groups": 1,
-                   "health_to": "", "kv_ride": False}  # fmt: skip
+                   "health_to": "", "kv_ride": False, "kv_backup": False}  # fmt: skip
 
 
 def spawn_config(cfg: MasterConfig) -> dict[str, Any]:
