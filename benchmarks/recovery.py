@@ -42,7 +42,7 @@ from deepserve.actors.flowserve.master.recovery import HbmFaultMasked, Iteration
 from deepserve.actors.flowserve.messages import TokenBatch
 from deepserve.actors.gateway.messages import ApiRequest
 from deepserve.actors.je.messages import JeTaskEnded, JobFinished, RouteDecided
-from deepserve.actors.je.migration import TaskMigrated
+from deepserve.actors.je.migration import KvImportEnded, TaskMigrated
 from deepserve.actors.workload.messages import RequestDone
 from deepserve.adapters.scenario.faults import FaultSpec, fault_inputs
 from deepserve.cluster.assembly import assemble
@@ -72,9 +72,15 @@ FAULTS: dict[str, dict[str, Any]] = {
     "te-process-kill": {"kind": "kill-te-process", "target": f"te/{PREFILL}"},
     # the NPU of one DP group (dp/1) of te/2, in the same pool with 2 DP groups a TE
     "dp-npu-crash": {"kind": "npu-crash", "target": "hw/s1/npu1"},
+    # te/2 of 4 colocated TEs serving long Mooncake conversations (its host DRAM may keep their KV)
+    "colo-npu-crash": {"kind": "npu-crash", "target": "hw/s0/npu2"},
+    "colo-process-kill": {"kind": "kill-te-process", "target": f"te/{PREFILL}"},
 }
-CLUSTER_OF: dict[str, tuple[str, ...]] = {"dp-npu-crash": ("cluster.dp_groups=2",)}  # a fault's own pool
-TE_FAULTS = ("npu-crash", "npu-hang", "hbm-fault", "te-process-kill", "dp-npu-crash")  # a TE is declared failed
+COLOCATED = ("cluster.mode=colocated", f"cluster.tes={PREFILL + DECODE}", "workload.trace=builtin:mooncake_conv_1k")
+CLUSTER_OF: dict[str, tuple[str, ...]] = {"dp-npu-crash": ("cluster.dp_groups=2",), "colo-npu-crash": COLOCATED,
+                                          "colo-process-kill": COLOCATED}  # a fault's own pool
+TE_FAULTS = ("npu-crash", "npu-hang", "hbm-fault", "te-process-kill", "dp-npu-crash", "colo-npu-crash",
+             "colo-process-kill")  # a TE is declared failed
 RUNGS = ("replace", "restart-world", "pd-separate", "substitute")  # the cluster manager's (ladder.py)
 # The rungs below the manager, each the baseline's config plus its setting: the JE's request
 # migration, the engine's token recomputation and HBM masking (cluster.resilience), KV link probing
@@ -89,11 +95,15 @@ SETTINGS: dict[str, tuple[str, ...]] = {
     # ... and the ladder's rung for a dead NIC: its TE serves whole requests as a colocated one
     "reroute": ("cluster.resilience.kv_link_probe_s=2.0", "cluster.resilience.kv_link_routing=true",
                 "recovery.rung=reroute"),
+    # request migration moving the KV that survived on the failed TE's host DRAM (written through
+    # there by its masters) when cheaper than recomputing it (actors/flowserve/distflow/migrate.py)
+    "migrate-kv": ("scheduling.migration.enabled=true", "scheduling.migration.kv=true", "cluster.kv_dram_gb=128",
+                   "cluster.resilience.kv_backup=true"),
 }
 BASELINE = "replace"
 EVENTS = frozenset(c.__name__ for c in (TeDeclaredFailed, TeLaunching, TeReady, TeStopped, LadderChose,
                                         NodeRepaired, TeScaledIn, JeTaskEnded, JobFinished, TaskMigrated, IterationRolledBack,
-                                        HbmFaultMasked, LinkDiagnosed, RouteDecided))  # fmt: skip
+                                        HbmFaultMasked, LinkDiagnosed, RouteDecided, KvImportEnded))  # fmt: skip
 
 
 class Cell(msgspec.Struct, kw_only=True):
@@ -115,6 +125,13 @@ class Cell(msgspec.Struct, kw_only=True):
     target_tasks: int  # tasks routed to the fault's TE (te/2) after the fault: is it still of use
     e2e_s_max: float
     wall_s: float
+    # KV migration (`migrate-kv`): requests moved with their KV pulled from the failed TE's host,
+    # the blocks that crossed, and the prompt + client tokens prefilled again for the affected
+    # requests that completed (what neither a cache hit nor a moved block covered)
+    pool: str = ""  # the overrides of a fault with its own pool (`CLUSTER_OF`; "": the workload's)
+    migrated_kv: int = 0
+    kv_blocks_moved: int = 0
+    tokens_recomputed: int = 0
 
 
 def config(rung: str, fault: str, requests: int, seed: int, extra: Sequence[str] = ()) -> PlatformConfig:
@@ -133,7 +150,8 @@ def applicable(fault: str, stream: bool = False) -> tuple[str, ...]:
     own = {"hbm-fault": ("hbm-mask",), "link-transient": ("token-recompute",),
            "link-down": ("link-probe", "link-route", "reroute"), "kv-saturation": ("link-probe", "link-route", "reroute")}
     rungs = (RUNGS if fault in TE_FAULTS else (BASELINE,)) + own.get(fault, ())
-    return rungs + (("migrate",) if stream else ())
+    # KV migration where a TE is lost with streams on it (a link fault leaves its HBM in place)
+    return rungs + (("migrate",) if stream else ()) + (("migrate-kv",) if stream and fault in TE_FAULTS else ())
 
 
 class Run(msgspec.Struct, kw_only=True):
@@ -179,7 +197,9 @@ def simulate(rung: str, fault: str, requests: int = 200, seed: int = 0, stream: 
 
 def run_cell(rung: str, fault: str, requests: int = 200, seed: int = 0, stream: bool = False) -> Cell:
     r = simulate(rung, fault, requests, seed, stream)
-    return _cell(rung, fault, r.requests, r.done, r.sink, r.wall_s)
+    cell = _cell(rung, fault, r.requests, r.done, r.sink, r.wall_s)
+    cell.pool = " ".join(CLUSTER_OF.get(fault, ()))
+    return cell
 
 
 def _read(sink: MemorySink) -> tuple[list[tuple[float, Any]], dict[str, int]]:
@@ -244,13 +264,18 @@ def _cell(rung: str, fault: str, n: int, done: dict[str, RequestDone], sink: Mem
     regenerated += sum(e.outputs for t, e in evs if type(e) is IterationRolledBack)
     choice = next((e.action for _, e in evs if type(e) is LadderChose), "")
     e2e = [m.finish_s - m.arrival_s for m in done.values()]
+    imported = [e for t, e in evs if type(e) is KvImportEnded and e.ok and e.blocks]
+    resumed = {e.request_id: e.resume_from for e in moved.values()}
+    recomputed_tokens = sum(max(done[r].prompt_tokens + resumed.get(r, 0) - done[r].cached_prompt_tokens, 0)
+                            for r in hit & ok)  # fmt: skip
     return Cell(fault=fault, rung=rung, requests=n, completed=len(ok), detected_s=detected_s, diagnosis=diagnosis,
                 recovered_s=recovered, whole_s=_whole_s(evs), serving_min=_serving_min(evs), affected=len(hit),
                 failed=len(hit - ok), migrated=len(migrated), recomputed=len((hit & ok) - migrated),
                 tokens_regenerated=regenerated, choice=choice, e2e_s_max=max(e2e, default=0.0),
                 target_tasks=sum(1 for t, e in evs if type(e) is RouteDecided and t >= FAULT_AT_S
                                  and e.decision.chosen == f"te/{PREFILL}"),
-                wall_s=wall)  # fmt: skip
+                wall_s=wall, migrated_kv=len({e.request_id for e in imported}),
+                kv_blocks_moved=sum(e.blocks for e in imported), tokens_recomputed=recomputed_tokens)  # fmt: skip
 
 
 def _ready_counts(evs: list[tuple[float, Any]]) -> list[tuple[float, int]]:
@@ -300,7 +325,8 @@ def run_table(faults: Sequence[str] = tuple(FAULTS), requests: int = 200, seed: 
 
 
 COLUMNS = ("fault", "rung", "detected_s", "recovered_s", "whole_s", "serving_min", "affected", "failed", "migrated",
-           "recomputed", "tokens_regenerated", "completed", "target_tasks")  # fmt: skip
+           "recomputed", "tokens_regenerated", "completed", "target_tasks", "migrated_kv", "kv_blocks_moved",
+           "tokens_recomputed")  # fmt: skip
 
 
 def render(cells: Sequence[Cell]) -> str:

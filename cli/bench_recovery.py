@@ -10,9 +10,9 @@ from deepserve.cmdline import positive_int
 # benchmarks/recovery.py's FAULTS, RUNGS and SETTINGS (a test keeps them equal): named here so that
 # building the parser imports no cluster
 FAULT_NAMES = ("npu-crash", "npu-hang", "hbm-fault", "link-down", "kv-saturation", "link-transient",
-               "te-process-kill", "dp-npu-crash")  # fmt: skip
+               "te-process-kill", "dp-npu-crash", "colo-npu-crash", "colo-process-kill")  # fmt: skip
 RUNG_NAMES = ("replace", "restart-world", "pd-separate", "substitute", "migrate", "token-recompute", "hbm-mask",
-              "link-probe", "link-route", "reroute")  # fmt: skip
+              "link-probe", "link-route", "reroute", "migrate-kv")  # fmt: skip
 
 
 def _choices(known: tuple[str, ...], what: str) -> object:
