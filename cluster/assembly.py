@@ -145,6 +145,7 @@ def je_config(sch: Scheduling, kv_block_tokens: int = 128) -> dict[str, Any]:
         "kv_fail_cooldown_s": sch.kv_fail_cooldown_s, "kv_events": sch.kv_events,
         "predictor": load_predictor(sch.predictor) if sch.predictor else None,
         "quiet_accept": True,  # no TaskAccepted for direct chat tasks (JeConfig.quiet_accept)
+        "release_lost_decode_kv": True,  # a failed decode's P-side KV freed at once (zombie protection)
     }  # fmt: skip
 
 

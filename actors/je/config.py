@@ -45,6 +45,10 @@ class JeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     kv_saturated_s: float = 5.0
     # A streamed request on a failed TE moves to another (migration.py); off: it fails, as before
     migration: MigrationParams = msgspec.field(default_factory=MigrationParams)
+    # Zombie protection (P/D-Serve §3.4) whatever `migration` says: a failed decode's prefill side
+    # frees the KV it holds for it at once (its hold would otherwise last `pd_hold_timeout_s`; a
+    # failed decode is never retried with the same KV). Absent from JE configs recorded before it.
+    release_lost_decode_kv: bool = False
     # A job for a model whose TE groups are all empty parks until a TE joins (or its TTFT
     # deadline) instead of failing at once: an autoscaler may scale that model to zero and back
     # (actors/cluster/autoscaler_policy.py). Off: such a job fails naming the empty group.

@@ -177,6 +177,8 @@ class JeCore(JobFlow):
         if D.moves(j, phase, self.cfg.migration):
             self.migrate(s, now, fx, rid, j, te, reason)
             return
+        if phase == "decode" and j.kv is not None and self.cfg.release_lost_decode_kv:
+            fx.send(j.kv.src, KvRelease(transfer_id=j.kv.transfer_id), corr=rid)  # zombie protection
         verdict = D.after_failure(j, phase, attempt, reason, self.cfg.max_attempts)
         if isinstance(verdict, D.End):
             self.finish(s, now, fx, rid, j, verdict.status, verdict.reason)

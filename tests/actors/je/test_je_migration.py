@@ -190,3 +190,20 @@ def test_a_decode_after_a_refused_prefill_is_ordered_after_the_prefill_the_clien
     m = StreamMerge()
     assert m.take("r1/prefill.2", 0, 1) == 0
     assert m.take(dec, 1, 4) == 0 and m.next == 5, dec
+
+
+def test_a_failed_decode_s_prefill_side_frees_its_kv_with_migration_off() -> None:
+    """Zombie protection (P/D-Serve §3.4) whatever the migration setting: the decode died, so the
+    prefill's held blocks are freed now, not when its 300 s hold expires."""
+    # (an old JE config, without the setting, replays as recorded: no release)
+    for cfg, freed in (({"policy": "least_load", "release_lost_decode_kv": True}, 1), ({"policy": "least_load"}, 0)):
+        h = Harness(cfg, PD)
+        h.deliver(request(1))
+        tid = next(iter(h.sent))
+        h.finish(tid)
+        dec = next(t for t in h.sent if "/decode." in t)
+        steps = h.finish(dec, ok=False)
+        release = [e for e in steps if isinstance(e, Send) and isinstance(e.msg, KvRelease)]
+        assert len(release) == freed, cfg
+        if freed:
+            assert (release[0].dst, release[0].msg.transfer_id) == ("te/p0", tid)  # the prefill holding it
