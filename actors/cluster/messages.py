@@ -32,7 +32,8 @@ from deepserve.core.messages import Message
 # The last four: DeepServe Table 2's steps as the fast-scaling pipeline reports them ([scaling] on,
 # actors/cluster/prewarm.py); Scaler-Post is `registered` minus the boot's steps.
 BootStepName = Literal["pod_start", "te_pre_load", "ssd_to_dram", "dram_to_npu", "post_load", "registered",
-                       "scaler_pre", "te_load", "te_post_load"]
+                       "scaler_pre", "te_load", "te_post_load",
+                       "python_start"]  # processes mode: a real process's start, measured
 TeStateName = Literal["starting", "ready", "failed", "replacing", "draining", "stopped"]
 
 # ---- boot (TeBoot → manager) --------------------------------------------------------------------

@@ -145,7 +145,7 @@ class InProcessPods(Actor[PodsState]):
 
     def evolve(self, s: PodsState, e: Event) -> PodsState:
         if isinstance(s, ScalingPodsState) and isinstance(e, PoolsSet | BootPlanned | PoolRefilled):
-            _evolve_pools(s, e)
+            evolve_pools(s, e)
         elif isinstance(e, PodStarting):
             s.pods[e.launch.pod_id] = Pod(launch=e.launch, reply_to=e.reply_to, started_s=e.at_s)
             s.launched += 1
@@ -259,7 +259,8 @@ class InProcessPods(Actor[PodsState]):
                 ctx.stop(addr)
 
 
-def _evolve_pools(s: ScalingPodsState, e: Event) -> None:
+def evolve_pools(s: Any, e: Event) -> None:
+    """The pools' part of a launcher's state (`pools`, `plans`): this one's and processes mode's."""
     p = s.pools
     if isinstance(e, PoolsSet):
         s.pools = msgspec.structs.replace(e.pools, executors=dict(e.pools.executors), demand=list(e.pools.demand))

@@ -85,17 +85,24 @@ def initial_pools(cfg: Scaling, servers: tuple[int, ...]) -> Pools:
                  executors={str(s): cfg.executor_pool_per_server for s in sorted(set(servers))})  # fmt: skip
 
 
-def plan_boot(cfg: Scaling, pools: Pools, server: int, executors: int, masters: int, pod_start_s: float) -> BootPlan:
-    """Take from the pools what this launch can (a pure decision; the caller records it)."""
+def plan_boot(cfg: Scaling, pools: Pools, server: int, executors: int, masters: int, pod_start_s: float,
+              python_real: bool = False) -> BootPlan:  # fmt: skip
+    """Take from the pools what this launch can (a pure decision; the caller records it).
+    `python_real`: the Python start is a real process's, measured and recorded on its own
+    (processes mode: `python_start`), so a cold TE-Pre-Load models only NPU and HCCL init."""
     pod = pools.pods > 0
     warm = pools.masters >= masters and pools.executors.get(str(server), 0) >= executors
+    cold_s = cfg.npu_init_s + cfg.hccl_init_s if python_real else cfg.cold_pre_load_s()
     if warm:
         detail = f"pre-warmed: {executors} executor(s) + {masters} master(s) packed, model bound"
+    elif python_real:
+        detail = (f"cold: python start real (step python_start) + NPU init {cfg.npu_init_s:g} s + "
+                  f"HCCL {cfg.hccl_init_s:g} s")  # fmt: skip
     else:
         detail = (f"cold: python {cfg.python_init_s:g} s + NPU init {cfg.npu_init_s:g} s + "
                   f"HCCL {cfg.hccl_init_s:g} s")  # fmt: skip
     return BootPlan(pod_from_pool=pod, scaler_pre_s=cfg.pod_attach_s if pod else pod_start_s,
-                    te_prewarmed=warm, te_pre_load_s=cfg.te_attach_s if warm else cfg.cold_pre_load_s(),
+                    te_prewarmed=warm, te_pre_load_s=cfg.te_attach_s if warm else cold_s,
                     pre_load_detail=detail)  # fmt: skip
 
 
@@ -130,6 +137,8 @@ def breakdown(tes: dict[str, Any], since_s: float = 0.0) -> dict[str, Any]:
                # the boot before the pipeline: SSD → DRAM then DRAM → NPU, no warm-up
                "te_load": float(steps.get("te_load", steps.get("ssd_to_dram", 0.0) + steps.get("dram_to_npu", 0.0))),
                "te_post_load": float(steps.get("te_post_load", steps.get("post_load", 0.0)))}  # fmt: skip
+        if "python_start" in steps:  # processes mode: the real process start, measured
+            row["python_start"] = float(steps["python_start"])
         row["scaler_post"] = max(0.0, float(steps["registered"]) - sum(row.values()))
         row["total"] = float(steps["registered"])
         rows[te] = row
@@ -138,4 +147,7 @@ def breakdown(tes: dict[str, Any], since_s: float = 0.0) -> dict[str, Any]:
         paths[path] = paths.get(path, 0) + 1
     n = len(rows)
     means = {k: (sum(r[k] for r in rows.values()) / n if n else 0.0) for k in (*STEPS, "total")}
+    real = [r["python_start"] for r in rows.values() if "python_start" in r]
+    if real:
+        means["python_start"] = sum(real) / len(real)
     return {"tes": n, "step_means_s": means, "te_load_paths": paths, "per_te": rows}

@@ -266,6 +266,9 @@ class PodAgent(Actor[AgentState]):
     def handle(self, ctx: Context, msg: Message) -> None:
         if isinstance(msg, BootPod) and not self.state.booted and msg.spec.slot.te == self.te:
             ctx.record(AgentBooted(pod_id=msg.spec.pod_id))
-            ctx.spawn(f"{self.te}/boot", TeBoot, spec=msgspec.to_builtins(msg.spec))
+            if msg.scale is None:
+                ctx.spawn(f"{self.te}/boot", TeBoot, spec=msgspec.to_builtins(msg.spec))
+            else:
+                ctx.spawn(f"{self.te}/boot", TeBoot, spec=msgspec.to_builtins(msg.spec), scale=dict(msg.scale))
         elif isinstance(msg, PeerRoutes):
             ctx.send(HOST_DIRECTORY, msg)

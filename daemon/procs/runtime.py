@@ -27,7 +27,7 @@ from deepserve.adapters.hardware.devices.host import Host
 from deepserve.adapters.hardware.devices.topology import FABRIC, build, host_addr
 from deepserve.adapters.zmq import Limits, ZmqTransport
 from deepserve.cluster.autoscale import pushed_to, spawn_autoscaler
-from deepserve.cluster.control import MONITOR_ADDR, PODS_ADDR, spawn_control_plane
+from deepserve.cluster.control import FORK_ADDR, MONITOR_ADDR, PODS_ADDR, spawn_control_plane
 from deepserve.core.asyncdriver import AsyncDriver
 from deepserve.core.messages import Message
 from deepserve.persistence import open_sink
@@ -41,9 +41,10 @@ from ..runtime import (
     keep_no_outside,
 )
 from .launcher import ProcessPods
-from .messages import PeerRoutes, SignalProcess, SpawnProcess
+from .messages import PeerRoutes, SignalProcess, SpawnProcess, WarmProcesses
 from .routes import apply_peer_routes, main_prefixes
 from .supervisor import Supervisor, log_name
+from .warm import ScalingProcessPods, ScalingProcPodsState
 
 log = structlog.get_logger("deepserve.daemon")
 CLOSE_TIMEOUT_S = 2.0  # how long a closing transport waits for its peers' last acks
@@ -94,11 +95,20 @@ class ProcRuntime(Runtime):
     def spawn_control(self, d: AsyncDriver) -> None:
         """The launcher first (the manager's first `LaunchPod`s go to it at once), subscribed to
         the manager's directory; no in-process pods."""
-        d.spawn(PODS_ADDR, ProcessPods, config={"te_preload_s": self.cfg.control.te_preload_s})
         spares = tuple(range(self.placement.servers, self.placement.servers + self.cfg.recovery.spare_servers))
+        pods: dict[str, Any] = {"te_preload_s": self.cfg.control.te_preload_s}
+        sc = self.cfg.scaling
+        if sc.enabled:  # the pools, with real pre-warmed processes (warm.py); off: as before
+            pods.update(pod_start_s=self.cfg.control.pod_start_s, scaling=msgspec.to_builtins(sc),
+                        servers=sorted({s.server for s in self.slots} | set(spares)),
+                        forker=FORK_ADDR if sc.fork else "")  # fmt: skip
+            d.spawn(PODS_ADDR, ScalingProcessPods, config=pods)
+        else:
+            d.spawn(PODS_ADDR, ProcessPods, config=pods)
         spawn_control_plane(d, self.slots, self.groups, pushed_to(self.cfg, self.jes), self.cfg.control,
                             directory_subscribers=(PODS_ADDR,), pods_addr=PODS_ADDR, in_process_pods=False,
-                            recovery=self.cfg.recovery, spare_servers=spares)  # fmt: skip
+                            recovery=self.cfg.recovery, spare_servers=spares,
+                            scaling=sc if sc.enabled else None, topology=self.cfg.cluster.topology)  # fmt: skip
         if self.cfg.autoscale.enabled:
             spawn_autoscaler(d, self.cfg, self.slots, self.groups)
 
@@ -115,7 +125,7 @@ class ProcRuntime(Runtime):
     # ---- the launcher's outside world ------------------------------------------------------
     def _on_external_procs(self, t: float, env: Any) -> None:
         msg = env.msg
-        if isinstance(msg, SpawnProcess | SignalProcess):
+        if isinstance(msg, SpawnProcess | SignalProcess | WarmProcesses):
             if self.supervisor is not None:
                 self.supervisor.submit(msg)
         elif isinstance(msg, PeerRoutes):
@@ -152,6 +162,11 @@ class ProcRuntime(Runtime):
             row.update(pod=pod_id, pid=p.pid or None, process=p.phase, process_log=p.log)
             row["dps"] = self._remote_loads(pod_id, row)
         st["mode"] = "processes"
+        if isinstance(pods, ScalingProcPodsState):  # DeepServe §6.1's pools; masters are real processes
+            p = pods.pools
+            st["prewarm"] = {"policy": self.cfg.scaling.pool_policy, "pods": p.pods, "masters": p.masters,
+                             "executors": {f"s{k}": v for k, v in sorted(p.executors.items(), key=lambda kv: int(kv[0]))},
+                             "warm_processes": [{"pid": w.pid, "python_s": round(w.python_s, 3)} for w in pods.warm]}  # fmt: skip
         st["logs"] = sorted(str(f) for f in self.run_dir.glob("*.db"))
         st["processes"] = [{"pod": pid, "te": p.launch.te, "generation": p.launch.generation, "pid": p.pid or None,
                             "phase": p.phase, "log": p.log} for pid, p in live]  # fmt: skip

@@ -29,7 +29,16 @@ from deepserve.adapters.zmq import Directory
 from deepserve.core.messages import Message
 from deepserve.persistence.run_dir import log_name
 
-from .messages import ProcessExited, ProcessStartFailed, ProcessUp, SignalProcess, SpawnProcess
+from .messages import (
+    ProcessExited,
+    ProcessStartFailed,
+    ProcessUp,
+    ProcessWarm,
+    ProcessWarmLost,
+    SignalProcess,
+    SpawnProcess,
+    WarmProcesses,
+)
 from .routes import drop_endpoint, pod_routes
 from .te_host import HostSpec
 
@@ -51,6 +60,7 @@ class Child:
         self.task: asyncio.Task[None] | None = None
         self.started = time.monotonic()
         self.reported = False  # its end was reported already (a failed start)
+        self.warm_python_s = 0.0  # a claimed pre-warmed process: its own Python start, measured
 
     def send(self, sig: int) -> None:
         if self.proc is None:
@@ -77,11 +87,16 @@ class Supervisor:
         self.closing = False
         self.spawned = 0
         self._bg: set[asyncio.Task[Any]] = set()
+        # pre-warmed TE processes (DeepServe §6.1): pid -> (process, its Python start in seconds)
+        self.warm: dict[int, tuple[asyncio.subprocess.Process, float]] = {}
 
     # ---- from the launcher (called synchronously from the driver's routing) -------------------
     def submit(self, msg: Message) -> None:
         if isinstance(msg, SpawnProcess):
             self._spawn(msg)
+        elif isinstance(msg, WarmProcesses):
+            for _ in range(min(msg.count, MAX_CHILDREN - len(self.warm))):
+                self._later(self._prewarm())
         elif isinstance(msg, SignalProcess):
             child = self.children.get(msg.pod_id)
             if child is not None:
@@ -102,6 +117,9 @@ class Supervisor:
             "endpoint": f"ipc://{self.sock_dir}/{name}", "status_path": str(self.sock_dir / f"{name}.json"),
         }, HostSpec)  # fmt: skip
         child = self.children[msg.pod_id] = Child(msg.pod_id, spec)
+        warm = self.warm.pop(msg.warm_pid, None) if msg.warm_pid else None
+        if warm is not None and warm[0].returncode is None:  # claimed: it did its Python start already
+            child.proc, child.warm_python_s = warm
         self.spawned += 1
         child.task = asyncio.get_running_loop().create_task(self._run(child))
 
@@ -121,10 +139,7 @@ class Supervisor:
             await self._reaped(child)
 
     async def _start(self, child: Child) -> bool:
-        proc = child.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "deepserve.daemon.procs.te_host",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, start_new_session=True,
-        )  # fmt: skip
+        proc = child.proc = child.proc or await _te_process()
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(msgspec.json.encode(child.spec))
         with contextlib.suppress(OSError):
@@ -154,7 +169,35 @@ class Supervisor:
         log.info("TE process ready", pod=child.pod_id, pid=child.proc.pid, endpoint=child.endpoint,
                  start_s=round(time.monotonic() - child.started, 3))  # fmt: skip
         await self.inject(ProcessUp(pod_id=child.pod_id, pid=child.proc.pid, endpoint=child.endpoint,
-                                    log=child.spec.log_path))  # fmt: skip
+                                    log=child.spec.log_path, start_s=time.monotonic() - child.started,
+                                    warm_python_s=child.warm_python_s))  # fmt: skip
+
+    # ---- pre-warmed processes -------------------------------------------------------------------
+    async def _prewarm(self) -> None:
+        """One pre-warmed TE process: started, its Python start-up done (`warm` on its stdout),
+        then waiting unassigned for a claim (`SpawnProcess.warm_pid`); an exit before is reported."""
+        if self.closing:
+            return
+        started = time.monotonic()
+        proc = await _te_process("--warm")
+        assert proc.stdout is not None
+        line = b""
+        with contextlib.suppress(TimeoutError):
+            line = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S)
+        if line.strip() != b"warm" or proc.returncode is not None or self.closing:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            why = "the daemon is shutting down" if self.closing else f"not warm: {line[:80]!r}"
+            await self.inject(ProcessWarmLost(pid=proc.pid, reason=why))
+            return
+        python_s = time.monotonic() - started
+        self.warm[proc.pid] = (proc, python_s)
+        log.info("pre-warmed TE process ready", pid=proc.pid, python_s=round(python_s, 3))
+        await self.inject(ProcessWarm(pid=proc.pid, python_s=python_s))
+        code = await proc.wait()
+        if self.warm.pop(proc.pid, None) is not None and not self.closing:  # it died unclaimed
+            await self.inject(ProcessWarmLost(pid=proc.pid, reason=f"exited with status {code} unclaimed"))
 
     async def _reaped(self, child: Child) -> None:
         self.children.pop(child.pod_id, None)
@@ -190,6 +233,9 @@ class Supervisor:
         """SIGTERM every child, SIGKILL what is left after `grace_s`, reap all (exits reported)."""
         self.closing = True
         grace = self.grace_s if grace_s is None else grace_s
+        for proc, _ in list(self.warm.values()):  # nothing of theirs to flush: they never had a TE
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
         for child in list(self.children.values()):
             child.send(signal.SIGTERM)
         tasks = [c.task for c in self.children.values() if c.task is not None]
@@ -199,6 +245,15 @@ class Supervisor:
                 for child in list(self.children.values()):
                     child.send(signal.SIGKILL)
                 await asyncio.wait(late, timeout=grace)
+        for proc, _ in list(self.warm.values()):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), grace)
         for task in list(self._bg):
             task.cancel()
 
+
+async def _te_process(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "deepserve.daemon.procs.te_host", *args,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip

@@ -172,8 +172,29 @@ async def serve_pod(spec: HostSpec) -> None:
         sink.close()
 
 
+def python_start() -> None:
+    """Every import a TE process needs, before its spec: what a pre-warmed process has done
+    when a scale-out claims it (the TE shell and DP masters too, which the bootstrap would
+    import later). The same in a cold process, so `python_start` measures the same work."""
+    import deepserve.actors.cluster.boot
+    import deepserve.actors.cluster.responder
+    import deepserve.actors.flowserve.te_shell
+    import deepserve.adapters.hardware.devices.npu
+    import deepserve.adapters.zmq
+    import deepserve.core.asyncdriver
+    import deepserve.daemon.metrics
+    import deepserve.daemon.procs.launcher
+    import deepserve.persistence  # noqa: F401
+
+
 def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the daemon's: it stops us in order
+    warm = "--warm" in sys.argv[1:]
+    if warm:  # pre-warmed: die with the daemon from now on, not only once a spec names it
+        _die_with_parent(os.getppid())
+    python_start()
+    if warm:
+        print("warm", flush=True)  # then wait, unassigned, for the spec of the pod that claims us
     try:
         spec = msgspec.json.decode(sys.stdin.buffer.read(), type=HostSpec)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
