@@ -38,7 +38,7 @@ def spawn_control_plane(driver: Any, slots: tuple[TeSlot, ...], groups: dict[str
     pods: dict[str, Any] = {"pod_start_s": control.pod_start_s, "te_preload_s": control.te_preload_s}
     manager: dict[str, Any] = {}
     if scaling is not None and scaling.enabled:
-        slots, extra = spawn_scaling(driver, scaling, slots, groups, topology, in_process_pods)
+        slots, extra = spawn_scaling(driver, scaling, slots, groups, topology, in_process_pods, spare_servers)
         pods.update(extra)
         if scaling.fork:  # the coordinator learns which TEs run from the pushes every JE gets
             jes = [*jes, FORK_ADDR]
@@ -73,7 +73,7 @@ def fork_links(topology: str) -> dict[str, str]:
 
 
 def spawn_scaling(driver: Any, scaling: Scaling, slots: tuple[TeSlot, ...], groups: dict[str, int], topology: str,
-                  in_process_pods: bool) -> tuple[tuple[TeSlot, ...], dict[str, Any]]:  # fmt: skip
+                  in_process_pods: bool, spare_servers: tuple[int, ...] = ()) -> tuple[tuple[TeSlot, ...], dict[str, Any]]:  # fmt: skip
     """DRAM pre-loading and the NPU-fork coordinator (actors/cluster/{preload,fork}.py); returns
     the slots in the manager's order (pre-loaded hosts first) and the pod launcher's settings."""
     from deepserve.actors.cluster.fork import NpuForker
@@ -85,6 +85,7 @@ def spawn_scaling(driver: Any, scaling: Scaling, slots: tuple[TeSlot, ...], grou
     if scaling.fork:
         driver.spawn(FORK_ADDR, NpuForker, config={"slots": [msgspec.to_builtins(s) for s in slots],
                                                    "gather_s": scaling.fork_gather_s, **fork_links(topology)})  # fmt: skip
-    extra = {"scaling": msgspec.to_builtins(scaling), "servers": sorted({s.server for s in slots}),
+    # the recovery ladder's spare servers keep pre-warmed executors too: a substitution boots there
+    extra = {"scaling": msgspec.to_builtins(scaling), "servers": sorted({s.server for s in slots} | set(spare_servers)),
              "forker": FORK_ADDR if scaling.fork else ""}  # fmt: skip
     return slots, extra if in_process_pods else {}
