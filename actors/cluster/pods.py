@@ -206,7 +206,8 @@ class InProcessPods(Actor[PodsState]):
         cfg, st = self.cfg.scaling, self.state
         assert cfg is not None and isinstance(st, ScalingPodsState)
         executors, masters = m.slot.tp * m.slot.dp_groups, m.slot.dp_groups
-        plan = plan_boot(cfg, st.pools, m.slot.server, executors, masters, self.cfg.pod_start_s)
+        plan = plan_boot(cfg, st.pools, m.slot.server, executors, masters, self.cfg.pod_start_s,
+                         queued=_importing(st, m.slot.server, ctx.now()) if cfg.import_serial else 0)
         ctx.record(BootPlanned(pod_id=m.pod_id, server=m.slot.server, executors=executors, masters=masters,
                                plan=plan, at_s=ctx.now()))  # fmt: skip
         if plan.pod_from_pool:
@@ -282,3 +283,14 @@ def evolve_pools(s: Any, e: Event) -> None:
             p.masters = e.size
         else:
             p.executors[str(e.server)] = e.size
+
+
+def _importing(st: ScalingPodsState, server: int, now_s: float) -> int:
+    """Cold starts on `server` still in their Scaler-Pre or TE-Pre-Load (`import_serial`)."""
+    n = 0
+    for pid, plan in st.plans.items():
+        pod = st.pods.get(pid)
+        if (pod is not None and not plan.te_prewarmed and pod.launch.slot.server == server
+                and pod.started_s + plan.scaler_pre_s + plan.te_pre_load_s > now_s):  # fmt: skip
+            n += 1
+    return n

@@ -7,8 +7,9 @@ pre-warmed pods and TEs (§6.1), and each boot's plan through Table 2's five ste
   pre-warmed SPMD executors of its server and one pre-warmed SPMD master per DP group, then
   binds its model's parameters, `te_attach_s`), else a cold start whose modeled costs are
   Python start, NPU initialisation and HCCL set-up (`python_init_s`, `npu_init_s`,
-  `hccl_init_s`: assumptions — the papers give no figure in their text, Fig. 9 only ranks
-  TE-Pre-Load the largest step).
+  `hccl_init_s`: the papers give no figure, so published vLLM start-up measurements, cited at
+  the fields and in docs/scaling.md), optionally queued behind the cold starts already
+  importing on the same server (`import_serial`).
 - TE-Load: NPU-fork from a running TE (fork.py), else the host's DRAM page cache (a hit, when
   DRAM pre-loading predicted the model, preload.py) or the SSD (a miss).
 - TE-Post-Load: KV blocks from offline-profiled sizes (the slot's `hbm_blocks`, priced by the
@@ -43,9 +44,18 @@ class Scaling(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     executor_pool_per_server: Annotated[int, msgspec.Meta(ge=0, le=64)] = 0
     master_pool: Count = 0
     te_attach_s: Seconds = 0.2  # assumption: model-specific parameters onto a pre-warmed TE
-    python_init_s: Seconds = 4.0  # assumption: Python start and late imports of FlowServe
-    npu_init_s: Seconds = 2.0  # assumption: NPU runtime and device initialisation
-    hccl_init_s: Seconds = 1.5  # assumption: HCCL communicator set-up
+    # A cold TE-Pre-Load, from published measurements of vLLM 0.10.1.1 starting Llama-2-7B TP1 on
+    # an A100 ("Breaking the Ice: Analyzing Cold Start Latency in vLLM", MLSys 2026, arXiv
+    # 2606.07362; data: github.com/upb-cn/vllm-startup-profiler, experiments/A100/examples/
+    # model_size/avg_comparison_results.json, mean of 5 runs). docs/scaling.md has the table.
+    python_init_s: Seconds = 8.6  # its framework_bootstrap without worker_init: platform 0.2 + imports 1.6 + model info 6.8
+    npu_init_s: Seconds = 1.8  # its worker_init: device and (world size 1) distributed-environment init
+    hccl_init_s: Seconds = 0.0  # TP1 sets up no communicator beyond worker_init; TP>1: see docs/scaling.md
+    # Contention when a host cold-starts several TEs at once: vllm-ascend issue #1228 reports a
+    # DP8 TP1 launch whose 8 engine processes start one after another, serialised by `import
+    # torch_npu`. On: each cold start waits for the import of those already starting on its server.
+    import_serial: bool = False
+    python_import_s: Seconds = 1.6  # the serialised part: the measurement above's imports (llm_imports)
     pool_policy: Literal["fixed", "predicted"] = "fixed"
     predict_window_s: Annotated[float, msgspec.Meta(gt=0, le=86_400)] = 60.0
     pool_max: Count = 1024  # `predicted`: a pool never grows beyond this
@@ -86,13 +96,14 @@ def initial_pools(cfg: Scaling, servers: tuple[int, ...]) -> Pools:
 
 
 def plan_boot(cfg: Scaling, pools: Pools, server: int, executors: int, masters: int, pod_start_s: float,
-              python_real: bool = False) -> BootPlan:  # fmt: skip
+              python_real: bool = False, queued: int = 0) -> BootPlan:  # fmt: skip
     """Take from the pools what this launch can (a pure decision; the caller records it).
     `python_real`: the Python start is a real process's, measured and recorded on its own
     (processes mode: `python_start`), so a cold TE-Pre-Load models only NPU and HCCL init."""
     pod = pools.pods > 0
     warm = pools.masters >= masters and pools.executors.get(str(server), 0) >= executors
     cold_s = cfg.npu_init_s + cfg.hccl_init_s if python_real else cfg.cold_pre_load_s()
+    wait_s = queued * cfg.python_import_s if cfg.import_serial and not python_real else 0.0
     if warm:
         detail = f"pre-warmed: {executors} executor(s) + {masters} master(s) packed, model bound"
     elif python_real:
@@ -101,8 +112,10 @@ def plan_boot(cfg: Scaling, pools: Pools, server: int, executors: int, masters: 
     else:
         detail = (f"cold: python {cfg.python_init_s:g} s + NPU init {cfg.npu_init_s:g} s + "
                   f"HCCL {cfg.hccl_init_s:g} s")  # fmt: skip
+        if wait_s:
+            detail += f" + import queue {queued} x {cfg.python_import_s:g} s (serialised per host)"
     return BootPlan(pod_from_pool=pod, scaler_pre_s=cfg.pod_attach_s if pod else pod_start_s,
-                    te_prewarmed=warm, te_pre_load_s=cfg.te_attach_s if warm else cold_s,
+                    te_prewarmed=warm, te_pre_load_s=cfg.te_attach_s if warm else cold_s + wait_s,
                     pre_load_detail=detail)  # fmt: skip
 
 

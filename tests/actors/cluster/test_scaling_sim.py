@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from deepserve.actors.cluster.messages import PoolsQuery, PoolsStatus, PreloadModel, ScaleGroup
-from deepserve.actors.cluster.prewarm import STEPS, breakdown
+from deepserve.actors.cluster.prewarm import STEPS, Scaling, breakdown
 from deepserve.actors.ports.faults import LinkDown
 from deepserve.actors.ports.link import LinkTransfer
 from deepserve.actors.ports.pod import KillPod
@@ -18,7 +18,7 @@ from deepserve.adapters.hardware.loading import local_load
 from deepserve.adapters.hardware.models import model_profile
 from deepserve.adapters.hardware.specs import server_spec
 from deepserve.adapters.scenario.loader import ScenarioError
-from deepserve.benchmarks.scaling import MODEL, PREWARM, SCALE_AT_S, VARIANTS, run_scale_out
+from deepserve.benchmarks.scaling import MODEL, POD_CREATE_S, PREWARM, SCALE_AT_S, VARIANTS, run_scale_out
 from deepserve.cluster.assembly import assemble
 from deepserve.cluster.config import load, validated
 from deepserve.cluster.control import MANAGER_ADDR, PODS_ADDR, PRELOAD_ADDR
@@ -42,7 +42,7 @@ def test_64_tes_prewarmed_and_forked_in_seconds_cold_waits_one_ssd_read_per_serv
     f, c = fork["step_means_s"], cold["step_means_s"]
     assert set(STEPS) <= set(f) and f["te_post_load"] > 0  # the dummy request's forward pass
     assert f["scaler_pre"] == pytest.approx(0.1) and f["te_pre_load"] == pytest.approx(0.2)
-    assert c["scaler_pre"] == pytest.approx(1.0) and c["te_pre_load"] == pytest.approx(7.5)
+    assert c["scaler_pre"] == pytest.approx(POD_CREATE_S) and c["te_pre_load"] == pytest.approx(Scaling().cold_pre_load_s())
     # Each server's page cache reads the file once for all its booting TEs (shared reads): a
     # cold TE-Load is one TP1 miss alone, not eight of them through one SSD.
     one_miss = local_load(model_profile(MODEL), server_spec("gen1-910b"), 1, dram_hit=False)
