@@ -18,7 +18,14 @@ from deepserve.adapters.hardware.loading import local_load
 from deepserve.adapters.hardware.models import model_profile
 from deepserve.adapters.hardware.specs import server_spec
 from deepserve.adapters.scenario.loader import ScenarioError
-from deepserve.benchmarks.scaling import MODEL, POD_CREATE_S, PREWARM, SCALE_AT_S, VARIANTS, run_scale_out
+from deepserve.benchmarks.scaling import (
+    MODEL,
+    POD_CREATE_S,
+    PREWARM,
+    SCALE_AT_S,
+    VARIANTS,
+    run_scale_out,
+)
 from deepserve.cluster.assembly import assemble
 from deepserve.cluster.config import load, validated
 from deepserve.cluster.control import MANAGER_ADDR, PODS_ADDR, PRELOAD_ADDR
