@@ -151,8 +151,9 @@ def test_kill_and_stop_become_signals_once_and_a_relaunch_stops_the_leftover() -
 
 
 def test_a_fork_or_dram_source_is_launched() -> None:
-    # every source LaunchPod's type admits is implemented now (dram, fork: issue 34); in processes
-    # mode a fork loads through the host (no pre-warmed pools there), docs/cluster.md
+    # every source LaunchPod's type admits is implemented now (dram, fork: issue 34); without
+    # [scaling] the plain launcher has no fork coordinator: a fork loads through the host (with
+    # [scaling], daemon/procs/warm.py and docs/scaling.md)
     for source in ("fork", "dram"):
         d, out = cluster((0.0, launch(source=source)))
         (spawn,) = [m for _, dst, m in out if dst == SUPERVISOR]
