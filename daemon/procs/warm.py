@@ -191,8 +191,10 @@ class ScalingProcessPods(ProcessPods):
         if isinstance(msg, ProcessWarm):
             ctx.record(WarmReady(pid=msg.pid, python_s=msg.python_s))
         elif isinstance(msg, ProcessWarmLost):
+            was_ready = any(w.pid == msg.pid for w in st.warm)
             ctx.record(WarmLost(pid=msg.pid, reason=msg.reason))
-            self._top_up(ctx)
+            if was_ready:  # one that never got ready is not retried now (no crash loop): the next claim asks
+                self._top_up(ctx)
         elif isinstance(msg, PodStartDue) and msg.pod_id in st.pods and msg.pod_id not in st.asked:
             m = st.pods[msg.pod_id].launch
             claimed = st.claimed.get(m.pod_id)

@@ -89,6 +89,7 @@ def test_a_scale_out_claims_a_prewarmed_process_forks_and_the_pool_refills(tmp_p
         assert warm_pids(st) and warm not in warm_pids(st) and alive(warm_pids(st)[0]), st["prewarm"]
     finally:
         stop_daemon(proc)
+    assert not alive(warm_pids(st)[0])  # the daemon's stop ends the unclaimed process too
     steps = steps_of(run_dir, new["te"])
     assert steps["scaler_pre"][1] == "pre-warmed pod", steps
     assert steps["te_pre_load"][1].startswith("pre-warmed:"), steps
