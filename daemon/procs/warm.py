@@ -160,7 +160,8 @@ def evolve_scaling(s: ScalingProcPodsState, e: Event) -> ScalingProcPodsState:
 
 class ScalingProcessPods(ProcessPods):
     def __init__(self, config: dict[str, Any] | None = None) -> None:
-        self.cfg = msgspec.convert(config or {}, ScalingProcPodsConfig)
+        self.scfg = msgspec.convert(config or {}, ScalingProcPodsConfig)
+        self.cfg = self.scfg  # the base launcher's settings (te_preload_s)
 
     def initial_state(self) -> ScalingProcPodsState:
         return ScalingProcPodsState()
@@ -170,7 +171,7 @@ class ScalingProcessPods(ProcessPods):
         return evolve_scaling(s, e)
 
     def on_start(self, ctx: Context) -> None:
-        pools = initial_pools(self.cfg.scaling, self.cfg.servers)
+        pools = initial_pools(self.scfg.scaling, self.scfg.servers)
         pools.masters = 0  # the processes come as they get ready
         ctx.record(PoolsSet(pools=pools))
         self._top_up(ctx)
@@ -178,7 +179,7 @@ class ScalingProcessPods(ProcessPods):
     def pools_status(self, req_id: str = "") -> PoolsStatus:
         p = self.st.pools
         return PoolsStatus(req_id=req_id, enabled=True, pods=p.pods, masters=p.masters,
-                           executors=dict(p.executors), policy=self.cfg.scaling.pool_policy)  # fmt: skip
+                           executors=dict(p.executors), policy=self.scfg.scaling.pool_policy)  # fmt: skip
 
     @property
     def st(self) -> ScalingProcPodsState:
@@ -217,9 +218,9 @@ class ScalingProcessPods(ProcessPods):
             if pod.launch.te == m.te and pod.phase != "stopping":
                 self._signal(ctx, pid, False, f"replaced by {m.pod_id}")
         ctx.record(ProcPodStarting(launch=m, reply_to=reply_to, at_s=ctx.now()))
-        cfg, st = self.cfg.scaling, self.st
+        cfg, st = self.scfg.scaling, self.st
         executors = m.slot.tp * m.slot.dp_groups
-        plan = plan_boot(cfg, st.pools, m.slot.server, executors, 1, self.cfg.pod_start_s, python_real=True)
+        plan = plan_boot(cfg, st.pools, m.slot.server, executors, 1, self.scfg.pod_start_s, python_real=True)
         ctx.record(BootPlanned(pod_id=m.pod_id, server=m.slot.server, executors=executors, masters=1, plan=plan,
                                at_s=ctx.now()))  # fmt: skip
         if plan.te_prewarmed:
@@ -228,13 +229,13 @@ class ScalingProcessPods(ProcessPods):
                       key=f"refill/{m.pod_id}/executor")  # fmt: skip
             self._top_up(ctx)
         if plan.pod_from_pool:
-            ctx.after(self.cfg.pod_start_s, PoolRefill(kind="pod"), key=f"refill/{m.pod_id}/pod")
+            ctx.after(self.scfg.pod_start_s, PoolRefill(kind="pod"), key=f"refill/{m.pod_id}/pod")
         ctx.after(plan.scaler_pre_s, PodStartDue(pod_id=m.pod_id), key=f"start/{m.pod_id}")
 
     def _top_up(self, ctx: Context) -> None:
         """Ask for pre-warmed processes up to the pool's target (fixed, or the demand predicted)."""
         st = self.st
-        target = refill_target(self.cfg.scaling, "master", ctx.now(), st.pools.demand)
+        target = refill_target(self.scfg.scaling, "master", ctx.now(), st.pools.demand)
         n = min(target - len(st.warm) - st.warming, MAX_WARMING - st.warming)
         if n > 0:
             ctx.record(WarmAsked(count=n))
@@ -245,7 +246,7 @@ class ScalingProcessPods(ProcessPods):
         if msg.kind not in ("pod", "executor"):
             return
         have = p.pods if msg.kind == "pod" else p.executors.get(str(msg.server), 0)
-        target = refill_target(self.cfg.scaling, msg.kind, ctx.now(), p.demand)
+        target = refill_target(self.scfg.scaling, msg.kind, ctx.now(), p.demand)
         if have < target:
             ctx.record(PoolRefilled(kind=msg.kind, server=msg.server, size=target))
 
@@ -276,7 +277,7 @@ class ScalingProcessPods(ProcessPods):
         ctx.send(agent, PeerRoutes(version=st.dir_version, routes=dict(st.directory)))
         scale = {"scaler_pre_s": plan.scaler_pre_s, "pre_load_detail": plan.pre_load_detail,
                  "scaler_pre_detail": "pre-warmed pod" if plan.pod_from_pool else "pod created",
-                 "forker": self.cfg.forker, "warmup": self.cfg.scaling.warmup}  # fmt: skip
+                 "forker": self.scfg.forker, "warmup": self.scfg.scaling.warmup}  # fmt: skip
         ctx.send(agent, BootPod(spec=spec, scale=scale))
 
     def _spec(self, m: LaunchPod) -> Any:
