@@ -16,7 +16,6 @@ import csv
 import os
 from typing import Any
 
-from .report_charts import lane_order
 from .report_facts import Facts
 
 # Column name -> type ("str", "int", "float", "bool"); one list per table, in output order.
@@ -101,6 +100,9 @@ def perfetto(facts: Facts) -> dict[str, Any]:
     for f in facts.faults:
         ev.append({"ph": "i", "s": "g" if f["category"] == "injected" else "p", "pid": 2, "tid": 2, "ts": f["t"] * us,
                    "cat": f["category"], "name": f"{f['kind']} {f['target']}", "args": {"detail": f["detail"]}})  # fmt: skip
+    # imported here: report_charts imports plotly, which every CLI command paid for at start-up
+    from .report_charts import lane_order
+
     for k, te in enumerate(lane_order(facts)):
         pid, lane = 3 + k, facts.lanes[te]
         meta(pid, te)

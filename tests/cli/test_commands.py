@@ -31,3 +31,15 @@ def test_each_bench_suite_registers_from_cli() -> None:
     for name, parser in which.choices.items():
         func = parser.get_default("func")
         assert func.__module__.startswith("deepserve.cli."), (name, func.__module__)
+
+
+def test_building_the_parser_imports_no_chart_library() -> None:
+    """Every command builds the whole parser: `replay report`'s chart library (plotly, ~0.1 s
+    of CPU to import) is imported when a report is drawn, not by `deepserve sim` (issue 31 §5)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from deepserve.cli.main import build_parser; build_parser(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'plotly'))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
