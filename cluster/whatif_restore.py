@@ -32,7 +32,7 @@ from deepserve.replay.common import ReplayError
 from deepserve.replay.fork import Cut
 from deepserve.replay.inputs import RunInputs
 
-from .run import DRAIN_CHUNK, WINDOW_REQUESTS, RunResult, drain
+from .run import DRAIN_CHUNK, WINDOW_REQUESTS, RunResult, drain, run_chunk
 from .schema import PlatformConfig
 from .sim import REPORTERS, STREAM_ADDR, SimEnd, recovery_tap, refused_done
 
@@ -154,7 +154,7 @@ def restored_run(inputs: RunInputs, base: PlatformConfig, cfg: PlatformConfig, c
         k = (window - 1) * WINDOW_REQUESTS
         left = _chunk_left(cut, len(reqs), cut.boundary(reqs[k].t if k else 0.0, (cut.first_request_id or 0) + k))
         if left and collector.terminal < len(reqs):
-            driver.run(max_deliveries=left)
+            run_chunk(driver, collector, len(reqs), left)  # as the original's, which ended at the last end
     drain(driver, collector, len(reqs), last + drain_limit_s, gateway)
     if driver.pending():
         driver.snapshot_live()

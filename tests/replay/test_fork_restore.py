@@ -78,7 +78,7 @@ def test_restored_with_no_change_makes_the_logs_steps_after_t(log: Path, at: flo
     sink = StepHash()
     result = restored_run(inputs, base, base, cut, admin_faults(inputs), [], {}, [], sink=sink)  # type: ignore[arg-type]
     want = logged_after(log, inputs.run_id, at)
-    assert want[1] > 100  # a real suffix
+    assert want[1] > 50  # a real suffix (70 steps after 80 s: the run ends with its last request)
     assert (sink.h.hexdigest(), sink.steps) == want
     assert result.summary["requests"] == 250 and result.deliveries == inputs.deliveries
 
