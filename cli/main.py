@@ -76,6 +76,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # on stderr, one line.
     if close_open_sinks() and status == 0:
         status = EXIT_BAD_INPUT
+    if argv is None:  # the program's own command line: the process ends with this command
+        # What the command built and dropped (a simulation's actors, their states, the JE's
+        # prompt trees) is left to the OS: the interpreter's exit would walk and free it all
+        # in a last collection (~0.2 s of CPU after a 4,000-request `sim`, measured). Frozen,
+        # that collection skips it. Not for a caller that passes argv and lives on.
+        gc.freeze()
     return status
 
 
