@@ -17,7 +17,7 @@ import pytest
 from deepserve.actors.cluster.autoscaler_messages import TeRoleFlipped
 from deepserve.actors.cluster.kvpaths import KvPathVerdict
 from deepserve.actors.cluster.ladder import LadderChose
-from deepserve.actors.cluster.state import TeDeclaredFailed
+from deepserve.actors.cluster.state import TeDeclaredFailed, TeReady
 from deepserve.actors.flowserve.distflow.probe import LinkDiagnosed
 from deepserve.actors.je.kvlinks import KvRouteChanged
 from deepserve.actors.je.messages import PrefillSetAside, RouteDecided
@@ -69,6 +69,8 @@ def test_a_dead_nic_mid_run_fails_1_stream_where_the_cool_down_failed_87(streame
 
 
 def test_under_saturation_no_link_is_marked_down_and_the_decode_is_backed_off() -> None:
+    old = simulate("link-probe", "kv-saturation", N)  # the cool-down treats it as a fault: prefills set aside
+    assert {e.te for _, _, e in events(old, PrefillSetAside)} == {"te/0", "te/1"}
     for rung in ("link-route", "reroute"):
         run = simulate(rung, "kv-saturation", N)
         verdicts = {e.verdict for _, _, e in events(run, LinkDiagnosed)}
@@ -122,3 +124,17 @@ def test_the_recovery_report_line_of_a_link_fault_says_when_probing_detected_it(
     assert lines["replace"].text() == "fault at 20 s: link-down s1/npu0/roce: not detected; requests: 0 failed, 89 retried"
     assert lines["link-route"].text() == ("fault at 20 s: link-down s1/npu0/roce: detected after 0.165 s (link-fault); "
                                           "requests: 0 failed, 1 retried")  # fmt: skip
+
+
+def test_a_replacement_is_a_new_instance_whose_paths_are_forgotten_until_probed_again() -> None:
+    # te/2's process is killed at 25 s while its NIC is still dead: its replacement registers, the
+    # JE forgets te/2's NIC, and the first transfer to it finds the NIC dead again
+    kill = (FaultSpec(at_s=25.0, kind="kill-te-process", target="te/2"),)
+    run = simulate("link-route", "link-down", N, more=kill)
+    changes = [(t, e.key, e.down, e.reason) for t, _, e in events(run, KvRouteChanged)]
+    assert [c[1:3] for c in changes] == [("nic:te/2", True), ("nic:te/2", False), ("nic:te/2", True)]
+    assert changes[1][3] == "te/2 is a new instance"
+    (ready,) = [t for t, _, e in events(run, TeReady) if e.te == "te/2" and e.generation == 2]
+    assert changes[1][0] == ready < changes[2][0]
+    c = _cell("link-route", "link-down", run.requests, run.done, run.sink, 0.0)
+    assert (c.failed, c.completed) == (0, N)
