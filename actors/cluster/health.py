@@ -86,7 +86,7 @@ class HealthState(msgspec.Struct, kw_only=True):
     devices: dict[str, list[str]] = {}  # device -> [kind, level]
     node_down: bool = False
     asked: int = 0
-    blocked: dict[str, str] = {}  # KV paths re-probed until healthy ("src>dst" -> the link named)
+    blocked: dict[str, str] = {}  # KV paths re-probed until healthy ("src>dst" -> the dummy in flight, "": none)
     reprobes: int = 0
 
 

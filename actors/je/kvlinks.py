@@ -37,7 +37,8 @@ UNBUSY = "unbusy"  # the JE's timer: a saturated decode's back-off is over
 
 class KvLinkVerdict(Message, frozen=True, kw_only=True):
     """Cluster manager → every JE: the verdict on the KV path from prefill TE `src_te` to decode TE
-    `dst_te` (`nic_te`: the TE whose RoCE NIC the failing link is, "" when none was named)."""
+    `dst_te` (`nic_te`: the TE whose RoCE NIC the failing link is, "" when none was named; for
+    `reset`, the new instance; for `unbusy`, the JE's own timer, `dst_te` the decode)."""
 
     verdict: str
     src_te: str = ""
