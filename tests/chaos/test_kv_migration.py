@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from deepserve.adapters.scenario.faults import FaultSpec
+from deepserve.adapters.scenario.loader import ScenarioError
 from deepserve.chaos import runner
 from deepserve.chaos.platform import load_config
 from deepserve.core.codec import decode
@@ -80,3 +81,13 @@ def test_a_process_kill_leaves_no_kv_and_everything_recomputes(tmp_path, monkeyp
     assert ev["TaskMigrated"] and all(e.choice.mode == "recompute" and not e.choice.survived_blocks
                                       for e in ev["TaskMigrated"])  # fmt: skip
     assert not ev["KvImportEnded"]
+
+
+@pytest.mark.parametrize(("overrides", "key"), [
+    (("scheduling.migration.kv=true",), "scheduling.migration.kv"),
+    (("cluster.resilience.kv_backup=true",), "cluster.resilience.kv_backup"),
+])  # fmt: skip
+def test_a_kv_setting_without_what_it_needs_is_refused_naming_it(overrides: tuple[str, ...], key: str) -> None:
+    with pytest.raises(ScenarioError) as bad:
+        load_config("pd-1p1d", overrides)
+    assert bad.value.key == key
