@@ -80,6 +80,8 @@ def spawn_front(driver: Any, cfg: PlatformConfig, *, gateway: str = GATEWAY_ADDR
                            "ask_stream_s": mig.ask_stream_s}  # fmt: skip
         if mig.kv:  # KV migration from a failed TE's host DRAM (actors/flowserve/distflow/migrate.py)
             je["migration"].update(kv_migration_config(cfg.cluster))
+            if mig.live:  # live migration of a draining TE's streams
+                je["migration"]["live"] = True
     a = cfg.autoscale
     if a.enabled and a.min_tes == 0 and not a.advisory:  # a model scaled to zero comes back on demand
         je["park_empty"] = True

@@ -174,6 +174,8 @@ class JeCore(JobFlow):
         cooldown = self.cfg.kv_fail_cooldown_s
         if kv_lost and j.prefill_te and cooldown > 0:
             fx.record(PrefillSetAside(te=j.prefill_te, until_s=now + cooldown, reason=reason))
+        if j.switch is not None:  # live migration: its successor is on its way (kv_imported sends it)
+            return
         if D.moves(j, phase, self.cfg.migration):
             self.migrate(s, now, fx, rid, j, te, reason)
             return
@@ -221,15 +223,15 @@ class JeCore(JobFlow):
                       "no answer from the frontend: the chunks the JE saw")  # fmt: skip
 
     def move(self, s: JeState, now: float, fx: Effects, rid: str, j: Job, te: str, reason: str, client: int,
-             basis: str) -> None:  # fmt: skip
+             basis: str, live: bool = False) -> None:  # fmt: skip
         """The request's next task resumes at output token `client`, its KV rebuilt the cheaper
         way (migration.py); zombie protection for what the failed task leaves behind."""
         resume = min(client, j.sampling.max_tokens - 1)
         p = self.cfg.migration
         if p.kv and te:  # KV migration: first ask the failed TE what its host still holds
             fx.record(M.KvSurveyStarted(request_id=rid, task_id=j.task_id, from_te=te, resume_from=resume,
-                                        failure=reason, basis=basis))  # fmt: skip
-            fx.send(te, KvExportAsk(request_id=rid, hashes=j.prompt.block_hashes, reply_to=self.me), corr=rid)
+                                        failure=reason, basis=basis, live=live))  # fmt: skip
+            fx.send(te, KvExportAsk(request_id=rid, hashes=j.prompt.block_hashes, reply_to=self.me, live=live), corr=rid)
             fx.after(p.survey_s, M.KvSurveyTimeout(request_id=rid, task_id=j.task_id), key=f"survey/{rid}")
             return
         choice = M.choose(p, j.prompt.num_tokens, resume, self.cached_tokens(s, j), "")
@@ -265,6 +267,7 @@ class JeCore(JobFlow):
         if j is None or imp is None or m.task_id != imp.task_id:
             return
         fx.cancel(f"import/{m.request_id}")
+        sw = j.switch  # (KvImportEnded clears it)
         if isinstance(m, KvImported):
             fx.record(M.KvImportEnded(request_id=m.request_id, task_id=m.task_id, ok=m.ok, te=m.te, blocks=m.blocks,
                                       nbytes=m.nbytes, duration_s=m.duration_s, reason=m.reason))  # fmt: skip
@@ -272,6 +275,8 @@ class JeCore(JobFlow):
             why = f"no answer within {self.cfg.migration.import_timeout_s:g}s: the task recomputes"
             fx.record(M.KvImportEnded(request_id=m.request_id, task_id=m.task_id, ok=False, reason=why))
         self.send_task(s, fx, m.request_id, j, imp.phase, imp.attempt, imp.decision)  # type: ignore[arg-type]
+        if sw is not None:  # live migration: the old task stops once its successor is on its way
+            fx.send(sw.from_te, CancelTask(task_id=sw.task_id, reason=f"migrated: {sw.failure}"), corr=m.request_id)
 
     def moved(self, s: JeState, now: float, fx: Effects, rid: str, j: Job, te: str, reason: str, resume: int,
               basis: str, choice: M.Choice) -> None:  # fmt: skip
@@ -282,7 +287,7 @@ class JeCore(JobFlow):
         # Zombie protection (P/D-Serve §3.4): a failed TE that is not dead (hung, cut off) stops
         # the old task and frees its blocks; a decode's prefill side frees the KV it holds for it
         # now, not when its hold expires. (A dead TE's address drops the cancel.)
-        if te:
+        if te and j.switch is None:  # live migration: at the switch (kv_imported)
             fx.send(te, CancelTask(task_id=old, reason=f"migrated: {reason}"), corr=rid)
         if kv is not None:
             fx.send(kv.src, KvRelease(transfer_id=kv.transfer_id), corr=rid)
@@ -292,6 +297,7 @@ class JeCore(JobFlow):
     # ---- membership, cancels, timers -----------------------------------------------------------
     def membership(self, s: JeState, now: float, fx: Effects, m: TeGroupMembership) -> None:
         known = s.groups.get(m.model, {}).get(m.role, [])
+        was = list(s.draining.get(f"{m.model}/{m.role}", ()))
         fx.record(MembershipChanged(model=m.model, role=m.role, tes=m.tes, draining=m.draining))
         if self.cfg.kv_events and m.role != "decode":  # the prompt tree mirrors the TEs' caches
             for te in m.tes:
@@ -310,10 +316,21 @@ class JeCore(JobFlow):
         for rid, j in list(s.jobs.items()):
             if j.model == m.model and j.te and j.te not in members:
                 self.task_failed(s, now, fx, rid, j, f"{j.te} left the {m.role} group")
+        if self.cfg.migration.live and self.cfg.migration.kv:
+            self.drain_live(s, now, fx, m, set(s.draining.get(f"{m.model}/{m.role}", ())) - set(was))
         if m.role == "prefill" and self.on_demand:
             for te in m.tes:
                 if te not in known:
                     self.feed(s, now, fx, te)  # a new prefill is idle
+
+    def drain_live(self, s: JeState, now: float, fx: Effects, m: TeGroupMembership, started: set[str]) -> None:
+        """Live migration: the streams on TEs that just started draining move now, their KV read
+        from the working HBM, instead of holding the TE until they finish."""
+        p = self.cfg.migration
+        for rid, j in list(s.jobs.items()):
+            if (j.te in started and j.model == m.model and j.stream and not j.cancelled
+                    and j.surveying is None and j.importing is None and j.migrations < p.max_migrations):  # fmt: skip
+                self.move(s, now, fx, rid, j, j.te, f"live migration: {j.te} is draining", j.output_tokens, "", live=True)
 
     def cancel(self, s: JeState, now: float, fx: Effects, m: CancelJob) -> None:
         """A cancel from the frontend: to the TE holding the job's task (which frees its KV);

@@ -305,6 +305,7 @@ class Job(msgspec.Struct, kw_only=True):
     surveying: KvSurveyStarted | None = None  # moving: waiting for the failed TE's KV offer
     kv_move: Choice | None = None  # moved with KV migration chosen: its next task imports first
     importing: KvImportSent | None = None  # its next task waits while its target imports the KV
+    switch: KvSurveyStarted | None = None  # live: the old task to cancel once the new one is sent
     resume_from: int = 0  # the output token its next chat task starts at (0: from the start)
     epoch: int = 0  # JobRequest.epoch: in its task ids (decide.task_id)
 

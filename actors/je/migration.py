@@ -49,6 +49,9 @@ class MigrationParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     survey_s: float = 0.05
     import_timeout_s: float = 10.0
     host_bytes_per_s: float = 0.0  # the host side's rate the bytes leave DRAM at (PCIe); 0: the link's
+    # Live migration: a TE draining (scaled in, flipped, its DP group dropped) has its streamed
+    # requests moved with their KV (read from its working HBM) instead of finishing in place
+    live: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_migrations <= 64:
@@ -87,6 +90,7 @@ class Choice(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     tp: int = 0
     moved_bytes: int = 0  # what migrating sends (blocks the target does not cache already)
     recompute_tokens: int = 0  # the tail prefilled when migrating
+    srcs: tuple[str, ...] = ()  # live: the source NPUs (read from HBM), one a rank
 
 
 def choose(p: MigrationParams, prompt_tokens: int, generated: int, cached_tokens: int,
@@ -127,25 +131,27 @@ def choose_kv(p: MigrationParams, prompt_tokens: int, generated: int, cached_tok
     recompute_s = max(tokens - cached_tokens, 1) / p.prefill_tokens_per_s
     survived = min(offer.blocks * block_tokens, prompt_tokens)
     movable = max(survived - cached_tokens, 0)
-    rate = min(p.link_bytes_per_s, p.host_bytes_per_s) if p.host_bytes_per_s > 0 else p.link_bytes_per_s
+    host = p.host_bytes_per_s > 0 and not offer.srcs  # from host DRAM (a live source sends from HBM)
+    rate = min(p.link_bytes_per_s, p.host_bytes_per_s) if host else p.link_bytes_per_s
     moved = int(movable * p.kv_bytes_per_token)
     tail = tokens - max(cached_tokens, survived)
     migrate_s = p.setup_s + moved / rate + max(tail, 1) / p.prefill_tokens_per_s
     mode: Mode = "migrate" if movable > 0 and migrate_s < recompute_s else "recompute"
-    where = f"{offer.blocks} blocks in {offer.master}'s host DRAM"
+    where = f"{offer.blocks} blocks in {offer.master}'s {'HBM' if offer.srcs else 'host DRAM'}"
     why = (f"migrate {moved} bytes ({where}) and recompute {tail} tokens ({migrate_s * 1e3:.2f} ms) < recompute "
            f"{tokens - cached_tokens} tokens ({recompute_s * 1e3:.2f} ms)" if mode == "migrate" else
            f"recompute {tokens - cached_tokens} tokens ({recompute_s * 1e3:.2f} ms) <= migrate {moved} bytes ({where}) "
            f"and recompute {tail} ({migrate_s * 1e3:.2f} ms)")  # fmt: skip
     return Choice(mode=mode, kv_bytes=kv_bytes, migrate_s=migrate_s, recompute_s=recompute_s, reason=why,
                   master=offer.master, host=offer.host, survived_blocks=offer.blocks, block_bytes=offer.block_bytes,
-                  tp=offer.tp, moved_bytes=moved, recompute_tokens=tail if mode == "migrate" else tokens - cached_tokens)  # fmt: skip
+                  tp=offer.tp, moved_bytes=moved, recompute_tokens=tail if mode == "migrate" else tokens - cached_tokens,
+                  srcs=offer.srcs)  # fmt: skip
 
 
 def offer_of(request_id: str, c: Choice) -> KvExportOffer:
     """The source's offer a migrate choice was made on (what the target's importer pulls from)."""
     return KvExportOffer(request_id=request_id, master=c.master, host=c.host, blocks=c.survived_blocks,
-                         block_bytes=c.block_bytes, tp=c.tp)  # fmt: skip
+                         block_bytes=c.block_bytes, tp=c.tp, srcs=c.srcs)  # fmt: skip
 
 
 class KvSurveyStarted(Event, frozen=True, kw_only=True):
@@ -158,6 +164,7 @@ class KvSurveyStarted(Event, frozen=True, kw_only=True):
     resume_from: int
     failure: str
     basis: str = ""
+    live: bool = False  # live migration: the old task runs on until the new one is sent
 
 
 class KvImportSent(Event, frozen=True, kw_only=True):

@@ -158,8 +158,10 @@ def _migrated(s: JeState, e: TaskMigrated, _: int) -> None:
     j = s.jobs[e.request_id]
     j.migrations += 1
     j.resume_from, j.asked = e.resume_from, None
+    sv = j.surveying
     j.surveying = None
     j.kv_move = e.choice if e.choice.mode == "migrate" and e.choice.master else None
+    j.switch = sv if sv is not None and sv.live and j.kv_move is not None else None
     j.output_tokens = max(j.output_tokens, e.resume_from)  # the frontend's answer may be ahead
 
 
@@ -182,7 +184,7 @@ def _import_ended(s: JeState, e: KvImportEnded, _: int) -> None:
     j = s.jobs[e.request_id]
     if j.importing is not None:
         _close(s, j.importing.decision.chosen)  # the task's own RouteDecided counts it from here
-    j.importing = None
+    j.importing, j.switch = None, None
 
 
 def _membership_changed(s: JeState, e: MembershipChanged, max_tree_blocks: int) -> None:

@@ -44,6 +44,9 @@ class Migration(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     # (actors/flowserve/distflow/migrate.py; the masters write it through with
     # `cluster.resilience.kv_backup`, which needs `cluster.kv_dram_gb` > 0)
     kv: bool = False
+    # Live migration: a draining TE's streams move with their KV (read from its HBM) at once
+    # instead of holding it until they finish (needs `kv`)
+    live: bool = False
 
 
 class Scheduling(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -112,6 +115,8 @@ def check_scheduling(s: Any) -> list[tuple[str, str]]:
         return [("scheduling.predictor", str(exc))]
     if sch.migration.kv and not sch.migration.enabled:
         return [("scheduling.migration.kv", "needs scheduling.migration.enabled = true")]
+    if sch.migration.live and not sch.migration.kv:
+        return [("scheduling.migration.live", "needs scheduling.migration.kv = true")]
     try:
         Policy(sch.policy, dict(sch.params), heat)
     except ValueError as exc:

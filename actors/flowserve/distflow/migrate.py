@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from deepserve.actors.flowserve import rtc
-from deepserve.actors.flowserve.rtc.export import dram_run, unsaved
+from deepserve.actors.flowserve.rtc.export import dram_run, hbm_run, unsaved
 from deepserve.actors.ports.link import LinkTransfer, LinkTransferDone, LinkTransferFailed
 from deepserve.core import Actor, Context, Event, Message
 from deepserve.core.messages import Undelivered
@@ -53,6 +53,7 @@ class KvExportAsk(Message, frozen=True, kw_only=True):
     hashes: tuple[int, ...]
     reply_to: str
     always: bool = False  # answer even with no block (an importer's pin)
+    live: bool = False  # live migration: the source's device works, its HBM copy is read
 
 
 class KvExportOffer(Message, frozen=True, kw_only=True):
@@ -62,6 +63,7 @@ class KvExportOffer(Message, frozen=True, kw_only=True):
     blocks: int  # the leading blocks of the asked chain its DRAM tier holds
     block_bytes: int  # one block's KV on ONE rank
     tp: int
+    srcs: tuple[str, ...] = ()  # live: the source NPUs the bytes leave from, one a rank (else `host`)
 
 
 class KvImport(Message, frozen=True, kw_only=True):
@@ -133,8 +135,18 @@ def backup(m: DpMaster, ctx: Context, cached: rtc.RtcBlocksCached) -> None:
 
 def _offer(m: DpMaster, ctx: Context, msg: KvExportAsk) -> None:
     """A survey's answer. The offered run is pinned in a keeper (`KvKeeper`, the host's KV agent:
-    it outlives this TE's teardown, not its node) that the target's importer pulls from."""
+    it outlives this TE's teardown, not its node) that the target's importer pulls from. Live
+    (the device works), the run is read from HBM, held by the request's own task until the JE
+    switches it over."""
     cfg = m.cfg
+    live = msg.live and not m.state.device_lost
+    if live:
+        run = msg.hashes[: len(hbm_run(m.state.rtc, msg.hashes))]
+        if run or msg.always:
+            ctx.send(msg.reply_to, KvExportOffer(request_id=msg.request_id, master=ctx.self, host=cfg.host,
+                                                 blocks=len(run), block_bytes=cfg.kv_block_bytes, tp=cfg.tp,
+                                                 srcs=cfg.npus), corr=msg.request_id)  # fmt: skip
+        return
     run = msg.hashes[: len(dram_run(m.state.rtc, msg.hashes))] if cfg.dram_blocks else ()
     if not run and not msg.always:
         return
@@ -215,7 +227,7 @@ def _start_import(m: DpMaster, ctx: Context, msg: KvImport) -> None:
     ranks = min(cfg.tp, msg.offer.tp, len(cfg.npus))
     conf = ImporterConfig(
         master=ctx.self, seq=seq, request_id=msg.request_id, task_id=msg.task_id, src_master=msg.offer.master,
-        src_host=msg.offer.host, dsts=cfg.npus[:ranks], hashes=msg.hashes, fabric=cfg.fabric,
+        src_host=msg.offer.host, srcs=msg.offer.srcs[:ranks], dsts=cfg.npus[:ranks], hashes=msg.hashes, fabric=cfg.fabric,
         nbytes=need * msg.offer.block_bytes, reply_to=msg.reply_to, timeout_s=msg.timeout_s, skip=len(have),
     )  # fmt: skip
     ctx.spawn(f"{ctx.self}/kvimport/{msg.task_id}", KvImporter, config=msgspec.to_builtins(conf))
@@ -256,6 +268,7 @@ class ImporterConfig(msgspec.Struct, frozen=True, kw_only=True):
     reply_to: str  # the JE
     timeout_s: float
     skip: int = 0  # leading blocks the target cached already (not moved)
+    srcs: tuple[str, ...] = ()  # live: the source NPUs, one a rank ((): its host's DRAM)
 
 
 class ImporterStarted(Event, frozen=True, kw_only=True):
@@ -325,7 +338,8 @@ class KvImporter(Actor[ImporterState]):
     def on_start(self, ctx: Context) -> None:
         c = self.cfg
         ctx.record(ImporterStarted(at_s=ctx.now()))
-        ctx.send(c.src_master, KvExportAsk(request_id=c.request_id, hashes=c.hashes, reply_to=ctx.self, always=True))
+        ctx.send(c.src_master, KvExportAsk(request_id=c.request_id, hashes=c.hashes, reply_to=ctx.self, always=True,
+                                           live=bool(c.srcs)))  # fmt: skip
         ctx.after(c.timeout_s, ImporterTimeout(), key="timeout")
 
     def handle(self, ctx: Context, msg: Message) -> None:
@@ -345,7 +359,7 @@ class KvImporter(Actor[ImporterState]):
             if not self.state.pending:
                 self._end(ctx, True)
         elif isinstance(msg, LinkTransferFailed) and msg.req_id in st.pending:
-            if not st.relay and "no host path" in msg.reason:
+            if not st.relay and not c.srcs and "no host path" in msg.reason:
                 self._send(ctx, relay=True)  # another gen1 server: through a neighbour's NIC
             else:
                 self._end(ctx, False, f"transfer failed: {msg.reason}")
@@ -360,9 +374,9 @@ class KvImporter(Actor[ImporterState]):
             self._end(ctx, False, f"no path from {c.src_host} to {list(c.dsts)}")
             return
         ctx.record(ImporterSent(parts=parts, relay=relay))
-        for part, dst, path in zip(parts, c.dsts, paths, strict=True):
-            ctx.send(c.fabric, LinkTransfer(req_id=part, src=c.src_host, dst=dst, nbytes=max(c.nbytes, 1),
-                                            path=path or ()))  # fmt: skip
+        srcs = c.srcs or (c.src_host,) * len(c.dsts)
+        for part, src, dst, path in zip(parts, srcs, c.dsts, paths, strict=True):
+            ctx.send(c.fabric, LinkTransfer(req_id=part, src=src, dst=dst, nbytes=max(c.nbytes, 1), path=path or ()))
 
     def _end(self, ctx: Context, ok: bool, reason: str = "") -> None:
         c = self.cfg
