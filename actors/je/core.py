@@ -328,7 +328,8 @@ class JeCore(JobFlow):
         from the working HBM, instead of holding the TE until they finish."""
         p = self.cfg.migration
         for rid, j in list(s.jobs.items()):
-            if (j.te in started and j.model == m.model and j.stream and not j.cancelled
+            # (a prefill is left to finish: its answer would start a decode beside the moved task)
+            if (j.te in started and j.model == m.model and j.stream and not j.cancelled and j.phase != "prefill"
                     and j.surveying is None and j.importing is None and j.migrations < p.max_migrations):  # fmt: skip
                 self.move(s, now, fx, rid, j, j.te, f"live migration: {j.te} is draining", j.output_tokens, "", live=True)
 
