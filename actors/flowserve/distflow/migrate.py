@@ -247,7 +247,6 @@ def _end_import(m: DpMaster, ctx: Context, msg: KvImportDone) -> None:
     ctx.send(msg.reply_to, KvImported(request_id=msg.request_id, task_id=msg.task_id, ok=msg.ok, te=m.cfg.te,
                                       blocks=moved, nbytes=msg.nbytes, duration_s=msg.duration_s,
                                       reason=msg.reason), corr=msg.request_id)  # fmt: skip
-    ctx.stop(ctx.sender)
     m.advance(ctx)
 
 
@@ -387,3 +386,4 @@ class KvImporter(Actor[ImporterState]):
         ctx.send(c.master, KvImportDone(
             seq=c.seq, request_id=c.request_id, task_id=c.task_id, reply_to=c.reply_to, hashes=c.hashes, skip=c.skip,
             ok=ok, reason=reason, nbytes=nbytes, duration_s=ctx.now() - self.state.started_s))  # fmt: skip
+        ctx.stop()  # its work is done (a master that died meanwhile leaves nobody to stop it)
