@@ -199,16 +199,18 @@ def run_scenario(
     )  # fmt: skip
 
 
-def drain(driver: SimDriver, collector: Collector, injected: int, deadline_s: float, entry: str) -> None:
+def drain(driver: SimDriver, collector: Collector, injected: int, deadline_s: float, entry: str,
+          busy: Callable[[SimDriver], bool] | None = None) -> None:  # fmt: skip
     """Deliver until every injected request is terminal, or give up at `deadline_s`: then
     `EndOfRun` to `entry` (the workload stand-in, or the gateway) fails what is left, recorded.
 
-    The run ends at the instant the last request became terminal: the delivery that made it so
-    ends the chunk in progress (`run_chunk`), and what else is due at that instant is delivered
-    (its KV events, the TE's bookkeeping). The timers that never run out (heartbeats, load
-    reports) are not run on past it: before, the chunk went on, and the run's virtual time
-    depended on the chunk sizes (the whole Mooncake trace: 3,781 s, its last request ended at
-    3,571 s)."""
+    The run ends when the platform is idle: at the instant the last request became terminal
+    (the delivery that made it so ends the chunk in progress, `run_chunk`; what else is due at
+    that instant is delivered), or, while `busy` says the control plane is still at work then
+    (a TE booting or being replaced), at the instant it stops being so. The timers that never
+    run out (heartbeats, load reports) are not run on past that: before, the last chunk went on,
+    and the run's virtual time depended on the chunk sizes (the whole Mooncake trace: 3,781 s,
+    its last request ended at 3,571 s)."""
     if not injected:  # (a partition given no request): the cluster still starts, recorded
         driver.run(until=driver.now)
         return
@@ -219,20 +221,29 @@ def drain(driver: SimDriver, collector: Collector, injected: int, deadline_s: fl
             return
         # No `until`: SimDriver.run(until=T) moves the clock to T when the heap empties. Chunks
         # shrink with the requests left, so the deadline is checked often near the end.
-        run_chunk(driver, collector, injected, min(DRAIN_CHUNK, 64 + 16 * (injected - collector.terminal)))
+        run_chunk(driver, all_terminal(collector, injected), min(DRAIN_CHUNK, 64 + 16 * (injected - collector.terminal)))
     driver.run(until=driver.now)  # the rest of the last request's instant
+    settling = busy if busy is not None else (lambda _d: False)
+    while settling(driver) and driver.pending() and driver.now < deadline_s:
+        run_chunk(driver, lambda d: not settling(d), DRAIN_CHUNK)
+        driver.run(until=driver.now)
 
 
-def run_chunk(driver: SimDriver, collector: Collector, injected: int, max_deliveries: int) -> None:
-    """`driver.run(max_deliveries=...)`, ended early by the delivery after which all `injected`
-    requests are terminal (a checker that sets `halt`, for this call only)."""
+def all_terminal(collector: Collector, injected: int) -> Callable[[SimDriver], bool]:
+    """`run_chunk`'s `done` for the requests: all `injected` are terminal."""
+    return lambda _d: collector.terminal >= injected
 
-    def all_terminal(d: SimDriver) -> None:
-        if collector.terminal >= injected:
+
+def run_chunk(driver: SimDriver, done: Callable[[SimDriver], bool], max_deliveries: int) -> None:
+    """`driver.run(max_deliveries=...)`, ended early by the delivery after which `done` holds
+    (a checker that sets `halt`, for this call only)."""
+
+    def check(d: SimDriver) -> None:
+        if done(d):
             d.halt = True
 
-    driver.invariants.append(all_terminal)
+    driver.invariants.append(check)
     try:
         driver.run(max_deliveries=max_deliveries)
     finally:
-        driver.invariants.remove(all_terminal)
+        driver.invariants.remove(check)

@@ -138,6 +138,21 @@ def refused_done(m: Refused, now: float) -> RequestDone:
                        te="")  # fmt: skip
 
 
+# TE states the control plane is still working on (actors/cluster/messages.py `TeStateName`)
+_SETTLING = ("starting", "replacing", "draining")
+
+
+def control_plane_busy(driver: SimDriver) -> bool:
+    """Whether the cluster manager is still at work: a TE starting, being replaced or drained,
+    or a failed one waiting out its boot backoff (each bounded by the control plane's own
+    timeouts). The run does not end before it is done (run.py `drain`)."""
+    cell = driver.cells.get(MANAGER_ADDR)
+    st = cell.actor.state if cell is not None and cell.actor is not None else None
+    if st is None:
+        return False
+    return any(r.state in _SETTLING or (r.state == "failed" and r.retry_at_s is not None) for r in st.tes.values())
+
+
 def run(
     cfg: PlatformConfig, *, trace: str | None = None, requests: int | None = None, sink: LogSink | None = None,
     on_done: Callable[[RequestDone], None] | None = None, faults: Sequence[tuple[float, str, Message]] = (),
@@ -210,7 +225,7 @@ def run(
         injected, last_arrival = feed(driver, built.gateway, model_of if by_model else None)
     else:
         injected, last_arrival = _feed(driver, cfg, built.gateway, trace, requests, model_of if by_model else None)
-    drain(driver, collector, injected, last_arrival + drain_limit_s, built.gateway)
+    drain(driver, collector, injected, last_arrival + drain_limit_s, built.gateway, control_plane_busy)
     if driver.pending():  # timers (heartbeats) never let the heap empty: the run ends here, so
         driver.snapshot_live()  # every actor's final state goes to the log for verify to compare
     if on_end is not None:

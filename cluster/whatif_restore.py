@@ -32,9 +32,9 @@ from deepserve.replay.common import ReplayError
 from deepserve.replay.fork import Cut
 from deepserve.replay.inputs import RunInputs
 
-from .run import DRAIN_CHUNK, WINDOW_REQUESTS, RunResult, drain, run_chunk
+from .run import DRAIN_CHUNK, WINDOW_REQUESTS, RunResult, all_terminal, drain, run_chunk
 from .schema import PlatformConfig
-from .sim import REPORTERS, STREAM_ADDR, SimEnd, recovery_tap, refused_done
+from .sim import REPORTERS, STREAM_ADDR, SimEnd, control_plane_busy, recovery_tap, refused_done
 
 
 def _ext_env(driver: SimDriver, dst: str, msg: Any, corr: str | None, src: str, t: float, msg_id: int) -> Envelope:
@@ -154,8 +154,8 @@ def restored_run(inputs: RunInputs, base: PlatformConfig, cfg: PlatformConfig, c
         k = (window - 1) * WINDOW_REQUESTS
         left = _chunk_left(cut, len(reqs), cut.boundary(reqs[k].t if k else 0.0, (cut.first_request_id or 0) + k))
         if left and collector.terminal < len(reqs):
-            run_chunk(driver, collector, len(reqs), left)  # as the original's, which ended at the last end
-    drain(driver, collector, len(reqs), last + drain_limit_s, gateway)
+            run_chunk(driver, all_terminal(collector, len(reqs)), left)  # as the original's (run.py `drain`)
+    drain(driver, collector, len(reqs), last + drain_limit_s, gateway, control_plane_busy)
     if driver.pending():
         driver.snapshot_live()
     built = _built(cfg)

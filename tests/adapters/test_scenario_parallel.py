@@ -66,12 +66,13 @@ def test_the_split_run_gives_every_request_the_whole_runs_result_bit_for_bit(ove
 
 def test_the_dram_tier_case_moves_kv_through_the_fabric() -> None:
     # What the second case above exercises: DRAM-tier copies are fabric transfers (165 with
-    # the default pool, 949 with a 600-block one, at this seed and slice).
+    # the default pool, 948 with a 600-block one, at this seed and slice: the run ends with its
+    # last request, cluster/run.py `drain`, one swap-out still on the fabric then).
     sc = load_scenario("mooncake-16te", ["workload.trace=builtin:mooncake_conv_1k", "workload.rps_scale=4",
                                          "cluster.kv_dram_gb=2", "cluster.scheduler.kv_blocks=600"])  # fmt: skip
     seen: dict[str, int] = {}
     run_scenario(sc, requests=400, on_end=lambda d: seen.update(n=d.actor("hw/fabric").state.delivered))
-    assert seen["n"] == 949
+    assert seen["n"] == 948
 
 
 def test_a_worker_given_no_request_still_starts_its_part_and_the_merge_is_the_whole_run() -> None:

@@ -5,11 +5,12 @@ variant (`run_scenario`) ends the same way."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from deepserve.cluster.config import load
 from deepserve.cluster.run import run_scenario
-from deepserve.cluster.sim import dispatcher_scenario, run
+from deepserve.cluster.sim import control_plane_busy, dispatcher_scenario, run
 
 
 def _last_end(cfg: Any, runner: Any, **kw: Any) -> tuple[Any, float]:
@@ -31,3 +32,18 @@ def test_the_dispatcher_run_ends_with_its_last_request() -> None:
     assert res.injected == 40
     assert res.virtual_time_s == last
 
+
+
+def test_a_run_whose_control_plane_is_still_at_work_ends_when_it_is_done(tmp_path: Any) -> None:
+    """te/1's pod is killed at 35 s: the monitor declares it and the manager replaces it through
+    the cold path, while te/0 finishes the last request (39.7 s). The run goes on until the
+    replacement is ready (cluster/sim.py `control_plane_busy`), not a delivery more."""
+    base = (Path(__file__).resolve().parents[2] / "configs" / "scenarios" / "mooncake-16te.toml").read_text()
+    path = tmp_path / "kill.toml"
+    path.write_text(base + '\n[[faults]]\nat_s = 35.0\nkind = "kill-te"\ntarget = "te/1"\n')
+    cfg = load(str(path), ["cluster.tes=2"], "sim")
+    seen: list[Any] = []
+    res, last = _last_end(cfg, run, requests=20, on_end=lambda d: seen.append(control_plane_busy(d)))
+    assert res.summary["completed"] == 20
+    assert res.summary["tes_ready_at_end"] == res.summary["tes_target"] == 2
+    assert res.virtual_time_s > last + 1.0 and seen == [False]
