@@ -39,7 +39,8 @@ from types import ModuleType
 GROUPS: dict[str, tuple[str, ...]] = {
     # The kernel: every delivery runs through these.
     "kernel": ("core.codec", "core.envelope", "core.mailbox", "core.cell", "core.pagewriter", "core.steps", "core.context",
-               "core.driver", "core.inline", "core.sim", "core.asyncdriver"),
+               "core.driver", "core.inline", "core.sim", "core.asynctimers", "core.asynclog", "core.asyncremote",
+               "core.asyncdriver"),
     # An NPU run chunk's pass ends: one loop over C doubles (npu_loop's docstring).
     "npu": ("adapters.hardware.devices.npu_loop",),
     # The ZeroMQ transport's hot path: a round trip runs the receive drain, the send path and

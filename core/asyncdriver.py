@@ -1,9 +1,11 @@
 """`AsyncDriver`: the same actors under anyio, on the wall clock.
 
-One task per actor drains a bounded mailbox; one more task fires timers. With
-`outbox=True`, an actor's outputs are held until the event store reports the
-records that produced them committed, so a `kill -9` never loses a message that
-another process already saw. Runs on anyio's asyncio backend.
+One task per actor drains a bounded mailbox; timers fire from an event-loop callback
+(asynctimers.py); what a delivery leaves in the log, and the outbox (`outbox=True`: an actor's
+outputs held until the event store reports the records that produced them committed, so a
+`kill -9` never loses a message that another process already saw), are asynclog.py's. Here:
+the lifecycle, the outside world's inputs and asks, the actor loop, routing and a transport's
+flow control. Runs on anyio's asyncio backend.
 """
 
 from __future__ import annotations
@@ -11,32 +13,29 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
-from heapq import heapify, heappop, heappush
 from typing import Any, Final
 
 import anyio
 import structlog
 from anyio.abc import TaskGroup
 
+from .asyncremote import RemoteFlow
+from .asynctimers import TIMER_HEAP_SLACK
 from .cell import Cell, execute, settle_ask
-from .context import Out, timeout_reason
+from .context import timeout_reason
 from .driver import ASK_SRC, TRANSPORT_REFUSED, AskError
 from .envelope import Envelope
-from .inline import InlineDelivery, mailbox_of
+from .inline import mailbox_of
 from .mailbox import Mailbox
 from .messages import HandlerFailed, Message, Stopped
 from .records import DEAD, FULL, LATE, LogSink
-from .steps import make_step
 from .transport import Transport
 
 log = structlog.get_logger("deepserve.kernel")
-_heappush: Final = heappush  # (Final: a C static in the compiled build, compiled.py)
 _monotonic: Final = time.monotonic
-TIMER_HEAP_SLACK = 1024  # cancelled entries tolerated beyond twice the live timers
 
 
-class AsyncDriver(InlineDelivery):
+class AsyncDriver(RemoteFlow):
     mode = "daemon"
 
     def __init__(
@@ -52,24 +51,14 @@ class AsyncDriver(InlineDelivery):
     ) -> None:
         # (the base's arguments spelled out, not `**kwargs`: see SimDriver.__init__)
         super().__init__(seed, sink, mailbox_capacity, run_id, config)
-        if outbox and not hasattr(sink, "on_commit"):
-            raise ValueError("outbox durability needs a sink that reports commits (a DurableSink)")
+        self._init_timers()
+        self._init_log(outbox)  # (before anything is logged)
         self.transport = transport
-        self.outbox = outbox
         # Wall-clock instant that is t=0 for ctx.now(). Processes of one run share it,
         # so their clocks (and HLCs) are comparable when their logs are merged.
         self.epoch = epoch
         self._tg: TaskGroup | None = None
         self._t0 = 0.0
-        self._timer_heap: list[tuple[float, int, Envelope, str]] = []
-        self._timer_seq = 0
-        # The loop callback armed for the heap's top deadline (`_arm_timer`, `_fire_timers`)
-        self._timer_handle: asyncio.TimerHandle | None = None
-        self._timers_on = False  # between __aenter__ and __aexit__: timers fire
-        self._held: deque[tuple[int, Cell, list[Out], float]] = deque()
-        self._committed: asyncio.Event | None = None  # outbox: set when the store commits
-        self._committed_upto = -1
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._pressure: Cell | None = None
         # Overload: external inputs are admitted while the target's mailbox holds
         # fewer than `edge_limit` messages and the sink is not under pressure (a
@@ -88,18 +77,14 @@ class AsyncDriver(InlineDelivery):
         # `aclose`; adapters/zmq): a sender whose peer is behind waits this long at
         # most per handler, and so does a remote envelope for a mailbox past half.
         self.max_remote_wait_s = 5.0
-        self._flow: Any = None
-        self._remote_pressure: Any = None
+        self._flow = None
+        self._remote_pressure = None
         # A remote envelope for an idle actor runs in the receive callback (`_run_inline`).
         self.inline_remote = True
         # ... and one for an idle local actor runs after the sender's step, in the sender's
         # task (`_drain_inline`). Both keep each actor's order; `inline_deliveries` counts.
         self.inline_local = True
         self.inline_deliveries = 0
-        self.timer_wakes = 0  # times the timer callback ran (at the heap's top deadline)
-        # Called as `timer_late(key, seconds)` for each timer fired, how long after its deadline
-        # the event loop got to it (a measurement of the platform, outside the actors' state)
-        self.timer_late: Callable[[str, float], None] | None = None
         self._stepping = False  # routing a step's outputs (only then may `_enqueue` queue inline)
         self._inline_q: deque[tuple[Cell, Envelope]] = deque()
 
@@ -113,9 +98,7 @@ class AsyncDriver(InlineDelivery):
         self._loop = asyncio.get_running_loop()
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
-        self._timers_on = True
-        if self._timer_heap:  # timers set before the start
-            self._arm_timer(self._timer_heap[0][0])
+        self._start_timers()
         if self.transport is not None:
             if hasattr(self.transport, "attach_admit"):
                 self._flow = self.transport
@@ -123,25 +106,20 @@ class AsyncDriver(InlineDelivery):
             else:
                 self.transport.attach(self._deliver_remote)
         if self.outbox:
-            self._committed = asyncio.Event()
+            self._start_outbox()
             self._tg.start_soon(self._releaser)
-            self.sink.on_commit = self._committed_threadsafe  # type: ignore[union-attr]
         return self
 
     async def __aexit__(self, *exc: Any) -> bool | None:
         if self._tg is None:
             raise RuntimeError("AsyncDriver.__aexit__ without __aenter__")
         self._tg.cancel_scope.cancel()
-        self._timers_on = False
-        if self._timer_handle is not None:
-            self._timer_handle.cancel()
-            self._timer_handle = None
+        self._stop_timers()
         result = await self._tg.__aexit__(*exc)
         self._snapshot_live(self.clock())
         if self.transport is not None:
             await self._close_transport()
-        if self.sink is not None:
-            self.sink.flush()
+        self._flush_log()
         return result
 
     def clock(self) -> float:
@@ -280,8 +258,7 @@ class AsyncDriver(InlineDelivery):
                     self._route(cell, outputs, now)
                     self._stepping = False
             else:
-                step = make_step(cell, env, now, snapshot)
-                ticket = sink.append(step)
+                ticket = self._log_delivery(cell, env, now, snapshot)
                 if self.outbox:  # released by `_release` once the store reports the commit
                     self._held.append((ticket, cell, outputs, now))
                 elif outputs:
@@ -323,34 +300,6 @@ class AsyncDriver(InlineDelivery):
         while (env := cell.mailbox.get_nowait()) is not None:
             cell.stats.mailbox_depth -= 1
             self._bounce(env, self.clock(), DEAD)
-
-    # ---- outbox ------------------------------------------------------------------
-    def _committed_threadsafe(self, upto: int) -> None:
-        self._loop.call_soon_threadsafe(self._note_commit, upto)  # type: ignore[union-attr]
-
-    def _note_commit(self, upto: int) -> None:
-        if upto > self._committed_upto:
-            self._committed_upto = upto
-        self._committed.set()  # type: ignore[union-attr]
-
-    async def _releaser(self) -> None:
-        """Routes what the store has committed, in a task of the driver's group: a released
-        step may spawn a child (`_start_cell` starts a task), which a bare loop callback
-        cannot (anyio: no async context; the child never started and `idle()` hung)."""
-        committed = self._committed
-        assert committed is not None
-        while True:
-            await committed.wait()
-            committed.clear()
-            self._release(self._committed_upto)
-
-    def _release(self, upto: int) -> None:
-        held = self._held
-        while held and held[0][0] <= upto:
-            _, cell, outputs, now = held.popleft()
-            self._route(cell, outputs, now)
-            if not cell.alive:
-                self._retire(cell, now)
 
     # ---- routing hooks (the core is `DriverBase._route`) -------------------------
     def _enqueue(self, env: Envelope, t: float) -> bool:
@@ -405,9 +354,6 @@ class AsyncDriver(InlineDelivery):
     def _spawn_child(self, env: Envelope, t: float) -> None:
         self._start_cell(env, t)
 
-    def _timer_entries(self) -> list[tuple[float, int, Envelope, str]]:
-        return self._timer_heap
-
     def _report_failure(self, cell: Cell) -> None:
         """The log has the failure already; an operator watching a daemon sees it too."""
         self._note_stop(cell)
@@ -416,109 +362,6 @@ class AsyncDriver(InlineDelivery):
                 log.warning("handler failed", actor=cell.addr, seq=cell.seq, error=event.error)
             elif isinstance(event, Stopped):
                 log.warning("actor stopped", actor=cell.addr, seq=cell.seq, reason=event.reason)
-
-    def _deliver_remote(self, env: Envelope) -> None:
-        self._send(env, self.clock())
-
-    # ---- transport flow control (optional; see __init__) ------------------------------
-    def _admit_remote(self, env: Envelope) -> Any:
-        """Deliver now, or return an awaitable that delivers once the mailbox is
-        below its high-water mark: the transport stops reading its socket meanwhile."""
-        cell = self.cells.get(env.dst)
-        if cell is not None and cell.alive:
-            if cell.stats.mailbox_depth >= self._high_water:
-                return self._admit_later(cell, env)
-            if self.inline_remote and mailbox_of(cell).parked() and self._remote_pressure is None:
-                self._run_inline(cell, env)
-                if self._inline_q:
-                    self._drain_inline(self.burst)
-                return None
-        self._send(env, self.clock())
-        return None
-
-    async def _admit_later(self, cell: Cell, env: Envelope) -> None:
-        with anyio.move_on_after(self.max_remote_wait_s):
-            while cell.alive and cell.stats.mailbox_depth >= self._high_water:
-                await anyio.sleep(0.0005)
-        self._send(env, self.clock())  # still full after the wait: handled like any full mailbox
-
-    async def _wait_remote(self) -> None:
-        room, self._remote_pressure = self._remote_pressure, None
-        with anyio.move_on_after(self.max_remote_wait_s):
-            await room.wait()
-
-    async def _close_transport(self) -> None:
-        """Flush and wait for acks; what a peer never acknowledged is a dead letter."""
-        transport = self.transport
-        if transport is None:
-            return
-        if self._flow is None:
-            transport.close()
-            return
-        with anyio.CancelScope(shield=True):
-            left = await self._flow.aclose()
-        for env in left:
-            self._undeliverable(env, self.clock(), DEAD, "peer did not acknowledge before close")
-
-    # ---- timers --------------------------------------------------------------------
-    def _set_timer(self, deadline: float, env: Envelope, key: str) -> None:
-        self._timer_seq += 1
-        timers = self._timers
-        timers[(env.dst, key)] = self._timer_seq
-        heap = self._timer_heap
-        if len(heap) > 2 * len(timers) + TIMER_HEAP_SLACK:
-            self._compact_timers()
-        if (not heap or deadline < heap[0][0]) and self._timers_on:
-            self._arm_timer(deadline)
-        _heappush(heap, (deadline, self._timer_seq, env, key))
-
-    def _compact_timers(self) -> None:
-        """Drop cancelled timers' entries (answered asks' timeouts), which otherwise stay in
-        the heap until their deadlines: with a 30 s ask timeout, every ask of the last 30 s,
-        its envelope and its `AskFailed`, for the cyclic GC to scan again and again. Run when
-        the heap holds more than twice the live timers (plus a slack), so it costs O(1) a
-        timer, amortized. The live entries keep their (deadline, seq) order."""
-        heap, timers = self._timer_heap, self._timers
-        heap[:] = [e for e in heap if timers.get((e[2].dst, e[3])) == e[1]]
-        heapify(heap)
-
-    def _arm_timer(self, deadline: float) -> None:
-        """Run `_fire_timers` at `deadline` (the heap's new top), in place of the one armed.
-        A loop callback, not a task woken by an event: the task's wake-ups (an Event wait, a
-        task step, the callback setting the event) were ~4 % of the daemon's event-loop CPU
-        under HTTP load (py-spy, issue 30 §1). A timer only puts an envelope in a mailbox: no
-        handler runs and no task starts here (`_send` outside a step: `_stepping` is False)."""
-        handle = self._timer_handle
-        if handle is not None:
-            handle.cancel()
-        loop = self._loop
-        assert loop is not None
-        self._timer_handle = loop.call_later(max(0.0, deadline - self.clock()), self._fire_timers)
-
-    def _fire_timers(self) -> None:
-        heap, timers = self._timer_heap, self._timers
-        self._timer_handle = None
-        self.timer_wakes += 1
-        try:
-            now = self.clock()
-            late = self.timer_late
-            while heap and heap[0][0] <= now:  # every timer due, in deadline order, in one wake
-                deadline, seq, env, key = heappop(heap)
-                if timers.get((env.dst, key)) == seq:
-                    del timers[(env.dst, key)]
-                    t = self.clock()
-                    if late is not None:
-                        late(key, t - deadline)
-                    self._send(env, t)
-            # A cancelled timer (an answered ask's timeout) leaves its entry: drop those now
-            # at the top, so the next wake is for a live one, not one wake per old deadline.
-            # Only here: dropping them on a new timer's arming would empty the heap between
-            # asks, and every ask would then arm a callback.
-            while heap and timers.get((heap[0][2].dst, heap[0][3])) != heap[0][1]:
-                heappop(heap)
-        finally:  # early (the loop's clock is coarser than ours) or not: the next top is armed
-            if heap and self._timer_handle is None and self._timers_on:
-                self._arm_timer(heap[0][0])
 
 
 def run(main: Any, *args: Any) -> Any:
@@ -531,4 +374,4 @@ def run(main: Any, *args: Any) -> Any:
     return anyio.run(main, *args, backend_options={"use_uvloop": True})
 
 
-__all__ = ["AskError", "AsyncDriver", "run"]
+__all__ = ["TIMER_HEAP_SLACK", "AskError", "AsyncDriver", "run"]

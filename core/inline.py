@@ -24,7 +24,6 @@ from .driver import DriverBase
 from .envelope import Envelope
 from .mailbox import Mailbox
 from .records import DEAD, LATE
-from .steps import make_step
 
 
 def mailbox_of(cell: Cell) -> Mailbox:
@@ -53,6 +52,10 @@ class InlineDelivery(DriverBase):
 
     @abc.abstractmethod
     def _report_failure(self, cell: Cell) -> None:
+        ...
+
+    @abc.abstractmethod
+    def _log_delivery(self, cell: Cell, env: Envelope, now: float, snapshot: bool) -> int:
         ...
 
     def _drain_inline(self, limit: int) -> int:
@@ -105,8 +108,7 @@ class InlineDelivery(DriverBase):
                 self._route(cell, outputs, now)
                 self._stepping = False
         else:
-            step = make_step(cell, env, now, snapshot)
-            ticket = sink.append(step)
+            ticket = self._log_delivery(cell, env, now, snapshot)
             if self.outbox:
                 self._held.append((ticket, cell, outputs, now))
             elif outputs:

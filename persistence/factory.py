@@ -108,12 +108,14 @@ def open_sink(
         prepare_sqlite(path, create=True, upgrade=True, page_bytes=page_bytes)
     if process_writer:
         return ProcessSink(path, synchronous=synchronous, **limits)
+    sink_class = GroupCommitSink
     if layout == "pages":
+        from .paged_sink import PagedGroupCommitSink as sink_class  # takes a driver's own pages
         from .sqlite.page_store import SqlitePageStore as Store
     else:
         from .sqlite.batch_store import SqliteBatchStore as Store  # type: ignore[assignment]
 
-    return GroupCommitSink(
+    return sink_class(
         lambda: Store(path, durability, synchronous, cache_kib),
         label=path,
         durability=durability,

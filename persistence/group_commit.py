@@ -291,14 +291,20 @@ class GroupCommitSink(Pressure):
             if self._error is not None or not self._queue:
                 return None
             queue = self._queue
-            if len(queue) <= self._max_batch:
+            n = self._batch_items(queue)
+            if n == len(queue):
                 batch, self._queue = queue, []
             else:
-                batch = queue[: self._max_batch]
-                del queue[: self._max_batch]
+                batch = queue[:n]
+                del queue[:n]
             if self._room_waiters:
                 self._room.notify_all()
             return batch
+
+    def _batch_items(self, queue: list[Step | RunRec]) -> int:
+        """How many of the queued items the next transaction takes: `max_batch` items (a step
+        or a run's record each), fewer when pages of steps (`paged_sink.py`) are among them."""
+        return min(len(queue), self._max_batch)
 
     @property
     def _full(self) -> int:
@@ -350,11 +356,12 @@ class GroupCommitSink(Pressure):
 
 
 def runs_and_steps(items: Sequence[Step | RunRec]) -> list[RunRec | list[Step]]:
-    """A writer's batch cut into its run records and the runs of steps between them."""
+    """A writer's batch cut into its run records and the runs of steps between them (an
+    `EncodedSteps`, `paged_sink.py`, counts as steps)."""
     parts: list[RunRec | list[Step]] = []
     steps: list[Step] = []
     for item in items:
-        if type(item) is Step:
+        if type(item) is not RunRec:
             steps.append(item)
             continue
         if steps:
@@ -367,4 +374,4 @@ def runs_and_steps(items: Sequence[Step | RunRec]) -> list[RunRec | list[Step]]:
 
 
 def count_steps(items: Sequence[Step | RunRec]) -> int:
-    return sum(1 for item in items if type(item) is Step)
+    return sum(getattr(item, "steps", 1) for item in items if type(item) is not RunRec)

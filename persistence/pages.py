@@ -52,6 +52,41 @@ def page_head(steps: list[Step]) -> PageHead:
     return PageHead(len(steps), min(ts), max(ts))
 
 
+class EncodedSteps:
+    """Steps a driver encoded itself, back to back (`core.steps.StepPage`: each the msgpack of
+    a `Step`), handed to the thread writer as one item (`GroupCommitSink.append_page`)."""
+
+    __slots__ = ("body", "steps", "t_first", "t_last")
+
+    def __init__(self, body: bytes, steps: int, t_first: float, t_last: float) -> None:
+        self.body, self.steps, self.t_first, self.t_last = body, steps, t_first, t_last
+
+
+def page_body(part: list[Any], encode: Callable[[Any], bytes]) -> tuple[bytes, PageHead]:
+    """One page's msgpack `list[Step]` of `part`: `Step`s (encoded here with `encode`) and
+    `EncodedSteps` (their bytes as they are), in order; and its head. The same bytes as
+    `encode(list of every step)`: an array header, then each step's encoding."""
+    if all(type(x) is not EncodedSteps for x in part):  # only Steps: msgspec's own list
+        return encode(part), page_head(part)
+    pieces: list[bytes] = []
+    steps, t_first, t_last = 0, float("inf"), float("-inf")
+    for x in part:
+        if type(x) is EncodedSteps:
+            pieces.append(x.body)
+            steps += x.steps
+            t_first, t_last = min(t_first, x.t_first), max(t_last, x.t_last)
+        else:
+            pieces.append(encode(x))
+            steps += 1
+            t_first, t_last = min(t_first, x.input.t), max(t_last, x.input.t)
+    return array_header(steps) + b"".join(pieces), PageHead(steps, t_first, t_last)
+
+
+def part_steps(part: list[Any]) -> int:
+    """The steps in a writer's part (`Step`s and `EncodedSteps`)."""
+    return sum(x.steps if type(x) is EncodedSteps else 1 for x in part)
+
+
 def array_header(n: int) -> bytes:
     """msgpack's header of an `n`-element array (fixarray, array 16, array 32): what goes
     before `n` steps encoded one by one to make the page `msgspec` would encode from a list."""

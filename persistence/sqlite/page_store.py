@@ -26,7 +26,7 @@ import zstandard
 
 from deepserve.core.records import Step
 
-from ..pages import page_head
+from ..pages import page_body
 from ..rows import RunningDigest
 from .fresh import INSERT_PAGE, INSERT_RUN, INSERT_RUN_END, RUN_COLUMNS
 from .sql import MultiInsert, transaction
@@ -50,11 +50,11 @@ class SqlitePageStore(SqliteThreadStore):
 
     def _insert_steps(self, c: sqlite3.Connection, run_id: str, first: int, part: list[Step],
                       sums: RunningDigest) -> None:  # fmt: skip
-        head = page_head(part)
-        body = self._compress(self._encode(part))
+        raw, head = page_body(part, self._encode)  # (steps the driver encoded itself included)
+        body = self._compress(raw)
         crc = zlib.crc32(body)
         c.execute(INSERT_PAGE, (run_id, first, head.steps, head.t_first, head.t_last, body, crc))
-        sums.add((crc,), len(part))
+        sums.add((crc,), head.steps)
 
     def end_runs(self) -> None:
         """The closing record of every run this store wrote, in one transaction (`GroupCommitSink`

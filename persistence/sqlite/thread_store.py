@@ -17,6 +17,7 @@ from deepserve.core.records import RunRec, Step
 
 from ..errors import RunExists
 from ..group_commit import runs_and_steps
+from ..pages import part_steps
 from ..rows import RunningDigest, run_row
 from .checks import BUSY_MS
 from .fresh import max_id_sql, writer_pragmas
@@ -63,7 +64,7 @@ class SqliteThreadStore(ABC):
                 raise ValueError("a step was appended before begin_run()")
             # a failed transaction fails the sink, which then writes no closing record at all
             self._insert_steps(c, run_id, next_id, part, self.ends[(run_id, process)])
-            next_id += len(part)
+            next_id += part_steps(part)  # (an `EncodedSteps` holds several)
         return next_id - first_id, (run_id, process)  # the run switches once committed
 
     @abstractmethod

@@ -1,0 +1,119 @@
+"""`AsyncDriver`'s timers on the wall clock: a heap of (deadline, seq, envelope, key) and one
+event-loop callback armed at its top deadline.
+
+A timer only puts its envelope in a mailbox (`_send` outside a step): no handler runs and no
+task starts in the callback. Cancelled timers (an answered ask's timeout) stay in the heap until
+they reach its top or the heap is compacted (`_compact_timers`). `AsyncDriver`'s base class
+(asyncdriver.py), whose clock and event loop it uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from heapq import heapify, heappop, heappush
+from typing import Final
+
+from .envelope import Envelope
+from .inline import InlineDelivery
+
+_heappush: Final = heappush  # (Final: a C static in the compiled build, compiled.py)
+TIMER_HEAP_SLACK = 1024  # cancelled entries tolerated beyond twice the live timers
+
+
+class WallTimers(InlineDelivery):
+    """The timer heap and its loop callback; `AsyncDriver.__init__` calls `_init_timers`, its
+    `__aenter__` `_start_timers` and its `__aexit__` `_stop_timers`."""
+
+    _loop: asyncio.AbstractEventLoop | None
+    _timer_heap: list[tuple[float, int, Envelope, str]]
+    _timer_seq: int
+    # The loop callback armed for the heap's top deadline (`_arm_timer`, `_fire_timers`)
+    _timer_handle: asyncio.TimerHandle | None
+    _timers_on: bool  # between __aenter__ and __aexit__: timers fire
+    timer_wakes: int  # times the timer callback ran (at the heap's top deadline)
+    # Called as `timer_late(key, seconds)` for each timer fired, how long after its deadline
+    # the event loop got to it (a measurement of the platform, outside the actors' state)
+    timer_late: Callable[[str, float], None] | None
+
+    def _init_timers(self) -> None:
+        self._loop = None
+        self._timer_heap = []
+        self._timer_seq = 0
+        self._timer_handle = None
+        self._timers_on = False
+        self.timer_wakes = 0
+        self.timer_late = None
+
+    def _start_timers(self) -> None:
+        self._timers_on = True
+        if self._timer_heap:  # timers set before the start
+            self._arm_timer(self._timer_heap[0][0])
+
+    def _stop_timers(self) -> None:
+        self._timers_on = False
+        if self._timer_handle is not None:
+            self._timer_handle.cancel()
+            self._timer_handle = None
+
+    def _timer_entries(self) -> list[tuple[float, int, Envelope, str]]:
+        return self._timer_heap
+
+    def _set_timer(self, deadline: float, env: Envelope, key: str) -> None:
+        self._timer_seq += 1
+        timers = self._timers
+        timers[(env.dst, key)] = self._timer_seq
+        heap = self._timer_heap
+        if len(heap) > 2 * len(timers) + TIMER_HEAP_SLACK:
+            self._compact_timers()
+        if (not heap or deadline < heap[0][0]) and self._timers_on:
+            self._arm_timer(deadline)
+        _heappush(heap, (deadline, self._timer_seq, env, key))
+
+    def _compact_timers(self) -> None:
+        """Drop cancelled timers' entries (answered asks' timeouts), which otherwise stay in
+        the heap until their deadlines: with a 30 s ask timeout, every ask of the last 30 s,
+        its envelope and its `AskFailed`, for the cyclic GC to scan again and again. Run when
+        the heap holds more than twice the live timers (plus a slack), so it costs O(1) a
+        timer, amortized. The live entries keep their (deadline, seq) order."""
+        heap, timers = self._timer_heap, self._timers
+        heap[:] = [e for e in heap if timers.get((e[2].dst, e[3])) == e[1]]
+        heapify(heap)
+
+    def _arm_timer(self, deadline: float) -> None:
+        """Run `_fire_timers` at `deadline` (the heap's new top), in place of the one armed.
+        A loop callback, not a task woken by an event: the task's wake-ups (an Event wait, a
+        task step, the callback setting the event) were ~4 % of the daemon's event-loop CPU
+        under HTTP load (py-spy, issue 30 §1). A timer only puts an envelope in a mailbox: no
+        handler runs and no task starts here (`_send` outside a step: `_stepping` is False)."""
+        handle = self._timer_handle
+        if handle is not None:
+            handle.cancel()
+        loop = self._loop
+        assert loop is not None
+        self._timer_handle = loop.call_later(max(0.0, deadline - self.clock()), self._fire_timers)
+
+    def _fire_timers(self) -> None:
+        heap, timers = self._timer_heap, self._timers
+        self._timer_handle = None
+        self.timer_wakes += 1
+        try:
+            now = self.clock()
+            late = self.timer_late
+            while heap and heap[0][0] <= now:  # every timer due, in deadline order, in one wake
+                deadline, seq, env, key = heappop(heap)
+                if timers.get((env.dst, key)) == seq:
+                    del timers[(env.dst, key)]
+                    t = self.clock()
+                    if late is not None:
+                        late(key, t - deadline)
+                    self._send(env, t)
+            # A cancelled timer (an answered ask's timeout) leaves its entry: drop those now
+            # at the top, so the next wake is for a live one, not one wake per old deadline.
+            # Only here: dropping them on a new timer's arming would empty the heap between
+            # asks, and every ask would then arm a callback.
+            while heap and timers.get((heap[0][2].dst, heap[0][3])) != heap[0][1]:
+                heappop(heap)
+        finally:  # early (the loop's clock is coarser than ours) or not: the next top is armed
+            if heap and self._timer_handle is None and self._timers_on:
+                self._arm_timer(heap[0][0])
