@@ -259,8 +259,9 @@ class ClusterManager(Actor[CmState]):
             self._do(ctx, P.Stop(te, reason))
             return
         # a failed TE waiting out a boot backoff is stopped: its relaunch is off
-        self._do(ctx, P.Drain(te, reason) if r.state == "ready" else P.Stop(te, reason))
-        if r.state == "ready":
+        ready = r.state == "ready"  # read first: recording the drain makes it "draining"
+        self._do(ctx, P.Drain(te, reason) if ready else P.Stop(te, reason))
+        if ready:  # the JEs stop routing new work to it now, not when it stops (as `ScaleGroup`)
             self._do(ctx, P.Push(r.group))
 
     def _cancel_owner(self, ctx: Context, msg: CancelOwner) -> None:

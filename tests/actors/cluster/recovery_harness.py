@@ -37,10 +37,12 @@ def build_run(faults: list[dict[str, Any]], *, seed: int = 3, jes: int = 1, requ
               output_tokens: int = 400, stream: bool = True, until_s: float = 45.0, interval_s: float = 0.5,
               misses: int = 3, aggregate: bool = False, idle_max_s: float = 0.0, wake: bool = False,
               again_at_s: float | None = None, lease_s: float = 0.0,
-              cluster_kw: dict[str, Any] | None = None) -> tuple[SimDriver, list[Any]]:  # fmt: skip
+              cluster_kw: dict[str, Any] | None = None, control_kw: dict[str, Any] | None = None,
+              inputs: tuple[tuple[float, str, Any], ...] = ()) -> tuple[SimDriver, list[Any]]:  # fmt: skip
     """`again_at_s`: as many requests again from then on; `idle_max_s`: heartbeat idle backoff;
     `wake`: the gateway wakes the monitor when requests come back; `cluster_kw`: more of the
-    cluster's settings (e.g. `resilience`, `dp_groups`)."""
+    cluster's settings (e.g. `resilience`, `dp_groups`); `control_kw`: more of the control plane's;
+    `inputs`: (at_s, address, message) injected as an operator's inputs."""
     sched = Scheduler(max_running=4, aggregate=aggregate)
     cluster = Cluster(model=MODEL, tes=3, kv_block_tokens=16, scheduler=sched, npu_variance=False, **(cluster_kw or {}))
     scenario = Scenario(name="recovery", seed=seed, cluster=cluster)
@@ -57,7 +59,8 @@ def build_run(faults: list[dict[str, Any]], *, seed: int = 3, jes: int = 1, requ
         gw.update(wake="cluster/heartbeat", wake_after_s=interval_s)
     d.spawn(GATEWAY, Gateway, config=gw)
     control = ControlPlane(heartbeat_interval_s=interval_s, heartbeat_misses=misses, pod_start_s=1.0, te_preload_s=2.0,
-                           heartbeat_idle_max_interval_s=idle_max_s, heartbeat_lease_s=lease_s)  # fmt: skip
+                           heartbeat_idle_max_interval_s=idle_max_s, heartbeat_lease_s=lease_s,
+                           **(control_kw or {}))  # fmt: skip
     slots = tuple(te_slot(scenario, te) for te in placement.tes)
     spawn_control_plane(d, slots, {GROUP: 3}, je_addrs, control)
     specs = tuple(FaultSpec(**f) for f in faults)
@@ -65,6 +68,8 @@ def build_run(faults: list[dict[str, Any]], *, seed: int = 3, jes: int = 1, requ
     assert not problems, problems
     for at, dst, msg in fault_inputs(specs, wiring=Wiring(gateway=GATEWAY)):
         d.inject(dst, msg, at=at, src=FAULT_SRC)
+    for at, dst, msg in inputs:
+        d.inject(dst, msg, at=at)
     starts = [1.0 + gap_s * i for i in range(requests)]
     if again_at_s is not None:
         starts += [again_at_s + gap_s * i for i in range(requests)]
