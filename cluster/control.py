@@ -49,7 +49,8 @@ def spawn_control_plane(driver: Any, slots: tuple[TeSlot, ...], groups: dict[str
         driver.spawn(MONITOR_ADDR, HeartbeatMonitor, config={
             "manager": MANAGER_ADDR, "interval_s": control.heartbeat_interval_s,
             "misses": control.heartbeat_misses, "idle_max_interval_s": control.heartbeat_idle_max_interval_s,
-            "lease_s": control.heartbeat_lease_s})  # fmt: skip
+            "lease_s": control.heartbeat_lease_s,
+            **({"device_watch": True} if control.heartbeat_device_watch else {})})  # fmt: skip
     ladder: dict[str, Any] = {}
     if kv_link_routing:  # issue 33 (actors/cluster/kvpaths.py): absent otherwise, the config as before
         manager["kv_link_routing"] = True

@@ -29,6 +29,11 @@ and a crash at the first round after it — the verdicts come from answers and s
 A heartbeat-loss fault breaks the lease too. A lease also ends on its own after `lease_s` (a
 stall no device reports — a stopped process in the daemon — is found within `lease_s` plus the
 misses). When every TE is leased the next tick is at the first lease's end, not each interval.
+
+Device watch (`device_watch`): the pings are `DeviceHeartbeat`s, whose responder holds a lease
+on each DP group's NPU (responder.py): a device that crashes under an idle TE — whose masters run
+no pass that could fail — is reported in the next round's answer (`DEVICE_LOST`, declared at once),
+within one interval of the crash, at no delivery per round.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from .messages import (
     WatchTe,
 )
 from .policy import TickOutcome, Watched, heartbeat_tick
+from .responder import DeviceHeartbeat
 
 TICK = "tick"
 
@@ -64,6 +70,9 @@ class MonitorConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     misses: int = 3
     idle_max_interval_s: float = 0.0  # 0: no idle backoff (simulations)
     lease_s: float = 0.0  # 0: no leases (every TE asked every interval)
+    # each TE's responder watches its NPUs through a lease (responder.py, `DeviceHeartbeat`): a
+    # crash on an idle TE is found at the next round, not only by a forward pass that fails
+    device_watch: bool = False
 
     def __post_init__(self) -> None:
         if not self.interval_s > 0:
@@ -277,8 +286,9 @@ class HeartbeatMonitor(Actor[MonitorState]):
         for te in out.ping:
             # Straight to the TE shell's fan-out (`{te}/hb`, responder.py): through the shell it
             # was one more delivery per TE and round, for a forward.
-            ctx.send(f"{te}/hb", Heartbeat(te=te, generation=st.watched[te].generation, seq=seq, reply_to=ctx.self,
-                                           lease_s=cfg.lease_s))  # fmt: skip
+            kind = DeviceHeartbeat if cfg.device_watch else Heartbeat
+            ctx.send(f"{te}/hb", kind(te=te, generation=st.watched[te].generation, seq=seq, reply_to=ctx.self,
+                                      lease_s=cfg.lease_s))  # fmt: skip
         if st.watched:
             ctx.after(nxt, HeartbeatTick(), key=TICK)
         else:

@@ -9,13 +9,21 @@ to tell a stalled loop from a busy one (`liveness.py`).
 A leased round (`Heartbeat.lease_s` > 0, heartbeat.py): every master that answered has its NPU
 probed with a lease — the device promises the monitor word of any fault within `lease_s` — and
 the ack says until when the answer holds (`lease_until_s`).
+
+Device watch (`DeviceHeartbeat`, `control.heartbeat_device_watch`): a DP master learns that its
+NPU crashed only from a forward pass that fails, so an idle TE on a crashed device answered ok
+round after round and stayed in its group. At its first such round the responder probes each DP
+group's NPU once with a lease to itself (the device promises word of any fault); a broken lease
+is answered by probing the device again, and a crash found so is recorded (`HbDeviceLost`) and
+fails the round in flight, or else the next one, with `DEVICE_LOST`: the monitor declares the TE
+at once. Nothing is sent per round: a healthy device costs one probe per TE generation.
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from deepserve.actors.ports.npu import NpuError, NpuProbe, NpuStatus
+from deepserve.actors.ports.npu import CRASHED, RESET, NpuError, NpuLeaseBroken, NpuProbe, NpuStatus
 from deepserve.core import Actor, AskFailed, Context, Event, Message
 
 from .messages import (
@@ -48,6 +56,34 @@ class HbDroppingState(HbState, kw_only=True):
     scaling); a plain `HbState` until then, so a run without one logs what it logged before."""
 
     dropped: list[int] = []  # DP groups no longer asked
+
+
+class HbWatchingState(HbDroppingState, kw_only=True):
+    """The state once the device watch is on (`HbDevicesWatched`); plain until then, so a run
+    without it logs what it logged before."""
+
+    lost: dict[str, str] = {}  # str(dp) -> why its NPU is lost (a crash seen through its lease)
+
+
+class DeviceHeartbeat(Heartbeat, frozen=True, kw_only=True):
+    """A `Heartbeat` under `control.heartbeat_device_watch`: the responder also watches each DP
+    group's NPU through a lease (the module docstring). A type of its own, not a field: a plain
+    heartbeat encodes as before."""
+
+
+class HbDevicesWatched(Event, frozen=True, kw_only=True):
+    """Each DP group's NPU was probed with a lease to this responder."""
+
+    npus: tuple[str, ...]
+
+
+class HbDeviceLost(Event, frozen=True, kw_only=True):
+    dp: int
+    reason: str
+
+
+DEVICE_LEASE_S = 1e9  # "until the device says otherwise" (health.py's LEASE_S)
+DEVICE_REQ = "dev:"  # the req_id prefix of a device watch's probes
 
 
 class HbRound(Event, frozen=True, kw_only=True):
@@ -113,6 +149,10 @@ class HbResponder(Actor[HbState]):
             if not isinstance(s, HbDroppingState):
                 s = HbDroppingState(**{f: getattr(s, f) for f in HbState.__struct_fields__})
             s.dropped.append(e.dp)
+        elif isinstance(e, HbDevicesWatched):
+            s = HbWatchingState(**{f: getattr(s, f) for f in type(s).__struct_fields__})
+        elif isinstance(e, HbDeviceLost):
+            s.lost[str(e.dp)] = e.reason  # type: ignore[attr-defined]
         elif isinstance(e, HbRoundEnded):
             for dp, step in enumerate(e.steps):
                 s.last_steps[dp] = step
@@ -123,6 +163,13 @@ class HbResponder(Actor[HbState]):
     def handle(self, ctx: Context, msg: Message) -> None:
         st = self.state
         if isinstance(msg, Heartbeat):
+            if isinstance(msg, DeviceHeartbeat) and self.npus and not isinstance(st, HbWatchingState):
+                self._watch_devices(ctx)
+            lost = self._lost()
+            if lost:  # its device said so already: no master can answer otherwise
+                ctx.record(HbRound(seq=msg.seq, reply_to=msg.reply_to, asks=()))
+                self._end(ctx, False, lost, (), DEVICE_LOST)
+                return
             # A round still open is superseded: the monitor counted it as a miss already.
             asks = tuple(ctx.ask(m, DpHeartbeat(seq=msg.seq, last_step=st.last_steps[i]), self.timeout_s)
                          for i, m in enumerate(self.masters) if i not in dropped(st))  # fmt: skip
@@ -148,6 +195,9 @@ class HbResponder(Actor[HbState]):
             if msg.in_run:  # no NPU to probe (a responder built without them): as before, silence
                 return
             self._answered(ctx, msg.dp, msg.step)
+        elif isinstance(msg, NpuLeaseBroken | NpuError) and isinstance(st, HbWatchingState) and \
+                (isinstance(msg, NpuLeaseBroken) or msg.req_id.startswith(DEVICE_REQ)):
+            self._device_said(ctx, msg)
         elif isinstance(msg, NpuStatus | NpuError) and st.seq and msg.req_id.startswith(f"hb:{st.seq}:"):
             dp = int(msg.req_id.rpartition(":")[2])
             if str(dp) in st.answers:
@@ -166,6 +216,44 @@ class HbResponder(Actor[HbState]):
             where = "answered, but" if str(dp) in st.probe_steps else "is inside a run"  # a leased round's probe
             why = f"{self.masters[dp]} {where} its NPU {msg.target} does not answer: {msg.reason}"
             self._end(ctx, False, why, (), HUNG)
+
+    # ---- device watch (DeviceHeartbeat) --------------------------------------------------------
+    def _watch_devices(self, ctx: Context) -> None:
+        npus = tuple(n for i, n in enumerate(self.npus) if i not in dropped(self.state))
+        ctx.record(HbDevicesWatched(npus=npus))
+        for npu in npus:
+            self._probe_device(ctx, self.npus.index(npu))
+
+    def _probe_device(self, ctx: Context, dp: int) -> None:
+        ctx.send(self.npus[dp], NpuProbe(req_id=f"{DEVICE_REQ}{dp}", lease_s=DEVICE_LEASE_S, lease_to=ctx.self,
+                                         lease_key=lease_key(self.te, self.generation)))  # fmt: skip
+
+    def _device_said(self, ctx: Context, msg: NpuLeaseBroken | NpuError) -> None:
+        """A broken lease: ask the device how it is now (and for a new lease). Its answer: a
+        crash is the TE's end; a reset (a hung device's probe waited in its queue) asks again."""
+        st = self.state
+        if isinstance(msg, NpuLeaseBroken):
+            if msg.key == lease_key(self.te, self.generation) and msg.device in self.npus:
+                self._probe_device(ctx, self.npus.index(msg.device))
+            return
+        if msg.device not in self.npus:
+            return
+        dp = self.npus.index(msg.device)
+        if msg.kind == RESET:
+            self._probe_device(ctx, dp)
+        elif msg.kind == CRASHED and str(dp) not in st.lost and dp not in dropped(st):  # type: ignore[attr-defined]
+            ctx.record(HbDeviceLost(dp=dp, reason=f"{self.masters[dp]}: device lost: {msg.device}: {msg.kind}: "
+                                                  f"{msg.reason}"))  # fmt: skip
+            if self.state.seq:  # the round in flight fails now
+                self._end(ctx, False, self._lost(), (), DEVICE_LOST)
+
+    def _lost(self) -> str:
+        """Why a DP group's NPU is lost (its watch saw it crash), "" when none is."""
+        st = self.state
+        if not isinstance(st, HbWatchingState):
+            return ""
+        gone = dropped(st)
+        return next((why for dp, why in sorted(st.lost.items()) if int(dp) not in gone), "")
 
     def _answered(self, ctx: Context, dp: int, step: int) -> None:
         answers, gone = self.state.answers, dropped(self.state)

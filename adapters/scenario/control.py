@@ -19,6 +19,9 @@ class ControlPlane(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     # leases: a TE whose devices promised word of any fault is not asked for this long (0: off;
     # actors/cluster/heartbeat.py)
     heartbeat_lease_s: float = 0.0
+    # each TE's heartbeat responder watches its NPUs through a lease: a crashed device under an
+    # idle TE is declared within one interval (actors/cluster/responder.py; off: as before)
+    heartbeat_device_watch: bool = False
     pod_start_s: float = 1.0  # Scaler-Pre of the in-process launcher (assumption)
     te_preload_s: float = 2.0  # TE-Pre-Load (assumption)
     drain_timeout_s: float = 60.0

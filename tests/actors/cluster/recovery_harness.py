@@ -38,8 +38,9 @@ def build_run(faults: list[dict[str, Any]], *, seed: int = 3, jes: int = 1, requ
               misses: int = 3, aggregate: bool = False, idle_max_s: float = 0.0, wake: bool = False,
               again_at_s: float | None = None, lease_s: float = 0.0,
               cluster_kw: dict[str, Any] | None = None, control_kw: dict[str, Any] | None = None,
-              inputs: tuple[tuple[float, str, Any], ...] = ()) -> tuple[SimDriver, list[Any]]:  # fmt: skip
-    """`again_at_s`: as many requests again from then on; `idle_max_s`: heartbeat idle backoff;
+              inputs: tuple[tuple[float, str, Any], ...] = (),
+              again: int | None = None) -> tuple[SimDriver, list[Any]]:  # fmt: skip
+    """`again_at_s`: as many requests again from then on (or `again` many); `idle_max_s`: heartbeat idle backoff;
     `wake`: the gateway wakes the monitor when requests come back; `cluster_kw`: more of the
     cluster's settings (e.g. `resilience`, `dp_groups`); `control_kw`: more of the control plane's;
     `inputs`: (at_s, address, message) injected as an operator's inputs."""
@@ -72,7 +73,7 @@ def build_run(faults: list[dict[str, Any]], *, seed: int = 3, jes: int = 1, requ
         d.inject(dst, msg, at=at)
     starts = [1.0 + gap_s * i for i in range(requests)]
     if again_at_s is not None:
-        starts += [again_at_s + gap_s * i for i in range(requests)]
+        starts += [again_at_s + gap_s * i for i in range(requests if again is None else again)]
     for i, at in enumerate(starts):  # spread over the TEs by the JE's load-aware choice
         prompt = Prompt(num_tokens=256, block_hashes=tuple(1000 * i + b + 1 for b in range(16)))
         sampling = Sampling(max_tokens=output_tokens, target_output_tokens=output_tokens)
