@@ -16,7 +16,8 @@ round after round and stayed in its group. At its first such round the responder
 group's NPU once with a lease to itself (the device promises word of any fault); a broken lease
 is answered by probing the device again, and a crash found so is recorded (`HbDeviceLost`) and
 fails the round in flight, or else the next one, with `DEVICE_LOST`: the monitor declares the TE
-at once. Nothing is sent per round: a healthy device costs one probe per TE generation.
+at once (and, backed off while idle, is woken so that the next round is one base interval away).
+Nothing is sent per round: a healthy device costs one probe per TE generation.
 """
 
 from __future__ import annotations
@@ -246,6 +247,10 @@ class HbResponder(Actor[HbState]):
                                                   f"{msg.reason}"))  # fmt: skip
             if self.state.seq:  # the round in flight fails now
                 self._end(ctx, False, self._lost(), (), DEVICE_LOST)
+            elif st.reply_to:  # a monitor backed off while idle asks again within one base interval
+                from .heartbeat import HeartbeatWake  # heartbeat.py imports this module
+
+                ctx.send(st.reply_to, HeartbeatWake())
 
     def _lost(self) -> str:
         """Why a DP group's NPU is lost (its watch saw it crash), "" when none is."""

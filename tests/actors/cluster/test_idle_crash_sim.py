@@ -57,3 +57,12 @@ def test_the_watch_costs_two_deliveries_per_te_not_per_round() -> None:
     off, _ = _run(None, [])
     on, _ = _run(WATCH, [])
     assert len(on.sink.steps) - len(off.sink.steps) == 2 * 3
+
+
+def test_a_monitor_backed_off_while_idle_is_woken_by_the_crash() -> None:
+    """Idle backoff (the daemon's, up to 8 s here): the rounds are far apart by 5.2 s; the watch
+    wakes the monitor, so the TE is still declared within one base interval."""
+    d, _ = build_run([{"at_s": CRASH_AT_S, "kind": "npu-crash", "target": "hw/s0/npu2"}], requests=2, output_tokens=50,
+                     until_s=12.0, interval_s=INTERVAL_S, misses=MISSES, idle_max_s=8.0, control_kw=WATCH)  # fmt: skip
+    declared = [(round(t - CRASH_AT_S, 6), e.te, e.diagnosis) for t, e in events(d, "cluster", TeDeclaredFailed)]
+    assert declared == [(0.5, "te/2", "device-lost")]
