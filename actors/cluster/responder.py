@@ -15,7 +15,8 @@ NPU crashed only from a forward pass that fails, so an idle TE on a crashed devi
 round after round and stayed in its group. At its first such round the responder probes each DP
 group's NPU once with a lease to itself (the device promises word of any fault); a broken lease
 is answered by probing the device again, and a crash found so is recorded (`HbDeviceLost`) and
-fails the round in flight, or else the next one, with `DEVICE_LOST`: the monitor declares the TE
+fails the round in flight, or else the next one, with `DEVICE_LOST` (so does an HBM fault the TE
+cannot do without): the monitor declares the TE
 at once (and, backed off while idle, is woken so that the next round is one base interval away).
 Nothing is sent per round: a healthy device costs one probe per TE generation.
 """
@@ -24,9 +25,18 @@ from __future__ import annotations
 
 import msgspec
 
-from deepserve.actors.ports.npu import CRASHED, RESET, NpuError, NpuLeaseBroken, NpuProbe, NpuStatus
+from deepserve.actors.ports.npu import (
+    CRASHED,
+    HBM_FAULT,
+    RESET,
+    NpuError,
+    NpuLeaseBroken,
+    NpuProbe,
+    NpuStatus,
+)
 from deepserve.core import Actor, AskFailed, Context, Event, Message
 
+from .health import INSTANCE, classify_hbm
 from .messages import (
     DEVICE_LOST,
     HUNG,
@@ -196,7 +206,7 @@ class HbResponder(Actor[HbState]):
             if msg.in_run:  # no NPU to probe (a responder built without them): as before, silence
                 return
             self._answered(ctx, msg.dp, msg.step)
-        elif isinstance(msg, NpuLeaseBroken | NpuError) and isinstance(st, HbWatchingState) and \
+        elif isinstance(msg, NpuLeaseBroken | NpuError | NpuStatus) and isinstance(st, HbWatchingState) and \
                 (isinstance(msg, NpuLeaseBroken) or msg.req_id.startswith(DEVICE_REQ)):
             self._device_said(ctx, msg)
         elif isinstance(msg, NpuStatus | NpuError) and st.seq and msg.req_id.startswith(f"hb:{st.seq}:"):
@@ -229,9 +239,12 @@ class HbResponder(Actor[HbState]):
         ctx.send(self.npus[dp], NpuProbe(req_id=f"{DEVICE_REQ}{dp}", lease_s=DEVICE_LEASE_S, lease_to=ctx.self,
                                          lease_key=lease_key(self.te, self.generation)))  # fmt: skip
 
-    def _device_said(self, ctx: Context, msg: NpuLeaseBroken | NpuError) -> None:
+    def _device_said(self, ctx: Context, msg: NpuLeaseBroken | NpuError | NpuStatus) -> None:
         """A broken lease: ask the device how it is now (and for a new lease). Its answer: a
-        crash is the TE's end; a reset (a hung device's probe waited in its queue) asks again."""
+        crash, or a faulted HBM region the TE cannot do without (health.classify_hbm: weights,
+        a whole region; a part of the KV region is masked in place or fails only the requests
+        that touch it), is the TE's end; a reset (a hung device's probe waited in its queue)
+        asks again."""
         st = self.state
         if isinstance(msg, NpuLeaseBroken):
             if msg.key == lease_key(self.te, self.generation) and msg.device in self.npus:
@@ -240,11 +253,19 @@ class HbResponder(Actor[HbState]):
         if msg.device not in self.npus:
             return
         dp = self.npus.index(msg.device)
-        if msg.kind == RESET:
+        if isinstance(msg, NpuError) and msg.kind == RESET:
             self._probe_device(ctx, dp)
-        elif msg.kind == CRASHED and str(dp) not in st.lost and dp not in dropped(st):  # type: ignore[attr-defined]
-            ctx.record(HbDeviceLost(dp=dp, reason=f"{self.masters[dp]}: device lost: {msg.device}: {msg.kind}: "
-                                                  f"{msg.reason}"))  # fmt: skip
+            return
+        if isinstance(msg, NpuStatus):
+            if classify_hbm(msg.faulted_regions) != INSTANCE:
+                return
+            why = f"{msg.device}: {HBM_FAULT}: HBM regions faulted: {', '.join(msg.faulted_regions)}"
+        elif msg.kind == CRASHED:
+            why = f"{msg.device}: {msg.kind}: {msg.reason}"
+        else:
+            return
+        if str(dp) not in st.lost and dp not in dropped(st):  # type: ignore[attr-defined]
+            ctx.record(HbDeviceLost(dp=dp, reason=f"{self.masters[dp]}: device lost: {why}"))
             if self.state.seq:  # the round in flight fails now
                 self._end(ctx, False, self._lost(), (), DEVICE_LOST)
             elif st.reply_to:  # a monitor backed off while idle asks again within one base interval

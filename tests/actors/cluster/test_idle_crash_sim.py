@@ -66,3 +66,19 @@ def test_a_monitor_backed_off_while_idle_is_woken_by_the_crash() -> None:
                      until_s=12.0, interval_s=INTERVAL_S, misses=MISSES, idle_max_s=8.0, control_kw=WATCH)  # fmt: skip
     declared = [(round(t - CRASH_AT_S, 6), e.te, e.diagnosis) for t, e in events(d, "cluster", TeDeclaredFailed)]
     assert declared == [(0.5, "te/2", "device-lost")]
+
+
+def test_a_whole_hbm_region_faulted_under_an_idle_te_is_declared_as_a_crash_is() -> None:
+    """A fault the TE cannot do without (health.classify_hbm: a whole region) ends it as a crash
+    does; a part of the KV region (masked in place, or failing only what touches it) does not."""
+    whole = {"at_s": CRASH_AT_S, "kind": "hbm-fault", "target": "hw/s0/npu2", "region": "kv"}
+    d, _ = _run(WATCH, [whole])
+    declared = [(round(t - CRASH_AT_S, 6), e.te, e.diagnosis) for t, e in events(d, "cluster", TeDeclaredFailed)]
+    assert declared == [(0.3, "te/2", "device-lost")]
+    assert [e.reason for _, e in events(d, "te/2/hb", HbDeviceLost)] == [
+        "te/2/dp/0: device lost: hw/s0/npu2: hbm_fault: HBM regions faulted: kv"]
+    part = {**whole, "span": (0.0, 0.25)}
+    d, _ = _run(WATCH, [part])
+    assert events(d, "te/2/hb", HbDeviceLost) == []
+    # left to the pass that touches it (masking is off here: a request's pass at 12 s fails)
+    assert [t for t, _ in events(d, "cluster", TeDeclaredFailed)] == [12.5]
