@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from recovery_harness import build_run, events
 
+from deepserve.actors.cluster.recovery_report import recovery_events, recovery_report
 from deepserve.actors.cluster.responder import HbDeviceLost
 from deepserve.actors.cluster.state import TeDeclaredFailed, TeReady
+from deepserve.adapters.scenario.faults import FaultSpec
 
 INTERVAL_S, MISSES, CRASH_AT_S = 0.5, 3, 5.2
 WATCH = {"heartbeat_device_watch": True}
@@ -40,6 +42,11 @@ def test_a_crash_under_an_idle_te_is_declared_within_one_interval_and_the_te_rep
     ready = [(e.te, e.generation) for t, e in events(d, "cluster", TeReady) if t > CRASH_AT_S]
     assert ready == [("te/2", 2)]  # replaced before the requests at 12 s
     assert len(_tasks_to(d, "te/2")) == 1  # one of them served by the replacement
+    crash = FaultSpec(at_s=CRASH_AT_S, kind="npu-crash", target="hw/s0/npu2")
+    npus = {f"te/{i}": (f"hw/s0/npu{i}",) for i in range(3)}
+    r = recovery_report([crash], recovery_events(d.sink.steps), npus, until_s=d.now)
+    assert [ln.text() for ln in r.lines] == ["fault at 5.2 s: npu-crash hw/s0/npu2 (te/2): detected after 0.3 s "
+                                             "(device-lost), recovered after 6.87 s; requests: 0 failed, 0 retried"]
     done = [m for m in out if type(m).__name__ == "RequestDone"]
     assert sorted((m.request_id, m.status, m.output_tokens) for m in done) == [(f"r{i}", "completed", 50) for i in range(5)]
 
