@@ -3,7 +3,7 @@
 - Pages (a sink with `append_page`: the SQLite thread writer's paged layout, the writer process):
   each logged delivery is written as msgpack into the driver's `StepPage` as it is made
   (`core/pagewriter.py`, the bytes msgspec makes of its `Step`), and the page is handed to the
-  sink `page_hold_s` after its first step (the sink's `linger_s`; a loop callback if no delivery
+  sink `page_hold_s` after its first step (the sink says how long; a loop callback if no delivery
   comes by then), at `page_steps` steps, and before the driver's final flush. A `Step` per
   delivery (`make_step`, appended one by one, encoded again by the writer thread) was ~12 % of
   the daemon's CPU under `bench http`'s load (py-spy, issue 30 §1). The readable version is
@@ -101,8 +101,16 @@ class LoggedDelivery(WallTimers):
         append_page(page.take(), steps, t_first, t_last)
 
     def _page_due(self) -> None:
-        """The loop callback armed when a page opened: no delivery handed it over since."""
+        """The loop callback armed when a page opened: hands it over unless a delivery did (then
+        it waits for the page opened since, if any, to be as old)."""
         self._page_handle = None
+        page, loop = self._page, self._loop
+        if page is None or not page.steps:
+            return
+        left = self._page_opened + self._page_hold_s - self.clock()
+        if left > 0.001 and loop is not None:
+            self._page_handle = loop.call_later(left, self._page_due)
+            return
         try:
             self._hand_page()
         except Exception as exc:  # noqa: BLE001 — a failed sink: the next step's hand-over raises it in an actor's task

@@ -30,8 +30,10 @@ class PagedGroupCommitSink(GroupCommitSink):
     @property
     def page_hold_s(self) -> float:
         """How long a driver may keep a page open before handing it over: the writer's linger
-        (it waits that long after a wake-up before it commits anyway)."""
-        return self._linger_s
+        (it waits that long after a wake-up before it commits anyway), or half its flush window
+        (`flush_s`: it commits at most that often, so a page a window's steps is what it stores
+        anyway; each hand-over costs a lock, a wake-up of this thread and a GIL hand-off)."""
+        return max(self._linger_s, self._flush_s / 2)
 
     def append_page(self, body: bytes | bytearray, steps: int, t_first: float, t_last: float) -> int:
         """Queue `steps` steps encoded back to back (`core.steps.StepPage`; input times within
