@@ -252,6 +252,8 @@ class Choices:
     """A response's n choices (one Generation each): merged SSE chunks, or one JSON body whose
     usage counts the prompt once and sums the completions (as OpenAI's and vLLM's)."""
 
+    single_fast = True  # one choice: `sse` without `_merged` (False: the readable version, for tests)
+
     def __init__(self, head: Head, gens: list[Generation], req: Any) -> None:
         self.head, self.gens, self.req = head, gens, req
 
@@ -288,6 +290,15 @@ class Choices:
             for t in tasks:
                 t.cancel()
 
+    def _event(self, g: Generation, piece: str | None, continuous: bool) -> bytes:
+        """The SSE event of a choice's text piece, or of its end (`piece` None)."""
+        if piece is not None and not continuous:
+            return g.piece_event(piece)
+        chunk = self.head.chunk([g.chunk_choice(piece, None if piece is not None else g.finish_reason)])
+        if continuous:
+            chunk["usage"] = self.usage()
+        return b"data: " + msgspec.json.encode(chunk) + b"\n\n"
+
     async def sse(self) -> AsyncIterator[bytes]:
         enc, head = msgspec.json.encode, self.head
         opts = self.req.stream_options
@@ -303,20 +314,23 @@ class Choices:
             # The last choice's finish chunk, the error and usage events and [DONE] follow each
             # other with nothing awaited between them: one body message (one write to the
             # socket, not up to four; the same bytes; 3 of the 20 a 16-token stream had)
-            tail, open_choices = b"", len(self.gens)
-            async for g, piece in self._merged():
-                if piece is not None and not continuous:
-                    event = g.piece_event(piece)
-                else:
-                    chunk = head.chunk([g.chunk_choice(piece, None if piece is not None else g.finish_reason)])
-                    if continuous:
-                        chunk["usage"] = self.usage()
-                    event = b"data: " + enc(chunk) + b"\n\n"
-                open_choices -= piece is None
-                if open_choices == 0:  # the last item of the merge
-                    tail = event
-                    continue
-                yield event
+            if len(self.gens) == 1 and not continuous and self.single_fast:
+                # One choice (the common case): its pieces' events straight from its generator,
+                # one async generator less a token than `_merged`'s (the readable version:
+                # tests/daemon/test_sse_single.py compares the two byte for byte).
+                g = self.gens[0]
+                async for piece in g.pieces():
+                    yield g.piece_event(piece)
+                tail = self._event(g, None, False)
+            else:
+                tail, open_choices = b"", len(self.gens)
+                async for g, piece in self._merged():
+                    event = self._event(g, piece, continuous)
+                    open_choices -= piece is None
+                    if open_choices == 0:  # the last item of the merge
+                        tail = event
+                        continue
+                    yield event
             failure = next((f for f in (g.failure() for g in self.gens) if f is not None), None)
             if failure is not None:  # cut after output: said in-band, as vLLM does (the openai
                 # client raises it as an `APIError`); the finish chunk above says "abort"
