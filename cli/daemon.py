@@ -139,9 +139,9 @@ def _up(args: argparse.Namespace) -> int:
     if args.processes:
         from deepserve.daemon.procs.runtime import ProcRuntime
 
-        run(serve, cfg, run_dir, 10.0, None, ProcRuntime, sockets, token)
+        run(serve, cfg, run_dir, 10.0, None, ProcRuntime, sockets, token, True)  # (True: own_gc)
     else:
-        run(serve, cfg, run_dir, 10.0, None, Runtime, sockets, token)
+        run(serve, cfg, run_dir, 10.0, None, Runtime, sockets, token, True)
     return 0
 
 
