@@ -207,10 +207,10 @@ def drain(driver: SimDriver, collector: Collector, injected: int, deadline_s: fl
     The run ends when the platform is idle: at the instant the last request became terminal
     (the delivery that made it so ends the chunk in progress, `run_chunk`; what else is due at
     that instant is delivered), or, while `busy` says the control plane is still at work then
-    (a TE booting or being replaced), at the instant it stops being so. The timers that never
-    run out (heartbeats, load reports) are not run on past that: before, the last chunk went on,
-    and the run's virtual time depended on the chunk sizes (the whole Mooncake trace: 3,781 s,
-    its last request ended at 3,571 s)."""
+    (a TE starting, being replaced or drained), at the instant it stops being so. The timers
+    that never run out (heartbeats, load reports) are not run on past that: before, the last
+    chunk went on, and the run's virtual time depended on the chunk sizes (the whole Mooncake
+    trace: 3,781 s, its last request ended at 3,571 s)."""
     if not injected:  # (a partition given no request): the cluster still starts, recorded
         driver.run(until=driver.now)
         return

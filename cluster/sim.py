@@ -144,13 +144,14 @@ _SETTLING = ("starting", "replacing", "draining")
 
 def control_plane_busy(driver: SimDriver) -> bool:
     """Whether the cluster manager is still at work: a TE starting, being replaced or drained,
-    or a failed one waiting out its boot backoff (each bounded by the control plane's own
-    timeouts). The run does not end before it is done (run.py `drain`)."""
+    each bounded by the control plane's own timeouts. The run does not end before it is done
+    (run.py `drain`). A failed TE waiting out its boot backoff is not: its slot retries for as
+    long as the group wants it (policy.BootBackoff), which a slot that can never boot never ends."""
     cell = driver.cells.get(MANAGER_ADDR)
     st = cell.actor.state if cell is not None and cell.actor is not None else None
     if st is None:
         return False
-    return any(r.state in _SETTLING or (r.state == "failed" and r.retry_at_s is not None) for r in st.tes.values())
+    return any(r.state in _SETTLING for r in st.tes.values())
 
 
 def run(
