@@ -18,11 +18,3 @@ def test_serving_gc_freezes_start_up_and_raises_the_young_threshold() -> None:
     assert frozen > 10_000  # the modules and objects start-up made
     assert gen0 == SERVING_GC_GEN0_THRESHOLD > b0 and (gen1, gen2) == (b1, b2)
 
-
-def test_the_cli_daemon_asks_for_it() -> None:
-    import inspect
-
-    from deepserve.cli import daemon
-
-    src = inspect.getsource(daemon)
-    assert src.count("sockets, token, True)") == 2  # `up` and `up --processes`: own_gc
