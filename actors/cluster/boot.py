@@ -221,7 +221,8 @@ class TeBoot(Actor[BootState]):
         if spec.heartbeat_timeout_s > 0:
             ctx.spawn(f"{slot.te}/hb", HbResponder, te=slot.te, generation=spec.generation,
                       dp_groups=slot.dp_groups, timeout_s=spec.heartbeat_timeout_s,
-                      npus=tuple(slot.npus[g * slot.tp] for g in range(slot.dp_groups)))  # fmt: skip
+                      # every NPU (the device watch's): DP group g's at [g*tp, (g+1)*tp)
+                      npus=tuple(slot.npus[:slot.dp_groups * slot.tp]))  # fmt: skip
         if self.scale is None or spec.source == "resident":
             self._step(ctx, "post_load", 0.0)
             self._announce(ctx)

@@ -33,7 +33,9 @@ misses). When every TE is leased the next tick is at the first lease's end, not 
 Device watch (`device_watch`): the pings are `DeviceHeartbeat`s, whose responder holds a lease
 on each DP group's NPU (responder.py): a device that crashes under an idle TE — whose masters run
 no pass that could fail — is reported in the next round's answer (`DEVICE_LOST`, declared at once),
-within one interval of the crash, at no delivery per round.
+within one interval of the crash, at no delivery per round. A hang under an idle TE is found by
+the same lease: the responder's re-probe is bounded by misses x interval (`hang_after_s`, a busy
+TE's hang bound) and its verdict (`DeviceVerdictAck`, `HUNG`) is declared at once.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ from .messages import (
     WatchTe,
 )
 from .policy import TickOutcome, Watched, heartbeat_tick
-from .responder import DeviceHeartbeat
+from .responder import DeviceHeartbeat, DeviceVerdictAck
 
 TICK = "tick"
 
@@ -254,7 +256,7 @@ class HeartbeatMonitor(Actor[MonitorState]):
                 busy = any(step >= 0 for step in msg.steps)
                 ctx.record(HbAcked(te=msg.te, seq=msg.seq, ok=msg.ok, reason=msg.reason, busy=busy,
                                    diagnosis=msg.diagnosis, lease_until_s=msg.lease_until_s))  # fmt: skip
-                if msg.diagnosis == DEVICE_LOST:
+                if msg.diagnosis == DEVICE_LOST or isinstance(msg, DeviceVerdictAck):
                     self._declare_lost(ctx, msg)
         elif isinstance(msg, HeartbeatWake):
             if st.interval_s > self.cfg.interval_s and st.ticking and not st.stopped:
@@ -286,9 +288,13 @@ class HeartbeatMonitor(Actor[MonitorState]):
         for te in out.ping:
             # Straight to the TE shell's fan-out (`{te}/hb`, responder.py): through the shell it
             # was one more delivery per TE and round, for a forward.
-            kind = DeviceHeartbeat if cfg.device_watch else Heartbeat
-            ctx.send(f"{te}/hb", kind(te=te, generation=st.watched[te].generation, seq=seq, reply_to=ctx.self,
-                                      lease_s=cfg.lease_s))  # fmt: skip
+            gen = st.watched[te].generation
+            if cfg.device_watch:  # a device silent for the misses' span is hung, as a busy TE's loop
+                ping: Heartbeat = DeviceHeartbeat(te=te, generation=gen, seq=seq, reply_to=ctx.self, lease_s=cfg.lease_s,
+                                                  hang_after_s=cfg.misses * cfg.interval_s)  # fmt: skip
+            else:
+                ping = Heartbeat(te=te, generation=gen, seq=seq, reply_to=ctx.self, lease_s=cfg.lease_s)
+            ctx.send(f"{te}/hb", ping)
         if st.watched:
             ctx.after(nxt, HeartbeatTick(), key=TICK)
         else:
@@ -307,12 +313,13 @@ class HeartbeatMonitor(Actor[MonitorState]):
             ctx.after(cfg.interval_s, HeartbeatTick(), key=TICK)  # replaces the far one
 
     def _declare_lost(self, ctx: Context, msg: HeartbeatAck) -> None:
-        """A master whose loop runs said its device is lost (crashed, reset, HBM faulted): no
-        later round can answer otherwise, so waiting `misses` rounds only routes more tasks to
-        a TE that fails them. The diagnosis is the TE's own, not inferred from silence."""
+        """A master whose loop runs said its device is lost (crashed, reset, HBM faulted), or
+        the device watch found it hung past the misses' bound: no later round can answer
+        otherwise, so waiting `misses` rounds only routes more tasks to a TE that fails them.
+        The diagnosis is the TE's own, not inferred from silence."""
         why = f"its heartbeat said: {msg.reason}"
         ctx.record(HbDeclared(te=msg.te, reason=why))
-        ctx.send(self.cfg.manager, TeFailed(te=msg.te, generation=msg.generation, reason=why, diagnosis=DEVICE_LOST))
+        ctx.send(self.cfg.manager, TeFailed(te=msg.te, generation=msg.generation, reason=why, diagnosis=msg.diagnosis))
         if not self.state.watched and self.state.ticking:
             ctx.cancel(TICK)
             ctx.record(HbTicking(on=False))

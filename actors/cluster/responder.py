@@ -18,7 +18,16 @@ is answered by probing the device again, and a crash found so is recorded (`HbDe
 fails the round in flight, or else the next one, with `DEVICE_LOST` (so does an HBM fault the TE
 cannot do without): the monitor declares the TE
 at once (and, backed off while idle, is woken so that the next round is one base interval away).
-Nothing is sent per round: a healthy device costs one probe per TE generation.
+Nothing is sent per round: a healthy device costs one probe per TE generation. Every NPU of a
+DP group's TP group is watched (a crash on any of them loses the group's collective).
+
+A hang under an idle TE: the hung device breaks the lease too, but its answer to the probe that
+follows waits in its queue, and a master with no pass outstanding keeps answering. So the probe
+after a broken lease is an ask bounded by `DeviceHeartbeat.hang_after_s` (the monitor's
+misses x interval: a busy TE's hang bound); a device silent that long — or refusing with a full
+queue, which only a hung one does — is hung (`HbDeviceHung`), and the round in flight, or the
+next, fails with `HUNG` as a verdict (`DeviceVerdictAck`): declared at once, as a lost device
+is. A healthy device's lease never breaks, so this costs nothing per round either.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import msgspec
 from deepserve.actors.ports.npu import (
     CRASHED,
     HBM_FAULT,
+    QUEUE_FULL,
     RESET,
     NpuError,
     NpuLeaseBroken,
@@ -74,6 +84,9 @@ class HbWatchingState(HbDroppingState, kw_only=True):
     without it logs what it logged before."""
 
     lost: dict[str, str] = {}  # str(dp) -> why its NPU is lost (a crash seen through its lease)
+    hung: list[int] = []  # DP groups whose lost NPU is hung (the rest: crashed or HBM faulted)
+    hang_after_s: float = 0.0  # a re-probe unanswered this long is a hang (0: unbounded, as before)
+    asking: dict[str, int] = {}  # str(NPU index) -> the request id of its bounded re-probe
 
 
 class DeviceHeartbeat(Heartbeat, frozen=True, kw_only=True):
@@ -81,11 +94,31 @@ class DeviceHeartbeat(Heartbeat, frozen=True, kw_only=True):
     group's NPU through a lease (the module docstring). A type of its own, not a field: a plain
     heartbeat encodes as before."""
 
+    hang_after_s: float = 0.0  # the monitor's misses x interval: a re-probe silent this long is a hang
+
+
+class DeviceVerdictAck(HeartbeatAck, frozen=True, kw_only=True):
+    """A failed round whose diagnosis is the device watch's verdict (a hang bounded by
+    `hang_after_s`), not a silence to count: the monitor declares the TE at once."""
+
 
 class HbDevicesWatched(Event, frozen=True, kw_only=True):
-    """Each DP group's NPU was probed with a lease to this responder."""
+    """Each DP group's NPUs were probed with a lease to this responder."""
 
     npus: tuple[str, ...]
+    hang_after_s: float = 0.0
+
+
+class HbDeviceAsked(Event, frozen=True, kw_only=True):
+    """A broken lease's re-probe, bounded by `hang_after_s` (request id `ask`)."""
+
+    npu: int  # its index in the responder's NPUs
+    ask: int
+
+
+class HbDeviceHung(Event, frozen=True, kw_only=True):
+    dp: int
+    reason: str
 
 
 class HbDeviceLost(Event, frozen=True, kw_only=True):
@@ -134,11 +167,14 @@ class HbResponder(Actor[HbState]):
                  npus: tuple[str, ...] = ()) -> None:  # fmt: skip
         if dp_groups < 1 or not timeout_s > 0:
             raise ValueError("HbResponder: dp_groups >= 1 and timeout_s > 0")
-        if npus and len(npus) != dp_groups:
-            raise ValueError("HbResponder: one NPU (the first of its DP group's) per DP group")
+        if npus and len(npus) % dp_groups:
+            raise ValueError("HbResponder: as many NPUs per DP group (its TP group), group by group")
         self.te, self.generation, self.timeout_s = te, generation, timeout_s
         self.masters = tuple(f"{te}/dp/{i}" for i in range(dp_groups))
+        # every NPU of the TE, DP group g's at [g*tp, (g+1)*tp) (a log before the watch covered
+        # the TP group names only each group's first: tp 1)
         self.npus = tuple(npus)
+        self.tp = len(npus) // dp_groups if npus else 1
 
     def initial_state(self) -> HbState:
         return HbState(last_steps=[-1] * len(self.masters))
@@ -161,9 +197,14 @@ class HbResponder(Actor[HbState]):
                 s = HbDroppingState(**{f: getattr(s, f) for f in HbState.__struct_fields__})
             s.dropped.append(e.dp)
         elif isinstance(e, HbDevicesWatched):
-            s = HbWatchingState(**{f: getattr(s, f) for f in type(s).__struct_fields__})
+            s = HbWatchingState(**{f: getattr(s, f) for f in type(s).__struct_fields__}, hang_after_s=e.hang_after_s)
         elif isinstance(e, HbDeviceLost):
             s.lost[str(e.dp)] = e.reason  # type: ignore[attr-defined]
+        elif isinstance(e, HbDeviceAsked):
+            s.asking[str(e.npu)] = e.ask  # type: ignore[attr-defined]
+        elif isinstance(e, HbDeviceHung):
+            s.lost[str(e.dp)] = e.reason  # type: ignore[attr-defined]
+            s.hung.append(e.dp)  # type: ignore[attr-defined]
         elif isinstance(e, HbRoundEnded):
             for dp, step in enumerate(e.steps):
                 s.last_steps[dp] = step
@@ -175,11 +216,11 @@ class HbResponder(Actor[HbState]):
         st = self.state
         if isinstance(msg, Heartbeat):
             if isinstance(msg, DeviceHeartbeat) and self.npus and not isinstance(st, HbWatchingState):
-                self._watch_devices(ctx)
+                self._watch_devices(ctx, msg.hang_after_s)
             lost = self._lost()
             if lost:  # its device said so already: no master can answer otherwise
                 ctx.record(HbRound(seq=msg.seq, reply_to=msg.reply_to, asks=()))
-                self._end(ctx, False, lost, (), DEVICE_LOST)
+                self._end(ctx, False, lost, (), *self._diagnosis())
                 return
             # A round still open is superseded: the monitor counted it as a miss already.
             asks = tuple(ctx.ask(m, DpHeartbeat(seq=msg.seq, last_step=st.last_steps[i]), self.timeout_s)
@@ -200,7 +241,7 @@ class HbResponder(Actor[HbState]):
                 probe = NpuProbe(req_id=f"hb:{msg.seq}:{msg.dp}", lease_s=st.lease_s,
                                  lease_to=st.reply_to if st.lease_s else "",
                                  lease_key=lease_key(self.te, self.generation) if st.lease_s else "")  # fmt: skip
-                ask = ctx.ask(self.npus[msg.dp], probe, self.timeout_s)
+                ask = ctx.ask(self.npus[msg.dp * self.tp], probe, self.timeout_s)
                 ctx.record(HbProbing(dp=msg.dp, ask=ask, step=-2 if msg.in_run else msg.step))
                 return
             if msg.in_run:  # no NPU to probe (a responder built without them): as before, silence
@@ -209,6 +250,8 @@ class HbResponder(Actor[HbState]):
         elif isinstance(msg, NpuLeaseBroken | NpuError | NpuStatus) and isinstance(st, HbWatchingState) and \
                 (isinstance(msg, NpuLeaseBroken) or msg.req_id.startswith(DEVICE_REQ)):
             self._device_said(ctx, msg)
+        elif isinstance(msg, AskFailed) and isinstance(st, HbWatchingState) and msg.request_id in st.asking.values():
+            self._device_hung(ctx, msg.target, f"no answer to a probe within {st.hang_after_s:g}s")
         elif isinstance(msg, NpuStatus | NpuError) and st.seq and msg.req_id.startswith(f"hb:{st.seq}:"):
             dp = int(msg.req_id.rpartition(":")[2])
             if str(dp) in st.answers:
@@ -229,15 +272,23 @@ class HbResponder(Actor[HbState]):
             self._end(ctx, False, why, (), HUNG)
 
     # ---- device watch (DeviceHeartbeat) --------------------------------------------------------
-    def _watch_devices(self, ctx: Context) -> None:
-        npus = tuple(n for i, n in enumerate(self.npus) if i not in dropped(self.state))
-        ctx.record(HbDevicesWatched(npus=npus))
-        for npu in npus:
-            self._probe_device(ctx, self.npus.index(npu))
+    def _watch_devices(self, ctx: Context, hang_after_s: float) -> None:
+        gone = dropped(self.state)
+        idx = [i for i in range(len(self.npus)) if i // self.tp not in gone]
+        ctx.record(HbDevicesWatched(npus=tuple(self.npus[i] for i in idx), hang_after_s=hang_after_s))
+        for i in idx:
+            self._probe_device(ctx, i)
 
-    def _probe_device(self, ctx: Context, dp: int) -> None:
-        ctx.send(self.npus[dp], NpuProbe(req_id=f"{DEVICE_REQ}{dp}", lease_s=DEVICE_LEASE_S, lease_to=ctx.self,
-                                         lease_key=lease_key(self.te, self.generation)))  # fmt: skip
+    def _probe_device(self, ctx: Context, i: int, bounded: bool = False) -> None:
+        """Probe NPU `i` with a lease to this responder; `bounded` (after a broken lease, with
+        a hang bound): as an ask, whose timeout is the hang verdict."""
+        probe = NpuProbe(req_id=f"{DEVICE_REQ}{i}", lease_s=DEVICE_LEASE_S, lease_to=ctx.self,
+                         lease_key=lease_key(self.te, self.generation))  # fmt: skip
+        bound = getattr(self.state, "hang_after_s", 0.0)
+        if not (bounded and bound > 0):
+            ctx.send(self.npus[i], probe)
+            return
+        ctx.record(HbDeviceAsked(npu=i, ask=ctx.ask(self.npus[i], probe, bound)))
 
     def _device_said(self, ctx: Context, msg: NpuLeaseBroken | NpuError | NpuStatus) -> None:
         """A broken lease: ask the device how it is now (and for a new lease). Its answer: a
@@ -248,13 +299,17 @@ class HbResponder(Actor[HbState]):
         st = self.state
         if isinstance(msg, NpuLeaseBroken):
             if msg.key == lease_key(self.te, self.generation) and msg.device in self.npus:
-                self._probe_device(ctx, self.npus.index(msg.device))
+                self._probe_device(ctx, self.npus.index(msg.device), bounded=True)
             return
         if msg.device not in self.npus:
             return
-        dp = self.npus.index(msg.device)
+        i = self.npus.index(msg.device)
+        dp = i // self.tp
         if isinstance(msg, NpuError) and msg.kind == RESET:
-            self._probe_device(ctx, dp)
+            self._probe_device(ctx, i, bounded=True)
+            return
+        if isinstance(msg, NpuError) and msg.kind == QUEUE_FULL:  # only a hung device refuses a probe
+            self._device_hung(ctx, msg.device, msg.reason)
             return
         if isinstance(msg, NpuStatus):
             if classify_hbm(msg.faulted_regions) != INSTANCE:
@@ -266,12 +321,36 @@ class HbResponder(Actor[HbState]):
             return
         if str(dp) not in st.lost and dp not in dropped(st):  # type: ignore[attr-defined]
             ctx.record(HbDeviceLost(dp=dp, reason=f"{self.masters[dp]}: device lost: {why}"))
-            if self.state.seq:  # the round in flight fails now
-                self._end(ctx, False, self._lost(), (), DEVICE_LOST)
-            elif st.reply_to:  # a monitor backed off while idle asks again within one base interval
-                from .heartbeat import HeartbeatWake  # heartbeat.py imports this module
+            self._verdict_out(ctx)
 
-                ctx.send(st.reply_to, HeartbeatWake())
+    def _device_hung(self, ctx: Context, npu: str, why: str) -> None:
+        """NPU `npu` did not answer its bounded re-probe (or refused it, its queue full): hung."""
+        st = self.state
+        dp = self.npus.index(npu) // self.tp
+        if str(dp) in st.lost or dp in dropped(st):  # type: ignore[attr-defined]
+            return
+        ctx.record(HbDeviceHung(dp=dp, reason=f"{self.masters[dp]}: device hung: {npu}: {why}"))
+        self._verdict_out(ctx)
+
+    def _verdict_out(self, ctx: Context) -> None:
+        """A device verdict was just recorded: the round in flight fails now; else a monitor
+        backed off while idle is woken, so that the next round (which fails) is one base
+        interval away."""
+        st = self.state
+        if st.seq:
+            self._end(ctx, False, self._lost(), (), *self._diagnosis())
+        elif st.reply_to:
+            from .heartbeat import HeartbeatWake  # heartbeat.py imports this module
+
+            ctx.send(st.reply_to, HeartbeatWake())
+
+    def _diagnosis(self) -> tuple[str, bool]:
+        """The diagnosis of `_lost()`'s group, and whether it is a verdict to declare at once
+        over `DeviceVerdictAck` (a hang; a lost device is declared so by its diagnosis)."""
+        st = self.state
+        gone = dropped(st)
+        dp = next((int(dp) for dp in sorted(st.lost) if int(dp) not in gone), -1)  # type: ignore[attr-defined]
+        return (HUNG, True) if dp in st.hung else (DEVICE_LOST, False)  # type: ignore[attr-defined]
 
     def _lost(self) -> str:
         """Why a DP group's NPU is lost (its watch saw it crash), "" when none is."""
@@ -289,12 +368,14 @@ class HbResponder(Actor[HbState]):
         steps = tuple(step if i == dp else -1 if i in gone else answers[str(i)] for i in range(len(self.masters)))
         self._end(ctx, True, "", steps)
 
-    def _end(self, ctx: Context, ok: bool, reason: str, steps: tuple[int, ...], diagnosis: str = "") -> None:
+    def _end(self, ctx: Context, ok: bool, reason: str, steps: tuple[int, ...], diagnosis: str = "",
+             verdict: bool = False) -> None:  # fmt: skip
         st = self.state
         seq, to, lease = st.seq, st.reply_to, st.lease_until_s if ok else 0.0
         ctx.record(HbRoundEnded(ok=ok, steps=steps if ok else ()))
-        ctx.send(to, HeartbeatAck(te=self.te, generation=self.generation, seq=seq, ok=ok, reason=reason, steps=steps,
-                                  diagnosis=diagnosis, lease_until_s=lease))  # fmt: skip
+        ack = DeviceVerdictAck if verdict else HeartbeatAck
+        ctx.send(to, ack(te=self.te, generation=self.generation, seq=seq, ok=ok, reason=reason, steps=steps,
+                         diagnosis=diagnosis, lease_until_s=lease))  # fmt: skip
 
 
 def dropped(st: HbState) -> list[int]:
