@@ -29,7 +29,9 @@ def spawn_health(driver: Any, cfg: PlatformConfig, servers: int) -> tuple[str, .
     if not reprobe_s and not any(s.cluster.resilience.device_health for _, s in cfg.group_scenarios()):
         return ()
     npus = build(cfg.cluster.topology, servers).npus()
-    routing = {"report_to": MANAGER_ADDR, "reprobe_s": reprobe_s} if reprobe_s else {}
+    routing: dict[str, Any] = {"report_to": MANAGER_ADDR, "reprobe_s": reprobe_s} if reprobe_s else {}
+    if any(s.cluster.resilience.device_health for _, s in cfg.group_scenarios()):  # the manager acts on levels
+        routing.update(report_to=MANAGER_ADDR, act=True)
     out = []
     for server in range(servers):
         mine = tuple(n for n in npus if n.startswith(f"hw/s{server}/"))

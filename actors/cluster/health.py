@@ -16,7 +16,10 @@ change of a device's condition is recorded (`DeviceHealth`) with its level:
 - `node`: at least `node_fraction` of the host's NPUs at instance level at once: the node is
   gone, its instances are substituted elsewhere (`NodeDown`, recorded once until it recovers).
 
-Each record also goes to `report_to` (the cluster manager or a recovery policy) when set.
+Each record also goes to `report_to` (the cluster manager or a recovery policy) when set. With
+`act` (`cluster.resilience.device_health`: the cluster manager acts on each level, healthacts.py)
+the reports are `HealthAlert`s, and a node going down is reported before the device that took
+it there, so that device's TE is replaced off the tainted node rather than on it.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class HealthConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     reprobe_s: float = 0.0
     fabric: str = "hw/fabric"
     probe_bytes: int = 4096
+    act: bool = False  # `report_to` acts on the levels (healthacts.py): reports are HealthAlerts, node first
 
     def __post_init__(self) -> None:
         if not self.npus or not self.probe_timeout_s > 0 or not 0 < self.node_fraction <= 1:
@@ -80,6 +84,12 @@ class HealthReport(Message, frozen=True, kw_only=True):
     kind: str
     level: str
     detail: str = ""
+
+
+class HealthAlert(HealthReport, frozen=True, kw_only=True):
+    """A `HealthReport` its receiver acts on (`HealthConfig.act`; the cluster manager,
+    healthacts.py). A type of its own: a plain report, which the manager leaves alone (KV link
+    routing's monitors send those), encodes as before."""
 
 
 class HealthState(msgspec.Struct, kw_only=True):
@@ -170,12 +180,15 @@ class DeviceHealthMonitor(Actor[HealthState]):
         if was == [kind, level] or (was is None and kind == HEALTHY):
             return  # no change (a device first seen healthy is not news)
         ctx.record(DeviceHealth(device=device, kind=kind, level=level, detail=detail, at_s=ctx.now()))
-        if cfg.report_to:
-            ctx.send(cfg.report_to, HealthReport(host=cfg.host, device=device, kind=kind, level=level, detail=detail))
+        report = HealthAlert if cfg.act else HealthReport
+        if cfg.report_to and not cfg.act:
+            ctx.send(cfg.report_to, report(host=cfg.host, device=device, kind=kind, level=level, detail=detail))
         down = tuple(d for d in cfg.npus if st.devices.get(d, ["", ""])[1] == INSTANCE)
         is_down = len(down) >= cfg.node_fraction * len(cfg.npus)
         if is_down != st.node_down:
             ctx.record(NodeDown(host=cfg.host, down=is_down, devices=down, at_s=ctx.now()))
             if cfg.report_to:
-                ctx.send(cfg.report_to, HealthReport(host=cfg.host, device=cfg.host, kind="node",
-                                                     level=NODE if is_down else "", detail=", ".join(down)))  # fmt: skip
+                ctx.send(cfg.report_to, report(host=cfg.host, device=cfg.host, kind="node",
+                                               level=NODE if is_down else "", detail=", ".join(down)))  # fmt: skip
+        if cfg.report_to and cfg.act:  # after the node's: its TE's replacement avoids a node just gone
+            ctx.send(cfg.report_to, report(host=cfg.host, device=device, kind=kind, level=level, detail=detail))

@@ -31,6 +31,7 @@ from deepserve.actors.ports.pod import (
 )
 from deepserve.core import Actor, Context, Event, Message
 
+from . import healthacts as H
 from . import kvpaths as K
 from . import ladder as L
 from . import policy as P
@@ -129,7 +130,7 @@ class ClusterManager(Actor[CmState]):
     def evolve(self, state: CmState, event: Event) -> CmState:
         if isinstance(event, L.EVENTS):
             return L.evolve(state, event)  # type: ignore[arg-type]
-        if type(event) is K.KvPathVerdict:  # a record: the JEs keep the routing view
+        if type(event) is K.KvPathVerdict or type(event) is H.HealthActed:  # records: the state is elsewhere
             return state
         return evolve(state, event)
 
@@ -187,6 +188,8 @@ class ClusterManager(Actor[CmState]):
             v = K.verdict(self, ctx, msg)
             for step in L.on_kv_verdict(st, self.slots, self.cfg.recovery, v):
                 self._do(ctx, step)
+        elif isinstance(msg, H.HealthAlert):  # a host's device-health level (device_health)
+            H.on_alert(self, ctx, msg)
         elif isinstance(msg, ClusterStatusQuery):
             ctx.reply(ClusterStatus(req_id=msg.req_id, state=msgspec.to_builtins(st)))
 
