@@ -12,8 +12,8 @@ the ack says until when the answer holds (`lease_until_s`).
 
 Device watch (`DeviceHeartbeat`, `control.heartbeat_device_watch`): a DP master learns that its
 NPU crashed only from a forward pass that fails, so an idle TE on a crashed device answered ok
-round after round and stayed in its group. At its first such round the responder probes each DP
-group's NPU once with a lease to itself (the device promises word of any fault); a broken lease
+round after round and stayed in its group. At its first such round the responder probes every DP
+group's NPUs once with a lease to itself (the device promises word of any fault); a broken lease
 is answered by probing the device again, and a crash found so is recorded (`HbDeviceLost`) and
 fails the round in flight, or else the next one, with `DEVICE_LOST` (so does an HBM fault the TE
 cannot do without): the monitor declares the TE

@@ -32,6 +32,7 @@ def _done(out) -> list[tuple[str, str, int]]:  # noqa: ANN001
     return sorted((m.request_id, m.status, m.output_tokens) for m in out if type(m).__name__ == "RequestDone")
 
 
+TP4 = {"tp": 4}
 HANG = [{"at_s": FAULT_AT_S, "kind": "hang-npu", "target": "hw/s0/npu2"}]
 
 
@@ -73,7 +74,11 @@ def test_the_hang_bound_adds_no_delivery_when_nothing_is_wrong() -> None:
     assert len(on.sink.steps) - len(off.sink.steps) == 2 * 3
 
 
-TP4 = {"tp": 4}
+def test_watching_every_npu_of_a_tp_group_costs_two_deliveries_per_npu() -> None:
+    """TP 4, no fault: one probe and one answer per NPU (3 TEs x 4) per TE generation, none per round."""
+    off, _ = _run(None, [], cluster_kw=TP4)
+    on, _ = _run(WATCH, [], cluster_kw=TP4)
+    assert len(on.sink.steps) - len(off.sink.steps) == 2 * 3 * 4
 
 
 def test_every_npu_of_a_tp_group_is_watched_a_crash_on_its_fourth_is_declared() -> None:
