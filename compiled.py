@@ -53,7 +53,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     # With its per-pass output: each streamed chunk's emulated tokens (sampling, tokens: 64-bit
     # mixing and the Zipf inversion a token) and the chunk itself (output) — in the daemon a
     # pass's tokens are a few % of its CPU (issue 30 §1, py-spy).
-    "master": ("actors.flowserve.master.scheduler", "actors.flowserve.master.evolve",
+    "master": ("actors.flowserve.master.scheduler", "actors.flowserve.master.runs", "actors.flowserve.master.evolve",
                "actors.flowserve.master.output", "actors.flowserve.sampling", "actors.flowserve.tokens"),
     # A JE routing decision outside its tree walk (issue 29 §4): the pool's reads, combined's
     # sorts and the candidate records it builds. Its Structs stay pure (scheduling/decision.py).

@@ -10,6 +10,9 @@ tokens go straight to each task's `reply_to` (output short-circuiting) — or, f
 chunk only — finished tasks end, and the next batch is planned. With `aggregate`, a pure-decode batch runs k passes as one NPU request; an
 arrival (or anything else that may change the batch) truncates the run after its current pass, so
 the per-token times equal the stepwise path's.
+
+Beside it, by concept: admission.py (whether a task is accepted), launch.py (a run's shapes),
+copies.py (the tier copies, a mixin), failures.py (how tasks fail, a mixin).
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ from deepserve.actors.cluster.messages import DpHeartbeat
 from deepserve.actors.flowserve import rtc
 from deepserve.actors.flowserve.distflow import migrate
 from deepserve.actors.flowserve.master import context, pd, recovery
+from deepserve.actors.flowserve.master.admission import admission_problem
+from deepserve.actors.flowserve.master.copies import COPY, TierCopies
 from deepserve.actors.flowserve.master.evolve import evolve_master
+from deepserve.actors.flowserve.master.failures import TaskFailures
 from deepserve.actors.flowserve.master.kv_publish import (
     AcceptsQuieted,
     KvPublisher,
@@ -31,6 +37,7 @@ from deepserve.actors.flowserve.master.kv_publish import (
     QuietAccepts,
     SubscribeKvEvents,
 )
+from deepserve.actors.flowserve.master.launch import _lead_s, _lead_shapes
 from deepserve.actors.flowserve.master.messages import (
     DpMatch,
     DpMatchQuery,
@@ -53,12 +60,10 @@ from deepserve.actors.flowserve.master.state import (
     TaskCancelMarked,
     TaskEnded,
     TaskQueued,
-    TaskStatus,
     new_state,
 )
 from deepserve.actors.flowserve.master.status import dp_load
 from deepserve.actors.flowserve.messages import (
-    MAX_OUTPUT_TOKENS,
     CancelOwner,
     CancelTask,
     CreateContext,
@@ -71,8 +76,7 @@ from deepserve.actors.flowserve.messages import (
     TokenBatch,
 )
 from deepserve.actors.flowserve.sampling import output_length_of
-from deepserve.actors.flowserve.tokens import blocks_needed
-from deepserve.actors.ports.link import LinkTransfer, LinkTransferDone, LinkTransferFailed
+from deepserve.actors.ports.link import LinkTransferDone, LinkTransferFailed
 from deepserve.actors.ports.npu import (
     CRASHED,
     HBM_FAULT,
@@ -86,9 +90,6 @@ from deepserve.actors.ports.npu import (
 )
 from deepserve.core import Actor, AskFailed, Context, Event, Message
 
-COPY = "copy:"  # LinkTransfer ids of tier copies (populate, swap-out)
-
-
 # Tuples: isinstance on a union (X | Y) is slower
 _FORWARD_DONE = (NpuForwardRunDone, NpuForwardDone)
 _LINK_DONE = (LinkTransferDone, LinkTransferFailed)
@@ -97,7 +98,7 @@ _LINK_DONE = (LinkTransferDone, LinkTransferFailed)
 DEVICE_LOST = (CRASHED, HBM_FAULT)
 
 
-class DpMaster(Actor[MasterState]):
+class DpMaster(TierCopies, TaskFailures, Actor[MasterState]):
     """One DP group's master. `config` is a `MasterConfig` (or its dict form)."""
 
     # The state embeds the whole block pool: a snapshot deep-copies it, so take them rarely.
@@ -215,37 +216,8 @@ class DpMaster(Actor[MasterState]):
         self.advance(ctx)
 
     def check(self, msg: SubmitTask) -> str | None:
-        """Why the task cannot be accepted (naming the field), or None."""
-        cfg, st = self.cfg, self.state
-        p, B = msg.prompt, cfg.block_tokens
-        if st.device_lost:
-            return f"device lost: {st.device_lost}"
-        if msg.model != cfg.model:
-            return f"model: this TE serves {cfg.model!r}, not {msg.model!r}"
-        if msg.task_id in st.reqs or msg.task_id in st.rtc.seqs:
-            return f"task_id: {msg.task_id!r} is already running here"
-        if p.num_tokens < 1:
-            return f"prompt.num_tokens: must be >= 1, got {p.num_tokens}"
-        if len(p.block_hashes) != p.num_tokens // B:
-            return (f"prompt.block_hashes: {p.num_tokens} tokens of {B}-token blocks need "
-                    f"{p.num_tokens // B} hashes, got {len(p.block_hashes)}")  # fmt: skip
-        if not 1 <= msg.sampling.max_tokens <= MAX_OUTPUT_TOKENS:
-            return f"sampling.max_tokens: must be in [1, {MAX_OUTPUT_TOKENS}]"
-        if not cfg.chunked_prefill and msg.kind != "decode" and p.num_tokens > cfg.max_num_batched_tokens:
-            # One pass must take the whole prompt: it would wait at the queue's head forever,
-            # and every task behind it (FCFS) with it.
-            return (f"prompt.num_tokens: {p.num_tokens} tokens exceed the token budget of one pass "
-                    f"(max_num_batched_tokens={cfg.max_num_batched_tokens}) and chunked prefill is off")  # fmt: skip
-        if blocks_needed(p.num_tokens + 1, B) > cfg.hbm_blocks:
-            return (f"prompt.num_tokens: {p.num_tokens} tokens need more KV blocks than the DP "
-                    f"group has ({cfg.hbm_blocks} of {B} tokens)")  # fmt: skip
-        if msg.kind == "decode" and msg.kv_source is None:
-            return "kv_source: a decode task needs the prefill side's KV handle"
-        if msg.resume_from and not 0 < msg.resume_from < msg.sampling.max_tokens:
-            return f"resume_from: a resumed task starts inside [1, max_tokens), got {msg.resume_from}"
-        if len(st.reqs) >= cfg.max_waiting:
-            return f"queue full: {len(st.reqs)} tasks (max_waiting={cfg.max_waiting})"
-        return None
+        """Why the task cannot be accepted (naming the field), or None (admission.py)."""
+        return admission_problem(self.state, self.cfg, msg)
 
     def _cancel(self, ctx: Context, msg: CancelTask) -> None:
         r = self.state.reqs.get(msg.task_id)
@@ -290,15 +262,6 @@ class DpMaster(Actor[MasterState]):
             return
         self._launch(ctx)
 
-    def _fail_unfit(self, ctx: Context, preempted: tuple[str, ...]) -> None:
-        if self.state.running:
-            self.advance(ctx)
-            return
-        for tid in preempted:
-            r = self.state.reqs[tid]
-            self.end(ctx, r, "failed", f"needs more KV blocks than the DP group has "
-                     f"({self.cfg.hbm_blocks}) at {r.num_tokens} tokens")  # fmt: skip
-        self.advance(ctx)
 
     def _launch(self, ctx: Context) -> None:
         """Hand the batch just planned to the NPU at once, asking it to start after the launch
@@ -427,42 +390,6 @@ class DpMaster(Actor[MasterState]):
             ctx.send(dst, TokenBatch(chunks=tuple(cs)))
         return out
 
-    def _background_copies(self, ctx: Context) -> None:
-        """Once a pass: swap cold blocks out under pressure; prefetch queued prompts' DRAM runs."""
-        st = self.state
-        if not self.cfg.dram_blocks:
-            return
-        swap = rtc.plan_swap_out(st.rtc)
-        if swap is not None:
-            ctx.record(swap)
-            self._move(ctx, swap)
-        if st.waiting:
-            scan = st.rtc.config.prefetch_scan
-            queued = [st.reqs[t].task.prompt.block_hashes for t in st.waiting[:scan]]
-            fetch = rtc.plan_prefetch(st.rtc, queued)
-            if fetch is not None:
-                ctx.record(fetch)
-                self._move(ctx, fetch)
-
-    def _fail_on_lost_device(self, ctx: Context) -> None:
-        """The device is lost (`DeviceLost`): fail every task held here but those of a batch
-        still on the device (its error ends them), so the JE retries them elsewhere. New
-        tasks are refused (`check`); heartbeats say why (`liveness.answer_heartbeat`)."""
-        st = self.state
-        busy = {e.task_id for e in st.in_flight.entries} if st.in_flight is not None else set()
-        for tid in [t for t in st.reqs if t not in busy]:
-            self.end(ctx, st.reqs[tid], "failed", f"device lost: {st.device_lost}")
-
-    def _device_failed(self, ctx: Context, reason: str) -> None:
-        fl = self.state.in_flight
-        if fl is None or not fl.launched:
-            return
-        ctx.record(BatchEnded(step=fl.step, ends_s=(), failed=reason))
-        for e in fl.entries:
-            r = self.state.reqs.get(e.task_id)
-            if r is not None:
-                self.end(ctx, r, "failed", f"forward failed: {reason}")
-        self.advance(ctx)
 
     def end(self, ctx: Context, r: Req, status: str, reason: str) -> None:
         """The task's one terminal state: release its blocks, record it, tell the requester."""
@@ -476,52 +403,4 @@ class DpMaster(Actor[MasterState]):
         ctx.record(TaskEnded(task_id=tid, status=status, reason=reason))
         ctx.send(r.task.reply_to, msg, corr=r.task.request_id)
 
-    # ---- tier copies (the RTC executor's byte moves) ---------------------------------------
-    def _move(self, ctx: Context, copy: rtc.RtcCopyStarted) -> None:
-        cfg = self.cfg
-        nbytes = len(copy.hbm) * cfg.kv_block_bytes
-        src, dst = (self.npu, cfg.host) if copy.kind == rtc.SWAP_OUT else (cfg.host, self.npu)
-        ctx.send(cfg.fabric, LinkTransfer(req_id=COPY + copy.copy_id, src=src, dst=dst,
-                                          nbytes=max(nbytes, 1)))  # fmt: skip
 
-    def _copy_done(self, ctx: Context, msg: LinkTransferDone | LinkTransferFailed) -> None:
-        st = self.state
-        copy_id = msg.req_id[len(COPY):]
-        c = st.rtc.copies.get(copy_id)
-        if c is None:
-            return
-        reason = msg.reason if isinstance(msg, LinkTransferFailed) else ""
-        ctx.record(rtc.finish_copy(st.rtc, copy_id, isinstance(msg, LinkTransferDone), reason))
-        seq = c.seq
-        r = st.reqs.get(seq) if seq is not None else None
-        if seq is not None and r is not None and r.status == LOADING:
-            if r.cancelled is not None:
-                self.end(ctx, r, "cancelled", r.cancelled)
-            else:
-                table = len(rtc.block_table(st.rtc, seq))
-                computed = min(table * self.cfg.block_tokens, r.num_tokens - 1)
-                ctx.record(TaskStatus(task_id=seq, status=WAITING, num_computed=computed))
-        # A run's blocks are allocated for all its passes, so a finished copy can change the
-        # next plan only through a task that may now be admitted (its populate is done, or the
-        # copy's blocks became evictable again): with nothing waiting the run goes on, exactly
-        # as the stepwise path would reschedule the same decode batch at every pass.
-        self.advance(ctx, interrupt=bool(st.waiting or st.deferred))
-
-
-def _lead_shapes(head: tuple[SeqShape, ...], fl: InFlight) -> tuple[tuple[tuple[SeqShape, ...], ...], tuple[SeqShape, ...]]:
-    """A run's lead passes as shapes (each entry's context: what it computed before the pass),
-    and the decode passes' shapes after them (every entry, one new token each)."""
-    if not fl.lead:  # a head run without lead passes (the common case): pass 1 decodes all
-        return (), tuple([SeqShape(1, s.context_tokens + s.new_tokens) for s in head])
-    computed = {e.task_id: s.context_tokens + s.new_tokens for e, s in zip(fl.entries, head, strict=True)}
-    lead = []
-    for entries in fl.lead:
-        lead.append(tuple(SeqShape(x.n, computed[x.task_id]) for x in entries))
-        for x in entries:
-            computed[x.task_id] += x.n
-    return tuple(lead), tuple(SeqShape(1, computed[e.task_id]) for e in fl.entries)
-
-
-def _lead_s(ends_s: tuple[float, ...], fl: InFlight, gap_s: float) -> tuple[float, ...]:
-    """The durations of the lead passes that ran (each started `gap_s` after the one before)."""
-    return tuple(ends_s[j] - (ends_s[j - 1] + gap_s) for j in range(1, min(len(ends_s), 1 + len(fl.lead))))
