@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from deepserve.actors.flowserve import rtc
-from deepserve.actors.flowserve.rtc.export import dram_run, hbm_run, unsaved
+from deepserve.actors.flowserve.rtc.export import dram_run, unsaved
+from deepserve.actors.flowserve.rtc.master import match_by_prefix
 from deepserve.actors.ports.link import LinkTransfer, LinkTransferDone, LinkTransferFailed
 from deepserve.core import Actor, Context, Event, Message
 from deepserve.core.messages import Undelivered
@@ -141,7 +142,7 @@ def _offer(m: DpMaster, ctx: Context, msg: KvExportAsk) -> None:
     cfg = m.cfg
     live = msg.live and not m.state.device_lost
     if live:
-        run = msg.hashes[: len(hbm_run(m.state.rtc, msg.hashes))]
+        run = msg.hashes[: len(match_by_prefix(m.state.rtc, msg.hashes).hbm_blocks)]  # the HBM run a live device reads
         if run or msg.always:
             ctx.send(msg.reply_to, KvExportOffer(request_id=msg.request_id, master=ctx.self, host=cfg.host,
                                                  blocks=len(run), block_bytes=cfg.kv_block_bytes, tp=cfg.tp,

@@ -36,15 +36,3 @@ def unsaved(rtc: Rtc, block_hashes: tuple[int, ...] | list[int]) -> list[int]:
             out.append(h)
     return out
 
-
-def hbm_run(rtc: Rtc, block_hashes: tuple[int, ...] | list[int]) -> tuple[int, ...]:
-    """The HBM block ids of the longest indexed prefix of `block_hashes` in HBM (a live device's
-    readable copy: live migration reads it while the request's own task still holds it)."""
-    get = rtc.nodes.get
-    out: list[int] = []
-    for h in block_hashes:
-        node = get(h)
-        if node is None or node.hbm == NONE:
-            break
-        out.append(node.hbm)
-    return tuple(out)
