@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx2 as httpx
+
 START_TIMEOUT_S = 60
 
 
@@ -40,8 +42,6 @@ def stop_daemon(proc: subprocess.Popen[str], timeout_s: float = 30) -> str:
         return f.read()
 
 
-
-
 async def stream_story(client: Any, model: str, i: int, max_tokens: int) -> tuple[str, str]:
     """One streamed chat through the `openai` client: ("finished", finish_reason),
     ("error", "status: message") when the daemon answered with an error before any token, or
@@ -61,3 +61,19 @@ async def stream_story(client: Any, model: str, i: int, max_tokens: int) -> tupl
         return ("error", f"{exc.status_code}: {exc.message}")
     except openai.APIError as exc:  # an error event mid-stream: the client raises it
         return ("aborted", exc.message)
+
+
+def admin_status(admin: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """The daemon's `/admin/status` (`headers`: its admin token, when set)."""
+    return httpx.get(admin + "/admin/status", headers=headers, timeout=10).json()  # type: ignore[no-any-return]
+
+
+def wait_for(admin: str, pred: Any, timeout_s: float = 60.0, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    """Poll the status until `pred(status)` holds or `timeout_s` passes; the last status either way
+    (the caller's assertion says which)."""
+    end = time.monotonic() + timeout_s
+    while True:
+        st = admin_status(admin, headers)
+        if pred(st) or time.monotonic() > end:
+            return st
+        time.sleep(0.1)

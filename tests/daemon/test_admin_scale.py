@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
 import pytest
 from daemonproc import start_daemon, stop_daemon
+from daemonproc import wait_for as wait_for_status
 
 from deepserve.persistence import open_log
 from deepserve.replay import verify
@@ -26,19 +26,14 @@ SETTINGS = ("cluster.tes=2", "control.spare_tes=1",
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
+def wait_for(admin: str, pred: Any, timeout_s: float = 60.0) -> dict[str, Any]:
+    return wait_for_status(admin, pred, timeout_s, headers=AUTH)
+
+
 def cli(*args: str, token: str = TOKEN) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DEEPSERVE_ADMIN_TOKEN": token}  # the clients read it there too
     return subprocess.run([sys.executable, "-m", "deepserve", *args], capture_output=True, text=True, timeout=60,
                           env=env)  # fmt: skip
-
-
-def wait_for(admin: str, pred: Any, timeout_s: float = 60.0) -> dict[str, Any]:
-    end = time.monotonic() + timeout_s
-    while True:
-        st = httpx.get(admin + "/admin/status", headers=AUTH, timeout=10).json()
-        if pred(st) or time.monotonic() > end:
-            return st
-        time.sleep(0.1)
 
 
 def states(st: dict[str, Any]) -> dict[str, tuple[int, str]]:

@@ -8,13 +8,11 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx2 as httpx
 import pytest
-from daemonproc import start_daemon, stop_daemon, stream_story
+from daemonproc import start_daemon, stop_daemon, stream_story, wait_for
 
 from deepserve.persistence import open_log
 from deepserve.replay import verify
@@ -26,19 +24,6 @@ SETTINGS = ("cluster.tes=1", "control.spare_tes=1", "pd.prefill_tes=1", "pd.deco
             "autoscale.scale_in_load=1", "autoscale.window_s=2", "autoscale.scale_out_cooldown_s=1",
             "autoscale.scale_in_cooldown_s=2", "autoscale.max_tes=2")  # fmt: skip
 SPIKE = 12
-
-
-def status(admin: str) -> dict[str, Any]:
-    return httpx.get(admin + "/admin/status", timeout=10).json()  # type: ignore[no-any-return]
-
-
-def wait_for(admin: str, pred: Any, timeout_s: float = 60.0) -> dict[str, Any]:
-    end = time.monotonic() + timeout_s
-    while True:
-        st = status(admin)
-        if pred(st) or time.monotonic() > end:
-            return st
-        time.sleep(0.1)
 
 
 async def spike(url: str, admin: str) -> tuple[list[tuple[str, str]], dict[str, Any]]:

@@ -19,7 +19,7 @@ from typing import Any
 import httpx2 as httpx
 import openai
 import pytest
-from daemonproc import start_daemon, stop_daemon, stream_story
+from daemonproc import start_daemon, stop_daemon, stream_story, wait_for
 
 import deepserve.actors.je.actor  # noqa: F401  (registers the JE's event types for decode)
 from deepserve.core.codec import decode
@@ -36,19 +36,6 @@ SETTINGS = ("control.heartbeat_interval_s=0.25", "control.heartbeat_misses=8", "
 REQUESTS = 40
 HANG_GUARD_S = 45.0  # a request that takes longer than this hangs
 VICTIM = "te/1"
-
-
-def status(admin_url: str) -> dict[str, Any]:
-    return httpx.get(admin_url + "/admin/status", timeout=10).json()
-
-
-def wait_for(admin_url: str, ok: Any, timeout_s: float) -> dict[str, Any]:
-    end = time.monotonic() + timeout_s
-    while True:
-        st = status(admin_url)
-        if ok(st) or time.monotonic() > end:
-            return st
-        time.sleep(0.1)
 
 
 def alive(pid: int) -> bool:

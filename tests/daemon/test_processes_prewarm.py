@@ -11,13 +11,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx2 as httpx
 import pytest
-from daemonproc import start_daemon, stop_daemon
+from daemonproc import start_daemon, stop_daemon, wait_for
 
 import deepserve.actors.cluster.state  # noqa: F401  (registers the manager's event types for decode)
 from deepserve.core.codec import decode
@@ -28,19 +26,6 @@ GROUP = "llama3-8b/colocated"
 SETTINGS = ("cluster.tes=1", "control.spare_tes=1", "control.te_preload_s=0.3", "scaling.enabled=true",
             "scaling.pod_pool=1", "scaling.master_pool=1", "scaling.executor_pool_per_server=1",
             "scaling.fork=true")  # fmt: skip
-
-
-def status(admin: str) -> dict[str, Any]:
-    return httpx.get(admin + "/admin/status", timeout=10).json()  # type: ignore[no-any-return]
-
-
-def wait_for(admin: str, pred: Any, timeout_s: float = 60.0) -> dict[str, Any]:
-    end = time.monotonic() + timeout_s
-    while True:
-        st = status(admin)
-        if pred(st) or time.monotonic() > end:
-            return st
-        time.sleep(0.1)
 
 
 def warm_pids(st: dict[str, Any]) -> list[int]:

@@ -8,12 +8,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx2 as httpx
-from daemonproc import start_daemon, stop_daemon
+from daemonproc import start_daemon, stop_daemon, wait_for
 
 GROUP = "llama3-8b/colocated"
 FAST = ("cluster.tes=1", "control.spare_tes=1", "control.pod_start_s=0.2", "control.te_preload_s=0.3")
@@ -22,15 +20,6 @@ SCALING = ("scaling.enabled=true", "scaling.pod_pool=3", "scaling.master_pool=2"
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "deepserve", *args], capture_output=True, text=True, timeout=60)
-
-
-def wait_for(admin: str, pred: Any, timeout_s: float = 60.0) -> dict[str, Any]:
-    end = time.monotonic() + timeout_s
-    while True:
-        st: dict[str, Any] = httpx.get(admin + "/admin/status", timeout=10).json()
-        if pred(st) or time.monotonic() > end:
-            return st
-        time.sleep(0.1)
 
 
 def ready(n: int) -> Any:
