@@ -1,10 +1,13 @@
 """`deepserve bench http`'s cost rows (issue 30 §1): what the platform itself costs a request —
-server CPU, log bytes, memory — beside a bare uvicorn SSE server streaming the same tokens at the
-same emulated pace, measured in the same run.
+server CPU, log bytes, memory — beside bare servers streaming the same number of tokens at the same
+emulated pace, measured in the same run. Two baselines: the one issue 30 names, a bare FastAPI/uvicorn
+SSE server (`http_bare_fastapi.py`: a FastAPI route returning a StreamingResponse of OpenAI-shaped
+chunks, as vLLM's server is built), and a stricter one, raw ASGI with no framework (`http_bare.py`);
+the `_vs_asgi` rows compare the daemon with the latter.
 
-Both servers run as subprocesses on loopback side by side; the load alternates between them
-(A/B interleaved: round r runs the daemon first when r is even, the bare server first when odd), so
-a neighbour's load on a shared machine falls on both. Each load window's CPU is the server
+The three servers run as subprocesses on loopback side by side; the load goes to each in turn, the
+order rotating every round (round r starts with server r mod 3), so a neighbour's load on a shared
+machine falls on all of them. Each load window's CPU is the server
 process's own (user + system, all its threads: the daemon's log writer is one), read from
 /proc/<pid>/stat around the window; the median of the rounds is reported, and the spread
 (max - min) in a `_spread` row beside it. Log bytes are the daemon log's live pages (SQLite
@@ -120,7 +123,7 @@ def _wait(check: Callable[[], bool], proc: subprocess.Popen[bytes], what: str) -
 
 
 class Servers:
-    """The daemon and the bare server, up side by side."""
+    """The daemon and the bare servers, up side by side."""
 
     def __init__(self, tmp: Path) -> None:
         self.run_dir = tmp / "run"
@@ -131,59 +134,66 @@ class Servers:
         self.daemon_url = info["url"] + "/v1/completions"
         self.db = Path(info["log"])
         self.model = httpx.get(info["url"] + "/v1/models").json()["data"][0]["id"]
-        self.bare: subprocess.Popen[bytes] | None = None
-        self.bare_url = ""
+        self.procs: dict[str, subprocess.Popen[bytes]] = {"daemon": self.daemon}
+        self.urls = {"daemon": self.daemon_url}
 
-    def start_bare(self, ttft_s: float, tpot_s: float, port: int) -> None:
+    def start_bare(self, ttft_s: float, tpot_s: float, ports: tuple[int, int]) -> None:
+        """Both baselines, paced by the daemon's emulated TTFT and TPOT."""
         env = {**os.environ, "BARE_TTFT_S": str(ttft_s), "BARE_TPOT_S": str(tpot_s)}
-        self.bare = _start(["-m", "uvicorn", "deepserve.benchmarks.http_bare:app", "--port", str(port),
-                            "--log-level", "warning", "--no-access-log"], env)  # fmt: skip
-        self.bare_url = f"http://127.0.0.1:{port}/"
-        _wait(lambda: httpx.get(self.bare_url, timeout=1) is not None, self.bare, "the bare server")
+        for which, port in zip(BARES, ports, strict=True):
+            proc = self.procs[which] = _start(["-m", "uvicorn", BARES[which][0], "--port", str(port),
+                                               "--log-level", "warning", "--no-access-log"], env)  # fmt: skip
+            root = f"http://127.0.0.1:{port}/"
+            self.urls[which] = root + BARES[which][1]
+            _wait(lambda root=root: httpx.get(root, timeout=1) is not None, proc, f"the {which} server")
 
     def close(self) -> None:
-        for p in (self.daemon, self.bare):
-            if p is not None and p.poll() is None:
+        for p in self.procs.values():
+            if p.poll() is None:
                 p.terminate()
                 p.wait(60)
 
 
+# The baselines: the ASGI app each runs and the path it streams completions at.
+BARES = {"bare-fastapi": ("deepserve.benchmarks.http_bare_fastapi:app", "v1/completions"),
+         "bare-asgi": ("deepserve.benchmarks.http_bare:app", "")}  # fmt: skip
+SERVERS = ("daemon", *BARES)
+
+
 def _window(srv: Servers, which: str, requests: int, c: int, tokens: int) -> tuple[float, int, int]:
     """One load window on one server: (CPU seconds, log bytes added, errors)."""
-    proc = srv.daemon if which == "daemon" else srv.bare
-    assert proc is not None
-    url = srv.daemon_url if which == "daemon" else srv.bare_url
+    proc = srv.procs[which]
     b0, c0 = log_bytes(srv.db), cpu_s(proc.pid)
-    errors, _, _ = asyncio.run(load(url, srv.model, requests, c, tokens))
+    errors, _, _ = asyncio.run(load(srv.urls[which], srv.model, requests, c, tokens))
     cpu = cpu_s(proc.pid) - c0
     return cpu, log_bytes(srv.db) - b0 if which == "daemon" else 0, errors
 
 
 def cost_bench(requests: int, tokens: int, rounds: int, idle_s: float, progress: Callable[[str], None],
-               port: int, warm_up: int = WARM_UP_REQUESTS) -> list[Row]:  # fmt: skip
-    """The cost rows; `port` is a free loopback port for the bare server."""
+               ports: tuple[int, int], warm_up: int = WARM_UP_REQUESTS) -> list[Row]:  # fmt: skip
+    """The cost rows; `ports`: two free loopback ports for the bare servers."""
     with tempfile.TemporaryDirectory(prefix="deepserve-bench-cost-") as tmp:
         srv = Servers(Path(tmp))
         try:
-            return _measure(srv, requests, tokens, rounds, idle_s, progress, port, warm_up)
+            return _measure(srv, requests, tokens, rounds, idle_s, progress, ports, warm_up)
         finally:
             srv.close()
 
 
 def _measure(srv: Servers, requests: int, tokens: int, rounds: int, idle_s: float,
-             progress: Callable[[str], None], port: int, warm_up: int) -> list[Row]:  # fmt: skip
+             progress: Callable[[str], None], ports: tuple[int, int], warm_up: int) -> list[Row]:  # fmt: skip
     progress(f"cost: warming the daemon up, {warm_up} requests (its emulated TTFT and TPOT pace the bare server)")
     errors, ttft, tpot = asyncio.run(load(srv.daemon_url, srv.model, warm_up, max(CONCURRENCIES), tokens))
-    srv.start_bare(statistics.median(ttft) if ttft else 0.02, statistics.median(tpot) if tpot else 0.02, port)
-    asyncio.run(load(srv.bare_url, "bare", max(CONCURRENCIES), max(CONCURRENCIES), tokens))
-    assert srv.bare is not None
-    rss0, bare_rss0 = rss_kb(srv.daemon.pid), rss_kb(srv.bare.pid)
+    srv.start_bare(statistics.median(ttft) if ttft else 0.02, statistics.median(tpot) if tpot else 0.02, ports)
+    for which in BARES:  # their first requests (imports, caches) are not a window's
+        asyncio.run(load(srv.urls[which], srv.model, max(CONCURRENCIES), max(CONCURRENCIES), tokens))
+    rss0 = {w: rss_kb(p.pid) for w, p in srv.procs.items()}
     cpu: dict[tuple[str, int], list[float]] = {}
     log: dict[int, list[float]] = {}
     total = 0
     for r in range(rounds):
         for c in CONCURRENCIES:
-            order = ("daemon", "bare") if r % 2 == 0 else ("bare", "daemon")
+            order = SERVERS[r % 3 :] + SERVERS[: r % 3]
             for which in order:
                 progress(f"cost: round {r + 1}/{rounds}, {which}, {requests} requests x {tokens} tokens, concurrency {c}")
                 s, nbytes, e = _window(srv, which, requests, c, tokens)
@@ -192,22 +202,22 @@ def _measure(srv: Servers, requests: int, tokens: int, rounds: int, idle_s: floa
                 if which == "daemon":
                     log.setdefault(c, []).append(nbytes)
                     total += requests
-    rss1, bare_rss1 = rss_kb(srv.daemon.pid), rss_kb(srv.bare.pid)
+    rss1 = {w: rss_kb(p.pid) for w, p in srv.procs.items()}
     idle_rate = _idle_rate(srv, idle_s, progress)
     rows = []
     for c in CONCURRENCIES:
-        d, b = cpu[("daemon", c)], cpu[("bare", c)]
-        rows.append(Row(f"server_cpu_ms_per_request_c{c}", statistics.median(d), "ms", "bare uvicorn SSE",
-                        statistics.median(b)))  # fmt: skip
-        rows.append(Row(f"server_cpu_ms_per_request_c{c}_spread", max(d) - min(d), "ms", "bare uvicorn SSE",
-                        max(b) - min(b)))  # fmt: skip
+        d, f, a = cpu[("daemon", c)], cpu[("bare-fastapi", c)], cpu[("bare-asgi", c)]
+        name = f"server_cpu_ms_per_request_c{c}"
+        rows.append(Row(name, statistics.median(d), "ms", "bare FastAPI SSE", statistics.median(f)))
+        rows.append(Row(f"{name}_vs_asgi", statistics.median(d), "ms", "bare ASGI SSE", statistics.median(a)))
+        rows.append(Row(f"{name}_spread", max(d) - min(d), "ms", "bare FastAPI SSE", max(f) - min(f)))
     for c in CONCURRENCIES:  # everything logged in the window (its heartbeats too), a request
         per = [n / requests for n in log[c]]
         rows.append(Row(f"log_bytes_per_request_c{c}", statistics.median(per), "bytes", "target", 4096.0))
     if not math.isnan(idle_rate):  # measured (--idle-s long enough)
         rows.append(Row("log_bytes_per_idle_hour", idle_rate * 3600, "bytes", "target", 1e6))
-    rows.append(Row("rss_growth_kb_per_1k_requests", (rss1 - rss0) / total * 1000, "KB", "bare uvicorn SSE",
-                    (bare_rss1 - bare_rss0) / total * 1000))  # fmt: skip
+    rows.append(Row("rss_growth_kb_per_1k_requests", (rss1["daemon"] - rss0["daemon"]) / total * 1000, "KB",
+                    "bare FastAPI SSE", (rss1["bare-fastapi"] - rss0["bare-fastapi"]) / total * 1000))  # fmt: skip
     rows.append(Row("cost_errors", float(errors), "requests", None, None))
     return rows
 
@@ -228,7 +238,7 @@ def add_cost_args(p: Any) -> None:
     from deepserve.cmdline import in_range, positive_int
 
     p.add_argument("--cost-rounds", type=in_range(int, 0, 100, "an integer"), default=3, metavar="R",
-                   help="interleaved daemon/bare rounds for the cost rows, at concurrency 16 and 64 (0: no cost rows)")
+                   help="rounds of the cost rows (daemon and both bare servers in turn), at concurrency 16 and 64 (0: no cost rows)")
     p.add_argument("--cost-requests", type=positive_int, default=320, metavar="N", help="requests a cost window")
     p.add_argument("--warm-up", type=positive_int, default=WARM_UP_REQUESTS, metavar="N",
                    help=f"requests before the cost windows, so the daemon's bounded caches are full (default {WARM_UP_REQUESTS})")
@@ -242,7 +252,8 @@ def cost_rows(args: Any, progress: Callable[[str], None]) -> list[Row]:
         return []
     import socket
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    return cost_bench(args.cost_requests, args.tokens, args.cost_rounds, args.idle_s, progress, port, args.warm_up)
+    with socket.socket() as one, socket.socket() as two:
+        one.bind(("127.0.0.1", 0))
+        two.bind(("127.0.0.1", 0))
+        ports = (int(one.getsockname()[1]), int(two.getsockname()[1]))
+    return cost_bench(args.cost_requests, args.tokens, args.cost_rounds, args.idle_s, progress, ports, args.warm_up)
