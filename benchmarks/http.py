@@ -1,6 +1,7 @@
 """`deepserve bench http`: sustained requests/s through the daemon's OpenAI-compatible API and
 the overhead the platform adds on top of the emulated NPU timings, beside a bare uvicorn SSE
-endpoint streaming the same number of tokens at the same pace (same run, same client).
+endpoint (raw ASGI, `http_bare.py`) streaming the same number of tokens at the same pace (same run,
+same client).
 
 Overhead per request: client-observed TTFT − the request's emulated TTFT (from its recorded
 terminal state, returned in the final SSE chunk), and each client-observed inter-chunk gap − the
@@ -218,7 +219,7 @@ def _http_bench(requests: int, concurrency: int, tokens: int, progress: Callable
     d.check("the daemon", requests)
     ttft = statistics.median(d.emulated_ttft_s) if d.emulated_ttft_s else 0.02
     tpot = statistics.median(d.emulated_tpot_s) if d.emulated_tpot_s else 0.02
-    progress(f"bare uvicorn SSE: same load, TTFT {ttft * 1e3:.1f} ms, TPOT {tpot * 1e3:.1f} ms (the daemon's medians)")
+    progress(f"bare ASGI SSE: same load, TTFT {ttft * 1e3:.1f} ms, TPOT {tpot * 1e3:.1f} ms (the daemon's medians)")
     port = _free_port()
     env = {**os.environ, "BARE_TTFT_S": str(ttft), "BARE_TPOT_S": str(tpot)}
     bare = subprocess.Popen([sys.executable, "-m", "uvicorn", "deepserve.benchmarks.http_bare:app", "--port", str(port),
@@ -230,12 +231,12 @@ def _http_bench(requests: int, concurrency: int, tokens: int, progress: Callable
     finally:
         _stop(bare)
     b.check("the bare uvicorn endpoint", requests)
-    rows = [Row("http_req_per_s", requests / d_wall, "req/s", "bare uvicorn SSE", requests / b_wall)]
+    rows = [Row("http_req_per_s", requests / d_wall, "req/s", "bare ASGI SSE", requests / b_wall)]
     for name, xs, bx in (("ttft_overhead_ms", d.ttft_over_ms, b.ttft_over_ms),
                          ("itl_overhead_ms", d.gap_over_ms, b.gap_over_ms)):  # fmt: skip
         for q, tag in ((0.5, "p50"), (0.99, "p99")):
-            rows.append(Row(f"{name}_{tag}", _pct(xs, q), "ms", "bare uvicorn SSE", _pct(bx, q)))
-    rows.append(Row("http_errors", float(d.errors), "requests", "bare uvicorn SSE", float(b.errors)))
+            rows.append(Row(f"{name}_{tag}", _pct(xs, q), "ms", "bare ASGI SSE", _pct(bx, q)))
+    rows.append(Row("http_errors", float(d.errors), "requests", "bare ASGI SSE", float(b.errors)))
     title = (f"deepserve bench http: {requests} requests x {tokens} tokens, concurrency {concurrency}; "
              f"emulated TTFT p50 {ttft * 1e3:.1f} ms, TPOT p50 {tpot * 1e3:.1f} ms")  # fmt: skip
     return title, rows
