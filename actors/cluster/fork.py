@@ -24,6 +24,7 @@ from deepserve.actors.ports.host import HostFork, HostLoadDone, HostLoadFailed
 from deepserve.actors.ports.pod import TeSlot
 from deepserve.core import Actor, Context, Event, Message
 
+from .ladder_state import relocate
 from .messages import ForkGather, ForkLoaded, ForkNone, ForkRequest
 
 MAX_PENDING = 100_000  # a limit on everything
@@ -56,6 +57,7 @@ class ForkState(msgspec.Struct, kw_only=True):
     started: int = 0
     served: int = 0  # TEs that got their weights by fork
     refused: int = 0  # requests answered ForkNone
+    placed: dict[str, tuple[str, ...]] = {}  # te -> its NPUs, where a boot asked from NPUs not its slot's
 
 
 class ForkMembership(Event, frozen=True, kw_only=True):
@@ -100,6 +102,11 @@ class NpuForker(Actor[ForkState]):
             s.ready[e.group] = e.tes
         elif isinstance(e, ForkQueued):
             s.pending.append(Queued(req=e.req, at_s=e.at_s))
+            slot = self.slots.get(e.req.te)  # where the ladder moved it (relocate, substitute) the request says
+            if slot is not None and e.req.npus != slot.npus:
+                s.placed[e.req.te] = e.req.npus
+            else:
+                s.placed.pop(e.req.te, None)
         elif isinstance(e, ForkStarted | ForkRefused):
             gone = set(e.tes)
             taken = {q.req.te: q for q in s.pending if q.req.te in gone}
@@ -143,9 +150,15 @@ class NpuForker(Actor[ForkState]):
         near: dict[int, int] = {}
         for q in queued:
             near[q.req.server] = near.get(q.req.server, 0) + 1
-        found = [self.slots[te] for te in ready if te in self.slots and self.slots[te].model == model
+        found = [self._where(te) for te in ready if te in self.slots and self.slots[te].model == model
                  and self.slots[te].tp == tp]  # fmt: skip
         return sorted(found, key=lambda s: (s.te in busy, -near.get(s.server, 0), s.te))
+
+    def _where(self, te: str) -> TeSlot:
+        """Where `te` runs now: its slot, or the NPUs its last boot asked from (a TE the ladder
+        relocated is forked from where it is, not where it was)."""
+        npus = self.state.placed.get(te)
+        return self.slots[te] if npus is None else relocate(self.slots[te], npus)
 
     def _gather(self, ctx: Context) -> None:
         by_layout: dict[tuple[str, int], list[Queued]] = {}
