@@ -26,6 +26,7 @@ from deepserve.actors.flowserve.tokens import DEFAULT_VOCAB, chain_hashes_from_t
 
 CHARS_PER_TOKEN = 4
 MAX_TEXT_CHARS = 4 << 20  # a limit on everything: 4 MiB of prompt text
+MAX_REMEMBERED = 1 << 16  # pieces whose ids (and ids whose pieces) a tokenizer keeps
 
 # Words for the emulated output. Common English words, so a stream reads like (odd) prose.
 WORDS = (
@@ -55,19 +56,35 @@ class ApproxTokenizer:
         self.vocab = vocab
         self.name = f"approx-{CHARS_PER_TOKEN}c"
         self._pieces: dict[int, str] = {}  # decode of ids this process encoded (bounded)
+        self._ids: dict[str, int] = {}  # the id of each piece hashed (bounded)
 
     def encode(self, text: str) -> list[int]:
+        """`encode_readable`, with each piece's id remembered (bounded): a piece is hashed once,
+        not at every prompt holding it (the daemon tokenizes every request's prompt at its edge)."""
         if len(text) > MAX_TEXT_CHARS:
             raise ValueError(f"text: {len(text)} characters, limit {MAX_TEXT_CHARS}")
-        out: list[int] = []
+        ids, out = self._ids, []
         for i in range(0, len(text), CHARS_PER_TOKEN):
             piece = text[i : i + CHARS_PER_TOKEN]
-            digest = hashlib.blake2b(piece.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-            tid = int.from_bytes(digest, "little") % self.vocab
-            if len(self._pieces) < 1 << 16:
-                self._pieces.setdefault(tid, piece)
+            tid = ids.get(piece)
+            if tid is None:
+                tid = self._piece_id(piece)
+                if len(ids) < MAX_REMEMBERED:
+                    ids[piece] = tid
             out.append(tid)
         return out
+
+    def encode_readable(self, text: str) -> list[int]:
+        if len(text) > MAX_TEXT_CHARS:
+            raise ValueError(f"text: {len(text)} characters, limit {MAX_TEXT_CHARS}")
+        return [self._piece_id(text[i : i + CHARS_PER_TOKEN]) for i in range(0, len(text), CHARS_PER_TOKEN)]
+
+    def _piece_id(self, piece: str) -> int:
+        digest = hashlib.blake2b(piece.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+        tid = int.from_bytes(digest, "little") % self.vocab
+        if len(self._pieces) < MAX_REMEMBERED:
+            self._pieces.setdefault(tid, piece)
+        return tid
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ids: a piece this tokenizer encoded, else the emulated word for the id."""

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from deepserve.adapters import tokenizer
 from deepserve.adapters.tokenizer import (
     ApproxTokenizer,
     HfTokenizer,
@@ -52,3 +53,19 @@ def test_bad_tokenizer_path_names_the_field(tmp_path) -> None:
         make_tokenizer(str(tmp_path / "missing.json"))
     with pytest.raises(ValueError, match="tokenizer"):
         HfTokenizer(str(tmp_path))
+
+
+@given(st.lists(st.text(max_size=40), max_size=8))
+def test_remembered_piece_ids_agree_with_hashing_every_piece(texts: list[str]) -> None:
+    fast, readable = ApproxTokenizer(vocab=1000), ApproxTokenizer(vocab=1000)
+    for text in texts + texts:  # the second time round, every piece is remembered
+        ids = fast.encode(text)
+        assert ids == readable.encode_readable(text)
+        assert fast.decode(ids) == readable.decode(ids)
+
+
+def test_remembered_pieces_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tokenizer, "MAX_REMEMBERED", 3)
+    tok = ApproxTokenizer()
+    assert tok.encode("aaaabbbbccccddddeeee") == tok.encode_readable("aaaabbbbccccddddeeee")
+    assert len(tok._ids) == 3 and len(tok._pieces) == 3
