@@ -19,6 +19,7 @@ from deepserve.actors.workload.messages import RequestDone
 from deepserve.adapters.tokenizer import output_text
 
 from .api import error_body, usage
+from .plainsse import plain_sse
 from .runtime import Runtime
 from .stream import Stream
 
@@ -211,18 +212,28 @@ class Generation:
             choice["stop_reason"] = self.stop_reason
         return choice
 
+    def plain(self) -> bool:
+        """No stop sequence, stop token id or min_tokens: each piece is its tokens' text, sent
+        as it comes (`pieces` holds nothing back; daemon/plainsse.py)."""
+        return not self.stops and not self.stop_ids and self.min_tokens == 0
+
     def piece_event(self, piece: str) -> bytes:
         """The SSE event of a text piece: `b"data: " + encode(head.chunk([chunk_choice(piece,
         None)])) + b"\n\n"` (the readable version; tests/daemon/test_sse_chunks.py checks they
         agree), from the event's bytes around the piece, encoded once a choice: building and
         encoding the chunk's dicts each piece was ~3 % of the daemon's CPU under load."""
+        pre, post = self.around()
+        return pre + msgspec.json.encode(piece) + post
+
+    def around(self) -> tuple[bytes, bytes]:
+        """A piece event's bytes before and after the piece's JSON string (`piece_event`)."""
         around = self._around
         if around is None:
             enc = msgspec.json.encode
             whole = b"data: " + enc(self.head.chunk([self.chunk_choice(_MARK, None)])) + b"\n\n"
             pre, _, post = whole.partition(enc(_MARK))
             around = self._around = (pre, post)
-        return around[0] + msgspec.json.encode(piece) + around[1]
+        return around
 
     def failure(self) -> str | None:
         """Why the request failed after its first output, or None (completed, or cut short
@@ -299,21 +310,58 @@ class Choices:
             chunk["usage"] = self.usage()
         return b"data: " + msgspec.json.encode(chunk) + b"\n\n"
 
-    async def sse(self) -> AsyncIterator[bytes]:
+    def _heads(self) -> list[bytes]:
+        """The events before any piece, each its own body message: each choice's role chunk (a
+        chat's) and echo."""
         enc, head = msgspec.json.encode, self.head
+        out = []
+        for g in self.gens:
+            if head.kind == "chat":
+                first = g.chunk_choice(None, None)
+                first["delta"] = {"role": "assistant", "content": "", "refusal": None}
+                out.append(b"data: " + enc(head.chunk([first])) + b"\n\n")
+            if g.echo:
+                out.append(b"data: " + enc(head.chunk([g.chunk_choice(g.echo, None)])) + b"\n\n")
+        return out
+
+    def _tail(self, last: bytes) -> bytes:
+        """The stream's last body message: the last choice's finish event `last`, the error and
+        usage events and [DONE] follow each other with nothing awaited between them (one write
+        to the socket, not up to four; the same bytes; 3 of the 20 a 16-token stream had)."""
+        enc, opts = msgspec.json.encode, self.req.stream_options
+        failure = next((f for f in (g.failure() for g in self.gens) if f is not None), None)
+        if failure is not None:  # cut after output: said in-band, as vLLM does (the openai
+            # client raises it as an `APIError`); the finish chunk says "abort"
+            last += b"data: " + enc(error_body(failure, "service_unavailable", None, "service_unavailable")) + b"\n\n"
+        if opts is not None and opts.include_usage:
+            final = self.head.chunk([])
+            final["usage"] = self.usage()
+            final["deepserve"] = self.gens[0]._emulated()  # for `deepserve bench http` (overhead)
+            last += b"data: " + enc(final) + b"\n\n"
+        return last + b"data: [DONE]\n\n"
+
+    async def _close(self) -> None:
+        """The stream ended or was cut: a choice not ended yet (the client went away mid-stream)
+        is cancelled to the TE."""
+        for g in self.gens:
+            if g.done is None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(g.rt.cancel(g.rid, "the client disconnected"))
+
+    def stream(self) -> AsyncIterator[bytes]:
+        """The SSE body: `plain_sse` for one plain choice (the common case), else `sse`."""
+        opts = self.req.stream_options
+        continuous = opts is not None and bool(opts.continuous_usage_stats)
+        if len(self.gens) == 1 and not continuous and self.single_fast and self.gens[0].plain():
+            return plain_sse(self)
+        return self.sse()
+
+    async def sse(self) -> AsyncIterator[bytes]:
         opts = self.req.stream_options
         continuous = opts is not None and bool(opts.continuous_usage_stats)
         try:
-            for g in self.gens:
-                if self.head.kind == "chat":
-                    first = g.chunk_choice(None, None)
-                    first["delta"] = {"role": "assistant", "content": "", "refusal": None}
-                    yield b"data: " + enc(head.chunk([first])) + b"\n\n"
-                if g.echo:
-                    yield b"data: " + enc(head.chunk([g.chunk_choice(g.echo, None)])) + b"\n\n"
-            # The last choice's finish chunk, the error and usage events and [DONE] follow each
-            # other with nothing awaited between them: one body message (one write to the
-            # socket, not up to four; the same bytes; 3 of the 20 a 16-token stream had)
+            for event in self._heads():
+                yield event
             if len(self.gens) == 1 and not continuous and self.single_fast:
                 # One choice (the common case): its pieces' events straight from its generator,
                 # one async generator less a token than `_merged`'s (the readable version:
@@ -321,31 +369,19 @@ class Choices:
                 g = self.gens[0]
                 async for piece in g.pieces():
                     yield g.piece_event(piece)
-                tail = self._event(g, None, False)
+                last = self._event(g, None, False)
             else:
-                tail, open_choices = b"", len(self.gens)
+                last, open_choices = b"", len(self.gens)
                 async for g, piece in self._merged():
                     event = self._event(g, piece, continuous)
                     open_choices -= piece is None
                     if open_choices == 0:  # the last item of the merge
-                        tail = event
+                        last = event
                         continue
                     yield event
-            failure = next((f for f in (g.failure() for g in self.gens) if f is not None), None)
-            if failure is not None:  # cut after output: said in-band, as vLLM does (the openai
-                # client raises it as an `APIError`); the finish chunk above says "abort"
-                tail += b"data: " + enc(error_body(failure, "service_unavailable", None, "service_unavailable")) + b"\n\n"
-            if opts is not None and opts.include_usage:
-                final = head.chunk([])
-                final["usage"] = self.usage()
-                final["deepserve"] = self.gens[0]._emulated()  # for `deepserve bench http` (overhead)
-                tail += b"data: " + enc(final) + b"\n\n"
-            yield tail + b"data: [DONE]\n\n"
+            yield self._tail(last)
         finally:
-            for g in self.gens:
-                if g.done is None:  # the client went away mid-stream: cancel to the TE
-                    with contextlib.suppress(Exception):
-                        await asyncio.shield(g.rt.cancel(g.rid, "the client disconnected"))
+            await self._close()
 
     async def collect(self, request: Request) -> dict[str, Any]:
         tasks = [asyncio.ensure_future(g.drain()) for g in self.gens]

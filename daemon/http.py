@@ -282,8 +282,7 @@ class Frontend:
                 for i, ((r, q), first) in enumerate(zip(qs, firsts, strict=True))]  # fmt: skip
         choices = Choices(head, gens, req)
         if req.stream:
-            return SseResponse(choices.sse(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Request-Id": rid})  # fmt: skip
+            return SseResponse.events(choices.stream(), rid)
         try:
             body = await choices.collect(request)
         except Disconnected:

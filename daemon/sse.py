@@ -16,6 +16,7 @@ closed at the await where it stood.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import h11
@@ -85,6 +86,19 @@ class ChunkSink:
 class SseResponse(StreamingResponse):
     """`StreamingResponse` (same headers, same body messages, same disconnect handling) with the
     stream in the caller's task and the disconnect watched by one asyncio task."""
+
+    @classmethod
+    def events(cls, body: AsyncIterator[bytes], request_id: str) -> SseResponse:
+        """`SseResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache",
+        "X-Request-Id": request_id})` (the readable version: tests/daemon/test_sse.py checks they
+        are alike), its headers as `init_headers` makes them without their making (lowercasing
+        and encoding each, an ABC check of `body`): ~0.5 % of the daemon's CPU (py-spy)."""
+        response = cls.__new__(cls)
+        response.body_iterator, response.status_code, response.background = body, 200, None
+        response.media_type = "text/event-stream"
+        response.raw_headers = [(b"cache-control", b"no-cache"), (b"x-request-id", request_id.encode("latin-1")),
+                                (b"content-type", b"text/event-stream; charset=utf-8")]  # fmt: skip
+        return response
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # not the completion routes' case: the reference path

@@ -125,3 +125,17 @@ def test_the_stream_ends_in_one_body_message() -> None:
     assert events[-1] == b"data: [DONE]"
     assert out[-1].count(b"data: ") == 3  # finish, usage, [DONE]: one message
     assert len(out) == len(events) - 2  # every other event its own message, as it comes
+
+
+def test_events_is_the_constructed_response() -> None:
+    """`SseResponse.events` (the completion routes' constructor) makes what the constructor makes."""
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b"data: 0\n\n"
+
+    events = body()
+    fast = SseResponse.events(events, "cmpl-7")
+    readable = SseResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache",
+                                                                             "X-Request-Id": "cmpl-7"})  # fmt: skip
+    assert vars(fast) == vars(readable) and fast.body_iterator is events
+    assert fast.headers == readable.headers and fast.charset == readable.charset
