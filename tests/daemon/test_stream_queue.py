@@ -8,7 +8,7 @@ import asyncio
 import random
 from typing import Any
 
-from deepserve.daemon.stream import Stream
+from deepserve.daemon.stream import Stream, get_within_readable
 
 
 async def _script(q: Any, seed: int) -> list[Any]:
@@ -25,6 +25,14 @@ async def _script(q: Any, seed: int) -> list[Any]:
                 seen.append(("timed got", i, await q.get()))
         except TimeoutError:
             seen.append(("timed out", i))
+
+    async def within(i: int, timeout_s: float) -> None:
+        """Stream.get_within, or for asyncio.Queue its readable version."""
+        try:
+            got = await (q.get_within(timeout_s) if isinstance(q, Stream) else get_within_readable(q, timeout_s))
+            seen.append(("within got", i, got))
+        except TimeoutError:
+            seen.append(("within out", i))
 
     for step in range(300):
         op = rng.randrange(8)
@@ -47,6 +55,8 @@ async def _script(q: Any, seed: int) -> list[Any]:
             await timed(step)
         elif op == 6:
             seen.append(("sizes", q.qsize(), q.full(), q.empty()))
+        elif op == 7:  # waits within 0 (up at the next loop turn), or long, beside the other getters
+            getters.append(asyncio.ensure_future(within(step, rng.choice((0.0, -1.0, 60.0)))))
         for _ in range(rng.randrange(3)):
             await asyncio.sleep(0)
     for t in getters:
