@@ -183,17 +183,18 @@ class Metrics:
         self._wall.pop(request_id, None)
 
     @functools.cached_property
-    def _per_token(self) -> tuple[Any, Any, Any, Any]:
-        """The series `tokens` moves, bound to the model once: `labels()` a chunk was 1-2 % of
-        the daemon's CPU under load (a lock and a dict lookup each, four times a chunk)."""
+    def _per_token(self) -> tuple[Any, Any, Any, Any, Any]:
+        """The series `tokens` and `pass_output` move, bound to the model once: `labels()` a chunk
+        was 1-2 % of the daemon's CPU under load (a lock and a dict lookup each, four times a chunk)."""
         m, t = self.model, self._t
-        return t.counter(self.gen_tokens, m), t.hist(self.ttft, m), t.hist(self.itl, m), t.hist(self.emu_itl, m)
+        return (t.counter(self.gen_tokens, m), t.hist(self.ttft, m), t.hist(self.itl, m), t.hist(self.emu_itl, m),
+                t.hist(self.iteration, m))  # fmt: skip
 
     def tokens(self, msg: TaskTokens) -> None:
         """A token message reached the frontend: the wall clock's first token or gap, and each gap
         between consecutive emulated token times."""
         now = time.perf_counter()
-        gen_tokens, ttft, wall_itl, itl = self._per_token
+        gen_tokens, ttft, wall_itl, itl, _ = self._per_token
         rid = msg.request_id
         gen_tokens.inc(len(msg.times_s))
         w = self._wall.get(rid)
@@ -215,17 +216,30 @@ class Metrics:
 
     def pass_output(self, msg: TokenBatch) -> None:
         """`batch(msg)`, then `tokens(c)` for each of its chunks (the readable version, which
-        tests/daemon/test_metrics_pass.py checks this against), in one loop with the series bound
-        once and one clock read: the chunks reached the frontend together. The runtime's hook."""
-        self.batch(msg)
+        tests/daemon/test_metrics_pass.py checks this against), in one loop over the chunks and
+        their token times, with the series bound once and one clock read: the chunks reached the
+        frontend together. The runtime's hook."""
         now = time.perf_counter()
-        gen_tokens, ttft, wall_itl, itl = self._per_token
+        gen_tokens, ttft, wall_itl, itl, iteration = self._per_token
         wall, last_token_s = self._wall, self._last_token_s
+        per: dict[float, int] = {}  # `batch`'s: tokens a pass, by its end time
         emitted = 0
         for c in msg.chunks:
             rid, times, first_index = c.request_id, c.times_s, c.first_index
             emitted += len(times)
             w = wall.get(rid)
+            prev = last_token_s.get(rid) if first_index else None
+            for t in times:
+                per[t] = per.get(t, 0) + 1
+                if prev is not None:
+                    itl.observe(max(0.0, t - prev))
+                prev = t
+            if prev is not None:
+                last_token_s[rid] = prev
+            if first_index == 0 and times:  # its prefill ended in this pass: `batch`'s prompt
+                first = w or wall.get(rid.rpartition("-n")[0])
+                if first is not None:
+                    per[times[0]] += first.prompt_tokens
             if w is not None:
                 if w.first is None:
                     w.first = now
@@ -233,14 +247,9 @@ class Metrics:
                 elif w.last is not None and first_index:
                     wall_itl.observe(now - w.last)
                 w.last = now
-            prev = last_token_s.get(rid) if first_index else None
-            for t in times:
-                if prev is not None:
-                    itl.observe(max(0.0, t - prev))
-                prev = t
-            if prev is not None:
-                last_token_s[rid] = prev
         gen_tokens.inc(emitted)
+        for n in per.values():
+            iteration.observe(n)
 
     def batch(self, msg: TokenBatch) -> None:
         """A forward pass's output reached the frontend (a DP master's `TokenBatch`): vLLM's
