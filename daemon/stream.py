@@ -7,7 +7,8 @@ and a putters' queue nobody uses (puts never wait here): ~4 % of the daemon's ev
 under `bench http`'s load (py-spy). `Stream` keeps what the frontend uses — `put_nowait`,
 `get`, `get_nowait`, `full`, `empty`, `qsize` — with asyncio.Queue's semantics, cancellation
 included (an awakened getter that is cancelled passes the wake-up on; no item is lost) — and
-`get_within`, `get` under `asyncio.timeout` (`get_within_readable`) without its context.
+`get_within`, `get` under `asyncio.timeout` (`get_within_readable`) without its context, and
+`offer`, a put unless full (`offer_readable`) in one call.
 asyncio.Queue is the readable version: tests/daemon/test_stream_queue.py runs both through the
 same operations and compares what each returns or raises.
 """
@@ -41,6 +42,16 @@ class Stream:
             raise asyncio.QueueFull
         self._items.append(item)
         self._wake_one()
+
+    def offer(self, item: Any) -> bool:
+        """`offer_readable(self, item)`: put unless full (then dropped); whether it was put. The
+        runtime's, for each streamed chunk."""
+        items = self._items
+        if 0 < self.maxsize <= len(items):
+            return False
+        items.append(item)
+        self._wake_one()
+        return True
 
     def _wake_one(self) -> None:
         getters = self._getters
@@ -118,6 +129,14 @@ def _expire(expiry: list[Any]) -> None:
     expiry[1] = True
     if expiry[0] is not None:
         expiry[0].cancel()
+
+
+def offer_readable(q: Any, item: Any) -> bool:
+    """The readable version of `Stream.offer`."""
+    if q.full():
+        return False
+    q.put_nowait(item)
+    return True
 
 
 async def get_within_readable(q: Any, timeout_s: float) -> Any:

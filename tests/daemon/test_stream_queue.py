@@ -8,7 +8,7 @@ import asyncio
 import random
 from typing import Any
 
-from deepserve.daemon.stream import Stream, get_within_readable
+from deepserve.daemon.stream import Stream, get_within_readable, offer_readable
 
 
 async def _script(q: Any, seed: int) -> list[Any]:
@@ -36,12 +36,14 @@ async def _script(q: Any, seed: int) -> list[Any]:
 
     for step in range(300):
         op = rng.randrange(8)
-        if op <= 1:
+        if op == 0:
             try:
                 q.put_nowait(step)
                 seen.append(("put", step))
             except asyncio.QueueFull:
                 seen.append(("full", step))
+        elif op == 1:  # Stream.offer, or for asyncio.Queue its readable version
+            seen.append(("offer", step, q.offer(step) if isinstance(q, Stream) else offer_readable(q, step)))
         elif op == 2:
             try:
                 seen.append(("nowait", q.get_nowait()))
