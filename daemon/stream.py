@@ -21,12 +21,19 @@ from typing import Any
 
 
 class Stream:
-    __slots__ = ("_getters", "_items", "maxsize")
+    __slots__ = ("_getters", "_items", "_loop", "maxsize")
 
     def __init__(self, maxsize: int = 0) -> None:
         self.maxsize = maxsize
         self._items: deque[Any] = deque()
         self._getters: deque[asyncio.Future[None]] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first wait (asyncio.Queue's)
+
+    def _loop_of(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def qsize(self) -> int:
         return len(self._items)
@@ -69,7 +76,7 @@ class Stream:
     async def get(self) -> Any:
         items = self._items
         while not items:
-            waiter = asyncio.get_running_loop().create_future()
+            waiter = (self._loop or self._loop_of()).create_future()
             self._getters.append(waiter)
             try:
                 await waiter
@@ -94,7 +101,7 @@ class Stream:
         items = self._items
         if items:
             return items.popleft()
-        loop = asyncio.get_running_loop()
+        loop = self._loop or self._loop_of()
         when = loop.time() + timeout_s
         expiry: list[Any] = [None, False]  # the current waiter, whether the time is up
         timer = loop.call_soon(_expire, expiry) if when <= loop.time() else loop.call_at(when, _expire, expiry)
