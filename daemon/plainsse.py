@@ -19,7 +19,7 @@ import msgspec
 
 from deepserve.actors.flowserve.messages import TaskTokens
 from deepserve.actors.workload.messages import RequestDone
-from deepserve.adapters.tokenizer import output_text
+from deepserve.adapters.tokenizer import output_text, token_text
 
 if TYPE_CHECKING:
     from .generation import Choices
@@ -46,7 +46,7 @@ async def plain_sse(ch: Choices) -> AsyncIterator[bytes]:
                     if item.times_s:
                         g.last_token_s = item.times_s[-1]
                     g.tokens += count
-                    piece = output_text(ids)
+                    piece = token_text(ids[0]) if len(ids) == 1 else output_text(ids)  # (its join of one)
                     if piece:
                         g.text += piece
                         yield pre + enc(piece) + post

@@ -137,9 +137,9 @@ class SseResponse(StreamingResponse):
             await self.stream_response(send)
             return
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        write, paused = sink.write, sink.paused
+        write, flow = sink.write, sink.cycle.flow
         async for chunk in self.body_iterator:
-            if paused():
+            if flow.write_paused and sink.paused():
                 await sink.drain()
-            write(chunk if isinstance(chunk, bytes | memoryview) else chunk.encode(self.charset))
+            write(chunk if isinstance(chunk, (bytes, memoryview)) else chunk.encode(self.charset))
         await send({"type": "http.response.body", "body": b"", "more_body": False})
