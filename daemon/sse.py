@@ -43,9 +43,10 @@ class ChunkSink:
     `RequestResponseCycle.send` writes them (the readable version: tests/daemon/test_sse_wire.py
     compares the bytes on the wire both ways), without what a chunk costs there: the ASGI message
     dict, the send coroutine, h11's state machine (a body chunk changes no state) and its writer's
-    three pieces joined — ~5 % of the daemon's CPU under `bench http`'s load (py-spy: `send` was
-    13 %, half of it the socket write, which stays). Only past a first chunk that h11 itself framed
-    as `chunked` does: an HTTP/1.0 client (no chunking) keeps h11's framing, chunk by chunk."""
+    three pieces joined (py-spy under `bench http`'s load: `send` was 13 % of the event loop's busy
+    samples, half of it the socket write, which stays; here the write is nearly all a chunk costs).
+    Only past a first chunk that h11 itself framed as `chunked` does: an HTTP/1.0 client (no
+    chunking) keeps h11's framing, chunk by chunk."""
 
     __slots__ = ("cycle", "framed")
 
@@ -56,8 +57,8 @@ class ChunkSink:
     @staticmethod
     def of(send: Send) -> ChunkSink | None:
         """The sink of uvicorn's h11 cycle whose `send` this is (None: another server)."""
-        cycle = getattr(send, "__self__", None)
-        return ChunkSink(cycle) if type(cycle) is RequestResponseCycle else None
+        cycle = getattr(send, "__self__", None)  # (a HEAD response has no body to write)
+        return ChunkSink(cycle) if type(cycle) is RequestResponseCycle and cycle.scope["method"] != "HEAD" else None
 
     def paused(self) -> bool:
         """Whether the client reads too slowly for another chunk now (await `drain` first)."""
@@ -73,8 +74,8 @@ class ChunkSink:
         cycle = self.cycle
         if cycle.disconnected or not chunk:  # gone: dropped, as uvicorn drops it; empty: no bytes
             return
-        if cycle.response_complete or cycle.scope["method"] == "HEAD":
-            raise RuntimeError("a body chunk after the response ended, or for a HEAD request")
+        if cycle.response_complete:  # as uvicorn's send refuses it
+            raise RuntimeError("Unexpected ASGI message 'http.response.body' sent, after response already completed.")
         if self.framed:
             cycle.transport.write(chunked(chunk))
             return
