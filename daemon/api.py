@@ -167,10 +167,11 @@ def _refusal(req: msgspec.Struct) -> tuple[str, str] | None:
     """(field, message) for the first field asking what deepserve cannot do (only the REFUSED
     fields are read: a walk over all ~70 was ~1 % of the daemon's CPU under load)."""
     for field in _refusable(type(req)):
-        why = REFUSED[field]
         value = getattr(req, field)
-        if value in (None, False, "", [], {}) or value in NEUTRAL.get(field, ()):
+        # falsy: None, false, 0, "", [], {} (what `in (None, False, "", [], {})` matched, 0 == False)
+        if not value or value in NEUTRAL.get(field, ()):
             continue
+        why = REFUSED[field]
         if (field == "response_format" and value.type == "text") or (field == "best_of" and value == getattr(req, "n", None)):
             continue
         shown = value.type if field == "response_format" else value
