@@ -262,7 +262,7 @@ class Choices:
     """A response's n choices (one Generation each): merged SSE chunks, or one JSON body whose
     usage counts the prompt once and sums the completions (as OpenAI's and vLLM's)."""
 
-    single_fast = True  # one choice: `sse` without `_merged` (False: the readable version, for tests)
+    single_fast = True  # one choice: `plain_sse`, or `sse` without `_merged` (False: the readable version)
 
     def __init__(self, head: Head, gens: list[Generation], req: Any) -> None:
         self.head, self.gens, self.req = head, gens, req
