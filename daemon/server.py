@@ -152,7 +152,7 @@ async def _serve(cfg: DaemonConfig, run_dir: Path, grace_s: float, ready: Any, r
     rt.on_done = metrics.done
     rt.on_pass = metrics.pass_output  # metrics.batch, then metrics.tokens for each chunk
     rt.on_rejected = metrics.rejected
-    rt.on_timer_late = metrics.timer_late
+    rt.on_timer_late = metrics.lateness.observe  # Metrics.timer_late without its frame: a call a timer fired
     await rt.start()
     # No access log: at log level "warning" it printed nothing, yet each response still built its
     # line's arguments (the bare server of `bench http` runs with --no-access-log too)
