@@ -105,7 +105,8 @@ class SseResponse(StreamingResponse):
         if scope["type"] != "http":  # not the completion routes' case: the reference path
             await super().__call__(scope, receive, send)
             return
-        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()  # once: each lookup reads the pid (a syscall)
+        task = asyncio.current_task(loop)
         assert task is not None
         gone: list[bool] = []
         streaming = [True]
@@ -116,7 +117,7 @@ class SseResponse(StreamingResponse):
                 gone.append(True)
                 task.cancel()
 
-        watch = asyncio.ensure_future(_disconnect(receive))
+        watch = loop.create_task(_disconnect(receive))  # (ensure_future's, for a coroutine)
         watch.add_done_callback(on_disconnect)
         try:
             await self._stream(send)
