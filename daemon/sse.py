@@ -38,6 +38,9 @@ def chunked(chunk: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(chunk), chunk)
 
 
+_CYCLE_NEEDS = ("conn", "transport", "flow", "disconnected", "response_complete")
+
+
 class ChunkSink:
     """The body chunks of a streamed response, written to uvicorn's h11 connection as uvicorn's
     `RequestResponseCycle.send` writes them (the readable version: tests/daemon/test_sse_wire.py
@@ -58,7 +61,10 @@ class ChunkSink:
     def of(send: Send) -> ChunkSink | None:
         """The sink of uvicorn's h11 cycle whose `send` this is (None: another server)."""
         cycle = getattr(send, "__self__", None)  # (a HEAD response has no body to write)
-        return ChunkSink(cycle) if type(cycle) is RequestResponseCycle and cycle.scope["method"] != "HEAD" else None
+        if type(cycle) is not RequestResponseCycle or cycle.scope["method"] == "HEAD":
+            return None
+        # uvicorn's internals, not its API: a uvicorn without them keeps its own send
+        return ChunkSink(cycle) if all(hasattr(cycle, a) for a in _CYCLE_NEEDS) else None
 
     def paused(self) -> bool:
         """Whether the client reads too slowly for another chunk now (await `drain` first)."""

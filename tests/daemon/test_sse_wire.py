@@ -152,3 +152,16 @@ def test_chunked_is_h11s_framing() -> None:
         conn.send(h11.Response(status_code=200, headers=[]))
         assert conn.send(h11.Data(data=data)) == chunked(data)
     assert ChunkSink.of(lambda _m: None) is None  # another server's send: the readable path
+
+
+def test_a_uvicorn_without_the_cycle_fields_it_writes_through_keeps_its_own_send(monkeypatch: pytest.MonkeyPatch) -> None:
+    from deepserve.daemon import sse
+
+    sinks: list[ChunkSink | None] = []
+    of = ChunkSink.of
+    monkeypatch.setattr(ChunkSink, "of", staticmethod(lambda send: sinks.append(of(send)) or sinks[-1]))
+    run = lambda: asyncio.run(_serve(_app(SseResponse, _events(3)), lambda p: _exchange(p, "1.1")))  # noqa: E731
+    written = run()
+    monkeypatch.setattr(sse, "_CYCLE_NEEDS", (*sse._CYCLE_NEEDS, "a_field_uvicorn_renamed"))
+    assert run() == written and written.count(b"data: ") == 3
+    assert [s is None for s in sinks] == [False, True]
