@@ -31,6 +31,7 @@ import math
 from array import array
 from collections.abc import Sequence
 from statistics import NormalDist
+from typing import Final
 
 from deepserve.actors.flowserve.messages import Sampling
 from deepserve.actors.flowserve.tokens import _MASK, combine, eos_index, mix64
@@ -88,6 +89,14 @@ def sampled_rank(u: float, temperature: float, top_p: float, ranks: int) -> int:
 def sampled_tokens(s: Sampling, start: int, count: int, vocab: int) -> tuple[int, ...]:
     """Output tokens `start .. start+count` of a request: token j holds rank r_j of position j's
     ranking, r_j = 0 when greedy, else drawn from the seed. Never EOS (vocab - 1)."""
+    if _HALVES and vocab <= _HALVES_MAX_VOCAB and 0 <= start and start + count < _M32:
+        return tokens_on_halves(s, start, count, vocab)
+    return sampled_tokens_reference(s, start, count, vocab)
+
+
+def sampled_tokens_reference(s: Sampling, start: int, count: int, vocab: int) -> tuple[int, ...]:
+    """`sampled_tokens` in Python's big ints (tokens.combine, tokens.mix64): the readable path,
+    and the pure build's."""
     v, key = vocab - 1, s.prompt_key & _MASK
     bases = [mix64(combine(key, j)) % v for j in range(start, start + count)]
     if greedy(s):
@@ -130,3 +139,74 @@ def output_length_of(s: Sampling, eos_rate: float, eos_lognormal: tuple[float, f
     if eos is not None and eos + 1 <= s.max_tokens:
         return eos + 1, "stop"
     return s.max_tokens, "length"
+
+
+# ---- the compiled build's path: the same 64-bit mixing on 32-bit halves ------------------------
+# In mypyc an int below 2**62 is unboxed, a 64-bit one a heap object: the big-int path allocates
+# ~35 of them a token (~1.6 us of the ~2.1 a token costs, and more in the daemon, where a pass's
+# allocations meet a cold cache). On halves, every intermediate stays below 2**62: none. Pure
+# Python is slower on halves (more operations), so the pure build keeps the big ints.
+_M32: Final = 0xFFFFFFFF  # Final: mypyc inlines the constants as unboxed ints
+_M16: Final = 0xFFFF
+_HALVES_MAX_VOCAB: Final = 1 << 30  # (hi % v) * 2**32 + lo stays below 2**62
+# A compiled function has no bytecode: the build this module runs in
+_HALVES = not hasattr(greedy, "__code__")
+
+
+def _mul64(hi: int, lo: int, c3: int, c2: int, c1: int, c0: int) -> tuple[int, int]:
+    """(hi, lo) times the 64-bit constant of 16-bit limbs c3..c0, mod 2**64, as (high, low) halves:
+    the products of 16-bit limbs that land below bit 64, carried limb by limb."""
+    l1, l0, h1, h0 = lo >> 16, lo & _M16, hi >> 16, hi & _M16
+    t0 = l0 * c0
+    t1 = l1 * c0 + l0 * c1 + (t0 >> 16)
+    t2 = l1 * c1 + l0 * c2 + (t1 >> 16)
+    t3 = l1 * c2 + l0 * c3 + (t2 >> 16)
+    t2 = (t2 & _M16) + h0 * c0  # the high half's products from limb 2 up
+    t3 += h1 * c0 + h0 * c1 + (t2 >> 16)
+    return ((t3 & _M16) << 16) | (t2 & _M16), ((t1 & _M16) << 16) | (t0 & _M16)
+
+
+def mix_halves(hi: int, lo: int) -> tuple[int, int]:
+    """`tokens.mix64` of the 64-bit value (hi << 32) | lo, as halves."""
+    lo ^= ((lo >> 30) | (hi << 2)) & _M32
+    hi ^= hi >> 30
+    hi, lo = _mul64(hi, lo, 0xBF58, 0x476D, 0x1CE4, 0xE5B9)
+    lo ^= ((lo >> 27) | (hi << 5)) & _M32
+    hi ^= hi >> 27
+    hi, lo = _mul64(hi, lo, 0x94D0, 0x49BB, 0x1331, 0x11EB)
+    lo ^= ((lo >> 31) | (hi << 1)) & _M32
+    hi ^= hi >> 31
+    return hi, lo
+
+
+def combine_halves(ph: int, pl: int, value: int) -> tuple[int, int]:
+    """`tokens.combine` of the parent (ph << 32) | pl and 0 <= value < 2**32 - 1, as halves: the
+    parent rotated left 23 bits, xor (value + 1) * GOLDEN, then mixed."""
+    rh = ((ph << 23) | (pl >> 9)) & _M32
+    rl = ((pl << 23) | (ph >> 9)) & _M32
+    gh, gl = _mul64(0, value + 1, 0x9E37, 0x79B9, 0x7F4A, 0x7C15)
+    return mix_halves(rh ^ gh, rl ^ gl)
+
+
+def tokens_on_halves(s: Sampling, start: int, count: int, vocab: int) -> tuple[int, ...]:
+    """`sampled_tokens_reference` on halves (vocab <= 2**30, start + count < 2**32 - 1): token j
+    is mix64(combine(prompt key, j)) mod (vocab - 1), plus the rank _uniform(seed, j) draws."""
+    v, key = vocab - 1, s.prompt_key & _MASK
+    kh, kl = key >> 32, key & _M32
+    out: list[int] = []
+    if greedy(s):
+        for j in range(start, start + count):
+            hi, lo = combine_halves(kh, kl, j)
+            hi, lo = mix_halves(hi, lo)
+            out.append(((hi % v) * 4294967296 + lo) % v)
+        return tuple(out)
+    ranks = ranks_allowed(s, vocab)
+    seed = s.seed & _MASK
+    sh, sl, t, p = seed >> 32, seed & _M32, s.temperature, s.top_p
+    for j in range(start, start + count):
+        hi, lo = combine_halves(kh, kl, j)
+        hi, lo = mix_halves(hi, lo)
+        uh, ul = combine_halves(sh, sl, j)
+        u = (((uh << 21) | (ul >> 11)) + 0.5) * _UNIT  # _uniform(seed, j): (z >> 11 + 0.5) / 2**53
+        out.append((((hi % v) * 4294967296 + lo) % v + sampled_rank(u, t, p, ranks)) % v)
+    return tuple(out)
