@@ -16,6 +16,7 @@ from deepserve.actors.ports.npu import NpuForward, NpuForwardRun, SeqShape
 from deepserve.adapters.hardware.batch import GRAPH_MAX_NEW_TOKENS, Batch, Parallel, Seq, validate
 from deepserve.adapters.hardware.compute import dense_fixed, is_dense_plan, sampling_time_s, span_of
 from deepserve.adapters.hardware.dense_fixed_plan import DenseFixedPlan, dense_fixed_plan
+from deepserve.adapters.hardware.devices.npu_loop import seq_sums
 from deepserve.adapters.hardware.layout import check_layout, largest_cluster
 from deepserve.adapters.hardware.models import model_profile
 from deepserve.adapters.hardware.roofline import ACT_BYTES
@@ -108,25 +109,34 @@ def dense_terms(
     seqs = msg.seqs if seqs is None else seqs
     if check and not seqs:
         raise ValueError("batch: must hold at least one sequence")
-    # One loop for every sum (six generator reductions cost ~14k instructions a call)
-    graph, tokens, logits, pairs0, dpairs, kv0 = True, 0, 0, 0, 0, 0
-    for s in seqs:
-        n, ctx = s.new_tokens, s.context_tokens
-        if check and (n < 1 or ctx < 0):  # validate's message for a bad sequence
-            raise ValueError(f"batch: each seq needs new_tokens >= 1, context >= 0; got {Seq(n, ctx)}")
-        if n > GRAPH_MAX_NEW_TOKENS:  # run_shape's mode
-            graph = False
-        tokens += n
-        logits += n if n < GRAPH_MAX_NEW_TOKENS else GRAPH_MAX_NEW_TOKENS  # _logits
-        pairs0 += n * ctx + n * (n + 1) // 2
-        dpairs += n * n
-        kv0 += ctx + n
+    # One compiled loop for every sum (npu_loop.seq_sums; six generator reductions cost ~14k
+    # instructions a call, the Python loop ~200 ns a sequence)
+    bad, graph, tokens, logits, pairs0, dpairs, kv0 = seq_sums(seqs, GRAPH_MAX_NEW_TOKENS, check)
+    if bad >= 0:  # validate's message for a bad sequence
+        s = seqs[bad]
+        raise ValueError(f"batch: each seq needs new_tokens >= 1, context >= 0; got {Seq(s.new_tokens, s.context_tokens)}")
     c = _dense_consts(npu, msg.model, msg.part, msg.tp, msg.pp, msg.dp, msg.ep,
                       msg.shared_expert_ranks, msg.redundant_experts, tokens, logits, graph,
                       msg.sample)  # fmt: skip
     if c is None:
         return None
     return c, (pairs0, dpairs, kv0, tokens), graph
+
+
+def seq_sums_reference(
+    seqs: tuple[SeqShape, ...], graph_max: int, check: bool
+) -> tuple[int, bool, int, int, int, int, int]:  # fmt: skip
+    """`npu_loop.seq_sums`, readable: one reduction a sum (tests/adapters/test_npu_seq_sums.py)."""
+    if check:  # the sums before the first bad sequence, beside its index
+        bad = next((i for i, s in enumerate(seqs) if s.new_tokens < 1 or s.context_tokens < 0), -1)
+        if bad >= 0:
+            return (bad, *seq_sums_reference(seqs[:bad], graph_max, False)[1:])
+    ns = [s.new_tokens for s in seqs]
+    return (
+        -1, all(n <= graph_max for n in ns), sum(ns), sum(min(n, graph_max) for n in ns),
+        sum(n * s.context_tokens + n * (n + 1) // 2 for n, s in zip(ns, seqs, strict=True)),
+        sum(n * n for n in ns), sum(s.context_tokens + n for n, s in zip(ns, seqs, strict=True)),
+    )
 
 
 class DenseConsts(msgspec.Struct, frozen=True):

@@ -15,6 +15,37 @@ msgspec Structs through a generic getattr.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from deepserve.actors.ports.npu import SeqShape
+
+
+def seq_sums(
+    seqs: tuple[SeqShape, ...], graph_max: int, check: bool
+) -> tuple[int, bool, int, int, int, int, int]:  # fmt: skip
+    """`npu_dense.dense_terms`' loop over a pass's sequences (its readable version beside it,
+    `seq_sums_reference`): (-1, or with `check` the index of the first sequence with
+    new_tokens < 1 or context < 0; whether the pass runs as a graph (no sequence over
+    `graph_max` new tokens); tokens; logits (each sequence's n capped at `graph_max`); attended
+    pairs at pass 0; their growth a pass; cached tokens at pass 0)."""
+    graph, tokens, logits, pairs0, dpairs, kv0 = True, 0, 0, 0, 0, 0
+    i = 0
+    for s in seqs:
+        n = s.new_tokens
+        ctx = s.context_tokens
+        if check and (n < 1 or ctx < 0):
+            return i, graph, tokens, logits, pairs0, dpairs, kv0
+        if n > graph_max:
+            graph = False
+        tokens += n
+        logits += n if n < graph_max else graph_max
+        pairs0 += n * ctx + n * (n + 1) // 2
+        dpairs += n * n
+        kv0 += ctx + n
+        i += 1
+    return -1, graph, tokens, logits, pairs0, dpairs, kv0
+
 
 def dense_ends(
     pre: list[float], body: tuple[float, ...], ints: tuple[int, int, int, int, int, int],
