@@ -133,7 +133,9 @@ class Npu(NpuFaults, Actor[NpuState]):
 
     def handle(self, ctx: Context, msg: Message) -> None:
         st = self.state
-        if isinstance(msg, NpuGraphDone):
+        if type(msg) is NpuForward and st.status == HEALTHY:  # each pass: the chain's answer, at once
+            self._enqueue(ctx, msg)
+        elif isinstance(msg, NpuGraphDone):
             self._graph_done(ctx, msg)
         elif isinstance(msg, _FAULTS):
             self._fault(ctx, msg)
@@ -275,7 +277,8 @@ class Npu(NpuFaults, Actor[NpuState]):
         costed = self._costed  # usually the request just validated: its cost is known
         cost = costed[1] if costed[0] is head.req else forward_cost_s(self.npu, head.req)
         expected_s, mode, tokens = cost
-        factor = variance_factor(ctx.rng.gauss(0.0, 1.0)) if self.variance else 1.0
+        # variance_factor(ctx.rng.gauss(0.0, 1.0)), inlined: the same floats
+        factor = math.exp(_SIGMA * ctx.rng.gauss(0.0, 1.0) - _HALF_VAR) if self.variance else 1.0
         duration = expected_s * factor
         ctx.record(NpuForwardStarted(start, duration, mode, tokens, arrived))
         # Fires at start + duration, the float a timer armed at the start would reach
