@@ -10,8 +10,10 @@ they reach its top or the heap is compacted (`_compact_timers`). `AsyncDriver`'s
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from heapq import heapify, heappop, heappush
+from math import ceil
 from typing import Final
 
 from .envelope import Envelope
@@ -19,6 +21,30 @@ from .inline import InlineDelivery
 
 _heappush: Final = heappush  # (Final: a C static in the compiled build, compiled.py)
 TIMER_HEAP_SLACK = 1024  # cancelled entries tolerated beyond twice the live timers
+
+
+def ms_loop_offset(loop: asyncio.AbstractEventLoop) -> float | None:
+    """For a loop whose timers run on a whole-millisecond clock read off `time.monotonic`'s
+    (uvloop: libuv's `uv_now`, CLOCK_MONOTONIC truncated to the millisecond), how far
+    `time.monotonic()` is ahead of `loop.time()` now; None for any other loop (asyncio's own
+    reads `time.monotonic` itself) or if the two clocks do not agree to that millisecond."""
+    if not type(loop).__module__.startswith("uvloop"):
+        return None
+    lag = time.monotonic() - loop.time()
+    return lag if -0.0001 <= lag < 0.0021 else None
+
+
+def ms_tick_delay(due: float, loop_now: float) -> float:
+    """The `call_later` delay for a callback at `due`, both times on a millisecond-tick loop's
+    clock (`loop_now` = `loop.time()`, whole milliseconds): the whole number of milliseconds
+    that reaches `due`, rounded up. uvloop rounds a delay to the millisecond and starts it from
+    its clock's last whole millisecond, so `due - now` itself fired up to 1.5 ms early, and
+    re-armed with under 0.5 ms left it became a `call_soon`: the loop spun until the deadline
+    (19,522 wakes for 240 timers in tests/core/test_asynctimers.py). The price: a timer fires
+    at the first tick after its deadline, ~0.8 ms late at the median on a quiet loop (it was
+    ~0, bought by that spinning)."""
+    ms = ceil((due - loop_now) * 1000.0)
+    return ms / 1000.0 if ms > 0 else 0.0
 
 
 class WallTimers(InlineDelivery):
@@ -31,6 +57,10 @@ class WallTimers(InlineDelivery):
     # The loop callback armed for the heap's top deadline (`_arm_timer`, `_fire_timers`)
     _timer_handle: asyncio.TimerHandle | None
     _timers_on: bool  # between __aenter__ and __aexit__: timers fire
+    _t0: float  # `time.monotonic()` at our clock's t=0 (AsyncDriver.__aenter__)
+    # uvloop (`ms_loop_offset`): what turns our deadlines into times of the loop's clock, which
+    # are armed on its millisecond ticks (`ms_tick_delay`); None: armed as `deadline - now`
+    _tick_offset: float | None
     timer_wakes: int  # times the timer callback ran (at the heap's top deadline)
     # Called as `timer_late(key, seconds)` for each timer fired, how long after its deadline
     # the event loop got to it (a measurement of the platform, outside the actors' state)
@@ -42,11 +72,16 @@ class WallTimers(InlineDelivery):
         self._timer_seq = 0
         self._timer_handle = None
         self._timers_on = False
+        self._tick_offset = None
         self.timer_wakes = 0
         self.timer_late = None
 
     def _start_timers(self) -> None:
         self._timers_on = True
+        loop = self._loop
+        assert loop is not None
+        # our clock is `time.monotonic() - self._t0` (asyncdriver: `clock()`)
+        self._tick_offset = None if ms_loop_offset(loop) is None else self._t0
         if self._timer_heap:  # timers set before the start
             self._arm_timer(self._timer_heap[0][0])
 
@@ -91,7 +126,12 @@ class WallTimers(InlineDelivery):
             handle.cancel()
         loop = self._loop
         assert loop is not None
-        self._timer_handle = loop.call_later(max(0.0, deadline - self.clock()), self._fire_timers)
+        offset = self._tick_offset
+        if offset is None:
+            delay = max(0.0, deadline - self.clock())
+        else:  # never before the deadline, and not spinning up to it either
+            delay = ms_tick_delay(deadline + offset, loop.time())
+        self._timer_handle = loop.call_later(delay, self._fire_timers)
 
     def _fire_timers(self) -> None:
         heap, timers = self._timer_heap, self._timers
