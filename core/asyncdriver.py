@@ -217,7 +217,7 @@ class AsyncDriver(RemoteFlow):
             self._bounce(env, t, DEAD)  # the address is taken by a live actor
             return
         cell = self._new_cell(env.dst)
-        cell.mailbox = Mailbox(self.mailbox_capacity)
+        cell.mailbox = Mailbox(self.mailbox_capacity, self._loop)
         cell.mailbox.put_nowait(env)
         cell.stats.mailbox_depth += 1
         if self._tg is None:
