@@ -231,8 +231,8 @@ class DriverBase(abc.ABC):
                     self._to_outside(t, env)
                 else:
                     self._enqueue(env, t)
-            elif kind == _TIMER:
-                env = Envelope(addr, addr, o.msg_id, hlc, o.corr, o.msg, o.reply_to)
+            elif kind == _TIMER:  # (with its encoding, as a send: the input record reuses it)
+                env = Envelope(addr, addr, o.msg_id, hlc, o.corr, o.msg, o.reply_to, False, False, o.payload)
                 self._set_timer(t + o.delay, env, o.key)  # type: ignore[arg-type]
             elif kind == _CANCEL:
                 self._timers.pop((addr, o.key), None)  # type: ignore[arg-type]
