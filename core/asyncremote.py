@@ -28,7 +28,6 @@ class RemoteFlow(LoggedDelivery):
     _remote_pressure: Any
     inline_remote: bool
     _high_water: int
-    burst: int
 
     def _deliver_remote(self, env: Envelope) -> None:
         self._send(env, self.clock())

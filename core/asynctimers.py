@@ -1,8 +1,9 @@
 """`AsyncDriver`'s timers on the wall clock: a heap of (deadline, seq, envelope, key) and one
 event-loop callback armed at its top deadline.
 
-A timer only puts its envelope in a mailbox (`_send` outside a step): no handler runs and no
-task starts in the callback. Cancelled timers (an answered ask's timeout) stay in the heap until
+A due timer for an actor whose task is parked on an empty mailbox runs in the callback, as a
+peer's message runs in the transport's (`_deliver_timer`); any other goes into its actor's
+mailbox (`_send` outside a step) and wakes its task. Cancelled timers (an answered ask's timeout) stay in the heap until
 they reach its top or the heap is compacted (`_compact_timers`). `AsyncDriver`'s base class
 (asyncdriver.py), whose clock and event loop it uses.
 """
@@ -17,7 +18,7 @@ from math import ceil
 from typing import Final
 
 from .envelope import Envelope
-from .inline import InlineDelivery
+from .inline import InlineDelivery, mailbox_of
 
 _heappush: Final = heappush  # (Final: a C static in the compiled build, compiled.py)
 TIMER_HEAP_SLACK = 1024  # cancelled entries tolerated beyond twice the live timers
@@ -62,6 +63,8 @@ class WallTimers(InlineDelivery):
     # are armed on its millisecond ticks (`ms_tick_delay`); None: armed as `deadline - now`
     _tick_offset: float | None
     timer_wakes: int  # times the timer callback ran (at the heap's top deadline)
+    inline_local: bool  # (AsyncDriver's: deliveries to parked actors may run inline)
+    burst: int
     # Called as `timer_late(key, seconds)` for each timer fired, how long after its deadline
     # the event loop got to it (a measurement of the platform, outside the actors' state)
     timer_late: Callable[[str, float], None] | None
@@ -119,8 +122,8 @@ class WallTimers(InlineDelivery):
         """Run `_fire_timers` at `deadline` (the heap's new top), in place of the one armed.
         A loop callback, not a task woken by an event: the task's wake-ups (an Event wait, a
         task step, the callback setting the event) were ~4 % of the daemon's event-loop CPU
-        under HTTP load (py-spy, issue 30 §1). A timer only puts an envelope in a mailbox: no
-        handler runs and no task starts here (`_send` outside a step: `_stepping` is False)."""
+        under HTTP load (py-spy, issue 30 §1). A handler may run here (`_deliver_timer`), as in a
+        transport's receive callback; a child it spawns starts as a task of the driver's group."""
         handle = self._timer_handle
         if handle is not None:
             handle.cancel()
@@ -133,9 +136,32 @@ class WallTimers(InlineDelivery):
             delay = ms_tick_delay(deadline + offset, loop.time())
         self._timer_handle = loop.call_later(delay, self._fire_timers)
 
+    def _forget_timer_handle(self) -> None:
+        # A method, not `self._timer_handle = None` in `_fire_timers`: a type checker would then
+        # take the attribute for None in the rest of it, although a handler run there may arm a
+        # timer, and mypyc (compiled.py) compiles that narrowing into a run-time type check.
+        self._timer_handle = None
+
+    def _deliver_timer(self, env: Envelope, t: float) -> None:
+        """A due timer: run now, here, for an actor whose task is parked on an empty mailbox
+        (`_run_inline`, then what that step queued for other parked actors: `_drain_inline`),
+        as a message from a peer runs in the transport's callback; else into its mailbox
+        (`_send`), which wakes its task. Either way its actor's messages keep their order,
+        and the same step runs: only the task switch is saved (the NPU's pass ends)."""
+        cell = self.cells.get(env.dst)
+        if (
+            cell is not None and cell.alive and not cell.inline and self.inline_local
+            and mailbox_of(cell).parked()
+        ):
+            self._run_inline(cell, env)
+            if self._inline_q:
+                self._drain_inline(self.burst)
+            return
+        self._send(env, t)
+
     def _fire_timers(self) -> None:
         heap, timers = self._timer_heap, self._timers
-        self._timer_handle = None
+        self._forget_timer_handle()
         self.timer_wakes += 1
         try:
             now = self.clock()
@@ -147,7 +173,7 @@ class WallTimers(InlineDelivery):
                     t = self.clock()
                     if late is not None:
                         late(key, t - deadline)
-                    self._send(env, t)
+                    self._deliver_timer(env, t)
             # A cancelled timer (an answered ask's timeout) leaves its entry: drop those now
             # at the top, so the next wake is for a live one, not one wake per old deadline.
             # Only here: dropping them on a new timer's arming would empty the heap between

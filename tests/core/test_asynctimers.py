@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from deepserve.core import Actor, Context, Message
+from deepserve.core import Actor, Context, Event, MemorySink, Message
 from deepserve.core.asyncdriver import AsyncDriver, run
 from deepserve.core.asynctimers import ms_tick_delay
+from deepserve.persistence.api import MemoryLog
+from deepserve.replay import verify
 
 
 class Tick(Message, frozen=True):
@@ -62,3 +64,97 @@ def test_uvloop_timers_fire_after_their_deadlines_without_spinning() -> None:
     # one wake a timer at most (several due at one tick share it); re-arming a deadline under
     # half a millisecond away as uvloop's `call_soon` woke the loop ~100 times a timer here
     assert wakes <= chains * n
+
+
+# ---- a due timer for a parked actor runs in the timer callback (`_deliver_timer`) -----------
+class Beat(Message, frozen=True):
+    n: int
+
+
+class Beaten(Event, frozen=True):
+    n: int
+
+
+class Pacer(Actor[int]):
+    """`n` beats `delay_s` apart; each is recorded and told to `to`; the third spawns a child
+    (from the timer callback, when it runs inline), which is told the beats after it."""
+
+    def __init__(self, to: str, delay_s: float, n: int) -> None:
+        self.to, self.delay_s, self.n = to, delay_s, n
+
+    def initial_state(self) -> int:
+        return 0
+
+    def evolve(self, state: int, event: Beaten) -> int:
+        return state + event.n
+
+    def on_start(self, ctx: Context) -> None:
+        ctx.after(self.delay_s, Beat(1))
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if not isinstance(msg, Beat):
+            return
+        ctx.record(Beaten(msg.n))
+        ctx.send(self.to, Beat(msg.n))
+        if msg.n == 3:
+            ctx.spawn(f"{ctx.self}/kid", Keeper)
+        if msg.n > 3:
+            ctx.send(f"{ctx.self}/kid", Beat(msg.n))
+        if msg.n < self.n:
+            ctx.after(self.delay_s, Beat(msg.n + 1))
+
+
+class Keeper(Actor[int]):
+    def initial_state(self) -> int:
+        return 0
+
+    def evolve(self, state: int, event: Beaten) -> int:
+        return state * 100 + event.n
+
+    def handle(self, ctx: Context, msg: Message) -> None:
+        if isinstance(msg, Beat):
+            ctx.record(Beaten(msg.n))
+
+
+def _per_actor(sink: MemorySink) -> dict[str, list[tuple[object, ...]]]:
+    """Each actor's steps without their times: input type and payload, events, outputs."""
+    out: dict[str, list[tuple[object, ...]]] = {}
+    for s in sink.steps:
+        i = s.input
+        if i.seq < 0:  # final snapshots
+            continue
+        outs = tuple((o.kind, o.dst, o.type, o.payload, o.key) for o in s.outputs)
+        out.setdefault(i.actor, []).append((i.seq, i.type, i.payload, tuple(e.payload for e in s.events), outs))
+    return out
+
+
+def _beats(inline: bool) -> tuple[MemorySink, int, dict[str, int]]:
+    sink = MemorySink()
+
+    async def main() -> tuple[int, dict[str, int]]:
+        async with AsyncDriver(seed=5, sink=sink) as d:
+            d.inline_local = inline
+            d.spawn("k/0", Keeper)
+            d.spawn("p/0", Pacer, to="k/0", delay_s=0.003, n=8)
+            await d.idle(timers=True)
+            await d.idle()
+            states = {a: d.actor(a).state for a in ("k/0", "p/0", "p/0/kid")}
+            return d.inline_deliveries, states
+
+    inline_runs, states = run(main)
+    return sink, inline_runs, states
+
+
+def test_timers_run_inline_for_parked_actors_with_the_same_steps_as_through_their_tasks() -> None:
+    fast, inline_runs, fast_states = _beats(inline=True)
+    plain, no_inline, plain_states = _beats(inline=False)  # the readable path: `_send`, a task wake
+    assert no_inline == 0
+    # the 8 beats ran in the timer callback (p/0 was parked each time), and so did each beat's
+    # first message, to k/0 (parked); the child's were in its own task or inline too
+    assert inline_runs >= 16
+    assert fast_states == plain_states == {"k/0": 102030405060708, "p/0": sum(range(1, 9)),
+                                           "p/0/kid": 405060708}
+    assert _per_actor(fast) == _per_actor(plain)
+    for sink in (fast, plain):
+        result = verify(MemoryLog(sink))  # type: ignore[arg-type]
+        assert result.identical, result.summary()
