@@ -296,6 +296,10 @@ class AsyncDriver(RemoteFlow):
                 return
             await anyio.lowlevel.checkpoint()
 
+    def _fail_in_task(self, exc: Exception) -> None:
+        if self._tg is not None:
+            self._tg.start_soon(_reraise, exc, name="deepserve kernel failure")
+
     def _drain_dead(self, cell: Cell) -> None:
         while (env := cell.mailbox.get_nowait()) is not None:
             cell.stats.mailbox_depth -= 1
@@ -362,6 +366,13 @@ class AsyncDriver(RemoteFlow):
                 log.warning("handler failed", actor=cell.addr, seq=cell.seq, error=event.error)
             elif isinstance(event, Stopped):
                 log.warning("actor stopped", actor=cell.addr, seq=cell.seq, reason=event.reason)
+
+
+async def _reraise(exc: Exception) -> None:
+    """A failure outside any actor's task (a timer delivered in the loop callback whose step the
+    sink refused), raised in a task of the driver's group: it fails the driver, as it would have
+    in the actor's own task."""
+    raise exc
 
 
 def run(main: Any, *args: Any) -> Any:

@@ -10,6 +10,7 @@ they reach its top or the heap is compacted (`_compact_timers`). `AsyncDriver`'s
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import time
 from collections.abc import Callable
@@ -136,6 +137,11 @@ class WallTimers(InlineDelivery):
             delay = ms_tick_delay(deadline + offset, loop.time())
         self._timer_handle = loop.call_later(delay, self._fire_timers)
 
+    @abc.abstractmethod
+    def _fail_in_task(self, exc: Exception) -> None:
+        """Raise `exc` in a task of the driver's group (AsyncDriver's): a loop callback's own
+        exception is only logged by the loop, where an actor's task failing fails the driver."""
+
     def _forget_timer_handle(self) -> None:
         # A method, not `self._timer_handle = None` in `_fire_timers`: a type checker would then
         # take the attribute for None in the rest of it, although a handler run there may arm a
@@ -173,7 +179,11 @@ class WallTimers(InlineDelivery):
                     t = self.clock()
                     if late is not None:
                         late(key, t - deadline)
-                    self._deliver_timer(env, t)
+                    try:
+                        self._deliver_timer(env, t)
+                    except Exception as exc:  # noqa: BLE001 — re-raised in a task of the driver
+                        self._fail_in_task(exc)
+                        break
             # A cancelled timer (an answered ask's timeout) leaves its entry: drop those now
             # at the top, so the next wake is for a live one, not one wake per old deadline.
             # Only here: dropping them on a new timer's arming would empty the heap between

@@ -4,6 +4,7 @@ before its deadline and the loop does not spin up to it."""
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 from deepserve.core import Actor, Context, Event, MemorySink, Message
@@ -158,3 +159,29 @@ def test_timers_run_inline_for_parked_actors_with_the_same_steps_as_through_thei
     for sink in (fast, plain):
         result = verify(MemoryLog(sink))  # type: ignore[arg-type]
         assert result.identical, result.summary()
+
+
+class RefusingSink(MemorySink):
+    """Refuses every step after the first `ok`: a disk that failed."""
+
+    def __init__(self, ok: int) -> None:
+        super().__init__()
+        self.ok = ok
+
+    def append(self, step: object) -> int:
+        if len(self.steps) >= self.ok:
+            raise OSError("disk full")
+        return super().append(step)  # type: ignore[arg-type]
+
+
+def test_a_sink_failure_in_a_timer_delivered_inline_fails_the_driver() -> None:
+    # as it would in the actor's task: the loop only logs a callback's own exception
+    async def main() -> None:
+        async with AsyncDriver(sink=RefusingSink(ok=2)) as d:
+            d.spawn("t/0", Ticker, delay_s=0.002, n=50)  # its Started and one more step logged
+            with anyio.fail_after(10):
+                await anyio.sleep_forever()
+
+    with pytest.raises(ExceptionGroup) as failed:  # the driver's task group, failed by the OSError
+        run(main)
+    assert any(isinstance(e, OSError) and "disk full" in str(e) for e in failed.value.exceptions)
