@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextvars
 import time
 from collections.abc import Callable
 from heapq import heapify, heappop, heappush
@@ -49,6 +50,20 @@ def ms_tick_delay(due: float, loop_now: float) -> float:
     return ms / 1000.0 if ms > 0 else 0.0
 
 
+def callback_context() -> contextvars.Context:
+    """The caller's context, saying "asyncio" to sniffio: the timer callback runs in it. A handler
+    run there may spawn a child, and anyio starts a task only where it can tell which async
+    library runs: a loop callback is in no task, and on a loop anyio did not start (`asyncio.run`,
+    uvicorn's) nothing else says it (anyio: `NoEventLoopError`)."""
+    context = contextvars.copy_context()
+    try:
+        import sniffio
+    except ImportError:  # anyio then assumes asyncio whenever a loop runs
+        return context
+    context.run(sniffio.current_async_library_cvar.set, "asyncio")
+    return context
+
+
 class WallTimers(InlineDelivery):
     """The timer heap and its loop callback; `AsyncDriver.__init__` calls `_init_timers`, its
     `__aenter__` `_start_timers` and its `__aexit__` `_stop_timers`."""
@@ -59,6 +74,7 @@ class WallTimers(InlineDelivery):
     # The loop callback armed for the heap's top deadline (`_arm_timer`, `_fire_timers`)
     _timer_handle: asyncio.TimerHandle | None
     _timers_on: bool  # between __aenter__ and __aexit__: timers fire
+    _callback_context: contextvars.Context | None  # what the callback runs in (`callback_context`)
     _t0: float  # `time.monotonic()` at our clock's t=0 (AsyncDriver.__aenter__)
     # uvloop (`ms_loop_offset`): what turns our deadlines into times of the loop's clock, which
     # are armed on its millisecond ticks (`ms_tick_delay`); None: armed as `deadline - now`
@@ -76,12 +92,14 @@ class WallTimers(InlineDelivery):
         self._timer_seq = 0
         self._timer_handle = None
         self._timers_on = False
+        self._callback_context = None
         self._tick_offset = None
         self.timer_wakes = 0
         self.timer_late = None
 
     def _start_timers(self) -> None:
         self._timers_on = True
+        self._callback_context = callback_context()
         loop = self._loop
         assert loop is not None
         # our clock is `time.monotonic() - self._t0` (asyncdriver: `clock()`)
@@ -135,7 +153,7 @@ class WallTimers(InlineDelivery):
             delay = max(0.0, deadline - self.clock())
         else:  # never before the deadline, and not spinning up to it either
             delay = ms_tick_delay(deadline + offset, loop.time())
-        self._timer_handle = loop.call_later(delay, self._fire_timers)
+        self._timer_handle = loop.call_later(delay, self._fire_timers, context=self._callback_context)
 
     @abc.abstractmethod
     def _fail_in_task(self, exc: Exception) -> None:

@@ -4,6 +4,8 @@ before its deadline and the loop does not spin up to it."""
 
 from __future__ import annotations
 
+import asyncio
+
 import anyio
 import pytest
 
@@ -185,3 +187,19 @@ def test_a_sink_failure_in_a_timer_delivered_inline_fails_the_driver() -> None:
     with pytest.raises(ExceptionGroup) as failed:  # the driver's task group, failed by the OSError
         run(main)
     assert any(isinstance(e, OSError) and "disk full" in str(e) for e in failed.value.exceptions)
+
+
+def test_a_timer_run_inline_may_spawn_on_a_loop_anyio_did_not_start() -> None:
+    # `asyncio.run` (as a daemon thread or uvicorn starts a loop): in the timer callback nothing
+    # told anyio which async library runs, and the child's task could not start
+    async def main() -> dict[str, int]:
+        async with AsyncDriver(seed=5) as d:
+            d.spawn("k/0", Keeper)
+            d.spawn("p/0", Pacer, to="k/0", delay_s=0.003, n=8)
+            await d.idle(timers=True)
+            await d.idle()
+            assert d.inline_deliveries >= 16
+            return {a: d.actor(a).state for a in ("k/0", "p/0", "p/0/kid")}
+
+    states = asyncio.run(asyncio.wait_for(main(), 20))
+    assert states == {"k/0": 102030405060708, "p/0": sum(range(1, 9)), "p/0/kid": 405060708}
