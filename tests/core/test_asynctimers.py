@@ -16,7 +16,7 @@ from deepserve.persistence.api import MemoryLog
 from deepserve.replay import verify
 
 
-class Tick(Message, frozen=True):
+class AsyncTimerTick(Message, frozen=True):
     n: int
 
 
@@ -34,11 +34,11 @@ class Ticker(Actor[int]):
         return state
 
     def on_start(self, ctx: Context) -> None:
-        ctx.after(self.delay_s, Tick(1))
+        ctx.after(self.delay_s, AsyncTimerTick(1))
 
     def handle(self, ctx: Context, msg: Message) -> None:
-        if isinstance(msg, Tick) and msg.n < self.n:
-            ctx.after(self.delay_s, Tick(msg.n + 1))
+        if isinstance(msg, AsyncTimerTick) and msg.n < self.n:
+            ctx.after(self.delay_s, AsyncTimerTick(msg.n + 1))
 
 
 def test_ms_tick_delay_rounds_up_to_the_loops_next_millisecond() -> None:
