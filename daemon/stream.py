@@ -80,16 +80,20 @@ class Stream:
             self._getters.append(waiter)
             try:
                 await waiter
-            except BaseException:  # asyncio.Queue.get's: the wake-up goes to the next getter
-                waiter.cancel()
-                try:
-                    self._getters.remove(waiter)
-                except ValueError:
-                    pass
-                if items and not waiter.cancelled():
-                    self._wake_one()
+            except BaseException:
+                self._abandon(waiter)
                 raise
         return items.popleft()
+
+    def _abandon(self, waiter: asyncio.Future[Any]) -> None:
+        """asyncio.Queue.get's, for a getter that stops waiting: a wake-up it got goes to the next."""
+        waiter.cancel()
+        try:
+            self._getters.remove(waiter)
+        except ValueError:
+            pass
+        if self._items and not waiter.cancelled():
+            self._wake_one()
 
     async def get_within(self, timeout_s: float) -> Any:
         """`get_within_readable(self, timeout_s)` (tests/daemon/test_stream_queue.py checks they
@@ -115,13 +119,7 @@ class Stream:
                     if expiry[1]:  # up while the wake-up was on its way: as the context's cancel
                         raise asyncio.CancelledError
                 except BaseException:
-                    waiter.cancel()
-                    try:
-                        self._getters.remove(waiter)
-                    except ValueError:
-                        pass
-                    if items and not waiter.cancelled():
-                        self._wake_one()
+                    self._abandon(waiter)
                     task = asyncio.current_task()
                     if expiry[1] and task is not None and not task.cancelling():
                         raise TimeoutError from None
