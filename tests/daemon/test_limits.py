@@ -22,9 +22,13 @@ from deepserve.replay import verify
 
 # The TTFT deadline is the window in which the second request must meet the first in flight: 4 s
 # leaves a loaded machine room (with 1.5 s a second request held up that long finds no one).
+# The heartbeat declares the stuck TE `misses` rounds after its pass stalled: with the default 3,
+# 4.3-4.8 s after the request arrived, only 0.3-0.8 s after its 4 s deadline. On a loaded CI
+# machine the deadline's cancel came later than that, the TE left first and the request failed
+# 503 instead of 504. Ten misses put the declaration ~7 s past the deadline; this test is about it.
 SETTINGS = ("daemon.max_inflight=1", "daemon.ttft_deadline_s=4", "cluster.tes=1", "pd.prefill_tes=0",
             "pd.decode_tes=0", "cluster.scheduler.chunked_prefill=false",
-            "cluster.scheduler.max_batch_tokens=512")  # fmt: skip
+            "cluster.scheduler.max_batch_tokens=512", "control.heartbeat_misses=10")  # fmt: skip
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
