@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import openai
+from cliproc import in_process
 from daemonproc import start_daemon, stop_daemon
 
 MODEL = "llama3-8b"
@@ -77,6 +78,8 @@ def test_kill_je_mid_stream_every_stream_moves_to_the_other_je_and_finishes(tmp_
     for (rid, text, finish, used), (_, text2, _, _) in zip(during, again, strict=True):
         assert (finish, used) == ("length", TOKENS), (rid, finish, used)
         assert text == text2, rid  # no token twice, none skipped
-    moved = [rid for rid, *_ in during if "moved by the gateway" in cli("replay", "why", str(run), rid).stdout]
+    # answered by `main()` here: a Python start and deepserve's imports each as subprocesses
+    moved = [rid for rid, *_ in during if "moved by the gateway" in in_process("replay", "why", str(run), rid,
+                                                                                cwd=tmp_path).stdout]  # fmt: skip
     assert moved, "no stream was on je/0"  # the gateway draws a JE per request: 8 streams, two JEs
-    assert cli("replay", "verify", str(run)).returncode == 0
+    assert in_process("replay", "verify", str(run), cwd=tmp_path).returncode == 0

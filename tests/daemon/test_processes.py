@@ -19,6 +19,7 @@ from typing import Any
 import httpx2 as httpx
 import openai
 import pytest
+from cliproc import in_process
 from daemonproc import start_daemon, stop_daemon, stream_story, wait_for
 
 import deepserve.actors.je.actor  # noqa: F401  (registers the JE's event types for decode)
@@ -161,8 +162,7 @@ def test_kill_9_a_te_process_under_load(tmp_path: Path) -> None:
         assert story[0]["process"] == "daemon" and story[0]["input"] == "ApiRequest", story[:2]
         assert te_steps and all(s["process"].startswith("te-") for s in te_steps), story
         assert [s["t"] for s in story] == sorted(s["t"] for s in story)
-        shown = subprocess.run([sys.executable, "-m", "deepserve", "status", "--admin-url", admin],
-                               capture_output=True, text=True, timeout=30)  # fmt: skip
+        shown = in_process("status", "--admin-url", admin, cwd=tmp_path)
         assert shown.returncode == 0 and f"pid {row['pid']}" in shown.stdout, shown.stdout + shown.stderr
         # SIGTERM while requests stream: they finish (the grace period), then every process stops.
         streaming = asyncio.run(stop_under_load(info["url"], proc))
@@ -174,8 +174,7 @@ def test_kill_9_a_te_process_under_load(tmp_path: Path) -> None:
 
     logs = sorted(p.name for p in run_dir.glob("*.db"))
     assert logs == ["daemon.db", "te-0-g1.db", "te-1-g1.db", "te-1-g2.db", "te-2-g1.db", "te-3-g1.db"], logs
-    v = subprocess.run([sys.executable, "-m", "deepserve", "replay", "verify", str(run_dir)],
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    v = in_process("replay", "verify", str(run_dir), cwd=tmp_path)
     assert v.returncode == 0, v.stdout + v.stderr
     assert v.stdout.startswith("identical: ") and "6 logs, each verified on its own" in v.stdout, v.stdout
     assert v.stdout.count(": identical:") == 6, v.stdout

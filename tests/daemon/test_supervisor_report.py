@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import httpx2 as httpx
 import openai
 import pytest
+from cliproc import in_process
 from daemonproc import start_daemon, stop_daemon
 
 from deepserve.actors.cluster.state import TeDeclaredFailed
@@ -141,6 +141,5 @@ def test_a_killed_te_process_is_failed_and_replaced_at_once(tmp_path: Path) -> N
     assert decided[1].te == VICTIM and decided[1].generation == 1
     assert decided[1].reason == f"its pod exited: the TE process (pid {victim_pid}) was killed by SIGKILL"
     assert decided[0] - crash[0] < 0.5  # decided as the report arrived (two hops in one process)
-    v = subprocess.run([sys.executable, "-m", "deepserve", "replay", "verify", str(run_dir / "daemon.db")],
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    v = in_process("replay", "verify", str(run_dir / "daemon.db"), cwd=run_dir)
     assert v.returncode == 0 and v.stdout.startswith("identical"), v.stdout + v.stderr

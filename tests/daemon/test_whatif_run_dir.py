@@ -8,13 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx2 as httpx
 import openai
 import pytest
+from cliproc import in_process
 from daemonproc import start_daemon, stop_daemon
 from test_retry_unstreamed import MODEL, REQUESTS, SETTINGS, TOKENS, ask, cli
 
@@ -56,8 +56,9 @@ def test_whatif_on_a_daemon_run_dir_with_a_kill(tmp_path: Path, mode: tuple[str,
         out = stop_daemon(proc)
     assert proc.returncode == 0, out
     assert len(answers) == REQUESTS and MODEL
-    args = [sys.executable, "-m", "deepserve", "replay", "whatif", str(run_dir), "--set", "scheduling.policy=round_robin"]
-    res = subprocess.run([*args, "--json"], capture_output=True, text=True, timeout=120)
+    # answered by `main()` here (a subprocess would add a Python start and deepserve's imports)
+    args = ["replay", "whatif", str(run_dir), "--set", "scheduling.policy=round_robin"]
+    res = in_process(*args, "--json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout)
     accepted = served["accepted"] + served["rejected_429"]
@@ -70,7 +71,7 @@ def test_whatif_on_a_daemon_run_dir_with_a_kill(tmp_path: Path, mode: tuple[str,
     agreed = got["agreement"]  # the wall-clock run against its virtual re-run with no change
     assert agreed["requests"] == REQUESTS and agreed["routing_decisions"] >= REQUESTS
     assert 0 <= agreed["same_te"] <= agreed["routing_decisions"] and agreed["rerun"]["requests"] == REQUESTS
-    text = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    text = in_process(*args, cwd=tmp_path)
     assert text.returncode == 0, text.stderr
     assert "original" in text.stdout and "what-if" in text.stdout and "a daemon run" in text.stdout
     assert "against its virtual re-run with no change" in text.stdout
