@@ -48,10 +48,18 @@ class RemoteFlow(LoggedDelivery):
         return None
 
     async def _admit_later(self, cell: Cell, env: Envelope) -> None:
+        """Wait, at most `max_remote_wait_s`, until the actor has taken enough of its mailbox,
+        then send (still full: recorded like any full mailbox). Runs in the transport's task."""
+        mailbox = mailbox_of(cell)
         with anyio.move_on_after(self.max_remote_wait_s):
-            while cell.alive and cell.stats.mailbox_depth >= self._high_water:
-                await anyio.sleep(0.0005)
-        self._send(env, self.clock())  # still full after the wait: handled like any full mailbox
+            # An empty mailbox ends the wait too: no take would come to wake it (the mark is 0
+            # at `mailbox_capacity` 1), and it cannot be emptier.
+            while cell.alive and len(mailbox) and cell.stats.mailbox_depth >= self._high_water:
+                # Woken by the actor's next take, or by the drain of its mailbox when it stops.
+                # Not a poll: uvloop rounds a sub-millisecond sleep to 0 ms, and the loop spun
+                # for as long as the mailbox stayed full.
+                await mailbox.taken()
+        self._send(env, self.clock())
 
     async def _wait_remote(self) -> None:
         room, self._remote_pressure = self._remote_pressure, None

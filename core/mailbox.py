@@ -60,9 +60,20 @@ class Mailbox:
     async def wait_below(self, limit: int) -> None:
         """Wait until fewer than `limit` messages are queued (edge backpressure)."""
         while len(self._q) >= limit:
-            if self._space is None:
-                self._space = asyncio.get_running_loop().create_future()
-            await self._space
+            await self.taken()
+
+    async def taken(self) -> None:
+        """Wait for the reader's next take (`get_nowait`; a dead actor's mailbox is drained
+        by it too). Any number of waiters share one future, resolved by that take."""
+        space = self._space
+        if space is None or space.done():
+            loop = self._loop
+            if loop is None:
+                loop = asyncio.get_running_loop()
+            self._space = space = loop.create_future()
+        # Shielded: a waiter that gives up (a deadline) would otherwise cancel the shared
+        # future, and with it the wait of every other waiter, and of the next ones until a take.
+        await asyncio.shield(space)
 
     def get_nowait(self) -> Any | None:
         q = self._q
