@@ -34,17 +34,25 @@ class RemoteFlow(LoggedDelivery):
 
     def _admit_remote(self, env: Envelope) -> Any:
         """Deliver now, or return an awaitable that delivers once the mailbox is
-        below its high-water mark: the transport stops reading its socket meanwhile."""
-        cell = self.cells.get(env.dst)
-        if cell is not None and cell.alive:
-            if cell.stats.mailbox_depth >= self._high_water:
-                return self._admit_later(cell, env)
-            if self.inline_remote and mailbox_of(cell).parked() and self._remote_pressure is None:
-                self._run_inline(cell, env)
-                if self._inline_q:
-                    self._drain_inline(self.burst)
-                return None
-        self._send(env, self.clock())
+        below its high-water mark: the transport stops reading its socket meanwhile.
+
+        Runs in the transport's receive callback, where an exception (the log refusing the
+        step) would only be logged by the event loop: it fails the driver instead, as it
+        would in an actor's task (`_fail_in_task`; an actor's own failure never gets here,
+        `execute` records it)."""
+        try:
+            cell = self.cells.get(env.dst)
+            if cell is not None and cell.alive:
+                if cell.stats.mailbox_depth >= self._high_water:
+                    return self._admit_later(cell, env)
+                if self.inline_remote and mailbox_of(cell).parked() and self._remote_pressure is None:
+                    self._run_inline(cell, env)
+                    if self._inline_q:
+                        self._drain_inline(self.burst)
+                    return None
+            self._send(env, self.clock())
+        except Exception as exc:  # noqa: BLE001 — re-raised in a task of the driver
+            self._fail_in_task(exc)
         return None
 
     async def _admit_later(self, cell: Cell, env: Envelope) -> None:
@@ -59,7 +67,10 @@ class RemoteFlow(LoggedDelivery):
                 # Not a poll: uvloop rounds a sub-millisecond sleep to 0 ms, and the loop spun
                 # for as long as the mailbox stayed full.
                 await mailbox.taken()
-        self._send(env, self.clock())
+        try:
+            self._send(env, self.clock())
+        except Exception as exc:  # noqa: BLE001 — the transport's task, which nobody awaits
+            self._fail_in_task(exc)
 
     async def _wait_remote(self) -> None:
         room, self._remote_pressure = self._remote_pressure, None

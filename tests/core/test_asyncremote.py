@@ -1,6 +1,7 @@
 """AsyncDriver's side of a flow-controlled transport (core/asyncremote.py): a remote envelope
 for a mailbox at its high-water mark waits for the actor's takes (not a poll of the loop), under
-asyncio and under uvloop (the daemon's loop). The transport here is an in-process stand-in with ZmqTransport's flow-control surface
+asyncio and under uvloop (the daemon's loop); a failure where the transport delivers fails the
+driver. The transport here is an in-process stand-in with ZmqTransport's flow-control surface
 (`attach_admit`, `congestion`, `aclose`): a waiting admission runs in a task of its own, as there."""
 
 from __future__ import annotations
@@ -14,27 +15,28 @@ import anyio
 import msgspec
 import pytest
 
-from deepserve.core import Actor, Context, Event, Message
+from deepserve.core import Actor, Context, Event, MemorySink, Message
 from deepserve.core.asyncdriver import AsyncDriver
 from deepserve.core.envelope import Envelope
+from deepserve.core.records import Step
 
 LOOPS = ["asyncio", "uvloop"]
 pytestmark = pytest.mark.timeout(60)
 
 
-class Item(Message, frozen=True):
+class ArItem(Message, frozen=True):
     n: int
 
 
-class Hold(Message, frozen=True):
+class ArHold(Message, frozen=True):
     """Its handler sends to the congested peer: the actor's task then waits for the peer."""
 
 
-class Ping(Message, frozen=True):
+class ArPing(Message, frozen=True):
     pass
 
 
-class Got(Event, frozen=True):
+class ArGot(Event, frozen=True):
     n: int
 
 
@@ -42,21 +44,21 @@ class Seen(msgspec.Struct, frozen=True):
     got: tuple[int, ...] = ()
 
 
-class Keeper(Actor[Seen]):
+class ArKeeper(Actor[Seen]):
     """Records the items it gets, in order; stops at a negative one."""
 
     def initial_state(self) -> Seen:
         return Seen()
 
     def evolve(self, state: Seen, event: Event) -> Seen:
-        assert isinstance(event, Got)
+        assert isinstance(event, ArGot)
         return Seen((*state.got, event.n))
 
     def handle(self, ctx: Context, msg: Message) -> None:
-        if isinstance(msg, Hold):
-            ctx.send("peer/0", Ping())
-        elif isinstance(msg, Item):
-            ctx.record(Got(msg.n))
+        if isinstance(msg, ArHold):
+            ctx.send("peer/0", ArPing())
+        elif isinstance(msg, ArItem):
+            ctx.record(ArGot(msg.n))
             if msg.n < 0:
                 ctx.stop()
 
@@ -89,7 +91,7 @@ class Flow:
 
     def receive(self, n: int) -> Awaitable[None] | None:
         assert self.admit is not None
-        return self.admit(Envelope("peer/0", "rx/0", n + 1000, 0, None, Item(n)))
+        return self.admit(Envelope("peer/0", "rx/0", n + 1000, 0, None, ArItem(n)))
 
     def receive_later(self, n: int) -> None:
         """Like ZmqTransport's receive callback (a loop callback): a waiting admission runs in
@@ -138,8 +140,8 @@ def _run(main: Callable[[], Awaitable[None]], loop: str) -> None:
 
 async def _hold(d: AsyncDriver, flow: Flow) -> None:
     """Start rx/0 and keep its task waiting for the congested peer (until `flow.gate` is set)."""
-    d.spawn("rx/0", Keeper)
-    d.inject_nowait("rx/0", Hold())
+    d.spawn("rx/0", ArKeeper)
+    d.inject_nowait("rx/0", ArHold())
     with anyio.fail_after(10):  # until its task waits for the peer
         while not flow.sent or d._remote_pressure is not None:
             await anyio.sleep(0.001)
@@ -243,7 +245,7 @@ def test_a_remote_envelope_for_an_empty_mailbox_does_not_wait_at_a_mark_of_0(loo
         flow = Flow()
         async with AsyncDriver(transport=flow, mailbox_capacity=1) as d:
             d.max_remote_wait_s = 30.0
-            d.spawn("rx/0", Keeper)
+            d.spawn("rx/0", ArKeeper)
             for n in range(3):
                 await d.idle()
                 waiting = flow.receive(n)
@@ -270,7 +272,7 @@ def test_a_waiter_giving_up_leaves_the_others_waiting(loop: str) -> None:
             accepted: list[int] = []
 
             async def patient() -> None:
-                accepted.append(await d.inject("rx/0", Item(100)))
+                accepted.append(await d.inject("rx/0", ArItem(100)))
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(patient)
@@ -278,7 +280,7 @@ def test_a_waiter_giving_up_leaves_the_others_waiting(loop: str) -> None:
                     while d.cells["rx/0"].mailbox._space is None:  # until it waits
                         await anyio.sleep(0.001)
                 with anyio.move_on_after(0.05):  # an impatient one gives up
-                    await d.inject("rx/0", Item(200))
+                    await d.inject("rx/0", ArItem(200))
                 with anyio.fail_after(10):  # ... and one that comes after it waits too
                     async with anyio.create_task_group() as late:
                         late.start_soon(patient)
@@ -290,3 +292,57 @@ def test_a_waiter_giving_up_leaves_the_others_waiting(loop: str) -> None:
             assert d.actor("rx/0").state.got == (*range(d.edge_limit), 100, 100)
 
     _run(main, loop)
+
+
+class RefusingSink(MemorySink):
+    """Refuses the step that records the input `msg_id`: a disk failing at that moment."""
+
+    def __init__(self, msg_id: int) -> None:
+        super().__init__()
+        self.msg_id = msg_id
+
+    def append(self, step: Step) -> int:
+        if step.input.msg_id == self.msg_id:
+            raise OSError("disk full")
+        return super().append(step)
+
+
+def _fails_with_disk_full(main: Callable[[], Awaitable[None]], loop: str) -> None:
+    with pytest.raises(ExceptionGroup) as failed:  # the driver's task group, failed by the OSError
+        _run(main, loop)
+    assert any(isinstance(e, OSError) and "disk full" in str(e) for e in failed.value.exceptions)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_log_failure_delivering_a_remote_envelope_inline_fails_the_driver(loop: str) -> None:
+    async def main() -> None:
+        flow = Flow()
+        async with AsyncDriver(transport=flow, sink=RefusingSink(msg_id=1000 + 0)) as d:
+            d.spawn("rx/0", ArKeeper)
+            await d.idle()
+            # rx/0 is parked: its step runs in the receive callback, a callback of the loop
+            asyncio.get_running_loop().call_soon(flow.receive_later, 0)
+            with anyio.fail_after(10):
+                await anyio.sleep_forever()
+
+    _fails_with_disk_full(main, loop)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_log_failure_after_a_remote_envelope_waited_fails_the_driver(loop: str) -> None:
+    # The waiting envelope ends as a dead letter (its actor stopped), in the transport's task.
+    async def main() -> None:
+        flow = Flow()
+        sink = RefusingSink(msg_id=1000 + 3)  # the dead letter of item 3
+        async with AsyncDriver(transport=flow, sink=sink, mailbox_capacity=8) as d:
+            d.max_remote_wait_s = 30.0
+            await _hold(d, flow)
+            for n in (-1, 0, 1, 2):  # up to the high-water mark; -1 stops rx/0, the rest drained
+                assert flow.receive(n) is None
+            flow.receive_later(3)  # waits in a task of the transport's, as ZmqTransport's does
+            assert flow.tasks
+            flow.gate.set()
+            with anyio.fail_after(10):
+                await anyio.sleep_forever()
+
+    _fails_with_disk_full(main, loop)
