@@ -115,12 +115,27 @@ class AsyncDriver(RemoteFlow):
             raise RuntimeError("AsyncDriver.__aexit__ without __aenter__")
         self._tg.cancel_scope.cancel()
         self._stop_timers()
-        result = await self._tg.__aexit__(*exc)
+        try:
+            result = await self._tg.__aexit__(*exc)
+        except Exception as failure:
+            # The run failed (a kernel failure re-raised in the group): the steps up to it are
+            # the incident's record, and the open log page holds the last of them. Close as a
+            # clean exit does before the failure propagates; a second failure while closing
+            # (the sink that failed the run, refusing again) is noted on the first, not raised.
+            try:
+                await self._close()
+            except Exception as again:  # noqa: BLE001 — the run's own failure is the one raised
+                failure.add_note(f"closing the driver after that failed too: {again!r}")
+            raise
+        await self._close()
+        return result
+
+    async def _close(self) -> None:
+        """Final snapshots, the transport flushed and closed, every logged step committed."""
         self._snapshot_live(self.clock())
         if self.transport is not None:
             await self._close_transport()
         self._flush_log()
-        return result
 
     def clock(self) -> float:
         return _monotonic() - self._t0
