@@ -3,11 +3,12 @@ from a running TE of their model over the NPU-to-NPU links instead of PCIe.
 
 A booting TE (boot.py, source "fork") sends `ForkRequest` after TE-Pre-Load. Requests that arrive
 within `gather_s` of each other go out together: the coordinator picks a running TE of the model
-and layout (from the membership the manager pushes to it as to every JE), and asks that TE's host
-for one broadcast per link (`HostFork`, each rank's shard pipelined through the targets in HCCL's
-chunked chain): the targets inside the source's scale-up domain over it (HCCS inside a Gen1
-server; UB across a CloudMatrix384), the ones beyond over the scale-out link (RoCE). The bytes
-cross the emulated fabric, so they share its links max-min fairly with everything else there —
+and layout (from the membership the manager pushes to it as to every JE, which also names where
+the members the recovery ladder moved run), and asks that TE's host for one broadcast per link
+(`HostFork`, each rank's shard pipelined through the targets in HCCL's chunked chain): the targets
+inside the source's scale-up domain over it (HCCS inside a Gen1 server; UB across a
+CloudMatrix384), the ones beyond over the scale-out link (RoCE). The bytes cross the emulated
+fabric, so they share its links max-min fairly with everything else there —
 the source TE's own KV transfers included. Each TE gets `ForkLoaded` when its broadcast ends, or
 `ForkNone` (no running TE of the model: scaling from zero; a failed broadcast), and then loads
 from its host. Used by scale-out and by a replacement whenever a source exists.
@@ -57,12 +58,13 @@ class ForkState(msgspec.Struct, kw_only=True):
     started: int = 0
     served: int = 0  # TEs that got their weights by fork
     refused: int = 0  # requests answered ForkNone
-    placed: dict[str, tuple[str, ...]] = {}  # te -> its NPUs, where a boot asked from NPUs not its slot's
+    placed: dict[str, tuple[str, ...]] = {}  # te -> its NPUs, where it runs off its slot's NPUs
 
 
 class ForkMembership(Event, frozen=True, kw_only=True):
     group: str
     tes: tuple[str, ...]
+    placed: dict[str, tuple[str, ...]] = {}  # the push's: members the ladder moved -> their NPUs
 
 
 class ForkQueued(Event, frozen=True, kw_only=True):
@@ -100,13 +102,11 @@ class NpuForker(Actor[ForkState]):
     def evolve(self, s: ForkState, e: Event) -> ForkState:
         if isinstance(e, ForkMembership):
             s.ready[e.group] = e.tes
+            for te, npus in e.placed.items():  # the manager's word, for TEs that booted any way
+                self._place(s, te, npus)
         elif isinstance(e, ForkQueued):
             s.pending.append(Queued(req=e.req, at_s=e.at_s))
-            slot = self.slots.get(e.req.te)  # where the ladder moved it (relocate, substitute) the request says
-            if slot is not None and e.req.npus != slot.npus:
-                s.placed[e.req.te] = e.req.npus
-            else:
-                s.placed.pop(e.req.te, None)
+            self._place(s, e.req.te, e.req.npus)  # where the ladder moved it (relocate, substitute) the request says
         elif isinstance(e, ForkStarted | ForkRefused):
             gone = set(e.tes)
             taken = {q.req.te: q for q in s.pending if q.req.te in gone}
@@ -127,9 +127,17 @@ class NpuForker(Actor[ForkState]):
                 del s.forks[e.fork_id]
         return s
 
+    def _place(self, s: ForkState, te: str, npus: tuple[str, ...]) -> None:
+        """`te` runs on `npus`: kept when they are not its slot's (back on them: forgotten)."""
+        slot = self.slots.get(te)
+        if slot is not None and npus != slot.npus:
+            s.placed[te] = npus
+        else:
+            s.placed.pop(te, None)
+
     def handle(self, ctx: Context, msg: Message) -> None:
         if isinstance(msg, TeGroupMembership):
-            ctx.record(ForkMembership(group=f"{msg.model}/{msg.role}", tes=tuple(msg.tes)))
+            ctx.record(ForkMembership(group=f"{msg.model}/{msg.role}", tes=tuple(msg.tes), placed=dict(msg.placed)))
         elif isinstance(msg, ForkRequest):
             if len(self.state.pending) >= MAX_PENDING:
                 ctx.send(msg.reply_to, ForkNone(te=msg.te, generation=msg.generation, reason="fork queue full"))
@@ -155,8 +163,8 @@ class NpuForker(Actor[ForkState]):
         return sorted(found, key=lambda s: (s.te in busy, -near.get(s.server, 0), s.te))
 
     def _where(self, te: str) -> TeSlot:
-        """Where `te` runs now: its slot, or the NPUs its last boot asked from (a TE the ladder
-        relocated is forked from where it is, not where it was)."""
+        """Where `te` runs now: its slot, or the NPUs its fork boot asked from or the manager's push
+        named (a TE the ladder relocated is forked from where it is, not where it was)."""
         npus = self.state.placed.get(te)
         return self.slots[te] if npus is None else relocate(self.slots[te], npus)
 

@@ -381,9 +381,13 @@ class ClusterManager(Actor[CmState]):
             return
         tes, draining = P.membership(self.state, group)
         ctx.record(MembershipPushed(group=group, tes=tes, draining=draining))
+        # the ladder's moves, read from the recorded state (TeRelocated): a member booted from DRAM
+        # or cold asked nobody for its weights, so only this push tells the fork coordinator where it is
+        moved = getattr(self.state, "placed", {})
+        placed = {te: L.slot_of(self.state, self.slots[te]).npus for te in tes if te in moved and te in self.slots}
         for je in self.cfg.jes:
             ctx.send(je, TeGroupMembership(model=g.model, role=g.role, tes=tes, draining=draining,  # type: ignore[arg-type]
-                                           version=self.state.version))  # fmt: skip
+                                           version=self.state.version, placed=placed))  # fmt: skip
 
     def _directory(self, ctx: Context, routes: dict[str, str], removed: tuple[str, ...]) -> None:
         ctx.record(DirectoryChanged(routes=routes, removed=removed))

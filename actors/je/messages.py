@@ -35,6 +35,9 @@ class TeGroupMembership(Message, frozen=True, kw_only=True):
     version: int = 0
     # TEs being drained (scale-down): no new tasks, but their open tasks are not failed over
     draining: tuple[str, ...] = ()
+    # where members the recovery ladder moved run (TE -> NPUs; the others run at their slot's):
+    # the NPU-fork coordinator forks from there, whatever way the TE booted; JEs ignore it
+    placed: dict[str, tuple[str, ...]] = {}
 
 
 class CancelJob(Message, frozen=True, kw_only=True):
