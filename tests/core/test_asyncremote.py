@@ -295,14 +295,15 @@ def test_a_waiter_giving_up_leaves_the_others_waiting(loop: str) -> None:
 
 
 class RefusingSink(MemorySink):
-    """Refuses the step that records the input `msg_id`: a disk failing at that moment."""
+    """Refuses the steps `refuse` picks: a disk failing at that moment (tests/adapters'
+    receive-failure test uses it too)."""
 
-    def __init__(self, msg_id: int) -> None:
+    def __init__(self, refuse: Callable[[Step], bool]) -> None:
         super().__init__()
-        self.msg_id = msg_id
+        self.refuse = refuse
 
     def append(self, step: Step) -> int:
-        if step.input.msg_id == self.msg_id:
+        if self.refuse(step):
             raise OSError("disk full")
         return super().append(step)
 
@@ -317,7 +318,7 @@ def _fails_with_disk_full(main: Callable[[], Awaitable[None]], loop: str) -> Non
 def test_a_log_failure_delivering_a_remote_envelope_inline_fails_the_driver(loop: str) -> None:
     async def main() -> None:
         flow = Flow()
-        async with AsyncDriver(transport=flow, sink=RefusingSink(msg_id=1000 + 0)) as d:
+        async with AsyncDriver(transport=flow, sink=RefusingSink(lambda step: step.input.msg_id == 1000 + 0)) as d:
             d.spawn("rx/0", ArKeeper)
             await d.idle()
             # rx/0 is parked: its step runs in the receive callback, a callback of the loop
@@ -333,7 +334,7 @@ def test_a_log_failure_after_a_remote_envelope_waited_fails_the_driver(loop: str
     # The waiting envelope ends as a dead letter (its actor stopped), in the transport's task.
     async def main() -> None:
         flow = Flow()
-        sink = RefusingSink(msg_id=1000 + 3)  # the dead letter of item 3
+        sink = RefusingSink(lambda step: step.input.msg_id == 1000 + 3)  # the dead letter of item 3
         async with AsyncDriver(transport=flow, sink=sink, mailbox_capacity=8) as d:
             d.max_remote_wait_s = 30.0
             await _hold(d, flow)
